@@ -1,0 +1,70 @@
+"""netty_like's shuffle descriptor: producer location, data address and port, store."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from google.protobuf.message import DecodeError
+
+from netty_like._proto import netty_like_pb2 as pb
+from shuffle_api import ResultPartitionID, SerializationError, ShuffleDescriptor
+from shuffle_api.serialization import register_shuffle_descriptor_kind
+
+__all__ = ["NettyShuffleDescriptor"]
+
+
+@register_shuffle_descriptor_kind
+@dataclass(frozen=True, slots=True)
+class NettyShuffleDescriptor(ShuffleDescriptor):
+    """Where a consumer finds a netty_like partition.
+
+    Same ``producer_location`` as the consumer's environment: read locally. Otherwise through
+    the producer's data port at ``host:data_port``, or straight from ``store_url`` when the
+    producer serves no port (``data_port == -1``).
+    """
+
+    kind: ClassVar[str] = "netty_like"
+    partition: ResultPartitionID
+    producer_location: str
+    host: str
+    data_port: int
+    connection_index: int
+    store_url: str
+
+    @property
+    def result_partition_id(self) -> ResultPartitionID:
+        return self.partition
+
+    def stores_local_resources_on(self) -> str | None:
+        return self.producer_location
+
+    def is_local_to(self, resource_id: str) -> bool:
+        return self.producer_location == resource_id
+
+    def details_to_bytes(self) -> bytes:
+        return pb.NettyShuffleDescriptorDetails(
+            producer_location=self.producer_location,
+            host=self.host,
+            data_port=self.data_port,
+            connection_index=self.connection_index,
+            store_url=self.store_url,
+        ).SerializeToString()
+
+    @classmethod
+    def from_details(
+        cls, result_partition_id: ResultPartitionID, details: bytes
+    ) -> NettyShuffleDescriptor:
+        message = pb.NettyShuffleDescriptorDetails()
+        try:
+            message.ParseFromString(details)
+        except DecodeError as error:
+            raise SerializationError(f"netty_like descriptor details do not decode: {error}") from error
+        return cls(
+            result_partition_id,
+            message.producer_location,
+            message.host,
+            message.data_port,
+            message.connection_index,
+            message.store_url,
+        )

@@ -1,0 +1,174 @@
+"""netty_like's ShuffleEnvironment: writers, gates, the partition registry and the data port."""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Collection, Sequence
+
+from netty_like.client import CreditSettings
+from netty_like.gate import GateSettings, NettyInputGate
+from netty_like.options import (
+    DATA_PORT_ENABLED,
+    DATA_PORT_HOST,
+    DATA_PORT_PORT,
+    INITIAL_CREDIT,
+    MAX_CREDIT,
+    MAX_FRAME_SIZE,
+    PARTITION_REQUEST_TIMEOUT,
+    PIPELINED_SUBPARTITION_BUFFER,
+    SORT_BUFFER_SIZE,
+    STORAGE_URL,
+)
+from netty_like.partition_manager import ResultPartitionManager
+from netty_like.server import DataServer
+from netty_like.writers import BlockingPartitionWriter, PipelinedPartitionWriter
+from shuffle_api import (
+    LOCAL_ONLY_PORT,
+    InputGate,
+    InputGateDeploymentDescriptor,
+    PartitionInfo,
+    ProducerDescriptor,
+    ResultPartitionDeploymentDescriptor,
+    ResultPartitionID,
+    ResultPartitionWriter,
+    ShuffleEnvironment,
+    ShuffleEnvironmentContext,
+    ShuffleIOOwner,
+    ShuffleServiceClosedError,
+)
+from shuffle_api.options import COMPRESSION_CODEC, TARGET_BATCH_SIZE
+from shuffle_api.store import Store
+
+__all__ = ["NettyShuffleEnvironment"]
+
+
+class NettyShuffleEnvironment(ShuffleEnvironment):
+    def __init__(self, context: ShuffleEnvironmentContext) -> None:
+        config = context.configuration
+        self._config = config
+        self._resource_id = context.resource_id
+        self._store = Store(config.get(STORAGE_URL))
+        self._manager = ResultPartitionManager(self._store, config.get(PARTITION_REQUEST_TIMEOUT))
+        self._host = config.get(DATA_PORT_HOST)
+        self._server: DataServer | None = None
+        self._port = LOCAL_ONLY_PORT
+        self._gates: dict[str, list[NettyInputGate]] = defaultdict(list)
+        self._gates_lock = threading.Lock()
+        self._closed = False
+        self._gate_settings = GateSettings(
+            resource_id=self._resource_id,
+            credit=CreditSettings(
+                initial_credit=config.get(INITIAL_CREDIT),
+                max_credit=max(config.get(MAX_CREDIT), config.get(INITIAL_CREDIT)),
+                max_frame_size=config.get(MAX_FRAME_SIZE),
+                connect_timeout=config.get(PARTITION_REQUEST_TIMEOUT),
+            ),
+            unknown_timeout=config.get(PARTITION_REQUEST_TIMEOUT),
+        )
+
+    @property
+    def resource_id(self) -> str:
+        return self._resource_id
+
+    @property
+    def store(self) -> Store:
+        return self._store
+
+    @property
+    def data_server(self) -> DataServer | None:
+        return self._server
+
+    def start(self) -> int:
+        if self._server is None and self._config.get(DATA_PORT_ENABLED):
+            self._server = DataServer(
+                self._manager,
+                self._host,
+                self._config.get(DATA_PORT_PORT),
+                self._config.get(MAX_FRAME_SIZE),
+            )
+            self._port = self._server.start()
+        return self._port
+
+    def producer_descriptor(self, producer_execution_id: str) -> ProducerDescriptor:
+        return ProducerDescriptor(self._resource_id, producer_execution_id, self._host, self._port)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ShuffleServiceClosedError(f"shuffle environment {self._resource_id} is closed")
+
+    def create_result_partition_writers(
+        self, owner: ShuffleIOOwner, descriptors: Sequence[ResultPartitionDeploymentDescriptor]
+    ) -> list[ResultPartitionWriter]:
+        self._check_open()
+        return [self._new_writer(descriptor) for descriptor in descriptors]
+
+    def _new_writer(self, descriptor: ResultPartitionDeploymentDescriptor) -> ResultPartitionWriter:
+        target = self._config.get(TARGET_BATCH_SIZE)
+        partition = descriptor.result_partition_id
+        if descriptor.partition_type.must_be_pipelined:
+            pipelined = self._manager.new_pipelined(
+                partition,
+                descriptor.number_of_subpartitions,
+                self._config.get(PIPELINED_SUBPARTITION_BUFFER),
+            )
+            return PipelinedPartitionWriter(
+                pipelined, target_batch_bytes=target, on_fail=self._manager.mark_failed
+            )
+        # BLOCKING, BLOCKING_PERSISTENT and HYBRID_FULL are written in full to the store.
+        return BlockingPartitionWriter(
+            partition,
+            descriptor.number_of_subpartitions,
+            store=self._store,
+            codec=self._config.get(COMPRESSION_CODEC),
+            memory_budget=self._config.get(SORT_BUFFER_SIZE),
+            target_batch_bytes=target,
+            on_commit=self._manager.register_blocking,
+        )
+
+    def create_input_gates(
+        self, owner: ShuffleIOOwner, descriptors: Sequence[InputGateDeploymentDescriptor]
+    ) -> list[InputGate]:
+        self._check_open()
+        gates = [
+            NettyInputGate(descriptor, self._manager, self._gate_settings, self._forget_gate)
+            for descriptor in descriptors
+        ]
+        with self._gates_lock:
+            self._gates[owner.execution_attempt_id].extend(gates)
+        return list(gates)
+
+    def _forget_gate(self, gate: NettyInputGate) -> None:
+        with self._gates_lock:
+            for attempt, gates in list(self._gates.items()):
+                if gate in gates:
+                    gates.remove(gate)
+                    if not gates:
+                        del self._gates[attempt]
+
+    def update_partition_info(self, consumer_attempt_id: str, partition_info: PartitionInfo) -> bool:
+        with self._gates_lock:
+            gates = list(self._gates.get(consumer_attempt_id, ()))
+        return any(
+            gate.update(partition_info)
+            for gate in gates
+            if gate.result_id == partition_info.result_id
+        )
+
+    def release_partitions_locally(self, partition_ids: Collection[ResultPartitionID]) -> None:
+        self._manager.release(partition_ids)
+
+    def partitions_occupying_local_resources(self) -> frozenset[ResultPartitionID]:
+        return self._manager.occupying()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._server is not None:
+            self._server.stop()
+        with self._gates_lock:
+            gates = [gate for owned in self._gates.values() for gate in owned]
+        for gate in gates:
+            gate.close()
+        self._manager.release(self._manager.occupying())

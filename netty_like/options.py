@@ -1,0 +1,97 @@
+"""Options of the netty_like service (keys under ``netty-like.``)."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from shuffle_api.config import (
+    ConfigOption,
+    bool_option,
+    float_option,
+    int_option,
+    memory_option,
+    str_option,
+)
+
+__all__ = [
+    "DATA_PORT_ENABLED",
+    "DATA_PORT_HOST",
+    "DATA_PORT_PORT",
+    "INITIAL_CREDIT",
+    "MAX_CREDIT",
+    "MAX_FRAME_SIZE",
+    "NETTY_OPTIONS",
+    "PARTITION_REQUEST_TIMEOUT",
+    "PIPELINED_SUBPARTITION_BUFFER",
+    "SORT_BUFFER_SIZE",
+    "STORAGE_URL",
+]
+
+STORAGE_URL = str_option(
+    "netty-like.storage.url",
+    "",
+    "fsspec URL under which blocking partitions are written; empty: a directory in the temp dir.",
+)
+SORT_BUFFER_SIZE = memory_option(
+    "netty-like.sort-buffer.size",
+    64 << 20,
+    "Memory a blocking-partition writer buffers before it spills a region to the store.",
+    minimum=1,
+)
+PIPELINED_SUBPARTITION_BUFFER = memory_option(
+    "netty-like.pipelined.subpartition-buffer",
+    8 << 20,
+    "Bytes queued per pipelined subpartition before the producer blocks (backpressure).",
+    minimum=1,
+)
+DATA_PORT_ENABLED = bool_option(
+    "netty-like.data-port.enabled",
+    True,
+    "Serve partitions to other processes over TCP; false: local consumers only.",
+)
+DATA_PORT_HOST = str_option(
+    "netty-like.data-port.host",
+    "127.0.0.1",
+    "Address the data port binds to and advertises to consumers.",
+)
+DATA_PORT_PORT = int_option(
+    "netty-like.data-port.port", 0, "TCP port of the data port; 0 picks a free one.", minimum=0
+)
+INITIAL_CREDIT = int_option(
+    "netty-like.network.initial-credit",
+    2,
+    "Buffers a consumer grants a remote channel up front (Flink's exclusive buffers).",
+    minimum=1,
+)
+MAX_CREDIT = int_option(
+    "netty-like.network.max-credit",
+    8,
+    "Most buffers a consumer grants one channel when the producer reports a backlog.",
+    minimum=1,
+)
+MAX_FRAME_SIZE = memory_option(
+    "netty-like.network.max-frame-size",
+    64 << 20,
+    "Largest frame sent or accepted on the data port.",
+    minimum=1024,
+)
+PARTITION_REQUEST_TIMEOUT = float_option(
+    "netty-like.network.partition-request-timeout",
+    30.0,
+    "Seconds a consumer waits for a pipelined partition to be created or an unknown descriptor"
+    " to be updated.",
+    minimum=0.0,
+)
+
+NETTY_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
+    STORAGE_URL,
+    SORT_BUFFER_SIZE,
+    PIPELINED_SUBPARTITION_BUFFER,
+    DATA_PORT_ENABLED,
+    DATA_PORT_HOST,
+    DATA_PORT_PORT,
+    INITIAL_CREDIT,
+    MAX_CREDIT,
+    MAX_FRAME_SIZE,
+    PARTITION_REQUEST_TIMEOUT,
+)

@@ -1,0 +1,92 @@
+"""netty_like's writers: sort-merge files for blocking partitions, queues for pipelined ones."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pyarrow as pa
+
+from netty_like.pipelined import PipelinedPartition
+from shuffle_api import BROADCAST, PartitionStatistics, ResultPartitionID
+from shuffle_api.format import PartitionFileWriter
+from shuffle_api.io import SplittingPartitionWriter
+from shuffle_api.store import Store
+
+__all__ = ["BlockingPartitionWriter", "PipelinedPartitionWriter"]
+
+
+class BlockingPartitionWriter(SplittingPartitionWriter):
+    """Writes the on-store format; the partition is registered once committed."""
+
+    def __init__(
+        self,
+        partition: ResultPartitionID,
+        number_of_subpartitions: int,
+        *,
+        store: Store,
+        codec: str,
+        memory_budget: int,
+        target_batch_bytes: int,
+        on_commit: Callable[[ResultPartitionID], None],
+    ) -> None:
+        super().__init__(partition, number_of_subpartitions, target_batch_bytes=target_batch_bytes)
+        self._file = PartitionFileWriter(
+            store, partition, number_of_subpartitions, codec=codec, memory_budget=memory_budget
+        )
+        self._on_commit = on_commit
+
+    @property
+    def buffered_bytes(self) -> int:
+        return self._file.buffered_bytes
+
+    def _emit(self, subpartition: int, batch: pa.RecordBatch) -> None:
+        self._file.add(subpartition, batch)
+
+    def _commit(self) -> PartitionStatistics:
+        statistics = self._file.commit()
+        self._on_commit(self.result_partition_id)
+        return statistics
+
+    def _discard(self, error: BaseException | None) -> None:
+        self._file.abort()
+
+
+class PipelinedPartitionWriter(SplittingPartitionWriter):
+    """Feeds bounded queues; blocks while a consumer falls behind."""
+
+    def __init__(
+        self,
+        partition: PipelinedPartition,
+        *,
+        target_batch_bytes: int,
+        on_fail: Callable[[ResultPartitionID], None],
+    ) -> None:
+        count = len(partition.subpartitions)
+        super().__init__(partition.partition, count, target_batch_bytes=target_batch_bytes)
+        self._partition = partition
+        self._on_fail = on_fail
+        self._rows = np.zeros(count, dtype=np.int64)
+        self._bytes = np.zeros(count, dtype=np.int64)
+
+    def _emit(self, subpartition: int, batch: pa.RecordBatch) -> None:
+        if subpartition == BROADCAST:
+            targets = range(len(self._partition.subpartitions))
+        else:
+            targets = range(subpartition, subpartition + 1)
+        for index in targets:
+            self._partition.subpartitions[index].add(batch)
+            self._rows[index] += batch.num_rows
+            self._bytes[index] += batch.nbytes
+
+    def _commit(self) -> PartitionStatistics:
+        for subpartition in self._partition.subpartitions:
+            subpartition.finish()
+        return PartitionStatistics(
+            tuple(int(v) for v in self._rows), tuple(int(v) for v in self._bytes)
+        )
+
+    def _discard(self, error: BaseException | None) -> None:
+        for subpartition in self._partition.subpartitions:
+            subpartition.fail(error)
+        self._on_fail(self.result_partition_id)

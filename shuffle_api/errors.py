@@ -1,0 +1,95 @@
+"""The one exception tree of pyshuffle.
+
+Every error raised by pyshuffle derives from :class:`ShuffleError`; foreign errors (OSError,
+pyarrow, protobuf) are translated at the boundary where they occur, naming what was wrong.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ChecksumMismatchError",
+    "ConfigError",
+    "DataTooLargeError",
+    "InvalidIdentifierError",
+    "PartitionAlreadyConsumedError",
+    "PartitionCorruptedError",
+    "PartitionError",
+    "PartitionNotFoundError",
+    "ProducerFailedError",
+    "SchemaMismatchError",
+    "SerializationError",
+    "ShuffleError",
+    "ShuffleServiceClosedError",
+    "StorageError",
+    "TransportError",
+    "UnsupportedFormatVersionError",
+]
+
+
+class ShuffleError(Exception):
+    """Base of every pyshuffle error."""
+
+
+class ConfigError(ShuffleError, ValueError):
+    """A configuration key, value or factory class path is wrong."""
+
+
+class InvalidIdentifierError(ShuffleError, ValueError):
+    """An id is empty, too long, or holds characters that could escape a store path."""
+
+
+class SerializationError(ShuffleError, ValueError):
+    """Bytes that should hold a descriptor or message do not decode."""
+
+
+class UnsupportedFormatVersionError(SerializationError):
+    """Data written by a newer (or unknown) format version."""
+
+
+class ShuffleServiceClosedError(ShuffleError, RuntimeError):
+    """The master, environment or writer was used after close()."""
+
+
+class SchemaMismatchError(ShuffleError, ValueError):
+    """A batch's schema differs from the schema of the partition it is written to."""
+
+
+class DataTooLargeError(ShuffleError, ValueError):
+    """A batch, frame or message exceeds a configured size limit."""
+
+
+class StorageError(ShuffleError, OSError):
+    """The store failed (full disk, permission, unreachable object store)."""
+
+
+class TransportError(ShuffleError, ConnectionError):
+    """The data connection to a producer failed."""
+
+
+class PartitionError(ShuffleError):
+    """An error about one result partition; ``partition_id`` names it."""
+
+    def __init__(self, message: str, partition_id: object | None = None) -> None:
+        super().__init__(message)
+        self.partition_id = partition_id
+
+
+class PartitionNotFoundError(PartitionError, LookupError):
+    """The partition was never committed, was released, or its files are gone."""
+
+
+class PartitionCorruptedError(PartitionError):
+    """A partition's files exist but do not decode (truncated, wrong format)."""
+
+
+class ChecksumMismatchError(PartitionCorruptedError):
+    """A subpartition slice does not match the checksum recorded when it was written."""
+
+
+class ProducerFailedError(PartitionError):
+    """The producer of a pipelined partition failed before finishing it."""
+
+
+class PartitionAlreadyConsumedError(PartitionError):
+    """A pipelined subpartition can be consumed once; it was requested again."""
+

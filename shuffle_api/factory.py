@@ -1,0 +1,114 @@
+"""The factory (FLIP-31 ShuffleServiceFactory) and how it is loaded from configuration."""
+
+from __future__ import annotations
+
+import abc
+import importlib
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from shuffle_api.config import ConfigOption, Configuration
+from shuffle_api.environment import ShuffleEnvironment
+from shuffle_api.errors import ConfigError
+from shuffle_api.ids import new_id, validate_id
+from shuffle_api.master import ShuffleMaster
+from shuffle_api.options import CORE_OPTIONS, SHUFFLE_SERVICE_FACTORY_CLASS
+
+__all__ = [
+    "KNOWN_FACTORIES",
+    "ShuffleEnvironmentContext",
+    "ShuffleMasterContext",
+    "ShuffleServiceFactory",
+    "load_shuffle_service_factory",
+]
+
+# Short name -> class path of the implementations that ship with pyshuffle (imported lazily).
+KNOWN_FACTORIES: Final[dict[str, str]] = {
+    "netty_like": "netty_like.NettyShuffleServiceFactory",
+    "external_shuffle": "external_shuffle.ExternalShuffleServiceFactory",
+}
+
+
+def _raise(error: BaseException) -> None:
+    raise error
+
+
+@dataclass(frozen=True, slots=True)
+class ShuffleMasterContext:
+    """What a master is created with."""
+
+    configuration: Configuration
+    on_fatal_error: Callable[[BaseException], None] = _raise
+
+
+@dataclass(frozen=True, slots=True)
+class ShuffleEnvironmentContext:
+    """What an environment is created with: its config, identity and the host it serves on."""
+
+    configuration: Configuration
+    resource_id: str = field(default_factory=new_id)
+    host: str = field(default_factory=lambda: socket.gethostname())
+
+    def __post_init__(self) -> None:
+        validate_id(self.resource_id, "resource id")
+
+
+class ShuffleServiceFactory(abc.ABC):
+    """Creates the master (driver) and the environments (executors) of one implementation.
+
+    Loaded by class path with no arguments; everything else comes through the contexts.
+    """
+
+    @classmethod
+    def config_options(cls) -> Sequence[ConfigOption[Any]]:
+        """The options this implementation reads, beyond the core ones."""
+        return ()
+
+    @abc.abstractmethod
+    def create_shuffle_master(self, context: ShuffleMasterContext) -> ShuffleMaster: ...
+
+    @abc.abstractmethod
+    def create_shuffle_environment(self, context: ShuffleEnvironmentContext) -> ShuffleEnvironment: ...
+
+
+def _known() -> str:
+    return ", ".join(f"{name} ({path})" for name, path in KNOWN_FACTORIES.items())
+
+
+def load_shuffle_service_factory(configuration: Configuration) -> ShuffleServiceFactory:
+    """Instantiate the factory named by ``shuffle-service-factory.class`` and validate the
+    configuration against the core options and the factory's own."""
+    key = SHUFFLE_SERVICE_FACTORY_CLASS.key
+    value = configuration.get(SHUFFLE_SERVICE_FACTORY_CLASS).strip()
+    path = KNOWN_FACTORIES.get(value, value)
+    module_name, separator, class_name = path.partition(":")
+    if not separator:
+        module_name, _, class_name = path.rpartition(".")
+    if not module_name or not class_name:
+        raise ConfigError(
+            f"config key {key!r} has value {value!r}, which is not a class path"
+            f" (pkg.mod.Class or pkg.mod:Class); known implementations: {_known()}"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ConfigError(
+            f"config key {key!r} has value {value!r}: module {module_name!r} does not import"
+            f" ({error}); known implementations: {_known()}"
+        ) from error
+    cls = getattr(module, class_name, None)
+    if not (isinstance(cls, type) and issubclass(cls, ShuffleServiceFactory)):
+        raise ConfigError(
+            f"config key {key!r} has value {value!r}: {class_name!r} in {module_name!r} is not a"
+            f" ShuffleServiceFactory; known implementations: {_known()}"
+        )
+    try:
+        factory = cls()
+    except Exception as error:
+        raise ConfigError(
+            f"config key {key!r} has value {value!r}: creating the factory failed: {error}"
+        ) from error
+    configuration.validate([*CORE_OPTIONS, *cls.config_options()])
+    return factory

@@ -1,0 +1,19 @@
+"""The on-store partition format shared by every implementation (data + index + manifest)."""
+
+from shuffle_api.format.layout import partition_directory, result_directory
+from shuffle_api.format.manifest import FORMAT_VERSION, PartitionManifest
+from shuffle_api.format.reader import PartitionFileReader, Run, decode_run, verify_run
+from shuffle_api.format.writer import PartitionFileWriter, ipc_write_options
+
+__all__ = [
+    "FORMAT_VERSION",
+    "PartitionFileReader",
+    "PartitionFileWriter",
+    "PartitionManifest",
+    "Run",
+    "decode_run",
+    "ipc_write_options",
+    "partition_directory",
+    "result_directory",
+    "verify_run",
+]

@@ -1,0 +1,128 @@
+"""The manifest: the small JSON document that commits a partition and describes it."""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from typing import Any, Final
+
+import pyarrow as pa
+
+from shuffle_api.errors import PartitionCorruptedError, UnsupportedFormatVersionError
+from shuffle_api.ids import IntermediateResultPartitionID, ResultPartitionID
+from shuffle_api.io import PartitionStatistics
+
+__all__ = [
+    "CODECS",
+    "DATA_FILE",
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "INDEX_FILE",
+    "INDEX_SCHEMA",
+    "MANIFEST_FILE",
+    "PartitionManifest",
+]
+
+FORMAT_NAME: Final = "pyshuffle-partition"
+FORMAT_VERSION: Final = 1
+DATA_FILE: Final = "data.arrow"
+INDEX_FILE: Final = "index.arrow"
+MANIFEST_FILE: Final = "manifest.json"
+CODECS: Final = ("none", "lz4", "zstd")
+
+# One row per run: consecutive batches of one subpartition (-1: broadcast to all) in one region.
+INDEX_SCHEMA: Final = pa.schema(
+    [
+        ("subpartition", pa.int32()),
+        ("region", pa.int32()),
+        ("first_batch", pa.int64()),  # batch number in the data file (pa.ipc.open_file)
+        ("num_batches", pa.int32()),
+        ("offset", pa.int64()),  # byte range of the run's IPC messages in the data file
+        ("length", pa.int64()),
+        ("rows", pa.int64()),
+        ("checksum", pa.uint64()),  # xxh3-64 of those bytes
+    ]
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionManifest:
+    """Everything a reader needs before it opens the data file."""
+
+    partition: ResultPartitionID
+    number_of_subpartitions: int
+    codec: str
+    schema: pa.Schema | None
+    statistics: PartitionStatistics
+    num_regions: int
+    data_bytes: int
+    index_checksum: int
+    format_version: int = FORMAT_VERSION
+
+    def to_json(self) -> bytes:
+        document: dict[str, Any] = {
+            "format": FORMAT_NAME,
+            "format_version": self.format_version,
+            "partition": {
+                "result_id": self.partition.partition_id.result_id,
+                "partition_index": self.partition.partition_id.partition_index,
+                "producer_attempt_id": self.partition.producer_attempt_id,
+            },
+            "number_of_subpartitions": self.number_of_subpartitions,
+            "codec": self.codec,
+            "schema": None
+            if self.schema is None
+            else base64.b64encode(self.schema.serialize().to_pybytes()).decode("ascii"),
+            "data_file": DATA_FILE,
+            "data_bytes": self.data_bytes,
+            "index_file": INDEX_FILE,
+            "index_checksum": self.index_checksum,
+            "checksum": "xxh3_64",
+            "num_regions": self.num_regions,
+            "rows_per_subpartition": list(self.statistics.rows_per_subpartition),
+            "bytes_per_subpartition": list(self.statistics.bytes_per_subpartition),
+        }
+        return json.dumps(document, indent=1).encode("utf-8")
+
+    @classmethod
+    def from_json(cls, data: bytes, where: str) -> PartitionManifest:
+        try:
+            document = json.loads(data)
+            if document.get("format") != FORMAT_NAME:
+                raise ValueError(f"format is {document.get('format')!r}, not {FORMAT_NAME!r}")
+            version = int(document["format_version"])
+            if version > FORMAT_VERSION or version < 1:
+                raise UnsupportedFormatVersionError(
+                    f"partition at {where} has format version {version};"
+                    f" this pyshuffle reads 1..{FORMAT_VERSION}"
+                )
+            partition = document["partition"]
+            schema_text = document["schema"]
+            return cls(
+                partition=ResultPartitionID(
+                    IntermediateResultPartitionID(
+                        partition["result_id"], int(partition["partition_index"])
+                    ),
+                    partition["producer_attempt_id"],
+                ),
+                number_of_subpartitions=int(document["number_of_subpartitions"]),
+                codec=str(document["codec"]),
+                schema=None
+                if schema_text is None
+                else pa.ipc.read_schema(pa.py_buffer(base64.b64decode(schema_text))),
+                statistics=PartitionStatistics(
+                    tuple(int(v) for v in document["rows_per_subpartition"]),
+                    tuple(int(v) for v in document["bytes_per_subpartition"]),
+                ),
+                num_regions=int(document["num_regions"]),
+                data_bytes=int(document["data_bytes"]),
+                index_checksum=int(document["index_checksum"]),
+                format_version=version,
+            )
+        except UnsupportedFormatVersionError:
+            raise
+        except (ValueError, KeyError, TypeError, pa.ArrowException) as error:
+            raise PartitionCorruptedError(
+                f"manifest at {where} does not decode: {error}"
+            ) from error

@@ -1,0 +1,157 @@
+"""Reading a committed partition: manifest, verified index, verified runs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import xxhash
+
+from shuffle_api.descriptors import SubpartitionRange
+from shuffle_api.errors import (
+    ChecksumMismatchError,
+    PartitionCorruptedError,
+    PartitionNotFoundError,
+    ShuffleError,
+)
+from shuffle_api.format.layout import partition_directory
+from shuffle_api.format.manifest import DATA_FILE, INDEX_FILE, MANIFEST_FILE, PartitionManifest
+from shuffle_api.ids import ResultPartitionID
+from shuffle_api.io import BROADCAST
+from shuffle_api.store import RangeReader, Store
+
+__all__ = ["PartitionFileReader", "Run", "decode_run", "verify_run"]
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One index row: consecutive IPC batch messages of one subpartition (or broadcast)."""
+
+    subpartition: int
+    region: int
+    offset: int
+    length: int
+    rows: int
+    checksum: int
+
+
+def verify_run(data: pa.Buffer, run: Run, partition: ResultPartitionID) -> None:
+    """Raise :class:`ChecksumMismatchError` unless ``data`` is the run's bytes."""
+    if data.size != run.length or xxhash.xxh3_64_intdigest(memoryview(data)) != run.checksum:
+        raise ChecksumMismatchError(
+            f"checksum mismatch in partition {partition}, subpartition {run.subpartition},"
+            f" region {run.region} (bytes {run.offset}..{run.offset + run.length})",
+            partition,
+        )
+
+
+def decode_run(data: pa.Buffer, schema: pa.Schema, partition: ResultPartitionID) -> Iterator[pa.RecordBatch]:
+    """The record batches in a run's bytes (zero-copy when uncompressed)."""
+    reader = pa.ipc.MessageReader.open_stream(pa.BufferReader(data))
+    while True:
+        try:
+            message = reader.read_next_message()
+        except StopIteration:
+            return
+        except pa.ArrowException as error:
+            raise PartitionCorruptedError(
+                f"partition {partition}: a run does not decode: {error}", partition
+            ) from error
+        try:
+            yield pa.ipc.read_record_batch(message, schema)
+        except pa.ArrowException as error:
+            raise PartitionCorruptedError(
+                f"partition {partition}: a batch does not decode: {error}", partition
+            ) from error
+
+
+class PartitionFileReader:
+    """A committed partition on a store. Opening reads the manifest and the index only."""
+
+    def __init__(self, store: Store, partition: ResultPartitionID) -> None:
+        self._store = store
+        self._partition = partition
+        directory = partition_directory(store, partition)
+        self._data_path = store.child(directory, DATA_FILE)
+        self._data: RangeReader | None = None
+        manifest_path = store.child(directory, MANIFEST_FILE)
+        try:
+            self.manifest = PartitionManifest.from_json(store.read_bytes(manifest_path), manifest_path)
+            index_bytes = store.read_bytes(store.child(directory, INDEX_FILE))
+        except FileNotFoundError as error:
+            raise PartitionNotFoundError(
+                f"partition {partition} not found on {store.url}: it was never committed, was"
+                " released, or its files were deleted",
+                partition,
+            ) from error
+        if self.manifest.partition != partition:
+            raise PartitionCorruptedError(
+                f"manifest at {manifest_path} describes {self.manifest.partition}, not {partition}",
+                partition,
+            )
+        if xxhash.xxh3_64_intdigest(index_bytes) != self.manifest.index_checksum:
+            raise ChecksumMismatchError(f"index of partition {partition} is corrupt", partition)
+        index = pa.ipc.open_file(pa.py_buffer(index_bytes)).read_all()
+        self._runs = [
+            Run(*row)
+            for row in zip(
+                *(
+                    index.column(name).to_pylist()
+                    for name in ("subpartition", "region", "offset", "length", "rows", "checksum")
+                ),
+                strict=True,
+            )
+        ]
+        subpartition_of_run = np.asarray([run.subpartition for run in self._runs], dtype=np.int64)
+        self._broadcast = np.flatnonzero(subpartition_of_run == BROADCAST)
+        order = np.argsort(subpartition_of_run, kind="stable")
+        bounds = np.searchsorted(
+            subpartition_of_run[order], np.arange(self.manifest.number_of_subpartitions + 1)
+        )
+        self._runs_by_subpartition = [order[bounds[s] : bounds[s + 1]] for s in range(len(bounds) - 1)]
+
+    @property
+    def partition(self) -> ResultPartitionID:
+        return self._partition
+
+    @property
+    def schema(self) -> pa.Schema | None:
+        return self.manifest.schema
+
+    def runs(self, subpartitions: SubpartitionRange) -> Iterator[Run]:
+        """The runs a reader of these subpartitions gets, subpartition by subpartition, each in
+        write order (broadcast runs included in every subpartition)."""
+        if subpartitions.end >= self.manifest.number_of_subpartitions:
+            raise ShuffleError(
+                f"subpartitions {subpartitions.start}..{subpartitions.end} out of range: partition"
+                f" {self._partition} has {self.manifest.number_of_subpartitions}"
+            )
+        for subpartition in subpartitions:
+            own = self._runs_by_subpartition[subpartition]
+            chosen = np.sort(np.concatenate([own, self._broadcast])) if len(self._broadcast) else own
+            for position in chosen:
+                yield self._runs[int(position)]
+
+    def read_run(self, run: Run) -> pa.Buffer:
+        """A run's bytes, verified against its checksum."""
+        try:
+            if self._data is None:
+                self._data = self._store.open_ranges(self._data_path)
+            data = self._data.read_range(run.offset, run.length)
+        except FileNotFoundError as error:
+            raise PartitionNotFoundError(
+                f"data file of partition {self._partition} is gone from {self._store.url}",
+                self._partition,
+            ) from error
+        verify_run(data, run, self._partition)
+        return data
+
+    def read(self, subpartitions: SubpartitionRange) -> Iterator[pa.RecordBatch]:
+        """Every batch of these subpartitions."""
+        schema = self.manifest.schema
+        if schema is None:
+            return
+        for run in self.runs(subpartitions):
+            yield from decode_run(self.read_run(run), schema, self._partition)

@@ -1,0 +1,246 @@
+"""Task-side data interfaces: the result-partition writer and the input gate."""
+
+from __future__ import annotations
+
+import abc
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Self
+
+import pyarrow as pa
+
+from shuffle_api.batches import SubpartitionIndexes, chop, split_by_subpartition
+from shuffle_api.descriptors import SubpartitionRange
+from shuffle_api.errors import SchemaMismatchError, ShuffleError, ShuffleServiceClosedError
+from shuffle_api.ids import ResultPartitionID
+
+__all__ = [
+    "BROADCAST",
+    "InputGate",
+    "PartitionStatistics",
+    "ResultPartitionWriter",
+    "SplittingPartitionWriter",
+]
+
+BROADCAST = -1
+"""Subpartition index that stands for "every subpartition"."""
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionStatistics:
+    """Rows and stored bytes a reader of each subpartition gets (broadcast data included)."""
+
+    rows_per_subpartition: tuple[int, ...]
+    bytes_per_subpartition: tuple[int, ...]
+
+    @property
+    def total_rows(self) -> int:
+        return sum(self.rows_per_subpartition)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.bytes_per_subpartition)
+
+
+class ResultPartitionWriter(abc.ABC):
+    """Writes one result partition. Use as a context manager: an exception fails the writer."""
+
+    @property
+    @abc.abstractmethod
+    def result_partition_id(self) -> ResultPartitionID: ...
+
+    @property
+    @abc.abstractmethod
+    def number_of_subpartitions(self) -> int: ...
+
+    @abc.abstractmethod
+    def write(self, batch: pa.RecordBatch, subpartitions: SubpartitionIndexes) -> None:
+        """Write each row of ``batch`` to the subpartition given by the same row of ``subpartitions``."""
+
+    @abc.abstractmethod
+    def write_to_subpartition(self, batch: pa.RecordBatch, subpartition: int) -> None:
+        """Write the whole batch to one subpartition."""
+
+    @abc.abstractmethod
+    def broadcast(self, batch: pa.RecordBatch) -> None:
+        """Write the batch to every subpartition (stored once where the format allows)."""
+
+    @abc.abstractmethod
+    def finish(self) -> PartitionStatistics:
+        """Commit the partition; it becomes readable. Returns rows and bytes per subpartition."""
+
+    @abc.abstractmethod
+    def fail(self, error: BaseException | None = None) -> None:
+        """Discard everything written; consumers of a pipelined partition see the error."""
+
+    @property
+    @abc.abstractmethod
+    def is_finished(self) -> bool: ...
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if exc is not None:
+            self.fail(exc)
+        elif not self.is_finished:
+            self.finish()
+
+
+class SplittingPartitionWriter(ResultPartitionWriter):
+    """The shared front half of a writer: state, schema checks, the split and batch sizing.
+
+    Subclasses receive batches already routed to one subpartition (or :data:`BROADCAST`) and of
+    about the target size, and implement the commit and discard.
+    """
+
+    def __init__(
+        self,
+        result_partition_id: ResultPartitionID,
+        number_of_subpartitions: int,
+        *,
+        target_batch_bytes: int,
+    ) -> None:
+        self._result_partition_id = result_partition_id
+        self._number_of_subpartitions = number_of_subpartitions
+        self._target_batch_bytes = target_batch_bytes
+        self._schema: pa.Schema | None = None
+        self._state = "open"
+        self._lock = threading.Lock()
+
+    @property
+    def result_partition_id(self) -> ResultPartitionID:
+        return self._result_partition_id
+
+    @property
+    def number_of_subpartitions(self) -> int:
+        return self._number_of_subpartitions
+
+    @property
+    def schema(self) -> pa.Schema | None:
+        """The partition's schema, fixed by the first batch written."""
+        return self._schema
+
+    @property
+    def is_finished(self) -> bool:
+        return self._state == "finished"
+
+    def _check_open(self, batch: pa.RecordBatch) -> None:
+        if self._state != "open":
+            raise ShuffleServiceClosedError(
+                f"writer of partition {self._result_partition_id} is {self._state}"
+            )
+        if not isinstance(batch, pa.RecordBatch):
+            raise ShuffleError(f"writers take pyarrow.RecordBatch, got {type(batch).__name__}")
+        if self._schema is None:
+            self._schema = batch.schema
+        elif not batch.schema.equals(self._schema):
+            raise SchemaMismatchError(
+                f"batch schema differs from partition {self._result_partition_id}'s schema:\n"
+                f"partition: {self._schema}\nbatch: {batch.schema}"
+            )
+
+    def write(self, batch: pa.RecordBatch, subpartitions: SubpartitionIndexes) -> None:
+        self._check_open(batch)
+        for subpartition, piece in split_by_subpartition(
+            batch, subpartitions, self._number_of_subpartitions
+        ):
+            self._emit_sized(subpartition, piece)
+
+    def write_to_subpartition(self, batch: pa.RecordBatch, subpartition: int) -> None:
+        self._check_open(batch)
+        if not 0 <= subpartition < self._number_of_subpartitions:
+            raise ShuffleError(
+                f"subpartition {subpartition} out of range [0, {self._number_of_subpartitions})"
+            )
+        if batch.num_rows:
+            self._emit_sized(subpartition, batch)
+
+    def broadcast(self, batch: pa.RecordBatch) -> None:
+        self._check_open(batch)
+        if batch.num_rows:
+            self._emit_sized(BROADCAST, batch)
+
+    def _emit_sized(self, subpartition: int, batch: pa.RecordBatch) -> None:
+        for piece in chop(batch, self._target_batch_bytes):
+            self._emit(subpartition, piece)
+
+    def finish(self) -> PartitionStatistics:
+        with self._lock:
+            if self._state != "open":
+                raise ShuffleServiceClosedError(
+                    f"writer of partition {self._result_partition_id} is {self._state}"
+                )
+            self._state = "finishing"
+        try:
+            statistics = self._commit()
+        except BaseException as error:
+            self.fail(error)
+            raise
+        self._state = "finished"
+        return statistics
+
+    def fail(self, error: BaseException | None = None) -> None:
+        with self._lock:
+            if self._state in ("failed", "finished"):
+                return
+            self._state = "failed"
+        self._discard(error)
+
+    @abc.abstractmethod
+    def _emit(self, subpartition: int, batch: pa.RecordBatch) -> None:
+        """Take one batch for one subpartition, or for :data:`BROADCAST`."""
+
+    @abc.abstractmethod
+    def _commit(self) -> PartitionStatistics: ...
+
+    @abc.abstractmethod
+    def _discard(self, error: BaseException | None) -> None: ...
+
+
+class InputGate(abc.ABC):
+    """Reads one intermediate result: its partitions x a subpartition range.
+
+    Iterating yields record batches. A failure raises a :class:`~shuffle_api.errors.PartitionError`
+    whose ``partition_id`` names the partition it came from. Use as a context manager.
+    """
+
+    @property
+    @abc.abstractmethod
+    def result_id(self) -> str: ...
+
+    @property
+    @abc.abstractmethod
+    def subpartitions(self) -> SubpartitionRange: ...
+
+    @abc.abstractmethod
+    def __iter__(self) -> Iterator[pa.RecordBatch]: ...
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Stop reading and free buffers and connections."""
+
+    def read_all(self, schema: pa.Schema | None = None) -> pa.Table:
+        """Every batch as one table (``schema`` is needed when the gate may yield nothing)."""
+        batches = list(self)
+        if not batches and schema is None:
+            return pa.table({})
+        return pa.Table.from_batches(batches, schema=schema)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,98 @@
+"""The driver-side half of a shuffle service (one per application).
+
+Style: calls that may need a remote service return a ``concurrent.futures.Future``, usable from
+synchronous code (``.result()``) and from asyncio (``asyncio.wrap_future``).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Collection
+from concurrent.futures import Future
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Self, TypeVar
+
+from shuffle_api.descriptors import PartitionDescriptor, ProducerDescriptor, ShuffleDescriptor
+from shuffle_api.ids import ResultPartitionID
+from shuffle_api.io import PartitionStatistics
+
+__all__ = ["JobShuffleContext", "PartitionWithMetrics", "ShuffleMaster", "completed"]
+
+T = TypeVar("T")
+
+
+def completed(value: T) -> Future[T]:
+    """A future that is already done, for implementations that answer at once."""
+    future: Future[T] = Future()
+    future.set_result(value)
+    return future
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionWithMetrics:
+    """A registered partition, whether its data is still available, and its statistics."""
+
+    shuffle_descriptor: ShuffleDescriptor
+    available: bool
+    statistics: PartitionStatistics | None
+
+
+class JobShuffleContext(abc.ABC):
+    """The job's side of the conversation: how a service reports partitions it lost."""
+
+    @property
+    @abc.abstractmethod
+    def job_id(self) -> str: ...
+
+    @abc.abstractmethod
+    def stop_tracking_and_release_partitions(
+        self, partition_ids: Collection[ResultPartitionID]
+    ) -> None:
+        """The service lost these partitions: stop tracking them (their producers rerun)."""
+
+
+class ShuffleMaster(abc.ABC):
+    """Registers partitions, hands out their descriptors and releases them."""
+
+    @abc.abstractmethod
+    def start(self) -> None: ...
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    @abc.abstractmethod
+    def register_job(self, context: JobShuffleContext) -> None: ...
+
+    @abc.abstractmethod
+    def unregister_job(self, job_id: str) -> None:
+        """Forget the job and release every partition it still holds."""
+
+    @abc.abstractmethod
+    def register_partition_with_producer(
+        self,
+        job_id: str,
+        partition_descriptor: PartitionDescriptor,
+        producer_descriptor: ProducerDescriptor,
+    ) -> Future[ShuffleDescriptor]:
+        """Place the partition; the descriptor tells consumers where to find it."""
+
+    @abc.abstractmethod
+    def release_partition_externally(self, shuffle_descriptor: ShuffleDescriptor) -> None:
+        """Free the partition's data wherever it lives (idempotent)."""
+
+    @abc.abstractmethod
+    def partitions_with_metrics(self, job_id: str) -> Future[list[PartitionWithMetrics]]:
+        """The job's registered partitions, whether each is available, and bytes per subpartition."""
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()

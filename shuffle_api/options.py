@@ -1,0 +1,43 @@
+"""The options the contract itself owns; implementations declare their own."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from shuffle_api.config import ConfigOption, choice_option, memory_option, str_option
+
+__all__ = [
+    "COMPRESSION_CODEC",
+    "CORE_OPTIONS",
+    "DEFAULT_FACTORY",
+    "SHUFFLE_SERVICE_FACTORY_CLASS",
+    "TARGET_BATCH_SIZE",
+]
+
+DEFAULT_FACTORY: Final = "netty_like.NettyShuffleServiceFactory"
+
+SHUFFLE_SERVICE_FACTORY_CLASS = str_option(
+    "shuffle-service-factory.class",
+    DEFAULT_FACTORY,
+    "Dotted path (pkg.mod.Class or pkg.mod:Class) of the ShuffleServiceFactory to use.",
+)
+
+COMPRESSION_CODEC = choice_option(
+    "shuffle.compression.codec",
+    "lz4",
+    "Arrow IPC buffer compression of stored and sent partition data.",
+    ("none", "lz4", "zstd"),
+)
+
+TARGET_BATCH_SIZE = memory_option(
+    "shuffle.batch.target-size",
+    4 << 20,
+    "Written batches are cut to about this many bytes, bounding every message and buffer.",
+    minimum=1024,
+)
+
+CORE_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
+    SHUFFLE_SERVICE_FACTORY_CLASS,
+    COMPRESSION_CODEC,
+    TARGET_BATCH_SIZE,
+)

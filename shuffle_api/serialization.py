@@ -1,0 +1,283 @@
+"""Descriptors <-> bytes, with protobuf messages from proto/pyshuffle/v1 (never pickle).
+
+Every top-level value travels in a versioned ``Envelope``. An implementation's shuffle descriptor
+is found by its ``kind``: registered classes first, then the known implementations, imported lazily
+(the fsspec registry pattern), so this package imports no implementation.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from typing import Final
+
+from google.protobuf.message import DecodeError
+
+from shuffle_api._proto import descriptors_pb2 as pb
+from shuffle_api.descriptors import (
+    DistributionPattern,
+    InputGateDeploymentDescriptor,
+    PartitionDescriptor,
+    PartitionInfo,
+    ProducerDescriptor,
+    ResultPartitionDeploymentDescriptor,
+    ResultPartitionType,
+    ShuffleDescriptor,
+    SubpartitionRange,
+    UnknownShuffleDescriptor,
+)
+from shuffle_api.errors import SerializationError, ShuffleError, UnsupportedFormatVersionError
+from shuffle_api.ids import IntermediateResultPartitionID, ResultPartitionID
+
+__all__ = [
+    "FORMAT_VERSION",
+    "KNOWN_DESCRIPTOR_KINDS",
+    "Descriptor",
+    "deserialize",
+    "register_shuffle_descriptor_kind",
+    "serialize",
+]
+
+FORMAT_VERSION: Final = 1
+
+# kind -> "module:Class" of implementations that ship with pyshuffle, imported on first use.
+KNOWN_DESCRIPTOR_KINDS: Final[dict[str, str]] = {
+    "netty_like": "netty_like.descriptor:NettyShuffleDescriptor",
+    "external_shuffle": "external_shuffle.descriptor:ExternalShuffleDescriptor",
+}
+
+Descriptor = (
+    PartitionDescriptor
+    | ProducerDescriptor
+    | ShuffleDescriptor
+    | ResultPartitionDeploymentDescriptor
+    | InputGateDeploymentDescriptor
+    | PartitionInfo
+)
+
+_registry: dict[str, type[ShuffleDescriptor]] = {"unknown": UnknownShuffleDescriptor}
+_registry_lock = threading.Lock()
+
+
+def register_shuffle_descriptor_kind(cls: type[ShuffleDescriptor]) -> type[ShuffleDescriptor]:
+    """Make ``cls`` decodable by its ``kind``; usable as a class decorator."""
+    with _registry_lock:
+        existing = _registry.get(cls.kind)
+        if existing is not None and existing is not cls:
+            raise ShuffleError(
+                f"shuffle descriptor kind {cls.kind!r} is taken by"
+                f" {existing.__module__}.{existing.__qualname__}"
+            )
+        _registry[cls.kind] = cls
+    return cls
+
+
+def _descriptor_class(kind: str) -> type[ShuffleDescriptor]:
+    cls = _registry.get(kind)
+    if cls is not None:
+        return cls
+    target = KNOWN_DESCRIPTOR_KINDS.get(kind)
+    if target is None:
+        raise SerializationError(
+            f"unknown shuffle descriptor kind {kind!r}; known kinds:"
+            f" {sorted(set(_registry) | set(KNOWN_DESCRIPTOR_KINDS))}"
+        )
+    module_name, _, class_name = target.partition(":")
+    try:
+        loaded = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as error:
+        raise SerializationError(
+            f"shuffle descriptor kind {kind!r} needs {target}, which does not import: {error}"
+        ) from error
+    return register_shuffle_descriptor_kind(loaded)
+
+
+# --- value objects -> messages -------------------------------------------------------------
+
+
+def _partition_id_to_pb(value: IntermediateResultPartitionID) -> pb.IntermediateResultPartitionId:
+    return pb.IntermediateResultPartitionId(
+        result_id=value.result_id, partition_index=value.partition_index
+    )
+
+
+def _rpid_to_pb(value: ResultPartitionID) -> pb.ResultPartitionId:
+    return pb.ResultPartitionId(
+        partition_id=_partition_id_to_pb(value.partition_id),
+        producer_attempt_id=value.producer_attempt_id,
+    )
+
+
+def _type_to_pb(value: ResultPartitionType) -> pb.ResultPartitionType:
+    return pb.ResultPartitionType.Value(value.name)
+
+
+def _shuffle_descriptor_to_pb(value: ShuffleDescriptor) -> pb.ShuffleDescriptor:
+    return pb.ShuffleDescriptor(
+        result_partition_id=_rpid_to_pb(value.result_partition_id),
+        kind=value.kind,
+        details=value.details_to_bytes(),
+    )
+
+
+def _partition_descriptor_to_pb(value: PartitionDescriptor) -> pb.PartitionDescriptor:
+    return pb.PartitionDescriptor(
+        result_id=value.result_id,
+        total_number_of_partitions=value.total_number_of_partitions,
+        partition_id=_partition_id_to_pb(value.partition_id),
+        partition_type=_type_to_pb(value.partition_type),
+        number_of_subpartitions=value.number_of_subpartitions,
+        connection_index=value.connection_index,
+        is_broadcast=value.is_broadcast,
+        distribution_pattern=pb.DistributionPattern.Value(value.distribution_pattern.name),
+        is_number_of_partition_consumers_undefined=value.is_number_of_partition_consumers_undefined,
+    )
+
+
+def _to_envelope(value: Descriptor) -> pb.Envelope:
+    envelope = pb.Envelope(format_version=FORMAT_VERSION)
+    match value:
+        case PartitionDescriptor():
+            envelope.partition_descriptor.CopyFrom(_partition_descriptor_to_pb(value))
+        case ProducerDescriptor():
+            envelope.producer_descriptor.CopyFrom(
+                pb.ProducerDescriptor(
+                    producer_location=value.producer_location,
+                    producer_execution_id=value.producer_execution_id,
+                    address=value.address,
+                    data_port=value.data_port,
+                )
+            )
+        case ShuffleDescriptor():
+            envelope.shuffle_descriptor.CopyFrom(_shuffle_descriptor_to_pb(value))
+        case ResultPartitionDeploymentDescriptor():
+            message = envelope.result_partition_deployment_descriptor
+            message.partition_descriptor.CopyFrom(
+                _partition_descriptor_to_pb(value.partition_descriptor)
+            )
+            message.shuffle_descriptor.CopyFrom(_shuffle_descriptor_to_pb(value.shuffle_descriptor))
+        case InputGateDeploymentDescriptor():
+            gate = envelope.input_gate_deployment_descriptor
+            gate.result_id = value.result_id
+            gate.consumed_partition_type = _type_to_pb(value.consumed_partition_type)
+            gate.consumed_subpartitions.start = value.consumed_subpartitions.start
+            gate.consumed_subpartitions.end = value.consumed_subpartitions.end
+            gate.shuffle_descriptors.extend(
+                _shuffle_descriptor_to_pb(d) for d in value.shuffle_descriptors
+            )
+        case PartitionInfo():
+            envelope.partition_info.result_id = value.result_id
+            envelope.partition_info.shuffle_descriptor.CopyFrom(
+                _shuffle_descriptor_to_pb(value.shuffle_descriptor)
+            )
+        case _:
+            raise SerializationError(f"cannot serialize {type(value).__name__}")
+    return envelope
+
+
+def serialize(value: Descriptor) -> bytes:
+    """The versioned protobuf bytes of a descriptor."""
+    return _to_envelope(value).SerializeToString()
+
+
+# --- messages -> value objects -------------------------------------------------------------
+
+
+def _partition_id_from_pb(message: pb.IntermediateResultPartitionId) -> IntermediateResultPartitionID:
+    return IntermediateResultPartitionID(message.result_id, message.partition_index)
+
+
+def _rpid_from_pb(message: pb.ResultPartitionId) -> ResultPartitionID:
+    return ResultPartitionID(
+        _partition_id_from_pb(message.partition_id), message.producer_attempt_id
+    )
+
+
+def _type_from_pb(value: int) -> ResultPartitionType:
+    name = pb.ResultPartitionType.Name(value)  # type: ignore[arg-type]
+    try:
+        return ResultPartitionType[name]
+    except KeyError:
+        raise SerializationError(f"unknown result partition type {name}") from None
+
+
+def _shuffle_descriptor_from_pb(message: pb.ShuffleDescriptor) -> ShuffleDescriptor:
+    cls = _descriptor_class(message.kind)
+    return cls.from_details(_rpid_from_pb(message.result_partition_id), message.details)
+
+
+def _partition_descriptor_from_pb(message: pb.PartitionDescriptor) -> PartitionDescriptor:
+    pattern = pb.DistributionPattern.Name(message.distribution_pattern)
+    if pattern not in DistributionPattern.__members__:
+        raise SerializationError(f"unknown distribution pattern {pattern}")
+    return PartitionDescriptor(
+        result_id=message.result_id,
+        total_number_of_partitions=message.total_number_of_partitions,
+        partition_id=_partition_id_from_pb(message.partition_id),
+        partition_type=_type_from_pb(message.partition_type),
+        number_of_subpartitions=message.number_of_subpartitions,
+        connection_index=message.connection_index,
+        is_broadcast=message.is_broadcast,
+        distribution_pattern=DistributionPattern[pattern],
+        is_number_of_partition_consumers_undefined=message.is_number_of_partition_consumers_undefined,
+    )
+
+
+def _from_envelope(envelope: pb.Envelope) -> Descriptor:
+    payload = envelope.WhichOneof("payload")
+    match payload:
+        case "partition_descriptor":
+            return _partition_descriptor_from_pb(envelope.partition_descriptor)
+        case "producer_descriptor":
+            producer = envelope.producer_descriptor
+            return ProducerDescriptor(
+                producer_location=producer.producer_location,
+                producer_execution_id=producer.producer_execution_id,
+                address=producer.address,
+                data_port=producer.data_port,
+            )
+        case "shuffle_descriptor":
+            return _shuffle_descriptor_from_pb(envelope.shuffle_descriptor)
+        case "result_partition_deployment_descriptor":
+            rpdd = envelope.result_partition_deployment_descriptor
+            return ResultPartitionDeploymentDescriptor(
+                _partition_descriptor_from_pb(rpdd.partition_descriptor),
+                _shuffle_descriptor_from_pb(rpdd.shuffle_descriptor),
+            )
+        case "input_gate_deployment_descriptor":
+            gate = envelope.input_gate_deployment_descriptor
+            return InputGateDeploymentDescriptor(
+                result_id=gate.result_id,
+                consumed_partition_type=_type_from_pb(gate.consumed_partition_type),
+                consumed_subpartitions=SubpartitionRange(
+                    gate.consumed_subpartitions.start, gate.consumed_subpartitions.end
+                ),
+                shuffle_descriptors=tuple(
+                    _shuffle_descriptor_from_pb(d) for d in gate.shuffle_descriptors
+                ),
+            )
+        case "partition_info":
+            info = envelope.partition_info
+            return PartitionInfo(info.result_id, _shuffle_descriptor_from_pb(info.shuffle_descriptor))
+        case _:
+            raise SerializationError("descriptor envelope holds no payload")
+
+
+def deserialize(data: bytes) -> Descriptor:
+    """Inverse of :func:`serialize`; raises :class:`SerializationError` on bad bytes."""
+    envelope = pb.Envelope()
+    try:
+        envelope.ParseFromString(data)
+    except DecodeError as error:
+        raise SerializationError(f"bytes do not decode as a descriptor envelope: {error}") from error
+    if envelope.format_version == 0 or envelope.format_version > FORMAT_VERSION:
+        raise UnsupportedFormatVersionError(
+            f"descriptor format version {envelope.format_version} is not supported"
+            f" (this pyshuffle reads 1..{FORMAT_VERSION})"
+        )
+    try:
+        return _from_envelope(envelope)
+    except ShuffleError:
+        raise
+    except (ValueError, TypeError) as error:
+        raise SerializationError(f"descriptor does not decode: {error}") from error

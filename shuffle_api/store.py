@@ -1,0 +1,174 @@
+"""A partition store: an fsspec filesystem and a root, with paths that cannot escape it.
+
+Local directories use pyarrow's native files (memory-mapped reads); every other fsspec store
+(``memory://``, S3, GCS, HDFS, ...) goes through fsspec. OSErrors become :class:`StorageError`.
+"""
+
+from __future__ import annotations
+
+import abc
+import errno
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import fsspec
+import pyarrow as pa
+from fsspec.implementations.local import LocalFileSystem
+
+from shuffle_api.errors import StorageError
+from shuffle_api.ids import new_id, validate_id
+
+__all__ = ["RangeReader", "Store", "default_store_url", "storage_errors"]
+
+
+def default_store_url() -> str:
+    """A directory under the system temp dir, one per user."""
+    return str(Path(tempfile.gettempdir()) / f"pyshuffle-{os.getuid()}")
+
+
+def _describe(error: OSError, path: str) -> str:
+    if error.errno == errno.ENOSPC:
+        return f"no space left on the store while writing {path}"
+    return f"store operation on {path} failed: {error}"
+
+
+@contextmanager
+def storage_errors(path: str) -> Iterator[None]:
+    """Translate OSErrors (other than a missing file) into :class:`StorageError`."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise
+    except OSError as error:
+        if isinstance(error, StorageError):
+            raise
+        raise StorageError(_describe(error, path)) from error
+
+
+class RangeReader(abc.ABC):
+    """Reads byte ranges of one file."""
+
+    @abc.abstractmethod
+    def read_range(self, offset: int, length: int) -> pa.Buffer: ...
+
+
+class _MappedRanges(RangeReader):
+    """Zero-copy slices of a memory-mapped local file (the buffers keep the mapping alive)."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._mapped = pa.memory_map(path)
+
+    def read_range(self, offset: int, length: int) -> pa.Buffer:
+        with storage_errors(self._path):
+            self._mapped.seek(offset)
+            return self._mapped.read_buffer(length)
+
+
+class _FsspecRanges(RangeReader):
+    """Ranged reads through fsspec (a ranged GET on object stores)."""
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, path: str) -> None:
+        self._fs = fs
+        self._path = path
+
+    def read_range(self, offset: int, length: int) -> pa.Buffer:
+        with storage_errors(self._path):
+            return pa.py_buffer(self._fs.cat_file(self._path, start=offset, end=offset + length))
+
+
+class Store:
+    """The root of a store. Every path below it is built from validated ids."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url or default_store_url()
+        with storage_errors(self._url):
+            self._fs, root = fsspec.core.url_to_fs(self._url)
+        self._local = isinstance(self._fs, LocalFileSystem)
+        self._root = root.rstrip("/") or "/"
+        if self._local:
+            with storage_errors(self._root):
+                os.makedirs(self._root, exist_ok=True)
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    @property
+    def filesystem(self) -> fsspec.AbstractFileSystem:
+        return self._fs
+
+    @property
+    def is_local(self) -> bool:
+        return self._local
+
+    def path(self, *parts: str) -> str:
+        """``root/part/...``: each part must be a valid id (no separators, no ``..``)."""
+        for part in parts:
+            validate_id(part, "path component")
+        return "/".join((self._root.rstrip("/"), *parts))
+
+    def child(self, directory: str, name: str) -> str:
+        validate_id(name, "file name")
+        return f"{directory}/{name}"
+
+    def open_output(self, path: str) -> pa.NativeFile:
+        with storage_errors(path):
+            self._fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+            if self._local:
+                return pa.OSFile(path, "wb")
+            return pa.PythonFile(self._fs.open(path, "wb"), mode="w")
+
+    def open_ranges(self, path: str) -> RangeReader:
+        """A reader of byte ranges of ``path``; raises FileNotFoundError if it is missing."""
+        with storage_errors(path):
+            if self._local:
+                return _MappedRanges(path)
+            if not self._fs.exists(path):
+                raise FileNotFoundError(path)
+            return _FsspecRanges(self._fs, path)
+
+    def read_bytes(self, path: str) -> bytes:
+        with storage_errors(path):
+            return bytes(self._fs.cat_file(path))
+
+    def put_atomic(self, path: str, data: bytes) -> None:
+        """Write ``data`` so that a reader sees either nothing or all of it."""
+        with storage_errors(path):
+            if self._local:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                temporary = f"{path}.{new_id()}.tmp"
+                with open(temporary, "wb") as handle:
+                    handle.write(data)
+                os.replace(temporary, path)
+            else:
+                # One PUT: object stores (and memory://) publish it whole or not at all.
+                self._fs.pipe_file(path, data)
+
+    def exists(self, path: str) -> bool:
+        with storage_errors(path):
+            return bool(self._fs.exists(path))
+
+    def size(self, path: str) -> int:
+        with storage_errors(path):
+            return int(self._fs.size(path))
+
+    def delete_tree(self, path: str) -> None:
+        """Remove ``path`` and everything below it; a missing path is fine."""
+        try:
+            with storage_errors(path):
+                self._fs.rm(path, recursive=True)
+        except FileNotFoundError:
+            pass
+
+    def list_dirs(self, path: str) -> list[str]:
+        """Names of the entries directly below ``path`` (empty if it does not exist)."""
+        try:
+            with storage_errors(path):
+                entries = self._fs.ls(path, detail=False)
+        except FileNotFoundError:
+            return []
+        return sorted(str(entry).rstrip("/").rsplit("/", 1)[-1] for entry in entries)
