@@ -18,7 +18,13 @@ from netty_like.protocol import (
     read_frame,
     write_frame,
 )
-from shuffle_api import PartitionError, ResultPartitionID, ShuffleError, SubpartitionRange, TransportError
+from shuffle_api import (
+    PartitionError,
+    ResultPartitionID,
+    ShuffleError,
+    SubpartitionRange,
+    TransportError,
+)
 from shuffle_api.format import Run, decode_run, verify_run
 
 __all__ = ["CreditSettings", "read_remote"]

@@ -43,13 +43,14 @@ class NettyShuffleDescriptor(ShuffleDescriptor):
         return self.producer_location == resource_id
 
     def details_to_bytes(self) -> bytes:
-        return pb.NettyShuffleDescriptorDetails(
+        details: bytes = pb.NettyShuffleDescriptorDetails(
             producer_location=self.producer_location,
             host=self.host,
             data_port=self.data_port,
             connection_index=self.connection_index,
             store_url=self.store_url,
         ).SerializeToString()
+        return details
 
     @classmethod
     def from_details(
@@ -59,7 +60,9 @@ class NettyShuffleDescriptor(ShuffleDescriptor):
         try:
             message.ParseFromString(details)
         except DecodeError as error:
-            raise SerializationError(f"netty_like descriptor details do not decode: {error}") from error
+            raise SerializationError(
+                f"netty_like descriptor details do not decode: {error}"
+            ) from error
         return cls(
             result_partition_id,
             message.producer_location,

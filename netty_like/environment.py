@@ -146,7 +146,9 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
                     if not gates:
                         del self._gates[attempt]
 
-    def update_partition_info(self, consumer_attempt_id: str, partition_info: PartitionInfo) -> bool:
+    def update_partition_info(
+        self, consumer_attempt_id: str, partition_info: PartitionInfo
+    ) -> bool:
         with self._gates_lock:
             gates = list(self._gates.get(consumer_attempt_id, ()))
         return any(
@@ -157,6 +159,10 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
 
     def release_partitions_locally(self, partition_ids: Collection[ResultPartitionID]) -> None:
         self._manager.release(partition_ids)
+
+    def queued_bytes(self) -> int:
+        """Bytes held in pipelined queues (bounded by the subpartition buffer option)."""
+        return self._manager.queued_bytes()
 
     def partitions_occupying_local_resources(self) -> frozenset[ResultPartitionID]:
         return self._manager.occupying()

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -55,7 +56,7 @@ class NettyInputGate(InputGate):
         self._channels: list[ShuffleDescriptor] = list(descriptor.shuffle_descriptors)
         self._condition = threading.Condition()
         self._closed = False
-        self._reading: Iterator[pa.RecordBatch] | None = None
+        self._reading: Generator[pa.RecordBatch] | None = None
 
     @property
     def result_id(self) -> str:
@@ -114,7 +115,7 @@ class NettyInputGate(InputGate):
             finally:
                 self._reading = None
 
-    def _read(self, descriptor: NettyShuffleDescriptor) -> Iterator[pa.RecordBatch]:
+    def _read(self, descriptor: NettyShuffleDescriptor) -> Generator[pa.RecordBatch]:
         partition = descriptor.result_partition_id
         pipelined = self._descriptor.consumed_partition_type.must_be_pipelined
         if descriptor.is_local_to(self._settings.resource_id):
@@ -139,7 +140,9 @@ class NettyInputGate(InputGate):
             reader = PartitionFileReader(Store(descriptor.store_url), partition)
             yield from reader.read(self.subpartitions)
 
-    def _read_local(self, partition: ResultPartitionID, pipelined: bool) -> Iterator[pa.RecordBatch]:
+    def _read_local(
+        self, partition: ResultPartitionID, pipelined: bool
+    ) -> Iterator[pa.RecordBatch]:
         view = self._manager.create_view(partition, self.subpartitions, pipelined=pipelined)
         try:
             while (item := view.poll(None)) is not None:
@@ -158,9 +161,8 @@ class NettyInputGate(InputGate):
             self._closed = True
             self._condition.notify_all()
         reading = self._reading
-        if reading is not None and hasattr(reading, "close"):
-            try:
+        if isinstance(reading, Generator):
+            # ValueError: the generator runs in another thread; it stops at its next step.
+            with contextlib.suppress(ValueError):
                 reading.close()
-            except ValueError:
-                pass  # the generator is running in another thread; it stops at its next step
         self._on_close(self)

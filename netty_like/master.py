@@ -120,7 +120,9 @@ class NettyShuffleMaster(ShuffleMaster):
             self._delete(shuffle_descriptor)
 
     def _delete(self, descriptor: NettyShuffleDescriptor) -> None:
-        store = self._store if descriptor.store_url == self._store.url else Store(descriptor.store_url)
+        store = (
+            self._store if descriptor.store_url == self._store.url else Store(descriptor.store_url)
+        )
         store.delete_tree(partition_directory(store, descriptor.result_partition_id))
 
     def partitions_with_metrics(self, job_id: str) -> Future[list[PartitionWithMetrics]]:

@@ -46,7 +46,7 @@ class SubpartitionView(abc.ABC):
     schema: pa.Schema | None = None
 
     @abc.abstractmethod
-    def poll(self, timeout: float | None) -> pa.RecordBatch | EncodedRun | None | bool:
+    def poll(self, timeout: float | None) -> pa.RecordBatch | EncodedRun | bool | None:
         """Next item; ``None`` at the end; ``False`` when nothing came within ``timeout``."""
 
     @property
@@ -86,7 +86,7 @@ class _PipelinedView(SubpartitionView):
         self._partition = partition
         self._pending: list[PipelinedSubpartition] = partition.claim(subpartitions)
 
-    def poll(self, timeout: float | None) -> pa.RecordBatch | None | bool:
+    def poll(self, timeout: float | None) -> pa.RecordBatch | bool | None:
         while self._pending:
             item = self._pending[0].poll(timeout)
             if item is None:
@@ -180,7 +180,9 @@ class ResultPartitionManager:
                 f"pipelined partition {partition} was already consumed", partition
             )
         if ended == "failed":
-            raise ProducerFailedError(f"producer of pipelined partition {partition} failed", partition)
+            raise ProducerFailedError(
+                f"producer of pipelined partition {partition} failed", partition
+            )
         raise PartitionNotFoundError(
             f"pipelined partition {partition} was not created within"
             f" {self._request_timeout} s, or was released",
@@ -200,6 +202,12 @@ class ResultPartitionManager:
                 pipelined.release()
             if blocking:
                 self._store.delete_tree(partition_directory(self._store, partition))
+
+    def queued_bytes(self) -> int:
+        """Bytes waiting in pipelined queues for their consumers."""
+        with self._condition:
+            partitions = list(self._pipelined.values())
+        return sum(partition.queued_bytes for partition in partitions)
 
     def occupying(self) -> frozenset[ResultPartitionID]:
         with self._condition:

@@ -67,7 +67,7 @@ class PipelinedSubpartition:
             self._error = error or ProducerFailedError("producer failed", self._partition)
             self._condition.notify_all()
 
-    def poll(self, timeout: float | None) -> pa.RecordBatch | None | bool:
+    def poll(self, timeout: float | None) -> pa.RecordBatch | bool | None:
         """The next batch; ``None`` at the end; ``False`` if nothing came within ``timeout``."""
         with self._condition:
             if not self._condition.wait_for(

@@ -113,7 +113,9 @@ class Request:
         parts = bytes(body[_REQUEST.size :]).decode("utf-8", "replace").split("/")
         if len(parts) != 3 or not parts[1].isdigit():
             raise InvalidIdentifierError(f"malformed partition id in request: {'/'.join(parts)!r}")
-        partition = ResultPartitionID(IntermediateResultPartitionID(parts[0], int(parts[1])), parts[2])
+        partition = ResultPartitionID(
+            IntermediateResultPartitionID(parts[0], int(parts[1])), parts[2]
+        )
         return cls(channel, partition, SubpartitionRange(start, end), credit, pipelined)
 
 

@@ -7,6 +7,7 @@ the producer's queued buffers.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
@@ -87,10 +88,8 @@ class _Connection:
         self.closed.set()
         for channel in list(self.channels.values()):
             channel.cancel()
-        try:
+        with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
         self.sock.close()
         self.server.forget(self)
 
@@ -140,7 +139,9 @@ class _Channel:
     def _stream(self, view: SubpartitionView) -> None:
         channel = self._request.channel
         schema_sent = False
-        max_payload = self._connection.server.max_frame_size - BufferHeader(0, 0, 0).encode().__len__()
+        max_payload = (
+            self._connection.server.max_frame_size - BufferHeader(0, 0, 0).encode().__len__()
+        )
         while self._take_credit():
             item = view.poll(_POLL_SECONDS)
             while item is False:
@@ -158,9 +159,7 @@ class _Channel:
                 schema = item.schema
                 payload, checksum = item.serialize(), 0
             if not schema_sent and schema is not None:
-                self._connection.send(
-                    FrameType.SCHEMA, encode_channel(channel), schema.serialize()
-                )
+                self._connection.send(FrameType.SCHEMA, encode_channel(channel), schema.serialize())
                 schema_sent = True
             if payload.size > max_payload:
                 raise DataTooLargeError(
@@ -171,10 +170,8 @@ class _Channel:
             self._connection.send(FrameType.BUFFER, header, payload)
 
     def _send_error(self, error: ShuffleError) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self._connection.send(FrameType.ERROR, encode_error(self._request.channel, error))
-        except OSError:
-            pass
 
 
 class DataServer:
@@ -188,7 +185,9 @@ class DataServer:
         self._listener = socket.create_server((host, port))
         self._connections: set[_Connection] = set()
         self._lock = threading.Lock()
-        self._accepting = threading.Thread(target=self._accept, name="pyshuffle-accept", daemon=True)
+        self._accepting = threading.Thread(
+            target=self._accept, name="pyshuffle-accept", daemon=True
+        )
 
     @property
     def port(self) -> int:
@@ -222,10 +221,8 @@ class DataServer:
             return len(self._connections)
 
     def stop(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
         self._listener.close()
         with self._lock:
             connections = list(self._connections)

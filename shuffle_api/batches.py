@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -12,10 +13,12 @@ from shuffle_api.errors import ShuffleError
 
 __all__ = ["SubpartitionIndexes", "chop", "split_by_subpartition"]
 
-SubpartitionIndexes = pa.Array | pa.ChunkedArray | npt.ArrayLike
+SubpartitionIndexes: TypeAlias = "pa.Array | pa.ChunkedArray | npt.ArrayLike"
 
 
-def _as_indexes(indexes: SubpartitionIndexes, rows: int, subpartitions: int) -> npt.NDArray[np.int64]:
+def _as_indexes(
+    indexes: SubpartitionIndexes, rows: int, subpartitions: int
+) -> npt.NDArray[np.int64]:
     if isinstance(indexes, pa.ChunkedArray):
         indexes = indexes.combine_chunks()
     if isinstance(indexes, pa.Array):
@@ -30,13 +33,14 @@ def _as_indexes(indexes: SubpartitionIndexes, rows: int, subpartitions: int) -> 
         )
     if rows and not np.issubdtype(array.dtype, np.integer):
         raise ShuffleError(f"subpartition indexes must be integers, got {array.dtype}")
-    array = array.astype(np.int64, copy=False)
+    array = np.asarray(array, dtype=np.int64)
     if rows and (int(array.min()) < 0 or int(array.max()) >= subpartitions):
         raise ShuffleError(
             f"subpartition index out of range [0, {subpartitions}):"
             f" min {int(array.min())}, max {int(array.max())}"
         )
-    return array
+    indexes_array: npt.NDArray[np.int64] = array
+    return indexes_array
 
 
 def split_by_subpartition(

@@ -135,7 +135,9 @@ def _bounded(parse: Callable[[object], T], minimum: T | None) -> Callable[[objec
     return parse_bounded
 
 
-def int_option(key: str, default: int, doc: str, *, minimum: int | None = None) -> ConfigOption[int]:
+def int_option(
+    key: str, default: int, doc: str, *, minimum: int | None = None
+) -> ConfigOption[int]:
     return ConfigOption(key, default, doc, _bounded(_parse_int, minimum), "int")
 
 
@@ -265,7 +267,9 @@ class Configuration:
         keys = {option.key for option in known}
         env_names = {option.env_name for option in known}
         problems = [
-            self._unknown(key, self.sources.get(key, ""), keys) for key in self.values if key not in keys
+            self._unknown(key, self.sources.get(key, ""), keys)
+            for key in self.values
+            if key not in keys
         ]
         problems += [
             self._unknown(name, "the environment", env_names)

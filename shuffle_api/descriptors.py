@@ -209,7 +209,9 @@ class ShuffleDescriptor(abc.ABC):
 
     @classmethod
     @abc.abstractmethod
-    def from_details(cls, result_partition_id: ResultPartitionID, details: bytes) -> ShuffleDescriptor:
+    def from_details(
+        cls, result_partition_id: ResultPartitionID, details: bytes
+    ) -> ShuffleDescriptor:
         """Inverse of :meth:`details_to_bytes`."""
 
 

@@ -72,7 +72,9 @@ class ShuffleEnvironment(abc.ABC):
         """Partitions this process must stay alive for; empty means it can go away."""
 
     @abc.abstractmethod
-    def update_partition_info(self, consumer_attempt_id: str, partition_info: PartitionInfo) -> bool:
+    def update_partition_info(
+        self, consumer_attempt_id: str, partition_info: PartitionInfo
+    ) -> bool:
         """Replace an unknown descriptor in the consumer's gates; False if no gate took it.
 
         Thread-safe: called while the consumer may be reading.

@@ -92,4 +92,3 @@ class ProducerFailedError(PartitionError):
 
 class PartitionAlreadyConsumedError(PartitionError):
     """A pipelined subpartition can be consumed once; it was requested again."""
-

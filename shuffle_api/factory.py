@@ -49,7 +49,7 @@ class ShuffleEnvironmentContext:
 
     configuration: Configuration
     resource_id: str = field(default_factory=new_id)
-    host: str = field(default_factory=lambda: socket.gethostname())
+    host: str = field(default_factory=socket.gethostname)
 
     def __post_init__(self) -> None:
         validate_id(self.resource_id, "resource id")
@@ -70,7 +70,9 @@ class ShuffleServiceFactory(abc.ABC):
     def create_shuffle_master(self, context: ShuffleMasterContext) -> ShuffleMaster: ...
 
     @abc.abstractmethod
-    def create_shuffle_environment(self, context: ShuffleEnvironmentContext) -> ShuffleEnvironment: ...
+    def create_shuffle_environment(
+        self, context: ShuffleEnvironmentContext
+    ) -> ShuffleEnvironment: ...
 
 
 def _known() -> str:

@@ -57,7 +57,7 @@ class ResultPartitionWriter(abc.ABC):
 
     @abc.abstractmethod
     def write(self, batch: pa.RecordBatch, subpartitions: SubpartitionIndexes) -> None:
-        """Write each row of ``batch`` to the subpartition given by the same row of ``subpartitions``."""
+        """Write each row of ``batch`` to the subpartition named by its row of ``subpartitions``."""
 
     @abc.abstractmethod
     def write_to_subpartition(self, batch: pa.RecordBatch, subpartition: int) -> None:

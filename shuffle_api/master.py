@@ -83,7 +83,7 @@ class ShuffleMaster(abc.ABC):
 
     @abc.abstractmethod
     def partitions_with_metrics(self, job_id: str) -> Future[list[PartitionWithMetrics]]:
-        """The job's registered partitions, whether each is available, and bytes per subpartition."""
+        """The job's registered partitions, whether each is available, bytes per subpartition."""
 
     def __enter__(self) -> Self:
         self.start()

@@ -108,10 +108,6 @@ def _rpid_to_pb(value: ResultPartitionID) -> pb.ResultPartitionId:
     )
 
 
-def _type_to_pb(value: ResultPartitionType) -> pb.ResultPartitionType:
-    return pb.ResultPartitionType.Value(value.name)
-
-
 def _shuffle_descriptor_to_pb(value: ShuffleDescriptor) -> pb.ShuffleDescriptor:
     return pb.ShuffleDescriptor(
         result_partition_id=_rpid_to_pb(value.result_partition_id),
@@ -125,11 +121,11 @@ def _partition_descriptor_to_pb(value: PartitionDescriptor) -> pb.PartitionDescr
         result_id=value.result_id,
         total_number_of_partitions=value.total_number_of_partitions,
         partition_id=_partition_id_to_pb(value.partition_id),
-        partition_type=_type_to_pb(value.partition_type),
+        partition_type=value.partition_type.name,
         number_of_subpartitions=value.number_of_subpartitions,
         connection_index=value.connection_index,
         is_broadcast=value.is_broadcast,
-        distribution_pattern=pb.DistributionPattern.Value(value.distribution_pattern.name),
+        distribution_pattern=value.distribution_pattern.name,
         is_number_of_partition_consumers_undefined=value.is_number_of_partition_consumers_undefined,
     )
 
@@ -157,13 +153,18 @@ def _to_envelope(value: Descriptor) -> pb.Envelope:
             )
             message.shuffle_descriptor.CopyFrom(_shuffle_descriptor_to_pb(value.shuffle_descriptor))
         case InputGateDeploymentDescriptor():
-            gate = envelope.input_gate_deployment_descriptor
-            gate.result_id = value.result_id
-            gate.consumed_partition_type = _type_to_pb(value.consumed_partition_type)
-            gate.consumed_subpartitions.start = value.consumed_subpartitions.start
-            gate.consumed_subpartitions.end = value.consumed_subpartitions.end
-            gate.shuffle_descriptors.extend(
-                _shuffle_descriptor_to_pb(d) for d in value.shuffle_descriptors
+            envelope.input_gate_deployment_descriptor.CopyFrom(
+                pb.InputGateDeploymentDescriptor(
+                    result_id=value.result_id,
+                    consumed_partition_type=value.consumed_partition_type.name,
+                    consumed_subpartitions=pb.SubpartitionRange(
+                        start=value.consumed_subpartitions.start,
+                        end=value.consumed_subpartitions.end,
+                    ),
+                    shuffle_descriptors=[
+                        _shuffle_descriptor_to_pb(d) for d in value.shuffle_descriptors
+                    ],
+                )
             )
         case PartitionInfo():
             envelope.partition_info.result_id = value.result_id
@@ -177,13 +178,16 @@ def _to_envelope(value: Descriptor) -> pb.Envelope:
 
 def serialize(value: Descriptor) -> bytes:
     """The versioned protobuf bytes of a descriptor."""
-    return _to_envelope(value).SerializeToString()
+    data: bytes = _to_envelope(value).SerializeToString()
+    return data
 
 
 # --- messages -> value objects -------------------------------------------------------------
 
 
-def _partition_id_from_pb(message: pb.IntermediateResultPartitionId) -> IntermediateResultPartitionID:
+def _partition_id_from_pb(
+    message: pb.IntermediateResultPartitionId,
+) -> IntermediateResultPartitionID:
     return IntermediateResultPartitionID(message.result_id, message.partition_index)
 
 
@@ -194,11 +198,12 @@ def _rpid_from_pb(message: pb.ResultPartitionId) -> ResultPartitionID:
 
 
 def _type_from_pb(value: int) -> ResultPartitionType:
-    name = pb.ResultPartitionType.Name(value)  # type: ignore[arg-type]
+    name = pb.ResultPartitionType.Name(value)
     try:
-        return ResultPartitionType[name]
+        partition_type: ResultPartitionType = ResultPartitionType[name]
     except KeyError:
         raise SerializationError(f"unknown result partition type {name}") from None
+    return partition_type
 
 
 def _shuffle_descriptor_from_pb(message: pb.ShuffleDescriptor) -> ShuffleDescriptor:
@@ -258,7 +263,9 @@ def _from_envelope(envelope: pb.Envelope) -> Descriptor:
             )
         case "partition_info":
             info = envelope.partition_info
-            return PartitionInfo(info.result_id, _shuffle_descriptor_from_pb(info.shuffle_descriptor))
+            return PartitionInfo(
+                info.result_id, _shuffle_descriptor_from_pb(info.shuffle_descriptor)
+            )
         case _:
             raise SerializationError("descriptor envelope holds no payload")
 
@@ -269,7 +276,9 @@ def deserialize(data: bytes) -> Descriptor:
     try:
         envelope.ParseFromString(data)
     except DecodeError as error:
-        raise SerializationError(f"bytes do not decode as a descriptor envelope: {error}") from error
+        raise SerializationError(
+            f"bytes do not decode as a descriptor envelope: {error}"
+        ) from error
     if envelope.format_version == 0 or envelope.format_version > FORMAT_VERSION:
         raise UnsupportedFormatVersionError(
             f"descriptor format version {envelope.format_version} is not supported"

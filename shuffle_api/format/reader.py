@@ -47,7 +47,9 @@ def verify_run(data: pa.Buffer, run: Run, partition: ResultPartitionID) -> None:
         )
 
 
-def decode_run(data: pa.Buffer, schema: pa.Schema, partition: ResultPartitionID) -> Iterator[pa.RecordBatch]:
+def decode_run(
+    data: pa.Buffer, schema: pa.Schema, partition: ResultPartitionID
+) -> Iterator[pa.RecordBatch]:
     """The record batches in a run's bytes (zero-copy when uncompressed)."""
     reader = pa.ipc.MessageReader.open_stream(pa.BufferReader(data))
     while True:
@@ -78,7 +80,9 @@ class PartitionFileReader:
         self._data: RangeReader | None = None
         manifest_path = store.child(directory, MANIFEST_FILE)
         try:
-            self.manifest = PartitionManifest.from_json(store.read_bytes(manifest_path), manifest_path)
+            self.manifest = PartitionManifest.from_json(
+                store.read_bytes(manifest_path), manifest_path
+            )
             index_bytes = store.read_bytes(store.child(directory, INDEX_FILE))
         except FileNotFoundError as error:
             raise PartitionNotFoundError(
@@ -110,7 +114,9 @@ class PartitionFileReader:
         bounds = np.searchsorted(
             subpartition_of_run[order], np.arange(self.manifest.number_of_subpartitions + 1)
         )
-        self._runs_by_subpartition = [order[bounds[s] : bounds[s + 1]] for s in range(len(bounds) - 1)]
+        self._runs_by_subpartition = [
+            order[bounds[s] : bounds[s + 1]] for s in range(len(bounds) - 1)
+        ]
 
     @property
     def partition(self) -> ResultPartitionID:
@@ -130,7 +136,9 @@ class PartitionFileReader:
             )
         for subpartition in subpartitions:
             own = self._runs_by_subpartition[subpartition]
-            chosen = np.sort(np.concatenate([own, self._broadcast])) if len(self._broadcast) else own
+            chosen = (
+                np.sort(np.concatenate([own, self._broadcast])) if len(self._broadcast) else own
+            )
             for position in chosen:
                 yield self._runs[int(position)]
 

@@ -11,13 +11,14 @@ Layout of a committed partition (see ``docs/format.md``):
 
 from __future__ import annotations
 
+import contextlib
 from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa
 import xxhash
 
-from shuffle_api.errors import ShuffleError, StorageError
+from shuffle_api.errors import ShuffleError
 from shuffle_api.format.layout import partition_directory
 from shuffle_api.format.manifest import (
     CODECS,
@@ -216,7 +217,9 @@ class PartitionFileWriter:
             data_bytes=data_bytes,
             index_checksum=xxhash.xxh3_64_intdigest(index_bytes),
         )
-        self._store.put_atomic(self._store.child(self._directory, MANIFEST_FILE), manifest.to_json())
+        self._store.put_atomic(
+            self._store.child(self._directory, MANIFEST_FILE), manifest.to_json()
+        )
         return statistics
 
     def abort(self) -> None:
@@ -224,8 +227,7 @@ class PartitionFileWriter:
         self._buffers = [[] for _ in range(self._subpartitions)]
         self._buffered_bytes = 0
         if self._sink is not None:
-            try:
+            # The directory is removed next; a close error changes nothing.
+            with contextlib.suppress(OSError):
                 self._sink.close()
-            except (OSError, StorageError):
-                pass  # the directory is removed next; a close error changes nothing
         self._store.delete_tree(self._directory)

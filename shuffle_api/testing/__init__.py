@@ -1,0 +1,27 @@
+"""The conformance kit: every shuffle implementation passes the same suite.
+
+Use it from an implementation's tests::
+
+    from shuffle_api.testing import ConformanceHarness, ShuffleServiceConformance
+
+    class TestMyService(ShuffleServiceConformance):
+        @pytest.fixture
+        def harness(self, tmp_path) -> ConformanceHarness:
+            return ConformanceHarness(Configuration.load({...}, environ={}), stored_files=...)
+"""
+
+from shuffle_api.testing.harness import (
+    ConformanceHarness,
+    RecordingJobContext,
+    ShuffleScenario,
+    make_batches,
+)
+from shuffle_api.testing.suite import ShuffleServiceConformance
+
+__all__ = [
+    "ConformanceHarness",
+    "RecordingJobContext",
+    "ShuffleScenario",
+    "ShuffleServiceConformance",
+    "make_batches",
+]

@@ -1,0 +1,236 @@
+"""What the conformance suite needs from an implementation, and the scenario it drives."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Collection, Iterator, Sequence
+from concurrent.futures import Future
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from shuffle_api.config import Configuration
+from shuffle_api.descriptors import (
+    InputGateDeploymentDescriptor,
+    PartitionDescriptor,
+    ResultPartitionDeploymentDescriptor,
+    ResultPartitionType,
+    ShuffleDescriptor,
+    SubpartitionRange,
+)
+from shuffle_api.environment import ShuffleEnvironment, ShuffleIOOwner
+from shuffle_api.factory import (
+    ShuffleEnvironmentContext,
+    ShuffleMasterContext,
+    load_shuffle_service_factory,
+)
+from shuffle_api.ids import IntermediateResultPartitionID, ResultPartitionID, new_id
+from shuffle_api.io import InputGate, PartitionStatistics, ResultPartitionWriter
+from shuffle_api.master import JobShuffleContext, ShuffleMaster
+
+__all__ = ["ConformanceHarness", "RecordingJobContext", "ShuffleScenario", "make_batches"]
+
+
+@dataclass(frozen=True)
+class ConformanceHarness:
+    """An implementation under test: its configuration, which partition types it supports, and
+    (optionally) how to list the files it left on its store."""
+
+    configuration: Configuration
+    stored_files: Callable[[], list[str]] | None = None
+    partition_types: tuple[ResultPartitionType, ...] = tuple(ResultPartitionType)
+
+
+class RecordingJobContext(JobShuffleContext):
+    """Remembers which partitions the service reported lost."""
+
+    def __init__(self, job_id: str) -> None:
+        self._job_id = job_id
+        self.lost: list[ResultPartitionID] = []
+
+    @property
+    def job_id(self) -> str:
+        return self._job_id
+
+    def stop_tracking_and_release_partitions(
+        self, partition_ids: Collection[ResultPartitionID]
+    ) -> None:
+        self.lost.extend(partition_ids)
+
+
+def make_batches(
+    rows: int, *, batch_rows: int = 10_000, seed: int = 7, keys: int = 1_000
+) -> list[pa.RecordBatch]:
+    """Deterministic batches: unique ``row``, int64 ``key``, float64 ``value``, string ``text``."""
+    generator = np.random.default_rng(seed)
+    batches = []
+    for start in range(0, rows, batch_rows):
+        count = min(batch_rows, rows - start)
+        key = generator.integers(0, keys, count)
+        batches.append(
+            pa.record_batch(
+                {
+                    "row": pa.array(np.arange(start, start + count, dtype=np.int64)),
+                    "key": pa.array(key),
+                    "value": pa.array(generator.random(count)),
+                    "text": pa.array([f"text-{k:08d}-{i % 97:03d}" for i, k in enumerate(key)]),
+                }
+            )
+        )
+    return batches
+
+
+@dataclass
+class ShuffleScenario:
+    """One master, a producer environment and a consumer environment, for one job."""
+
+    harness: ConformanceHarness
+    master: ShuffleMaster
+    producer: ShuffleEnvironment
+    consumer: ShuffleEnvironment
+    job: RecordingJobContext
+    result_id: str = field(default_factory=lambda: "result-" + new_id())
+
+    @classmethod
+    @contextmanager
+    def open(cls, harness: ConformanceHarness) -> Iterator[ShuffleScenario]:
+        factory = load_shuffle_service_factory(harness.configuration)
+        master = factory.create_shuffle_master(ShuffleMasterContext(harness.configuration))
+        producer = factory.create_shuffle_environment(
+            ShuffleEnvironmentContext(harness.configuration, host="127.0.0.1")
+        )
+        consumer = factory.create_shuffle_environment(
+            ShuffleEnvironmentContext(harness.configuration, host="127.0.0.1")
+        )
+        master.start()
+        producer.start()
+        consumer.start()
+        job = RecordingJobContext("job-" + new_id())
+        master.register_job(job)
+        try:
+            yield cls(harness, master, producer, consumer, job)
+        finally:
+            consumer.close()
+            producer.close()
+            master.unregister_job(job.job_id)
+            master.close()
+
+    def partition_descriptor(
+        self,
+        index: int,
+        *,
+        partitions: int,
+        subpartitions: int,
+        partition_type: ResultPartitionType = ResultPartitionType.BLOCKING,
+    ) -> PartitionDescriptor:
+        return PartitionDescriptor(
+            self.result_id,
+            partitions,
+            IntermediateResultPartitionID(self.result_id, index),
+            partition_type,
+            subpartitions,
+        )
+
+    def register(
+        self, descriptor: PartitionDescriptor, attempt: str | None = None
+    ) -> ShuffleDescriptor:
+        producer = self.producer.producer_descriptor(attempt or "attempt-" + new_id())
+        return self.master.register_partition_with_producer(
+            self.job.job_id, descriptor, producer
+        ).result(timeout=60)
+
+    def writer(
+        self, descriptor: PartitionDescriptor, shuffle_descriptor: ShuffleDescriptor
+    ) -> ResultPartitionWriter:
+        owner = ShuffleIOOwner(
+            "producer", shuffle_descriptor.result_partition_id.producer_attempt_id
+        )
+        [writer] = self.producer.create_result_partition_writers(
+            owner, [ResultPartitionDeploymentDescriptor(descriptor, shuffle_descriptor)]
+        )
+        return writer
+
+    def produce(
+        self,
+        batches: Sequence[pa.RecordBatch],
+        *,
+        partitions: int,
+        subpartitions: int,
+        partition_type: ResultPartitionType = ResultPartitionType.BLOCKING,
+    ) -> tuple[list[ShuffleDescriptor], list[PartitionStatistics]]:
+        """Producer p writes every p-th batch, each row to subpartition ``key % subpartitions``."""
+        descriptors: list[ShuffleDescriptor] = []
+        statistics: list[PartitionStatistics] = []
+        for index in range(partitions):
+            descriptor = self.partition_descriptor(
+                index,
+                partitions=partitions,
+                subpartitions=subpartitions,
+                partition_type=partition_type,
+            )
+            shuffle_descriptor = self.register(descriptor)
+            with self.writer(descriptor, shuffle_descriptor) as writer:
+                for batch in batches[index::partitions]:
+                    writer.write(batch, route(batch, subpartitions))
+                statistics.append(writer.finish())
+            descriptors.append(shuffle_descriptor)
+        return descriptors, statistics
+
+    def gate(
+        self,
+        environment: ShuffleEnvironment,
+        descriptors: Sequence[ShuffleDescriptor],
+        subpartitions: SubpartitionRange,
+        *,
+        partition_type: ResultPartitionType = ResultPartitionType.BLOCKING,
+        attempt: str | None = None,
+    ) -> InputGate:
+        owner = ShuffleIOOwner("consumer", attempt or "consumer-" + new_id())
+        [gate] = environment.create_input_gates(
+            owner,
+            [
+                InputGateDeploymentDescriptor(
+                    self.result_id, partition_type, subpartitions, tuple(descriptors)
+                )
+            ],
+        )
+        return gate
+
+    def read(
+        self,
+        environment: ShuffleEnvironment,
+        descriptors: Sequence[ShuffleDescriptor],
+        subpartitions: SubpartitionRange,
+        *,
+        partition_type: ResultPartitionType = ResultPartitionType.BLOCKING,
+    ) -> pa.Table:
+        with self.gate(
+            environment, descriptors, subpartitions, partition_type=partition_type
+        ) as gate:
+            return pa.Table.from_batches(list(gate), schema=SCHEMA)
+
+
+SCHEMA = make_batches(1)[0].schema
+
+
+def route(batch: pa.RecordBatch, subpartitions: int) -> npt.NDArray[np.int64]:
+    """The subpartition of each row: ``key % subpartitions``."""
+    keys: npt.NDArray[np.int64] = batch.column("key").to_numpy()
+    return keys % subpartitions
+
+
+def in_background(function: Callable[[], object]) -> Future[object]:
+    """Run ``function`` in a thread; the future holds its result or exception."""
+    future: Future[object] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(function())
+        except BaseException as error:
+            future.set_exception(error)
+
+    threading.Thread(target=run, daemon=True).start()
+    return future
