@@ -46,7 +46,12 @@ from shuffle_api.factory import (
 )
 from shuffle_api.ids import IntermediateResultPartitionID, ResultPartitionID, new_id
 from shuffle_api.io import BROADCAST, InputGate, PartitionStatistics, ResultPartitionWriter
-from shuffle_api.master import JobShuffleContext, PartitionWithMetrics, ShuffleMaster
+from shuffle_api.master import (
+    JobShuffleContext,
+    PartitionWithMetrics,
+    RecordingJobContext,
+    ShuffleMaster,
+)
 from shuffle_api.serialization import deserialize, serialize
 
 __all__ = [
@@ -74,6 +79,7 @@ __all__ = [
     "PartitionWithMetrics",
     "ProducerDescriptor",
     "ProducerFailedError",
+    "RecordingJobContext",
     "ResultPartitionDeploymentDescriptor",
     "ResultPartitionID",
     "ResultPartitionType",

@@ -17,7 +17,13 @@ from shuffle_api.descriptors import PartitionDescriptor, ProducerDescriptor, Shu
 from shuffle_api.ids import ResultPartitionID
 from shuffle_api.io import PartitionStatistics
 
-__all__ = ["JobShuffleContext", "PartitionWithMetrics", "ShuffleMaster", "completed"]
+__all__ = [
+    "JobShuffleContext",
+    "PartitionWithMetrics",
+    "RecordingJobContext",
+    "ShuffleMaster",
+    "completed",
+]
 
 T = TypeVar("T")
 
@@ -50,6 +56,23 @@ class JobShuffleContext(abc.ABC):
         self, partition_ids: Collection[ResultPartitionID]
     ) -> None:
         """The service lost these partitions: stop tracking them (their producers rerun)."""
+
+
+class RecordingJobContext(JobShuffleContext):
+    """A job context that remembers which partitions the service reported lost."""
+
+    def __init__(self, job_id: str) -> None:
+        self._job_id = job_id
+        self.lost: list[ResultPartitionID] = []
+
+    @property
+    def job_id(self) -> str:
+        return self._job_id
+
+    def stop_tracking_and_release_partitions(
+        self, partition_ids: Collection[ResultPartitionID]
+    ) -> None:
+        self.lost.extend(partition_ids)
 
 
 class ShuffleMaster(abc.ABC):

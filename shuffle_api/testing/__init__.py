@@ -10,12 +10,8 @@ Use it from an implementation's tests::
             return ConformanceHarness(Configuration.load({...}, environ={}), stored_files=...)
 """
 
-from shuffle_api.testing.harness import (
-    ConformanceHarness,
-    RecordingJobContext,
-    ShuffleScenario,
-    make_batches,
-)
+from shuffle_api.master import RecordingJobContext
+from shuffle_api.testing.harness import ConformanceHarness, ShuffleScenario, make_batches
 from shuffle_api.testing.suite import ShuffleServiceConformance
 
 __all__ = [

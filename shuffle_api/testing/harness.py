@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -27,9 +27,9 @@ from shuffle_api.factory import (
     ShuffleMasterContext,
     load_shuffle_service_factory,
 )
-from shuffle_api.ids import IntermediateResultPartitionID, ResultPartitionID, new_id
+from shuffle_api.ids import IntermediateResultPartitionID, new_id
 from shuffle_api.io import InputGate, PartitionStatistics, ResultPartitionWriter
-from shuffle_api.master import JobShuffleContext, ShuffleMaster
+from shuffle_api.master import RecordingJobContext, ShuffleMaster
 
 __all__ = ["ConformanceHarness", "RecordingJobContext", "ShuffleScenario", "make_batches"]
 
@@ -42,23 +42,6 @@ class ConformanceHarness:
     configuration: Configuration
     stored_files: Callable[[], list[str]] | None = None
     partition_types: tuple[ResultPartitionType, ...] = tuple(ResultPartitionType)
-
-
-class RecordingJobContext(JobShuffleContext):
-    """Remembers which partitions the service reported lost."""
-
-    def __init__(self, job_id: str) -> None:
-        self._job_id = job_id
-        self.lost: list[ResultPartitionID] = []
-
-    @property
-    def job_id(self) -> str:
-        return self._job_id
-
-    def stop_tracking_and_release_partitions(
-        self, partition_ids: Collection[ResultPartitionID]
-    ) -> None:
-        self.lost.extend(partition_ids)
 
 
 def make_batches(

@@ -1,0 +1,28 @@
+"""The checked-in protobuf modules are exactly what scripts/generate_proto.py makes from proto/."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_generated_protobuf_modules_are_fresh(tmp_path: Path) -> None:
+    completed = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "generate_proto.py"), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    generated = sorted(line for line in completed.stdout.splitlines() if line)
+    assert generated, "the generator wrote nothing"
+    stale = [
+        relative
+        for relative in generated
+        if (tmp_path / relative).read_bytes() != (ROOT / relative).read_bytes()
+    ]
+    assert not stale, f"regenerate with `make proto`: {stale}"
+    checked_in = sorted(str(path.relative_to(ROOT)) for path in ROOT.glob("*/_proto/*_pb2.py*"))
+    assert checked_in == generated, "a generated module has no .proto source (or the reverse)"
