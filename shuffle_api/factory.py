@@ -95,7 +95,7 @@ def load_shuffle_service_factory(configuration: Configuration) -> ShuffleService
         )
     try:
         module = importlib.import_module(module_name)
-    except ImportError as error:
+    except Exception as error:  # a module can fail to import with any error
         raise ConfigError(
             f"config key {key!r} has value {value!r}: module {module_name!r} does not import"
             f" ({error}); known implementations: {_known()}"

@@ -178,7 +178,10 @@ def _to_envelope(value: Descriptor) -> pb.Envelope:
 
 def serialize(value: Descriptor) -> bytes:
     """The versioned protobuf bytes of a descriptor."""
-    data: bytes = _to_envelope(value).SerializeToString()
+    try:
+        data: bytes = _to_envelope(value).SerializeToString()
+    except (ValueError, TypeError) as error:
+        raise SerializationError(f"cannot serialize {value!r}: {error}") from error
     return data
 
 
@@ -286,7 +289,7 @@ def deserialize(data: bytes) -> Descriptor:
         )
     try:
         return _from_envelope(envelope)
-    except ShuffleError:
+    except SerializationError:
         raise
-    except (ValueError, TypeError) as error:
+    except (ValueError, TypeError) as error:  # InvalidIdentifierError included
         raise SerializationError(f"descriptor does not decode: {error}") from error

@@ -7,6 +7,7 @@ Local directories use pyarrow's native files (memory-mapped reads); every other 
 from __future__ import annotations
 
 import abc
+import contextlib
 import errno
 import os
 import tempfile
@@ -64,8 +65,10 @@ class _MappedRanges(RangeReader):
 
     def read_range(self, offset: int, length: int) -> pa.Buffer:
         with storage_errors(self._path):
-            self._mapped.seek(offset)
-            return self._mapped.read_buffer(length)
+            # A truncated file yields a short buffer, which fails its checksum, not an OSError.
+            available = max(0, min(length, self._mapped.size() - offset))
+            self._mapped.seek(min(offset, self._mapped.size()))
+            return self._mapped.read_buffer(available)
 
 
 class _FsspecRanges(RangeReader):
@@ -141,9 +144,14 @@ class Store:
             if self._local:
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 temporary = f"{path}.{new_id()}.tmp"
-                with open(temporary, "wb") as handle:
-                    handle.write(data)
-                os.replace(temporary, path)
+                try:
+                    with open(temporary, "wb") as handle:
+                        handle.write(data)
+                    os.replace(temporary, path)
+                except BaseException:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(temporary)
+                    raise
             else:
                 # One PUT: object stores (and memory://) publish it whole or not at all.
                 self._fs.pipe_file(path, data)
@@ -163,12 +171,3 @@ class Store:
                 self._fs.rm(path, recursive=True)
         except FileNotFoundError:
             pass
-
-    def list_dirs(self, path: str) -> list[str]:
-        """Names of the entries directly below ``path`` (empty if it does not exist)."""
-        try:
-            with storage_errors(path):
-                entries = self._fs.ls(path, detail=False)
-        except FileNotFoundError:
-            return []
-        return sorted(str(entry).rstrip("/").rsplit("/", 1)[-1] for entry in entries)

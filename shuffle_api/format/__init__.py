@@ -1,6 +1,6 @@
 """The on-store partition format shared by every implementation (data + index + manifest)."""
 
-from shuffle_api.format.layout import partition_directory, result_directory
+from shuffle_api.format.layout import partition_directory
 from shuffle_api.format.manifest import FORMAT_VERSION, PartitionManifest
 from shuffle_api.format.reader import PartitionFileReader, Run, decode_run, verify_run
 from shuffle_api.format.writer import PartitionFileWriter, ipc_write_options
@@ -14,6 +14,5 @@ __all__ = [
     "decode_run",
     "ipc_write_options",
     "partition_directory",
-    "result_directory",
     "verify_run",
 ]

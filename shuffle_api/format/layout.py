@@ -5,11 +5,7 @@ from __future__ import annotations
 from shuffle_api.ids import ResultPartitionID
 from shuffle_api.store import Store
 
-__all__ = ["partition_directory", "result_directory"]
-
-
-def result_directory(store: Store, result_id: str) -> str:
-    return store.path(result_id)
+__all__ = ["partition_directory"]
 
 
 def partition_directory(store: Store, partition: ResultPartitionID) -> str:

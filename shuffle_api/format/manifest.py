@@ -89,6 +89,8 @@ class PartitionManifest:
     def from_json(cls, data: bytes, where: str) -> PartitionManifest:
         try:
             document = json.loads(data)
+            if not isinstance(document, dict):
+                raise ValueError(f"expected a JSON object, got {type(document).__name__}")
             if document.get("format") != FORMAT_NAME:
                 raise ValueError(f"format is {document.get('format')!r}, not {FORMAT_NAME!r}")
             version = int(document["format_version"])

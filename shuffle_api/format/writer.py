@@ -115,6 +115,11 @@ class PartitionFileWriter:
 
     def add(self, subpartition: int, batch: pa.RecordBatch) -> None:
         """Take a batch for one subpartition (or :data:`BROADCAST`); spill past the budget."""
+        if not (subpartition == BROADCAST or 0 <= subpartition < self._subpartitions):
+            raise ShuffleError(
+                f"subpartition {subpartition} out of range [0, {self._subpartitions})"
+                f" of partition {self._partition}"
+            )
         self._open(batch.schema)
         if subpartition == BROADCAST:
             self.spill()

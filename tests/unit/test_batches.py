@@ -1,0 +1,238 @@
+"""split_by_subpartition and chop: the vectorized routing and sizing every writer shares."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from shuffle_api import ShuffleError
+from shuffle_api.batches import SubpartitionIndexes, chop, split_by_subpartition
+
+
+def numbered_batch(rows: int) -> pa.RecordBatch:
+    """Row ``i`` holds ``row = i`` and a string that identifies it."""
+    return pa.record_batch(
+        {
+            "row": pa.array(np.arange(rows, dtype=np.int64)),
+            "text": pa.array([f"value-{i}" for i in range(rows)]),
+        }
+    )
+
+
+def split(
+    batch: pa.RecordBatch, indexes: SubpartitionIndexes, subpartitions: int
+) -> dict[int, list[int]]:
+    """Subpartition -> the ``row`` values it got, checking each piece keeps the schema."""
+    result: dict[int, list[int]] = {}
+    for subpartition, piece in split_by_subpartition(batch, indexes, subpartitions):
+        assert subpartition not in result, "each subpartition is yielded once"
+        assert piece.schema.equals(batch.schema)
+        assert piece.num_rows > 0
+        rows = piece.column("row").to_pylist()
+        assert piece.column("text").to_pylist() == [f"value-{i}" for i in rows]
+        result[subpartition] = rows
+    return result
+
+
+def expected_split(indexes: list[int]) -> dict[int, list[int]]:
+    expected: dict[int, list[int]] = {}
+    for row, subpartition in enumerate(indexes):
+        expected.setdefault(subpartition, []).append(row)
+    return expected
+
+
+# --- split_by_subpartition -----------------------------------------------------------------
+
+
+def test_every_row_lands_in_its_subpartition_once_in_original_order() -> None:
+    rng = np.random.default_rng(7)
+    indexes = rng.integers(0, 13, size=5000).tolist()
+
+    result = split(numbered_batch(5000), indexes, 13)
+
+    assert result == expected_split(indexes)
+    assert sorted(row for rows in result.values() for row in rows) == list(range(5000))
+
+
+def test_subpartitions_are_yielded_in_ascending_order_and_empty_ones_skipped() -> None:
+    indexes = [5, 0, 5, 2, 0, 5]
+
+    pieces = list(split_by_subpartition(numbered_batch(6), indexes, 8))
+
+    assert [subpartition for subpartition, _ in pieces] == [0, 2, 5]
+    assert [piece.column("row").to_pylist() for _, piece in pieces] == [[1, 4], [3], [0, 2, 5]]
+
+
+def test_batch_all_in_one_subpartition_is_returned_unsplit() -> None:
+    batch = numbered_batch(100)
+
+    pieces = list(split_by_subpartition(batch, [3] * 100, 4))
+
+    assert len(pieces) == 1
+    subpartition, piece = pieces[0]
+    assert subpartition == 3
+    assert piece.equals(batch)
+    assert piece.num_rows == 100
+
+
+def test_empty_batch_yields_nothing() -> None:
+    batch = numbered_batch(0)
+
+    assert list(split_by_subpartition(batch, np.array([], dtype=np.int32), 4)) == []
+    assert list(split_by_subpartition(batch, [], 4)) == []
+
+
+IndexMaker = Callable[[list[int]], SubpartitionIndexes]
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda v: v, id="list"),
+        pytest.param(lambda v: np.asarray(v, dtype=np.int64), id="numpy-int64"),
+        pytest.param(lambda v: np.asarray(v, dtype=np.uint8), id="numpy-uint8"),
+        pytest.param(lambda v: np.asarray(v, dtype=np.int16), id="numpy-int16"),
+        pytest.param(lambda v: pa.array(v, type=pa.int32()), id="arrow-int32"),
+        pytest.param(lambda v: pa.array(v, type=pa.uint16()), id="arrow-uint16"),
+        pytest.param(lambda v: pa.chunked_array([v[:3], v[3:]], type=pa.int64()), id="chunked"),
+    ],
+)
+def test_indexes_may_be_list_numpy_or_arrow(make: IndexMaker) -> None:
+    indexes = [1, 0, 2, 1, 1, 0, 2]
+
+    assert split(numbered_batch(7), make(indexes), 3) == expected_split(indexes)
+
+
+@pytest.mark.parametrize(
+    ("indexes", "message"),
+    [
+        pytest.param([0, 1, 4], "out of range", id="too-large"),
+        pytest.param([0, 1, 3], "out of range", id="equal-to-count"),
+        pytest.param([0, -1, 1], "out of range", id="negative"),
+        pytest.param(np.array([0, -2, 1], dtype=np.int8), "out of range", id="negative-numpy"),
+        pytest.param(pa.array([0, None, 1], type=pa.int32()), "null", id="null-arrow"),
+        pytest.param([0, None, 1], "integers", id="none-in-list"),
+        pytest.param([0.0, 1.0, 2.0], "integers", id="float-list"),
+        pytest.param(np.array([0.0, 1.5, 2.0]), "integers", id="float-numpy"),
+        pytest.param(pa.array([0.0, 1.0, 2.0]), "integers", id="float-arrow"),
+        pytest.param(["0", "1", "2"], "integers", id="strings"),
+        pytest.param([True, False, True], "integers", id="booleans"),
+        pytest.param([0, 1], "one subpartition index per row", id="too-few"),
+        pytest.param([0, 1, 2, 0], "one subpartition index per row", id="too-many"),
+        pytest.param([[0], [1], [2]], "one subpartition index per row", id="two-dimensional"),
+        pytest.param(np.array([2**63, 0, 1], dtype=np.uint64), "out of range", id="huge-uint64"),
+    ],
+)
+def test_bad_indexes_raise_shuffle_error(indexes: SubpartitionIndexes, message: str) -> None:
+    with pytest.raises(ShuffleError, match=message):
+        list(split_by_subpartition(numbered_batch(3), indexes, 3))
+
+
+def test_indexes_for_an_empty_batch_must_still_have_the_right_length() -> None:
+    with pytest.raises(ShuffleError):
+        list(split_by_subpartition(numbered_batch(0), [0], 3))
+
+
+def test_split_handles_1024_subpartitions() -> None:
+    rng = np.random.default_rng(11)
+    indexes = rng.integers(0, 1024, size=20_000)
+
+    result = split(numbered_batch(20_000), indexes, 1024)
+
+    assert result == expected_split(indexes.tolist())
+    assert len(result) == len(set(indexes.tolist()))
+
+
+def test_split_handles_exactly_65536_subpartitions() -> None:
+    indexes = [65535, 0, 65535, 1, 0]
+
+    assert split(numbered_batch(5), indexes, 1 << 16) == expected_split(indexes)
+
+
+def test_split_handles_more_than_65536_subpartitions() -> None:
+    # Indexes that collide modulo 2**16 must still go to different subpartitions.
+    indexes = [69_999, 65_536, 0, 65_537, 65_536, 1, 4_463, 69_999]
+
+    result = split(numbered_batch(len(indexes)), indexes, 70_000)
+
+    assert result == expected_split(indexes)
+    assert sorted(result) == [0, 1, 4_463, 65_536, 65_537, 69_999]
+
+
+def test_split_with_random_indexes_above_65536_subpartitions() -> None:
+    rng = np.random.default_rng(5)
+    indexes = rng.integers(0, 200_000, size=3000)
+
+    result = split(numbered_batch(3000), indexes, 200_000)
+
+    assert result == expected_split(indexes.tolist())
+
+
+# --- chop ----------------------------------------------------------------------------------
+
+
+def int_batch(rows: int) -> pa.RecordBatch:
+    return pa.record_batch({"row": pa.array(np.arange(rows, dtype=np.int64))})
+
+
+def test_chop_slices_into_pieces_of_about_the_target_size_covering_all_rows_in_order() -> None:
+    batch = int_batch(1000)  # 8000 bytes
+
+    pieces = list(chop(batch, 800))
+
+    assert len(pieces) == 10
+    assert all(piece.nbytes <= 800 for piece in pieces)
+    assert pa.Table.from_batches(pieces).column("row").to_pylist() == list(range(1000))
+
+
+def test_chop_covers_a_remainder_in_a_last_smaller_piece() -> None:
+    batch = int_batch(1001)
+
+    pieces = list(chop(batch, 1000))
+
+    assert sum(piece.num_rows for piece in pieces) == 1001
+    assert all(piece.nbytes <= 2 * 1000 for piece in pieces)
+    assert pa.Table.from_batches(pieces).column("row").to_pylist() == list(range(1001))
+    assert pieces[-1].num_rows < pieces[0].num_rows
+
+
+def test_chop_of_variable_width_rows_keeps_every_row_in_order() -> None:
+    text = [("x" * (i % 50)) for i in range(2000)]
+    batch = pa.record_batch({"text": pa.array(text)})
+
+    pieces = list(chop(batch, 4096))
+
+    assert len(pieces) > 1
+    assert all(piece.num_rows >= 1 for piece in pieces)
+    assert pa.Table.from_batches(pieces).column("text").to_pylist() == text
+
+
+def test_chop_leaves_a_batch_within_the_target_whole() -> None:
+    batch = int_batch(100)
+
+    pieces = list(chop(batch, batch.nbytes))
+
+    assert len(pieces) == 1
+    assert pieces[0].equals(batch)
+
+
+def test_chop_never_yields_a_piece_without_rows() -> None:
+    batch = int_batch(50)
+
+    pieces = list(chop(batch, 1))
+
+    assert len(pieces) == 50
+    assert [piece.num_rows for piece in pieces] == [1] * 50
+    assert pa.Table.from_batches(pieces).column("row").to_pylist() == list(range(50))
+
+
+def test_chop_keeps_a_single_oversized_row_as_one_piece() -> None:
+    batch = pa.record_batch({"blob": pa.array([b"x" * 10_000], type=pa.binary())})
+
+    pieces = list(chop(batch, 100))
+
+    assert len(pieces) == 1
+    assert pieces[0].num_rows == 1

@@ -1,0 +1,674 @@
+"""The on-store partition format: writer, reader, manifest, index, store, failure modes."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from shuffle_api import (
+    BROADCAST,
+    ChecksumMismatchError,
+    IntermediateResultPartitionID,
+    InvalidIdentifierError,
+    PartitionCorruptedError,
+    PartitionNotFoundError,
+    ResultPartitionID,
+    ShuffleError,
+    StorageError,
+    SubpartitionRange,
+    UnsupportedFormatVersionError,
+)
+from shuffle_api.format import PartitionFileReader, PartitionFileWriter, partition_directory
+from shuffle_api.format.manifest import DATA_FILE, INDEX_FILE, INDEX_SCHEMA, MANIFEST_FILE
+from shuffle_api.store import Store
+
+SCHEMA = pa.schema([("key", pa.int64()), ("text", pa.string())])
+
+
+@pytest.fixture(params=["local", "memory"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """A real store: a local tmp_path directory, or a memory:// path unique to the test."""
+    if request.param == "local":
+        yield Store(str(tmp_path / "store"))
+        return
+    memory = Store(f"memory://pyshuffle-unit-{uuid.uuid4().hex}")
+    yield memory
+    memory.delete_tree(memory.path())
+
+
+@pytest.fixture
+def local_store(tmp_path: Path) -> Store:
+    return Store(str(tmp_path / "store"))
+
+
+@pytest.fixture
+def partition() -> ResultPartitionID:
+    return ResultPartitionID(IntermediateResultPartitionID("result-1", 3), uuid.uuid4().hex)
+
+
+def make_batch(start: int, rows: int) -> pa.RecordBatch:
+    keys = list(range(start, start + rows))
+    return pa.record_batch(
+        [pa.array(keys, type=pa.int64()), pa.array([f"row-{k}" for k in keys])], schema=SCHEMA
+    )
+
+
+def keys_of(batches: Iterator[pa.RecordBatch] | list[pa.RecordBatch]) -> list[int]:
+    return [key for batch in batches for key in batch.column("key").to_pylist()]
+
+
+def write_partition(
+    store: Store,
+    partition: ResultPartitionID,
+    writes: list[tuple[int, pa.RecordBatch]],
+    *,
+    subpartitions: int = 3,
+    codec: str = "lz4",
+    memory_budget: int = 1 << 20,
+) -> PartitionFileWriter:
+    writer = PartitionFileWriter(
+        store, partition, subpartitions, codec=codec, memory_budget=memory_budget
+    )
+    for subpartition, batch in writes:
+        writer.add(subpartition, batch)
+    writer.commit()
+    return writer
+
+
+def expected_keys(writes: list[tuple[int, pa.RecordBatch]], subpartition: int) -> list[int]:
+    return keys_of([batch for target, batch in writes if target in (subpartition, BROADCAST)])
+
+
+def read_keys(reader: PartitionFileReader, subpartition: int) -> list[int]:
+    return keys_of(reader.read(SubpartitionRange.single(subpartition)))
+
+
+def file_path(store: Store, partition: ResultPartitionID, name: str) -> str:
+    return store.child(partition_directory(store, partition), name)
+
+
+def files_under(store: Store, path: str) -> list[str]:
+    if not store.exists(path):
+        return []
+    return [str(name) for name in store.filesystem.find(path)]
+
+
+SPREAD_WRITES = [
+    (0, make_batch(0, 10)),
+    (1, make_batch(100, 5)),
+    (2, make_batch(200, 7)),
+    (0, make_batch(10, 3)),
+    (2, make_batch(207, 1)),
+]
+
+
+# --- round trips ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("codec", ["none", "lz4", "zstd"])
+def test_round_trip_per_codec_returns_each_subpartition_in_write_order(
+    store: Store, partition: ResultPartitionID, codec: str
+) -> None:
+    write_partition(store, partition, SPREAD_WRITES, codec=codec)
+
+    reader = PartitionFileReader(store, partition)
+
+    assert reader.manifest.codec == codec
+    assert reader.schema is not None and reader.schema.equals(SCHEMA)
+    for subpartition in range(3):
+        batches = list(reader.read(SubpartitionRange.single(subpartition)))
+        assert all(batch.schema.equals(SCHEMA) for batch in batches)
+        assert keys_of(batches) == expected_keys(SPREAD_WRITES, subpartition)
+        assert [t for b in batches for t in b.column("text").to_pylist()] == [
+            f"row-{k}" for k in expected_keys(SPREAD_WRITES, subpartition)
+        ]
+
+
+def test_reading_a_range_returns_subpartition_after_subpartition(
+    store: Store, partition: ResultPartitionID
+) -> None:
+    write_partition(store, partition, SPREAD_WRITES)
+
+    reader = PartitionFileReader(store, partition)
+
+    assert keys_of(reader.read(SubpartitionRange(0, 2))) == (
+        expected_keys(SPREAD_WRITES, 0)
+        + expected_keys(SPREAD_WRITES, 1)
+        + expected_keys(SPREAD_WRITES, 2)
+    )
+    assert keys_of(reader.read(SubpartitionRange(1, 2))) == (
+        expected_keys(SPREAD_WRITES, 1) + expected_keys(SPREAD_WRITES, 2)
+    )
+
+
+def test_partition_is_reconsumable(store: Store, partition: ResultPartitionID) -> None:
+    write_partition(store, partition, SPREAD_WRITES)
+
+    first = read_keys(PartitionFileReader(store, partition), 0)
+    reader = PartitionFileReader(store, partition)
+    second = read_keys(reader, 0)
+    third = read_keys(reader, 0)
+
+    assert first == second == third == expected_keys(SPREAD_WRITES, 0)
+
+
+def test_reading_past_the_last_subpartition_raises_shuffle_error(
+    store: Store, partition: ResultPartitionID
+) -> None:
+    write_partition(store, partition, SPREAD_WRITES, subpartitions=3)
+
+    reader = PartitionFileReader(store, partition)
+
+    with pytest.raises(ShuffleError, match="out of range"):
+        list(reader.read(SubpartitionRange(2, 3)))
+
+
+def test_committed_partition_has_data_index_and_manifest(
+    store: Store, partition: ResultPartitionID
+) -> None:
+    write_partition(store, partition, SPREAD_WRITES)
+
+    names = sorted(
+        path.rsplit("/", 1)[-1]
+        for path in files_under(store, partition_directory(store, partition))
+    )
+
+    assert names == sorted([DATA_FILE, INDEX_FILE, MANIFEST_FILE])
+
+
+# --- spilling and broadcast ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("codec", ["none", "zstd"])
+def test_tiny_memory_budget_spills_several_regions_that_read_back_in_write_order(
+    store: Store, partition: ResultPartitionID, codec: str
+) -> None:
+    writes = [(i % 4, make_batch(i * 1000, 20 + i)) for i in range(24)]
+
+    writer = write_partition(
+        store, partition, writes, subpartitions=4, codec=codec, memory_budget=1
+    )
+
+    assert writer.buffered_bytes == 0
+    reader = PartitionFileReader(store, partition)
+    assert reader.manifest.num_regions > 1
+    for subpartition in range(4):
+        assert read_keys(reader, subpartition) == expected_keys(writes, subpartition)
+
+
+def test_moderate_memory_budget_groups_several_batches_per_region(
+    store: Store, partition: ResultPartitionID
+) -> None:
+    writes = [(i % 3, make_batch(i * 100, 50)) for i in range(30)]
+    budget = 4 * writes[0][1].nbytes
+
+    write_partition(store, partition, writes, memory_budget=budget)
+
+    reader = PartitionFileReader(store, partition)
+    assert 1 < reader.manifest.num_regions < len(writes)
+    for subpartition in range(3):
+        assert read_keys(reader, subpartition) == expected_keys(writes, subpartition)
+
+
+def test_broadcast_rows_appear_in_every_subpartition_in_interleaved_write_order(
+    store: Store, partition: ResultPartitionID
+) -> None:
+    writes = [
+        (0, make_batch(0, 2)),
+        (BROADCAST, make_batch(1000, 3)),
+        (1, make_batch(100, 2)),
+        (0, make_batch(2, 2)),
+        (BROADCAST, make_batch(2000, 1)),
+        (2, make_batch(200, 1)),
+        (1, make_batch(102, 1)),
+    ]
+
+    write_partition(store, partition, writes)
+
+    reader = PartitionFileReader(store, partition)
+    assert read_keys(reader, 0) == [0, 1, 1000, 1001, 1002, 2, 3, 2000]
+    assert read_keys(reader, 1) == [1000, 1001, 1002, 100, 101, 2000, 102]
+    assert read_keys(reader, 2) == [1000, 1001, 1002, 2000, 200]
+
+
+def test_broadcast_only_partition_reads_the_same_rows_everywhere(
+    store: Store, partition: ResultPartitionID
+) -> None:
+    write_partition(store, partition, [(BROADCAST, make_batch(0, 4))], subpartitions=5)
+
+    reader = PartitionFileReader(store, partition)
+
+    for subpartition in range(5):
+        assert read_keys(reader, subpartition) == [0, 1, 2, 3]
+    assert reader.manifest.statistics.rows_per_subpartition == (4,) * 5
+
+
+# --- statistics ----------------------------------------------------------------------------
+
+
+def test_statistics_match_what_was_written_and_what_is_read(
+    store: Store, partition: ResultPartitionID
+) -> None:
+    writes = [
+        *SPREAD_WRITES,
+        (BROADCAST, make_batch(5000, 4)),
+        (1, make_batch(105, 6)),
+    ]
+    writer = PartitionFileWriter(store, partition, 3, codec="zstd", memory_budget=64)
+    for subpartition, batch in writes:
+        writer.add(subpartition, batch)
+
+    statistics = writer.commit()
+
+    reader = PartitionFileReader(store, partition)
+    assert reader.manifest.statistics == statistics
+    for subpartition in range(3):
+        runs = list(reader.runs(SubpartitionRange.single(subpartition)))
+        written_rows = len(expected_keys(writes, subpartition))
+        assert statistics.rows_per_subpartition[subpartition] == written_rows
+        assert len(read_keys(reader, subpartition)) == written_rows
+        assert sum(run.rows for run in runs) == written_rows
+        assert statistics.bytes_per_subpartition[subpartition] == sum(run.length for run in runs)
+        assert (
+            sum(len(reader.read_run(run)) for run in runs)
+            == (statistics.bytes_per_subpartition[subpartition])
+        )
+    assert statistics.total_rows == sum(len(expected_keys(writes, s)) for s in range(3))
+    assert reader.manifest.data_bytes == store.size(file_path(store, partition, DATA_FILE))
+
+
+# --- readable with plain pyarrow -----------------------------------------------------------
+
+
+def test_partition_reads_back_with_plain_pyarrow_from_manifest_and_index(
+    store: Store, partition: ResultPartitionID
+) -> None:
+    writes = [
+        *SPREAD_WRITES,
+        (BROADCAST, make_batch(9000, 2)),
+        (1, make_batch(105, 4)),
+        (1, make_batch(109, 1)),
+    ]
+    write_partition(store, partition, writes, codec="zstd", memory_budget=200)
+    directory = partition_directory(store, partition)
+    fs = store.filesystem
+
+    # No pyshuffle reader below: the manifest's JSON, the index file, the Arrow IPC data file.
+    manifest = json.loads(fs.cat_file(f"{directory}/{MANIFEST_FILE}"))
+    with fs.open(f"{directory}/{manifest['index_file']}", "rb") as handle:
+        index = pa.ipc.open_file(pa.py_buffer(handle.read())).read_all()
+    assert index.schema.equals(INDEX_SCHEMA)
+    with fs.open(f"{directory}/{manifest['data_file']}", "rb") as handle:
+        data = pa.ipc.open_file(pa.py_buffer(handle.read()))
+
+    assert data.schema.equals(SCHEMA)
+    for subpartition in range(manifest["number_of_subpartitions"]):
+        rows: list[int] = []
+        for run in index.to_pylist():
+            if run["subpartition"] in (subpartition, -1):
+                for number in range(run["first_batch"], run["first_batch"] + run["num_batches"]):
+                    rows += data.get_batch(number).column("key").to_pylist()
+        assert rows == expected_keys(writes, subpartition)
+        assert len(rows) == manifest["rows_per_subpartition"][subpartition]
+
+
+def test_local_data_file_is_an_arrow_ipc_file_pyarrow_opens_by_path(
+    local_store: Store, partition: ResultPartitionID
+) -> None:
+    write_partition(local_store, partition, SPREAD_WRITES)
+    data_path = file_path(local_store, partition, DATA_FILE)
+    index_path = file_path(local_store, partition, INDEX_FILE)
+
+    index = pa.ipc.open_file(index_path).read_all()
+    data = pa.ipc.open_file(data_path)
+
+    for subpartition in range(3):
+        rows: list[int] = []
+        for run in index.filter(pc.equal(index["subpartition"], subpartition)).to_pylist():
+            for number in range(run["first_batch"], run["first_batch"] + run["num_batches"]):
+                rows += data.get_batch(number).column("key").to_pylist()
+        assert rows == expected_keys(SPREAD_WRITES, subpartition)
+    assert data.read_all().num_rows == sum(batch.num_rows for _, batch in SPREAD_WRITES)
+
+
+# --- commit, abort and missing partitions --------------------------------------------------
+
+
+def test_reader_before_commit_raises_partition_not_found_naming_the_partition(
+    store: Store, partition: ResultPartitionID
+) -> None:
+    writer = PartitionFileWriter(store, partition, 3, codec="lz4", memory_budget=1)
+    writer.add(0, make_batch(0, 5))
+
+    with pytest.raises(PartitionNotFoundError) as caught:
+        PartitionFileReader(store, partition)
+
+    assert str(partition) in str(caught.value)
+    assert caught.value.partition_id == partition
+    writer.abort()
+
+
+def test_reader_of_a_partition_never_written_raises_partition_not_found(
+    store: Store, partition: ResultPartitionID
+) -> None:
+    with pytest.raises(PartitionNotFoundError) as caught:
+        PartitionFileReader(store, partition)
+
+    assert caught.value.partition_id == partition
+
+
+def test_abort_leaves_nothing_on_the_store(store: Store, partition: ResultPartitionID) -> None:
+    writer = PartitionFileWriter(store, partition, 3, codec="zstd", memory_budget=1)
+    for subpartition, batch in SPREAD_WRITES:
+        writer.add(subpartition, batch)
+    directory = partition_directory(store, partition)
+    assert files_under(store, directory), "spilled data reached the store before the abort"
+
+    writer.abort()
+
+    assert not store.exists(directory)
+    assert files_under(store, store.path()) == []
+    with pytest.raises(PartitionNotFoundError):
+        PartitionFileReader(store, partition)
+
+
+def test_abort_before_any_write_leaves_nothing(store: Store, partition: ResultPartitionID) -> None:
+    writer = PartitionFileWriter(store, partition, 3, codec="lz4", memory_budget=1)
+
+    writer.abort()
+
+    assert files_under(store, store.path()) == []
+
+
+def test_writing_again_to_a_committed_partition_raises_shuffle_error(
+    store: Store, partition: ResultPartitionID
+) -> None:
+    write_partition(store, partition, SPREAD_WRITES)
+
+    with pytest.raises(ShuffleError, match="already committed"):
+        PartitionFileWriter(store, partition, 3, codec="lz4", memory_budget=1 << 20)
+
+    reader = PartitionFileReader(store, partition)
+    assert read_keys(reader, 0) == expected_keys(SPREAD_WRITES, 0)
+
+
+def test_another_attempt_of_the_same_partition_is_written_separately(
+    store: Store, partition: ResultPartitionID
+) -> None:
+    write_partition(store, partition, [(0, make_batch(0, 3))])
+    retry = ResultPartitionID(partition.partition_id, "retry-attempt")
+
+    write_partition(store, retry, [(0, make_batch(50, 2))])
+
+    assert read_keys(PartitionFileReader(store, partition), 0) == [0, 1, 2]
+    assert read_keys(PartitionFileReader(store, retry), 0) == [50, 51]
+
+
+def test_empty_partition_commits_and_reads_back_nothing(
+    store: Store, partition: ResultPartitionID
+) -> None:
+    writer = PartitionFileWriter(store, partition, 4, codec="lz4", memory_budget=1 << 20)
+
+    statistics = writer.commit()
+
+    assert statistics.rows_per_subpartition == (0, 0, 0, 0)
+    assert statistics.bytes_per_subpartition == (0, 0, 0, 0)
+    reader = PartitionFileReader(store, partition)
+    assert reader.schema is None
+    assert list(reader.read(SubpartitionRange(0, 3))) == []
+    assert list(reader.runs(SubpartitionRange(0, 3))) == []
+
+
+def test_dictionary_encoded_column_is_rejected_naming_the_column(
+    store: Store, partition: ResultPartitionID
+) -> None:
+    batch = pa.record_batch(
+        {"id": pa.array([1, 2]), "city": pa.array(["oslo", "rome"]).dictionary_encode()}
+    )
+    writer = PartitionFileWriter(store, partition, 2, codec="lz4", memory_budget=1 << 20)
+
+    with pytest.raises(ShuffleError, match="'city'"):
+        writer.add(0, batch)
+
+    writer.abort()
+
+
+def test_unknown_codec_is_rejected(store: Store, partition: ResultPartitionID) -> None:
+    with pytest.raises(ShuffleError, match="snappy"):
+        PartitionFileWriter(store, partition, 2, codec="snappy", memory_budget=1)
+
+
+# --- corruption ----------------------------------------------------------------------------
+
+
+def rewrite(store: Store, path: str, data: bytes) -> None:
+    store.filesystem.pipe_file(path, data)
+
+
+def test_flipped_byte_in_a_run_raises_checksum_mismatch_naming_partition_and_subpartition(
+    store: Store, partition: ResultPartitionID
+) -> None:
+    write_partition(store, partition, SPREAD_WRITES, codec="none")
+    reader = PartitionFileReader(store, partition)
+    (run,) = [r for r in reader.runs(SubpartitionRange.single(1))]
+    data_path = file_path(store, partition, DATA_FILE)
+    data = bytearray(store.read_bytes(data_path))
+    data[run.offset + run.length // 2] ^= 0x01
+    rewrite(store, data_path, bytes(data))
+
+    reader = PartitionFileReader(store, partition)
+    with pytest.raises(ChecksumMismatchError) as caught:
+        list(reader.read(SubpartitionRange.single(1)))
+
+    assert f"partition {partition}" in str(caught.value)
+    assert "subpartition 1" in str(caught.value)
+    assert caught.value.partition_id == partition
+    # The other subpartitions' runs are intact and still read.
+    assert read_keys(reader, 0) == expected_keys(SPREAD_WRITES, 0)
+    assert read_keys(reader, 2) == expected_keys(SPREAD_WRITES, 2)
+
+
+def test_deleted_data_file_raises_partition_not_found(
+    store: Store, partition: ResultPartitionID
+) -> None:
+    write_partition(store, partition, SPREAD_WRITES)
+    store.filesystem.rm(file_path(store, partition, DATA_FILE))
+
+    reader = PartitionFileReader(store, partition)
+
+    with pytest.raises(PartitionNotFoundError) as caught:
+        list(reader.read(SubpartitionRange.single(0)))
+    assert caught.value.partition_id == partition
+    assert str(partition) in str(caught.value)
+
+
+def test_data_file_truncated_inside_a_run_raises_checksum_mismatch(
+    store: Store, partition: ResultPartitionID
+) -> None:
+    write_partition(store, partition, SPREAD_WRITES, codec="none")
+    reader = PartitionFileReader(store, partition)
+    run = next(iter(reader.runs(SubpartitionRange.single(0))))
+    data_path = file_path(store, partition, DATA_FILE)
+    rewrite(store, data_path, store.read_bytes(data_path)[: run.offset + run.length // 2])
+
+    reader = PartitionFileReader(store, partition)
+
+    with pytest.raises(ChecksumMismatchError) as caught:
+        list(reader.read(SubpartitionRange.single(0)))
+    assert caught.value.partition_id == partition
+
+
+@pytest.mark.parametrize("keep", [0, 16])
+def test_data_file_truncated_before_a_run_raises_partition_corrupted(
+    store: Store, partition: ResultPartitionID, keep: int
+) -> None:
+    write_partition(store, partition, SPREAD_WRITES, codec="none")
+    data_path = file_path(store, partition, DATA_FILE)
+    rewrite(store, data_path, store.read_bytes(data_path)[:keep])
+
+    reader = PartitionFileReader(store, partition)
+
+    with pytest.raises(PartitionCorruptedError) as caught:
+        list(reader.read(SubpartitionRange.single(0)))
+    assert caught.value.partition_id == partition
+    assert str(partition) in str(caught.value)
+
+
+def test_deleted_index_file_raises_partition_not_found(
+    store: Store, partition: ResultPartitionID
+) -> None:
+    write_partition(store, partition, SPREAD_WRITES)
+    store.filesystem.rm(file_path(store, partition, INDEX_FILE))
+
+    with pytest.raises(PartitionNotFoundError):
+        PartitionFileReader(store, partition)
+
+
+def test_corrupt_index_file_raises_checksum_mismatch(
+    store: Store, partition: ResultPartitionID
+) -> None:
+    write_partition(store, partition, SPREAD_WRITES)
+    index_path = file_path(store, partition, INDEX_FILE)
+    index = bytearray(store.read_bytes(index_path))
+    index[len(index) // 2] ^= 0xFF
+    rewrite(store, index_path, bytes(index))
+
+    with pytest.raises(ChecksumMismatchError) as caught:
+        PartitionFileReader(store, partition)
+    assert caught.value.partition_id == partition
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        pytest.param(b"{not json", id="not-json"),
+        pytest.param(b"\xff\xfe\x00", id="not-utf8"),
+        pytest.param(b"", id="empty"),
+        pytest.param(b'{"format": "pyshuffle-partition"}', id="fields-missing"),
+        pytest.param(b'{"format": "something-else", "format_version": 1}', id="other-format"),
+        pytest.param(b"[]", id="json-array"),
+        pytest.param(b"null", id="json-null"),
+    ],
+)
+def test_corrupt_manifest_raises_partition_corrupted(
+    store: Store, partition: ResultPartitionID, content: bytes
+) -> None:
+    write_partition(store, partition, SPREAD_WRITES)
+    manifest_path = file_path(store, partition, MANIFEST_FILE)
+    rewrite(store, manifest_path, content)
+
+    with pytest.raises(PartitionCorruptedError) as caught:
+        PartitionFileReader(store, partition)
+
+    assert manifest_path in str(caught.value)
+
+
+def test_truncated_manifest_raises_partition_corrupted(
+    store: Store, partition: ResultPartitionID
+) -> None:
+    write_partition(store, partition, SPREAD_WRITES)
+    manifest_path = file_path(store, partition, MANIFEST_FILE)
+    rewrite(store, manifest_path, store.read_bytes(manifest_path)[:-40])
+
+    with pytest.raises(PartitionCorruptedError):
+        PartitionFileReader(store, partition)
+
+
+def test_manifest_of_a_newer_format_version_is_unsupported(
+    store: Store, partition: ResultPartitionID
+) -> None:
+    write_partition(store, partition, SPREAD_WRITES)
+    manifest_path = file_path(store, partition, MANIFEST_FILE)
+    document = json.loads(store.read_bytes(manifest_path))
+    document["format_version"] = 99
+    rewrite(store, manifest_path, json.dumps(document).encode())
+
+    with pytest.raises(UnsupportedFormatVersionError) as caught:
+        PartitionFileReader(store, partition)
+
+    assert "99" in str(caught.value)
+
+
+def test_manifest_describing_another_partition_raises_partition_corrupted(
+    store: Store, partition: ResultPartitionID
+) -> None:
+    write_partition(store, partition, SPREAD_WRITES)
+    manifest_path = file_path(store, partition, MANIFEST_FILE)
+    document = json.loads(store.read_bytes(manifest_path))
+    document["partition"]["producer_attempt_id"] = "someone-else"
+    rewrite(store, manifest_path, json.dumps(document).encode())
+
+    with pytest.raises(PartitionCorruptedError, match="someone-else"):
+        PartitionFileReader(store, partition)
+
+
+# --- the store -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("part", ["../x", "..", "a/b", "", ".hidden", "x/../../y"])
+def test_store_path_rejects_components_that_could_escape_the_root(store: Store, part: str) -> None:
+    with pytest.raises(InvalidIdentifierError):
+        store.path("result", part)
+    with pytest.raises(InvalidIdentifierError):
+        store.child(store.path("result"), part)
+
+
+def test_store_path_joins_valid_components_under_the_root(store: Store) -> None:
+    root = store.path()
+
+    assert store.path("result", "0", "attempt") == f"{root}/result/0/attempt"
+    assert store.child(store.path("result"), "data.arrow") == f"{root}/result/data.arrow"
+
+
+def test_put_atomic_writes_the_bytes_and_leaves_no_temp_files(store: Store) -> None:
+    directory = store.path("atomic")
+    target = store.child(directory, "manifest.json")
+
+    store.put_atomic(target, b"first")
+    store.put_atomic(target, b"second version")
+
+    assert store.read_bytes(target) == b"second version"
+    assert [path.rsplit("/", 1)[-1] for path in files_under(store, directory)] == ["manifest.json"]
+
+
+def test_put_atomic_that_fails_raises_storage_error_and_leaves_no_temp_files(
+    local_store: Store,
+) -> None:
+    directory = local_store.path("atomic")
+    target = local_store.child(directory, "manifest.json")
+    os.makedirs(os.path.join(target, "occupied"))  # a directory where the file should go
+
+    with pytest.raises(StorageError):
+        local_store.put_atomic(target, b"data")
+
+    assert sorted(os.listdir(directory)) == ["manifest.json"]
+    assert os.path.isdir(target)
+
+
+def test_local_store_creates_its_root(tmp_path: Path) -> None:
+    root = tmp_path / "a" / "b"
+
+    store = Store(str(root))
+
+    assert root.is_dir()
+    assert store.is_local
+
+
+def test_memory_store_is_not_local() -> None:
+    store = Store(f"memory://pyshuffle-unit-{uuid.uuid4().hex}")
+
+    assert not store.is_local
+
+
+def test_delete_tree_tolerates_missing_paths(store: Store) -> None:
+    missing = store.path("nothing-here")
+
+    store.delete_tree(missing)
+    assert not store.exists(missing)

@@ -1,0 +1,391 @@
+"""Descriptors <-> bytes: round trips, versioning, errors; partition type flags."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from netty_like import NettyShuffleDescriptor
+from shuffle_api import (
+    LOCAL_ONLY_PORT,
+    DistributionPattern,
+    InputGateDeploymentDescriptor,
+    IntermediateResultPartitionID,
+    PartitionDescriptor,
+    PartitionInfo,
+    ProducerDescriptor,
+    ResultPartitionDeploymentDescriptor,
+    ResultPartitionID,
+    ResultPartitionType,
+    SerializationError,
+    SubpartitionRange,
+    UnknownShuffleDescriptor,
+    UnsupportedFormatVersionError,
+    deserialize,
+    serialize,
+)
+from shuffle_api._proto import descriptors_pb2 as pb
+from shuffle_api.descriptors import ConsumingConstraint, ReleaseBy
+from shuffle_api.serialization import FORMAT_VERSION, Descriptor
+
+RESULT = "3f2a9c0d1e4b4f7a8c6d5e4f3a2b1c0d"
+
+
+def rpid(index: int, attempt: str = "attempt-0") -> ResultPartitionID:
+    return ResultPartitionID(IntermediateResultPartitionID(RESULT, index), attempt)
+
+
+def partition_descriptor(
+    partition_type: ResultPartitionType = ResultPartitionType.BLOCKING,
+    pattern: DistributionPattern = DistributionPattern.ALL_TO_ALL,
+    index: int = 2,
+) -> PartitionDescriptor:
+    return PartitionDescriptor(
+        result_id=RESULT,
+        total_number_of_partitions=5,
+        partition_id=IntermediateResultPartitionID(RESULT, index),
+        partition_type=partition_type,
+        number_of_subpartitions=7,
+        connection_index=3,
+        is_broadcast=True,
+        distribution_pattern=pattern,
+        is_number_of_partition_consumers_undefined=True,
+    )
+
+
+def netty_descriptor(index: int, data_port: int = 40123) -> NettyShuffleDescriptor:
+    return NettyShuffleDescriptor(
+        partition=rpid(index),
+        producer_location="executor-1",
+        host="10.0.0.7",
+        data_port=data_port,
+        connection_index=1,
+        store_url="memory://pyshuffle/store",
+    )
+
+
+def round_trip(value: Descriptor) -> Descriptor:
+    return deserialize(serialize(value))
+
+
+# --- round trips ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("partition_type", list(ResultPartitionType))
+@pytest.mark.parametrize("pattern", list(DistributionPattern))
+def test_partition_descriptor_round_trips_with_every_type_and_pattern(
+    partition_type: ResultPartitionType, pattern: DistributionPattern
+) -> None:
+    value = partition_descriptor(partition_type, pattern)
+
+    decoded = round_trip(value)
+
+    assert decoded == value
+    assert isinstance(decoded, PartitionDescriptor)
+    assert decoded.partition_type is partition_type
+    assert decoded.distribution_pattern is pattern
+
+
+def test_partition_descriptor_round_trips_with_default_flags() -> None:
+    value = PartitionDescriptor(
+        result_id=RESULT,
+        total_number_of_partitions=1,
+        partition_id=IntermediateResultPartitionID(RESULT, 0),
+        partition_type=ResultPartitionType.PIPELINED,
+        number_of_subpartitions=1,
+    )
+
+    assert round_trip(value) == value
+
+
+def test_producer_descriptor_round_trips() -> None:
+    value = ProducerDescriptor("executor-1", "execution-9", "10.0.0.7", 40123)
+
+    assert round_trip(value) == value
+
+
+def test_producer_descriptor_of_a_local_only_producer_round_trips() -> None:
+    # Environments report LOCAL_ONLY_PORT (-1) when they serve no data port.
+    value = ProducerDescriptor("executor-1", "execution-9", "10.0.0.7", LOCAL_ONLY_PORT)
+
+    assert round_trip(value) == value
+
+
+def test_unknown_shuffle_descriptor_round_trips() -> None:
+    value = UnknownShuffleDescriptor(rpid(4, "attempt-7"))
+
+    decoded = round_trip(value)
+
+    assert decoded == value
+    assert isinstance(decoded, UnknownShuffleDescriptor)
+    assert decoded.is_unknown
+
+
+@pytest.mark.parametrize("data_port", [40123, 0, LOCAL_ONLY_PORT])
+def test_netty_shuffle_descriptor_round_trips(data_port: int) -> None:
+    value = netty_descriptor(1, data_port)
+
+    decoded = round_trip(value)
+
+    assert decoded == value
+    assert isinstance(decoded, NettyShuffleDescriptor)
+    assert decoded.stores_local_resources_on() == "executor-1"
+
+
+@pytest.mark.parametrize(
+    "shuffle_descriptor", [UnknownShuffleDescriptor(rpid(2)), netty_descriptor(2)]
+)
+def test_result_partition_deployment_descriptor_round_trips(
+    shuffle_descriptor: UnknownShuffleDescriptor | NettyShuffleDescriptor,
+) -> None:
+    value = ResultPartitionDeploymentDescriptor(partition_descriptor(index=2), shuffle_descriptor)
+
+    decoded = round_trip(value)
+
+    assert decoded == value
+    assert isinstance(decoded, ResultPartitionDeploymentDescriptor)
+    assert type(decoded.shuffle_descriptor) is type(shuffle_descriptor)
+
+
+def test_input_gate_deployment_descriptor_round_trips_mixed_known_and_unknown() -> None:
+    descriptors = (
+        netty_descriptor(0),
+        UnknownShuffleDescriptor(rpid(1)),
+        netty_descriptor(2, LOCAL_ONLY_PORT),
+        UnknownShuffleDescriptor(rpid(3, "attempt-2")),
+    )
+    value = InputGateDeploymentDescriptor(
+        result_id=RESULT,
+        consumed_partition_type=ResultPartitionType.HYBRID_FULL,
+        consumed_subpartitions=SubpartitionRange(2, 5),
+        shuffle_descriptors=descriptors,
+    )
+
+    decoded = round_trip(value)
+
+    assert decoded == value
+    assert isinstance(decoded, InputGateDeploymentDescriptor)
+    assert [type(d) for d in decoded.shuffle_descriptors] == [type(d) for d in descriptors]
+    assert [d.is_unknown for d in decoded.shuffle_descriptors] == [False, True, False, True]
+
+
+def test_input_gate_deployment_descriptor_round_trips_with_no_descriptors() -> None:
+    value = InputGateDeploymentDescriptor(
+        RESULT, ResultPartitionType.BLOCKING, SubpartitionRange.single(0), ()
+    )
+
+    assert round_trip(value) == value
+
+
+def test_partition_info_round_trips() -> None:
+    value = PartitionInfo(RESULT, netty_descriptor(3))
+
+    assert round_trip(value) == value
+
+
+# --- the bytes -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "payload"),
+    [
+        (partition_descriptor(), "partition_descriptor"),
+        (ProducerDescriptor("executor-1", "execution-9", "h", 1), "producer_descriptor"),
+        (netty_descriptor(0), "shuffle_descriptor"),
+        (UnknownShuffleDescriptor(rpid(0)), "shuffle_descriptor"),
+        (PartitionInfo(RESULT, netty_descriptor(0)), "partition_info"),
+    ],
+)
+def test_serialized_bytes_are_a_versioned_protobuf_envelope_not_pickle(
+    value: Descriptor, payload: str
+) -> None:
+    data = serialize(value)
+
+    assert isinstance(data, bytes)
+    assert not data.startswith(b"\x80")
+    with pytest.raises(pickle.UnpicklingError):
+        pickle.loads(data)
+    envelope = pb.Envelope.FromString(data)
+    assert envelope.format_version == FORMAT_VERSION
+    assert envelope.WhichOneof("payload") == payload
+
+
+def test_serialization_is_deterministic() -> None:
+    value = InputGateDeploymentDescriptor(
+        RESULT,
+        ResultPartitionType.BLOCKING,
+        SubpartitionRange(0, 1),
+        (netty_descriptor(0), UnknownShuffleDescriptor(rpid(1))),
+    )
+
+    assert serialize(value) == serialize(value)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"\xff\xff\xff\xff", b"\x80\x04\x95", b"garbage bytes, not a descriptor", b"\x0a\x05ab"],
+)
+def test_garbage_bytes_raise_serialization_error(data: bytes) -> None:
+    with pytest.raises(SerializationError):
+        deserialize(data)
+
+
+def test_empty_bytes_raise_serialization_error() -> None:
+    with pytest.raises(SerializationError):
+        deserialize(b"")
+
+
+def test_envelope_of_a_newer_format_version_is_unsupported() -> None:
+    envelope = pb.Envelope(
+        format_version=FORMAT_VERSION + 1,
+        producer_descriptor=pb.ProducerDescriptor(
+            producer_location="executor-1",
+            producer_execution_id="execution-9",
+            address="h",
+            data_port=1,
+        ),
+    )
+
+    with pytest.raises(UnsupportedFormatVersionError) as caught:
+        deserialize(envelope.SerializeToString())
+
+    assert str(FORMAT_VERSION + 1) in str(caught.value)
+
+
+def test_envelope_without_a_format_version_is_unsupported() -> None:
+    envelope = pb.Envelope(
+        producer_descriptor=pb.ProducerDescriptor(
+            producer_location="executor-1", producer_execution_id="execution-9"
+        )
+    )
+
+    with pytest.raises(UnsupportedFormatVersionError):
+        deserialize(envelope.SerializeToString())
+
+
+def test_envelope_without_a_payload_raises_serialization_error() -> None:
+    envelope = pb.Envelope(format_version=FORMAT_VERSION)
+
+    with pytest.raises(SerializationError, match="no payload"):
+        deserialize(envelope.SerializeToString())
+
+
+def test_unknown_shuffle_descriptor_kind_raises_serialization_error_naming_the_kind() -> None:
+    envelope = pb.Envelope(
+        format_version=FORMAT_VERSION,
+        shuffle_descriptor=pb.ShuffleDescriptor(
+            result_partition_id=pb.ResultPartitionId(
+                partition_id=pb.IntermediateResultPartitionId(result_id=RESULT, partition_index=0),
+                producer_attempt_id="attempt-0",
+            ),
+            kind="no-such-shuffle-kind",
+            details=b"",
+        ),
+    )
+
+    with pytest.raises(SerializationError) as caught:
+        deserialize(envelope.SerializeToString())
+
+    assert "'no-such-shuffle-kind'" in str(caught.value)
+
+
+def test_netty_descriptor_with_undecodable_details_raises_serialization_error() -> None:
+    message = pb.ShuffleDescriptor.FromString(
+        pb.Envelope.FromString(
+            serialize(netty_descriptor(0))
+        ).shuffle_descriptor.SerializeToString()
+    )
+    message.details = b"\xff\xff\xff"
+    envelope = pb.Envelope(format_version=FORMAT_VERSION, shuffle_descriptor=message)
+
+    with pytest.raises(SerializationError):
+        deserialize(envelope.SerializeToString())
+
+
+def test_unspecified_partition_type_raises_serialization_error() -> None:
+    envelope = pb.Envelope.FromString(serialize(partition_descriptor()))
+    envelope.partition_descriptor.partition_type = pb.RESULT_PARTITION_TYPE_UNSPECIFIED
+
+    with pytest.raises(SerializationError, match="RESULT_PARTITION_TYPE_UNSPECIFIED"):
+        deserialize(envelope.SerializeToString())
+
+
+def test_unspecified_distribution_pattern_raises_serialization_error() -> None:
+    envelope = pb.Envelope.FromString(serialize(partition_descriptor()))
+    envelope.partition_descriptor.distribution_pattern = pb.DISTRIBUTION_PATTERN_UNSPECIFIED
+
+    with pytest.raises(SerializationError, match="DISTRIBUTION_PATTERN_UNSPECIFIED"):
+        deserialize(envelope.SerializeToString())
+
+
+# --- Flink's partition type table ----------------------------------------------------------
+
+
+def test_blocking_is_reconsumable_unbounded_transient_blocking_and_released_by_scheduler() -> None:
+    kind = ResultPartitionType.BLOCKING
+
+    assert kind.is_reconsumable
+    assert not kind.is_bounded
+    assert not kind.is_persistent
+    assert kind.consuming_constraint is ConsumingConstraint.BLOCKING
+    assert not kind.can_be_pipelined
+    assert not kind.must_be_pipelined
+    assert kind.is_blocking_or_blocking_persistent
+    assert kind.released_by is ReleaseBy.SCHEDULER
+    assert kind.is_released_by_scheduler
+
+
+def test_blocking_persistent_is_blocking_and_persistent() -> None:
+    kind = ResultPartitionType.BLOCKING_PERSISTENT
+
+    assert kind.is_persistent
+    assert kind.is_reconsumable
+    assert not kind.is_bounded
+    assert kind.consuming_constraint is ConsumingConstraint.BLOCKING
+    assert kind.is_blocking_or_blocking_persistent
+    assert kind.is_released_by_scheduler
+
+
+def test_pipelined_must_be_pipelined_is_released_by_upstream_and_consumed_once() -> None:
+    kind = ResultPartitionType.PIPELINED
+
+    assert kind.must_be_pipelined
+    assert kind.can_be_pipelined
+    assert kind.released_by is ReleaseBy.UPSTREAM
+    assert not kind.is_released_by_scheduler
+    assert not kind.is_reconsumable
+    assert not kind.is_bounded
+    assert not kind.is_persistent
+    assert not kind.is_blocking_or_blocking_persistent
+
+
+def test_pipelined_bounded_is_pipelined_with_bounded_memory() -> None:
+    kind = ResultPartitionType.PIPELINED_BOUNDED
+
+    assert kind.is_bounded
+    assert kind.must_be_pipelined
+    assert not kind.is_reconsumable
+    assert not kind.is_persistent
+    assert kind.released_by is ReleaseBy.UPSTREAM
+
+
+def test_hybrid_full_is_reconsumable_can_be_pipelined_and_released_by_scheduler() -> None:
+    kind = ResultPartitionType.HYBRID_FULL
+
+    assert kind.is_reconsumable
+    assert kind.can_be_pipelined
+    assert not kind.must_be_pipelined
+    assert kind.consuming_constraint is ConsumingConstraint.CAN_BE_PIPELINED
+    assert kind.is_released_by_scheduler
+    assert not kind.is_bounded
+    assert not kind.is_persistent
+    assert not kind.is_blocking_or_blocking_persistent
+
+
+def test_every_partition_type_has_a_protobuf_counterpart() -> None:
+    assert {t.name for t in ResultPartitionType} == {
+        name
+        for name, _ in pb.ResultPartitionType.items()
+        if name != "RESULT_PARTITION_TYPE_UNSPECIFIED"
+    }
