@@ -108,10 +108,11 @@ class NettyInputGate(InputGate):
             except PartitionError:
                 raise
             except ShuffleError as error:
-                raise PartitionError(
-                    f"reading {descriptor.result_partition_id} failed: {error}",
-                    descriptor.result_partition_id,
-                ) from error
+                partition = descriptor.result_partition_id
+                message = str(error)
+                if str(partition) not in message:
+                    message = f"reading {partition} failed: {message}"
+                raise PartitionError(message, partition) from error
             finally:
                 self._reading = None
 

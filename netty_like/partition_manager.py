@@ -60,8 +60,11 @@ class SubpartitionView(abc.ABC):
 
 
 class _BlockingView(SubpartitionView):
-    def __init__(self, reader: PartitionFileReader, subpartitions: SubpartitionRange) -> None:
+    def __init__(
+        self, reader: PartitionFileReader, subpartitions: SubpartitionRange, verify: bool
+    ) -> None:
         self._reader = reader
+        self._verify = verify
         self._runs = list(reader.runs(subpartitions))
         self._next = 0
         self.schema = reader.schema
@@ -71,7 +74,7 @@ class _BlockingView(SubpartitionView):
             return None
         run = self._runs[self._next]
         self._next += 1
-        return EncodedRun(self._reader.read_run(run), run.checksum)
+        return EncodedRun(self._reader.read_run(run, verify=self._verify), run.checksum)
 
     @property
     def backlog(self) -> int:
@@ -153,9 +156,17 @@ class ResultPartitionManager:
         return created
 
     def create_view(
-        self, partition: ResultPartitionID, subpartitions: SubpartitionRange, *, pipelined: bool
+        self,
+        partition: ResultPartitionID,
+        subpartitions: SubpartitionRange,
+        *,
+        pipelined: bool,
+        verify: bool = True,
     ) -> SubpartitionView:
-        """A view of a partition this process produced (pipelined ones may still be starting)."""
+        """A view of a partition this process produced (pipelined ones may still be starting).
+
+        ``verify=False`` leaves checksums of stored runs to the receiver (the data port sends
+        each run's checksum, and the consumer checks it end to end)."""
         if not pipelined:
             with self._condition:
                 known = partition in self._blocking
@@ -165,7 +176,7 @@ class ResultPartitionManager:
                     " committed here, or released)",
                     partition,
                 )
-            return _BlockingView(PartitionFileReader(self._store, partition), subpartitions)
+            return _BlockingView(PartitionFileReader(self._store, partition), subpartitions, verify)
         with self._condition:
             self._condition.wait_for(
                 lambda: partition in self._pipelined or partition in self._ended,

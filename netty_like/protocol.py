@@ -169,8 +169,8 @@ def write_frame(
         sock.sendall(memoryview(payload))
 
 
-def _read_exactly(sock: socket.socket, size: int) -> bytearray | None:
-    data = bytearray(size)
+def _read_exactly(sock: socket.socket, size: int) -> pa.Buffer | None:
+    data = pa.allocate_buffer(size)  # not zero-filled, unlike a bytearray
     view = memoryview(data)
     received = 0
     while received < size:
@@ -186,7 +186,7 @@ def read_frame(sock: socket.socket, max_frame_size: int) -> tuple[FrameType, mem
     prefix = _read_exactly(sock, _PREFIX.size)
     if prefix is None:
         return None
-    size, raw_type = _PREFIX.unpack(prefix)
+    size, raw_type = _PREFIX.unpack(memoryview(prefix))
     if size > max_frame_size:
         raise DataTooLargeError(
             f"frame of {size} bytes exceeds netty-like.network.max-frame-size ({max_frame_size})"

@@ -125,7 +125,7 @@ class _Channel:
         view: SubpartitionView | None = None
         try:
             view = self._connection.server.manager.create_view(
-                request.partition, request.subpartitions, pipelined=request.pipelined
+                request.partition, request.subpartitions, pipelined=request.pipelined, verify=False
             )
             self._stream(view)
         except ShuffleError as error:
@@ -164,7 +164,8 @@ class _Channel:
             if payload.size > max_payload:
                 raise DataTooLargeError(
                     f"a buffer of {payload.size} bytes of partition {self._request.partition}"
-                    f" exceeds the max frame size; lower shuffle.batch.target-size"
+                    " exceeds netty-like.network.max-frame-size; a single row that large"
+                    " cannot be sent"
                 )
             header = BufferHeader(channel, view.backlog, checksum).encode()
             self._connection.send(FrameType.BUFFER, header, payload)

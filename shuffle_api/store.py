@@ -14,6 +14,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 import fsspec
 import pyarrow as pa
@@ -118,12 +119,15 @@ class Store:
         validate_id(name, "file name")
         return f"{directory}/{name}"
 
-    def open_output(self, path: str) -> pa.NativeFile:
+    def open_output(self, path: str) -> BinaryIO:
+        """A new file for writing. Local files are unbuffered: pyarrow hands over large buffers,
+        and a second copy through a Python buffer would cost as much as the write itself."""
         with storage_errors(path):
             self._fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
             if self._local:
-                return pa.OSFile(path, "wb")
-            return pa.PythonFile(self._fs.open(path, "wb"), mode="w")
+                return open(path, "wb", buffering=0)
+            file: BinaryIO = self._fs.open(path, "wb")
+            return file
 
     def open_ranges(self, path: str) -> RangeReader:
         """A reader of byte ranges of ``path``; raises FileNotFoundError if it is missing."""

@@ -32,7 +32,11 @@ from shuffle_api.ids import ResultPartitionID
 from shuffle_api.io import BROADCAST, PartitionStatistics
 from shuffle_api.store import Store, storage_errors
 
-__all__ = ["PartitionFileWriter", "ipc_write_options"]
+__all__ = ["MAX_RUN_BYTES", "PartitionFileWriter", "ipc_write_options"]
+
+MAX_RUN_BYTES = 8 << 20
+"""A run is cut once it reaches this size: a run is what the data port sends as one frame, so
+runs stay far below ``netty-like.network.max-frame-size`` whatever the sort buffer holds."""
 
 
 def ipc_write_options(codec: str) -> pa.ipc.IpcWriteOptions:
@@ -99,6 +103,7 @@ class PartitionFileWriter:
         self._buffers: list[list[pa.RecordBatch]] = [[] for _ in range(number_of_subpartitions)]
         self._buffered_bytes = 0
         self._sink: _HashingSink | None = None
+        self._run_start = 0
         self._ipc: pa.ipc.RecordBatchFileWriter | None = None
         self._schema: pa.Schema | None = None
         self._batches = 0
@@ -153,8 +158,7 @@ class PartitionFileWriter:
                 )
         path = self._store.child(self._directory, DATA_FILE)
         with storage_errors(path):
-            self._store.filesystem.makedirs(self._directory, exist_ok=True)
-            self._sink = _HashingSink(self._store.filesystem.open(path, "wb"))
+            self._sink = _HashingSink(self._store.open_output(path))
             self._ipc = pa.ipc.new_file(
                 pa.PythonFile(self._sink, mode="w"), schema, options=self._options
             )
@@ -163,18 +167,30 @@ class PartitionFileWriter:
                 pa.record_batch([pa.array([], type=field.type) for field in schema], schema=schema)
             )
         self._sink.take_checksum()
+        self._run_start = self._sink.tell()
         self._schema = schema
         self._batches = 1
 
     def _write_run(self, subpartition: int, batches: list[pa.RecordBatch]) -> None:
-        assert self._sink is not None and self._ipc is not None
-        start = self._sink.tell()
-        rows = 0
+        """Write ``batches`` as runs of at most about :data:`MAX_RUN_BYTES` each."""
+        assert self._sink is not None
+        first = 0
         with storage_errors(self._directory):
-            for batch in batches:
+            for index, batch in enumerate(batches):
+                assert self._ipc is not None
                 self._ipc.write_batch(batch)
-                rows += batch.num_rows
-        length = self._sink.tell() - start
+                if self._sink.tell() - self._run_start >= MAX_RUN_BYTES:
+                    self._index_run(subpartition, batches[first : index + 1])
+                    first = index + 1
+        if first < len(batches):
+            self._index_run(subpartition, batches[first:])
+
+    def _index_run(self, subpartition: int, batches: list[pa.RecordBatch]) -> None:
+        assert self._sink is not None
+        start = self._run_start
+        self._run_start = self._sink.tell()
+        rows = sum(batch.num_rows for batch in batches)
+        length = self._run_start - start
         for name, value in (
             ("subpartition", subpartition),
             ("region", self._region),
