@@ -51,7 +51,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,10 +67,9 @@ from shuffle_api import (
     Configuration,
     InputGateDeploymentDescriptor,
     IntermediateResultPartitionID,
-    JobShuffleContext,
     PartitionDescriptor,
+    RecordingJobContext,
     ResultPartitionDeploymentDescriptor,
-    ResultPartitionID,
     ResultPartitionType,
     ShuffleDescriptor,
     ShuffleEnvironment,
@@ -232,23 +231,6 @@ class RawFiles:
 # --- the service -----------------------------------------------------------------------------
 
 
-class BenchJob(JobShuffleContext):
-    """The job's side: a lost partition during a benchmark is an error, kept for the report."""
-
-    def __init__(self, job_id: str) -> None:
-        self._job_id = job_id
-        self.lost: list[ResultPartitionID] = []
-
-    @property
-    def job_id(self) -> str:
-        return self._job_id
-
-    def stop_tracking_and_release_partitions(
-        self, partition_ids: Collection[ResultPartitionID]
-    ) -> None:
-        self.lost.extend(partition_ids)
-
-
 @dataclass
 class Service:
     """A master and two environments of one configuration (one codec)."""
@@ -256,7 +238,7 @@ class Service:
     master: ShuffleMaster
     producer_env: ShuffleEnvironment
     remote_env: ShuffleEnvironment
-    job: BenchJob
+    job: RecordingJobContext
     closers: list[Callable[[], None]] = field(default_factory=list)
 
     @classmethod
@@ -267,7 +249,7 @@ class Service:
         factory = load_shuffle_service_factory(config)
         master = factory.create_shuffle_master(ShuffleMasterContext(config))
         master.start()
-        job = BenchJob(f"bench-{new_id()}")
+        job = RecordingJobContext(f"bench-{new_id()}")
         master.register_job(job)
         producer_env = factory.create_shuffle_environment(
             ShuffleEnvironmentContext(config, resource_id=f"producer-{new_id()}")
