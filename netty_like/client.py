@@ -25,7 +25,7 @@ from shuffle_api import (
     SubpartitionRange,
     TransportError,
 )
-from shuffle_api.format import Run, decode_run, verify_run
+from shuffle_api.format import decode_run, verify_checksum
 
 __all__ = ["CreditSettings", "read_remote"]
 
@@ -97,7 +97,7 @@ def _stream(
                 raise TransportError(f"data of {partition} arrived before its schema")
             data = pa.py_buffer(payload)
             if header.checksum:
-                verify_run(data, Run(-1, -1, 0, len(payload), 0, header.checksum), partition)
+                verify_checksum(data, header.checksum, partition, "a run received over the network")
             yield from decode_run(data, schema, partition)
             # The buffer is consumed: grant it back, plus more while the producer has a backlog.
             grant = 1

@@ -288,5 +288,6 @@ class Configuration:
         return f"unknown config key {key!r} from {source}{hint}"
 
     def to_dict(self) -> dict[str, object]:
-        """Every explicitly set value, environment included, keyed by option key where known."""
+        """The values set by a TOML file or a mapping (``PYSHUFFLE_*`` variables are not
+        included: they are read where the configuration is used)."""
         return dict(self.values)

@@ -2,7 +2,13 @@
 
 from shuffle_api.format.layout import partition_directory
 from shuffle_api.format.manifest import FORMAT_VERSION, PartitionManifest
-from shuffle_api.format.reader import PartitionFileReader, Run, decode_run, verify_run
+from shuffle_api.format.reader import (
+    PartitionFileReader,
+    Run,
+    decode_run,
+    verify_checksum,
+    verify_run,
+)
 from shuffle_api.format.writer import PartitionFileWriter, ipc_write_options
 
 __all__ = [
@@ -14,5 +20,6 @@ __all__ = [
     "decode_run",
     "ipc_write_options",
     "partition_directory",
+    "verify_checksum",
     "verify_run",
 ]

@@ -22,7 +22,7 @@ from shuffle_api.ids import ResultPartitionID
 from shuffle_api.io import BROADCAST
 from shuffle_api.store import RangeReader, Store
 
-__all__ = ["PartitionFileReader", "Run", "decode_run", "verify_run"]
+__all__ = ["PartitionFileReader", "Run", "decode_run", "verify_checksum", "verify_run"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,14 +37,29 @@ class Run:
     checksum: int
 
 
+def verify_checksum(
+    data: pa.Buffer, checksum: int, partition: ResultPartitionID, where: str
+) -> None:
+    """Raise :class:`ChecksumMismatchError` (naming ``where``) unless ``data`` hashes to
+    ``checksum``."""
+    if xxhash.xxh3_64_intdigest(memoryview(data)) != checksum:
+        raise ChecksumMismatchError(
+            f"checksum mismatch in partition {partition}, {where}", partition
+        )
+
+
 def verify_run(data: pa.Buffer, run: Run, partition: ResultPartitionID) -> None:
     """Raise :class:`ChecksumMismatchError` unless ``data`` is the run's bytes."""
-    if data.size != run.length or xxhash.xxh3_64_intdigest(memoryview(data)) != run.checksum:
+    where = (
+        f"subpartition {run.subpartition}, region {run.region}"
+        f" (bytes {run.offset}..{run.offset + run.length})"
+    )
+    if data.size != run.length:
         raise ChecksumMismatchError(
-            f"checksum mismatch in partition {partition}, subpartition {run.subpartition},"
-            f" region {run.region} (bytes {run.offset}..{run.offset + run.length})",
+            f"partition {partition}, {where}: {data.size} bytes where {run.length} were written",
             partition,
         )
+    verify_checksum(data, run.checksum, partition, where)
 
 
 def decode_run(
