@@ -31,6 +31,7 @@ from shuffle_api import (
 )
 
 __all__ = [
+    "BUFFER_HEADER_SIZE",
     "BufferHeader",
     "FrameType",
     "Request",
@@ -117,6 +118,9 @@ class Request:
             IntermediateResultPartitionID(parts[0], int(parts[1])), parts[2]
         )
         return cls(channel, partition, SubpartitionRange(start, end), credit, pipelined)
+
+
+BUFFER_HEADER_SIZE = _BUFFER.size
 
 
 @dataclass(frozen=True, slots=True)

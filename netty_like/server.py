@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from netty_like.partition_manager import EncodedRun, ResultPartitionManager, SubpartitionView
 from netty_like.protocol import (
+    BUFFER_HEADER_SIZE,
     BufferHeader,
     FrameType,
     Request,
@@ -139,9 +140,7 @@ class _Channel:
     def _stream(self, view: SubpartitionView) -> None:
         channel = self._request.channel
         schema_sent = False
-        max_payload = (
-            self._connection.server.max_frame_size - BufferHeader(0, 0, 0).encode().__len__()
-        )
+        max_payload = self._connection.server.max_frame_size - BUFFER_HEADER_SIZE
         while self._take_credit():
             item = view.poll(_POLL_SECONDS)
             while item is False:

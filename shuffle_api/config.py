@@ -34,6 +34,8 @@ __all__ = [
 T = TypeVar("T")
 
 ENV_PREFIX = "PYSHUFFLE_"
+# The source recorded for explicit values; they outrank the environment, file values do not.
+MAPPING_SOURCE = "the given mapping"
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,18 +227,18 @@ class Configuration:
             if not isinstance(key, str):
                 raise ConfigError(f"config keys are strings, got {key!r}")
             values[key] = value
-            sources[key] = "the given mapping"
+            sources[key] = MAPPING_SOURCE
         return cls(values, sources, prefixed)
 
     def with_values(self, mapping: Mapping[str, object]) -> Configuration:
         """A copy with ``mapping`` layered on top."""
         values = {**self.values, **mapping}
-        sources = {**self.sources, **dict.fromkeys(mapping, "the given mapping")}
+        sources = {**self.sources, **dict.fromkeys(mapping, MAPPING_SOURCE)}
         return Configuration(values, sources, self.environment)
 
     def _raw(self, option: ConfigOption[Any]) -> tuple[object, str] | None:
         source = self.sources.get(option.key, "")
-        if option.key in self.values and source == "the given mapping":
+        if option.key in self.values and source == MAPPING_SOURCE:
             return self.values[option.key], source
         if option.env_name in self.environment:
             return self.environment[option.env_name], f"environment variable {option.env_name}"

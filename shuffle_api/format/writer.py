@@ -173,11 +173,10 @@ class PartitionFileWriter:
 
     def _write_run(self, subpartition: int, batches: list[pa.RecordBatch]) -> None:
         """Write ``batches`` as runs of at most about :data:`MAX_RUN_BYTES` each."""
-        assert self._sink is not None
+        assert self._sink is not None and self._ipc is not None
         first = 0
         with storage_errors(self._directory):
             for index, batch in enumerate(batches):
-                assert self._ipc is not None
                 self._ipc.write_batch(batch)
                 if self._sink.tell() - self._run_start >= MAX_RUN_BYTES:
                     self._index_run(subpartition, batches[first : index + 1])
