@@ -482,7 +482,10 @@ def render_table(summaries: Sequence[dict[str, Any]]) -> str:
 
 
 def profile_write(args: Namespace, data: Dataset, store_url: str, codec: str) -> str:
-    """cProfile of one service write of all the data; the top functions by cumulative time."""
+    """cProfile of one service write of all the data; the top functions by cumulative time.
+
+    cProfile sees the calling thread only: the writer's background spill (coalescing, IPC
+    encoding, compression, the store writes) shows up as time waiting for the spill."""
     service = Service.start(store_url, codec)
     profiler = cProfile.Profile()
     try:

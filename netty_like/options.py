@@ -35,7 +35,9 @@ STORAGE_URL = str_option(
 SORT_BUFFER_SIZE = memory_option(
     "netty-like.sort-buffer.size",
     64 << 20,
-    "Memory a blocking-partition writer buffers before it spills a region to the store.",
+    "Memory a blocking-partition writer buffers before it spills a region to the store. A"
+    " region is written in the background while the next one fills, so a writer holds up to"
+    " about twice this.",
     minimum=1,
 )
 PIPELINED_SUBPARTITION_BUFFER = memory_option(

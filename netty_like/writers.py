@@ -32,7 +32,12 @@ class BlockingPartitionWriter(SplittingPartitionWriter):
     ) -> None:
         super().__init__(partition, number_of_subpartitions, target_batch_bytes=target_batch_bytes)
         self._file = PartitionFileWriter(
-            store, partition, number_of_subpartitions, codec=codec, memory_budget=memory_budget
+            store,
+            partition,
+            number_of_subpartitions,
+            codec=codec,
+            memory_budget=memory_budget,
+            target_batch_bytes=target_batch_bytes,
         )
         self._on_commit = on_commit
 

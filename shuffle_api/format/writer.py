@@ -3,8 +3,9 @@
 Layout of a committed partition (see ``docs/format.md``):
 - ``data.arrow``: one Arrow IPC file. It starts with an empty batch (so the schema is written
   before the first run), then region after region; in each region the runs of subpartition
-  0, 1, ... ; a broadcast batch is flushed as a run of its own (subpartition -1) so the order
-  of writes is kept.
+  0, 1, ... (each region's rows of a subpartition coalesced into batches of about the target
+  size); a broadcast batch is flushed as a run of its own (subpartition -1) so the order of
+  writes is kept.
 - ``index.arrow``: an Arrow IPC file with one row per run (:data:`INDEX_SCHEMA`).
 - ``manifest.json``: written last and atomically; its presence is the commit.
 """
@@ -12,12 +13,15 @@ Layout of a committed partition (see ``docs/format.md``):
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa
 import xxhash
 
+from shuffle_api.batches import coalesce
 from shuffle_api.errors import ShuffleError
 from shuffle_api.format.layout import partition_directory
 from shuffle_api.format.manifest import (
@@ -30,6 +34,7 @@ from shuffle_api.format.manifest import (
 )
 from shuffle_api.ids import ResultPartitionID
 from shuffle_api.io import BROADCAST, PartitionStatistics
+from shuffle_api.options import TARGET_BATCH_SIZE
 from shuffle_api.store import Store, storage_errors
 
 __all__ = ["MAX_RUN_BYTES", "PartitionFileWriter", "ipc_write_options"]
@@ -80,7 +85,14 @@ class _HashingSink:
 
 
 class PartitionFileWriter:
-    """Writes one partition in the on-store format. Not thread-safe: one producer task."""
+    """Writes one partition in the on-store format. Not thread-safe: one producer task.
+
+    Batches are buffered, grouped by subpartition, until ``memory_budget`` bytes; then that
+    region is handed to a background spill thread, which coalesces, encodes, compresses and
+    writes it while the next region fills (pyarrow releases the GIL for that work, so a producer
+    and its spill use two cores). At most one region is in flight, so the writer holds at most
+    about twice the budget.
+    """
 
     def __init__(
         self,
@@ -90,6 +102,7 @@ class PartitionFileWriter:
         *,
         codec: str,
         memory_budget: int,
+        target_batch_bytes: int = TARGET_BATCH_SIZE.default,
     ) -> None:
         self._store = store
         self._partition = partition
@@ -97,17 +110,23 @@ class PartitionFileWriter:
         self._options = ipc_write_options(codec)
         self._codec = codec
         self._memory_budget = memory_budget
+        self._target_batch_bytes = target_batch_bytes
         self._directory = partition_directory(store, partition)
         if store.exists(store.child(self._directory, MANIFEST_FILE)):
             raise ShuffleError(f"partition {partition} is already committed at {self._directory}")
+        self._schema: pa.Schema | None = None
+        # The producer's side: the region filling, and the spill in flight.
         self._buffers: list[list[pa.RecordBatch]] = [[] for _ in range(number_of_subpartitions)]
         self._buffered_bytes = 0
+        self._spiller = ThreadPoolExecutor(1, thread_name_prefix="pyshuffle-spill")
+        self._spilling: Future[None] | None = None
+        self._spilling_bytes = 0
+        # The spill thread's side: the producer reads it only after waiting for the spill.
         self._sink: _HashingSink | None = None
         self._run_start = 0
         self._ipc: pa.ipc.RecordBatchFileWriter | None = None
-        self._schema: pa.Schema | None = None
         self._batches = 0
-        self._region = 0
+        self._regions = 0
         self._index: dict[str, list[int]] = {field.name: [] for field in INDEX_SCHEMA}
         self._rows = np.zeros(number_of_subpartitions, dtype=np.int64)
         self._bytes = np.zeros(number_of_subpartitions, dtype=np.int64)
@@ -116,7 +135,13 @@ class PartitionFileWriter:
 
     @property
     def buffered_bytes(self) -> int:
+        """Bytes of the region filling (what the next spill writes)."""
         return self._buffered_bytes
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of batches in memory: the region filling plus the one being written."""
+        return self._buffered_bytes + self._spilling_bytes
 
     def add(self, subpartition: int, batch: pa.RecordBatch) -> None:
         """Take a batch for one subpartition (or :data:`BROADCAST`); spill past the budget."""
@@ -125,11 +150,11 @@ class PartitionFileWriter:
                 f"subpartition {subpartition} out of range [0, {self._subpartitions})"
                 f" of partition {self._partition}"
             )
-        self._open(batch.schema)
+        self._check_schema(batch.schema)
         if subpartition == BROADCAST:
             self.spill()
-            self._write_run(BROADCAST, [batch])
-            self._region += 1
+            # Queued behind the region just handed over: the spill thread runs one task at a time.
+            self._hand_over(lambda: self._write_broadcast(batch), batch.nbytes)
             return
         self._buffers[subpartition].append(batch)
         self._buffered_bytes += batch.nbytes
@@ -137,18 +162,29 @@ class PartitionFileWriter:
             self.spill()
 
     def spill(self) -> None:
-        """Write every buffered batch as one region."""
+        """Hand the buffered batches, as one region, to the spill thread (once the previous
+        spill is written: one region in flight at most)."""
         if not self._buffered_bytes:
             return
-        for subpartition, batches in enumerate(self._buffers):
-            if batches:
-                self._write_run(subpartition, batches)
-                batches.clear()
+        region, size = self._buffers, self._buffered_bytes
+        self._buffers = [[] for _ in range(self._subpartitions)]
         self._buffered_bytes = 0
-        self._region += 1
+        self._hand_over(lambda: self._write_region(region), size)
 
-    def _open(self, schema: pa.Schema) -> None:
-        if self._ipc is not None:
+    def _hand_over(self, task: Callable[[], None], size: int) -> None:
+        self._wait_for_spill()
+        self._spilling = self._spiller.submit(task)
+        self._spilling_bytes = size
+
+    def _wait_for_spill(self) -> None:
+        """Block until the spill in flight is written; its error is raised here."""
+        spilling, self._spilling = self._spilling, None
+        self._spilling_bytes = 0
+        if spilling is not None:
+            spilling.result()
+
+    def _check_schema(self, schema: pa.Schema) -> None:
+        if self._schema is not None:
             return
         for field in schema:
             if pa.types.is_dictionary(field.type):
@@ -156,6 +192,27 @@ class PartitionFileWriter:
                     f"column {field.name!r} is dictionary-encoded, which partitions do not"
                     f" store; cast it to {field.type.value_type} first"
                 )
+        self._schema = schema
+
+    # --- on the spill thread -----------------------------------------------------------------
+
+    def _write_region(self, region: list[list[pa.RecordBatch]]) -> None:
+        """Each subpartition's batches as one run (or a few, see :data:`MAX_RUN_BYTES`) of
+        batches of about the target size: fewer, larger IPC messages to write and to read."""
+        for subpartition, batches in enumerate(region):
+            if batches:
+                self._write_run(subpartition, coalesce(batches, self._target_batch_bytes))
+        self._regions += 1
+
+    def _write_broadcast(self, batch: pa.RecordBatch) -> None:
+        self._write_run(BROADCAST, [batch])
+        self._regions += 1
+
+    def _open(self) -> tuple[_HashingSink, pa.ipc.RecordBatchFileWriter]:
+        if self._sink is not None and self._ipc is not None:
+            return self._sink, self._ipc
+        schema = self._schema
+        assert schema is not None
         path = self._store.child(self._directory, DATA_FILE)
         with storage_errors(path):
             self._sink = _HashingSink(self._store.open_output(path))
@@ -168,40 +225,41 @@ class PartitionFileWriter:
             )
         self._sink.take_checksum()
         self._run_start = self._sink.tell()
-        self._schema = schema
         self._batches = 1
+        return self._sink, self._ipc
 
-    def _write_run(self, subpartition: int, batches: list[pa.RecordBatch]) -> None:
+    def _write_run(self, subpartition: int, batches: Iterable[pa.RecordBatch]) -> None:
         """Write ``batches`` as runs of at most about :data:`MAX_RUN_BYTES` each."""
-        assert self._sink is not None and self._ipc is not None
-        first = 0
+        sink, ipc = self._open()
+        batches_in_run = rows_in_run = 0
         with storage_errors(self._directory):
-            for index, batch in enumerate(batches):
-                self._ipc.write_batch(batch)
-                if self._sink.tell() - self._run_start >= MAX_RUN_BYTES:
-                    self._index_run(subpartition, batches[first : index + 1])
-                    first = index + 1
-        if first < len(batches):
-            self._index_run(subpartition, batches[first:])
+            for batch in batches:
+                ipc.write_batch(batch)
+                batches_in_run += 1
+                rows_in_run += batch.num_rows
+                if sink.tell() - self._run_start >= MAX_RUN_BYTES:
+                    self._index_run(subpartition, batches_in_run, rows_in_run)
+                    batches_in_run = rows_in_run = 0
+        if batches_in_run:
+            self._index_run(subpartition, batches_in_run, rows_in_run)
 
-    def _index_run(self, subpartition: int, batches: list[pa.RecordBatch]) -> None:
+    def _index_run(self, subpartition: int, batches: int, rows: int) -> None:
         assert self._sink is not None
         start = self._run_start
         self._run_start = self._sink.tell()
-        rows = sum(batch.num_rows for batch in batches)
         length = self._run_start - start
         for name, value in (
             ("subpartition", subpartition),
-            ("region", self._region),
+            ("region", self._regions),
             ("first_batch", self._batches),
-            ("num_batches", len(batches)),
+            ("num_batches", batches),
             ("offset", start),
             ("length", length),
             ("rows", rows),
             ("checksum", self._sink.take_checksum()),
         ):
             self._index[name].append(value)
-        self._batches += len(batches)
+        self._batches += batches
         if subpartition == BROADCAST:
             self._broadcast_rows += rows
             self._broadcast_bytes += length
@@ -209,9 +267,13 @@ class PartitionFileWriter:
             self._rows[subpartition] += rows
             self._bytes[subpartition] += length
 
+    # --- commit and abort ----------------------------------------------------------------------
+
     def commit(self) -> PartitionStatistics:
         """Write what is buffered, the index, then the manifest (the commit point)."""
         self.spill()
+        self._wait_for_spill()
+        self._spiller.shutdown()
         data_bytes = 0
         if self._ipc is not None and self._sink is not None:
             with storage_errors(self._directory):
@@ -233,7 +295,7 @@ class PartitionFileWriter:
             codec=self._codec,
             schema=self._schema,
             statistics=statistics,
-            num_regions=self._region,
+            num_regions=self._regions,
             data_bytes=data_bytes,
             index_checksum=xxhash.xxh3_64_intdigest(index_bytes),
         )
@@ -246,6 +308,10 @@ class PartitionFileWriter:
         """Drop buffers and delete whatever reached the store."""
         self._buffers = [[] for _ in range(self._subpartitions)]
         self._buffered_bytes = 0
+        # Whatever the spill in flight did or failed to do is deleted next.
+        with contextlib.suppress(Exception):
+            self._wait_for_spill()
+        self._spiller.shutdown()
         if self._sink is not None:
             # The directory is removed next; a close error changes nothing.
             with contextlib.suppress(OSError):

@@ -1,4 +1,4 @@
-"""split_by_subpartition and chop: the vectorized routing and sizing every writer shares."""
+"""split_by_subpartition, chop and coalesce: the vectorized routing and sizing writers share."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from shuffle_api import ShuffleError
-from shuffle_api.batches import SubpartitionIndexes, chop, split_by_subpartition
+from shuffle_api.batches import SubpartitionIndexes, chop, coalesce, split_by_subpartition
 
 
 def numbered_batch(rows: int) -> pa.RecordBatch:
@@ -236,3 +236,29 @@ def test_chop_keeps_a_single_oversized_row_as_one_piece() -> None:
 
     assert len(pieces) == 1
     assert pieces[0].num_rows == 1
+
+
+# --- coalesce ------------------------------------------------------------------------------
+
+
+def test_coalesce_joins_consecutive_pieces_up_to_the_target_keeping_row_order() -> None:
+    pieces = list(chop(int_batch(1000), 800))  # 10 pieces of 800 bytes
+
+    batches = list(coalesce(pieces, 3 * 800))
+
+    assert [batch.num_rows for batch in batches] == [300, 300, 300, 100]
+    assert all(batch.nbytes <= 3 * 800 for batch in batches)
+    assert pa.Table.from_batches(batches).column("row").to_pylist() == list(range(1000))
+
+
+def test_coalesce_passes_a_piece_larger_than_the_target_as_it_is() -> None:
+    small, large, last = int_batch(10), int_batch(500), int_batch(20)
+
+    batches = list(coalesce([small, large, last], 1000))
+
+    assert [batch.num_rows for batch in batches] == [10, 500, 20]
+    assert batches[1] is large
+
+
+def test_coalesce_of_nothing_yields_nothing() -> None:
+    assert list(coalesce([], 1000)) == []

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import errno
+import io
 import json
 import os
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, BinaryIO, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -248,6 +252,122 @@ def test_broadcast_only_partition_reads_the_same_rows_everywhere(
     for subpartition in range(5):
         assert read_keys(reader, subpartition) == [0, 1, 2, 3]
     assert reader.manifest.statistics.rows_per_subpartition == (4,) * 5
+
+
+# --- coalescing and the background spill ----------------------------------------------------
+
+
+def test_each_region_stores_a_subpartition_as_few_batches_of_at_most_the_target_size(
+    store: Store, partition: ResultPartitionID
+) -> None:
+    writes = [(i % 2, make_batch(1000 + i * 40, 40)) for i in range(60)]  # 4-digit keys
+    piece_bytes = writes[0][1].nbytes
+    assert {batch.nbytes for _, batch in writes} == {piece_bytes}
+    writer = PartitionFileWriter(
+        store,
+        partition,
+        2,
+        codec="zstd",
+        memory_budget=20 * piece_bytes,
+        target_batch_bytes=4 * piece_bytes,
+    )
+    for subpartition, batch in writes:
+        writer.add(subpartition, batch)
+    writer.commit()
+
+    reader = PartitionFileReader(store, partition)
+    index = pa.ipc.open_file(
+        pa.py_buffer(store.read_bytes(file_path(store, partition, INDEX_FILE)))
+    )
+    runs = index.read_all().to_pylist()
+    data = pa.ipc.open_file(pa.py_buffer(store.read_bytes(file_path(store, partition, DATA_FILE))))
+    assert reader.manifest.num_regions == 3
+    # 10 pieces per subpartition per region, 4 to a batch: 3 batches, not 10.
+    assert [run["num_batches"] for run in runs] == [3] * 6
+    assert all(data.get_batch(n).nbytes <= 4 * piece_bytes for n in range(data.num_record_batches))
+    for subpartition in range(2):
+        assert read_keys(reader, subpartition) == expected_keys(writes, subpartition)
+
+
+class _GatedStore(Store):
+    """A local store whose data files write only while ``opened`` is set, and fail with
+    ``error`` once it is set."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.opened = threading.Event()
+        self.opened.set()
+        self.error: OSError | None = None
+
+    def open_output(self, path: str) -> BinaryIO:
+        return cast(BinaryIO, _GatedFile(super().open_output(path), self))
+
+
+class _GatedFile(io.RawIOBase):
+    def __init__(self, target: BinaryIO, store: _GatedStore) -> None:
+        self._target = target
+        self._store = store
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        self._store.opened.wait(10)
+        if self._store.error is not None:
+            raise self._store.error
+        return self._target.write(data)
+
+    def close(self) -> None:
+        self._target.close()
+        super().close()
+
+
+def test_writer_holds_at_most_two_regions_while_the_store_is_slow(
+    tmp_path: Path, partition: ResultPartitionID
+) -> None:
+    store = _GatedStore(str(tmp_path / "store"))
+    writes = [(i % 2, make_batch(1000 + i * 50, 50)) for i in range(12)]  # equal sizes
+    budget = 2 * writes[0][1].nbytes
+    writer = PartitionFileWriter(store, partition, 2, codec="lz4", memory_budget=budget)
+    store.opened.clear()
+    added: list[int] = []
+    held: list[int] = []
+
+    def produce() -> None:
+        for number, (subpartition, batch) in enumerate(writes):
+            writer.add(subpartition, batch)
+            added.append(number)
+            held.append(writer.held_bytes)
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    producer.join(0.5)
+
+    # Writes 0-1 (a region) are stuck in the store; write 3 fills the next region and waits.
+    assert producer.is_alive()
+    assert added == [0, 1, 2]
+    assert max(held) <= 2 * budget
+    store.opened.set()
+    producer.join(10)
+    writer.commit()
+    reader = PartitionFileReader(store, partition)
+    for subpartition in range(2):
+        assert read_keys(reader, subpartition) == expected_keys(writes, subpartition)
+
+
+def test_failed_background_spill_raises_storage_error_and_abort_leaves_nothing(
+    tmp_path: Path, partition: ResultPartitionID
+) -> None:
+    store = _GatedStore(str(tmp_path / "store"))
+    store.error = OSError(errno.EIO, "disk on fire")
+    writer = PartitionFileWriter(store, partition, 2, codec="lz4", memory_budget=1)
+    writer.add(0, make_batch(0, 5))  # spills in the background, which fails
+
+    with pytest.raises(StorageError, match="disk on fire"):
+        writer.commit()
+
+    writer.abort()
+    assert files_under(store, partition_directory(store, partition)) == []
 
 
 # --- statistics ----------------------------------------------------------------------------
