@@ -19,9 +19,10 @@ __all__ = ["NettyShuffleDescriptor"]
 class NettyShuffleDescriptor(ShuffleDescriptor):
     """Where a consumer finds a netty_like partition.
 
-    Same ``producer_location`` as the consumer's environment: read locally. Otherwise through
-    the producer's data port at ``host:data_port``, or straight from ``store_url`` when the
-    producer serves no port (``data_port == -1``).
+    Same ``producer_location`` as the consumer's environment: read locally. A blocking partition
+    whose files the consumer sees under ``store_url`` (same host, shared file system, object
+    store): straight from the store. Otherwise through the producer's data port at
+    ``host:data_port`` (``-1``: the producer serves none).
     """
 
     kind: ClassVar[str] = "netty_like"

@@ -1,4 +1,5 @@
-"""netty_like's input gate: local partitions from memory or the store, remote ones over TCP."""
+"""netty_like's input gate: local partitions from memory, blocking ones from a store this
+process shares with the producer, the rest over the producer's data port."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from shuffle_api import (
     ShuffleError,
     ShuffleServiceClosedError,
     SubpartitionRange,
+    TransportError,
 )
 from shuffle_api.format import PartitionFileReader, decode_run
 from shuffle_api.store import Store
@@ -121,15 +123,12 @@ class NettyInputGate(InputGate):
         pipelined = self._descriptor.consumed_partition_type.must_be_pipelined
         if descriptor.is_local_to(self._settings.resource_id):
             yield from self._read_local(partition, pipelined)
-        elif descriptor.data_port != LOCAL_ONLY_PORT:
-            yield from read_remote(
-                descriptor.host,
-                descriptor.data_port,
-                partition,
-                self.subpartitions,
-                pipelined=pipelined,
-                settings=self._settings.credit,
-            )
+            return
+        if not pipelined and (reader := self._open_shared(descriptor)) is not None:
+            yield from reader.read(self.subpartitions)
+            return
+        if descriptor.data_port != LOCAL_ONLY_PORT:
+            yield from self._read_remote(descriptor, pipelined)
         elif pipelined:
             raise PartitionNotFoundError(
                 f"pipelined partition {partition} lives in another process that serves no data"
@@ -137,9 +136,48 @@ class NettyInputGate(InputGate):
                 partition,
             )
         else:
-            # A local-only producer: its blocking partitions are readable where the store is shared.
-            reader = PartitionFileReader(Store(descriptor.store_url), partition)
-            yield from reader.read(self.subpartitions)
+            raise PartitionNotFoundError(
+                f"blocking partition {partition} is not on the store {descriptor.store_url!r} as"
+                " this process sees it, and its producer serves no data port",
+                partition,
+            )
+
+    def _read_remote(
+        self, descriptor: NettyShuffleDescriptor, pipelined: bool
+    ) -> Iterator[pa.RecordBatch]:
+        partition = descriptor.result_partition_id
+        received = False
+        try:
+            for batch in read_remote(
+                descriptor.host,
+                descriptor.data_port,
+                partition,
+                self.subpartitions,
+                pipelined=pipelined,
+                settings=self._settings.credit,
+            ):
+                received = True
+                yield batch
+        except TransportError as error:
+            if pipelined or received:
+                raise
+            # Not on the store and no producer to ask: the engine must rerun the producer.
+            raise PartitionNotFoundError(
+                f"blocking partition {partition} is not on the store {descriptor.store_url!r} as"
+                f" this process sees it, and its producer does not answer ({error}): it was"
+                " released, or its producer's process is gone",
+                partition,
+            ) from error
+
+    @staticmethod
+    def _open_shared(descriptor: NettyShuffleDescriptor) -> PartitionFileReader | None:
+        """The partition's files where this process sees the producer's store (same host, or a
+        shared file system or object store): read straight from it, with no producer in the
+        path, so the data outlives the producer's process. ``None`` if they are not there."""
+        try:
+            return PartitionFileReader(Store(descriptor.store_url), descriptor.result_partition_id)
+        except PartitionNotFoundError:
+            return None
 
     def _read_local(
         self, partition: ResultPartitionID, pipelined: bool

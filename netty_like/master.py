@@ -123,7 +123,10 @@ class NettyShuffleMaster(ShuffleMaster):
         store = (
             self._store if descriptor.store_url == self._store.url else Store(descriptor.store_url)
         )
-        store.delete_tree(partition_directory(store, descriptor.result_partition_id))
+        # <result>/<index>/ too when this was their last attempt: nothing stays on the store.
+        store.delete_tree(
+            partition_directory(store, descriptor.result_partition_id), empty_parents=2
+        )
 
     def partitions_with_metrics(self, job_id: str) -> Future[list[PartitionWithMetrics]]:
         """Blocking partitions with their manifest's statistics; ones whose files are gone are

@@ -168,10 +168,19 @@ class Store:
         with storage_errors(path):
             return int(self._fs.size(path))
 
-    def delete_tree(self, path: str) -> None:
-        """Remove ``path`` and everything below it; a missing path is fine."""
+    def delete_tree(self, path: str, *, empty_parents: int = 0) -> None:
+        """Remove ``path`` and everything below it (a missing path is fine), then up to
+        ``empty_parents`` of its parent directories that are left empty."""
         try:
             with storage_errors(path):
                 self._fs.rm(path, recursive=True)
         except FileNotFoundError:
             pass
+        for _ in range(empty_parents):
+            path = path.rsplit("/", 1)[0]
+            if len(path) <= len(self._root):
+                return
+            try:
+                self._fs.rmdir(path)
+            except OSError:  # not empty (or, on object stores, no directories to remove)
+                return

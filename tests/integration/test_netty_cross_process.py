@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 import pyarrow as pa
@@ -32,7 +33,7 @@ BUFFER = 256 << 10
 @contextmanager
 def producer_process(
     settings: dict[str, object], partition_type: ResultPartitionType, rows: int, subpartitions: int
-) -> Iterator[tuple[ShuffleDescriptor, Connection]]:
+) -> Iterator[tuple[ShuffleDescriptor, Connection, BaseProcess]]:
     context = multiprocessing.get_context("spawn")
     parent, child = context.Pipe()
     process = context.Process(
@@ -46,7 +47,7 @@ def producer_process(
         assert parent.poll(60), "producer process did not start"
         descriptor = deserialize(parent.recv_bytes())
         assert isinstance(descriptor, ShuffleDescriptor)
-        yield descriptor, parent
+        yield descriptor, parent, process
     finally:
         if process.is_alive():
             try:
@@ -102,7 +103,11 @@ def test_pipelined_partition_streams_to_another_process_under_backpressure(
 ) -> None:
     settings = _settings(tmp_path)
     rows = 300_000  # ~13.5 MB, about 50 times the subpartition buffer
-    with producer_process(settings, ResultPartitionType.PIPELINED, rows, 1) as (descriptor, pipe):
+    with producer_process(settings, ResultPartitionType.PIPELINED, rows, 1) as (
+        descriptor,
+        pipe,
+        _,
+    ):
         table = _read(
             settings,
             descriptor,
@@ -122,10 +127,14 @@ def test_pipelined_partition_streams_to_another_process_under_backpressure(
     assert 0 < most_queued <= BUFFER
 
 
-def test_blocking_partition_is_read_from_another_process(tmp_path: Path) -> None:
+@pytest.mark.parametrize("store", ["shared directory", "producer's memory"])
+def test_blocking_partition_is_read_from_another_process(tmp_path: Path, store: str) -> None:
+    # A store only the producer sees (its memory://) is read through the data port.
     settings = _settings(tmp_path)
+    if store == "producer's memory":
+        settings["netty-like.storage.url"] = f"memory://{tmp_path.name}"
     rows = 100_000
-    with producer_process(settings, ResultPartitionType.BLOCKING, rows, 4) as (descriptor, pipe):
+    with producer_process(settings, ResultPartitionType.BLOCKING, rows, 4) as (descriptor, pipe, _):
         rows_written, _ = pipe.recv()
         assert descriptor.stores_local_resources_on() == "producer-process"
         expected = pa.Table.from_batches(make_batches(rows, batch_rows=2_000))
@@ -147,7 +156,11 @@ def test_blocking_partition_is_read_from_another_process(tmp_path: Path) -> None
 
 def test_reading_from_a_dead_producer_names_the_partition(tmp_path: Path) -> None:
     settings = _settings(tmp_path)
-    with producer_process(settings, ResultPartitionType.BLOCKING, 1_000, 1) as (descriptor, pipe):
+    with producer_process(settings, ResultPartitionType.BLOCKING, 1_000, 1) as (
+        descriptor,
+        pipe,
+        _,
+    ):
         pipe.recv()
         pipe.send("consumer done")
         pipe.recv()
@@ -157,3 +170,20 @@ def test_reading_from_a_dead_producer_names_the_partition(tmp_path: Path) -> Non
         _read(settings, descriptor, ResultPartitionType.BLOCKING, SubpartitionRange(0, 0))
     assert str(descriptor.result_partition_id) in str(raised.value)
     assert getattr(raised.value, "partition_id", None) == descriptor.result_partition_id
+
+
+def test_blocking_partition_on_a_shared_store_outlives_its_producer(tmp_path: Path) -> None:
+    settings = _settings(tmp_path)
+    rows = 10_000
+    with producer_process(settings, ResultPartitionType.BLOCKING, rows, 2) as (
+        descriptor,
+        pipe,
+        process,
+    ):
+        rows_written, _ = pipe.recv()
+        process.kill()  # no clean shutdown: nothing released, no data port any more
+        process.join(30)
+        table = _read(settings, descriptor, ResultPartitionType.BLOCKING, SubpartitionRange(0, 1))
+    assert table.num_rows == rows == sum(rows_written)
+    expected = pa.Table.from_batches(make_batches(rows, batch_rows=2_000))
+    assert table.sort_by("row").equals(expected)
