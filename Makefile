@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint setup proto clean
+.PHONY: demo test lint java setup proto clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit("pyshuffle needs Python >= 3.11, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
@@ -15,15 +15,19 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-demo: $(STAMP)
-	$(BIN)/pyshuffle demo
+# PySpark needs Java 17+: say so, and how to install it, before Spark starts.
+java: $(STAMP)
+	$(BIN)/python -m pyspark_shuffle.local_spark
+
+demo: java
+	$(BIN)/pyshuffle demo --verify
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: lint
+test: lint java
 	$(BIN)/pytest
 
 proto: $(STAMP)

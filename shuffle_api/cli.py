@@ -17,7 +17,10 @@ from shuffle_api.options import CORE_OPTIONS
 __all__ = ["main"]
 
 SUBCOMMANDS: Final[dict[str, tuple[str, str]]] = {
-    "demo": ("shuffle_api.demo:main", "run the demo job on the configured shuffle service"),
+    "demo": (
+        "pyspark_shuffle.demo:main",
+        "run the PySpark demo pipeline on the configured shuffle service",
+    ),
     "options": ("shuffle_api.cli:print_options", "list the configuration options and defaults"),
 }
 

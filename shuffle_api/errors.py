@@ -11,6 +11,7 @@ __all__ = [
     "ConfigError",
     "DataTooLargeError",
     "InvalidIdentifierError",
+    "InvalidOperationError",
     "PartitionAlreadyConsumedError",
     "PartitionCorruptedError",
     "PartitionError",
@@ -20,6 +21,7 @@ __all__ = [
     "SerializationError",
     "ShuffleError",
     "ShuffleServiceClosedError",
+    "StageFailedError",
     "StorageError",
     "TransportError",
     "UnsupportedFormatVersionError",
@@ -64,6 +66,15 @@ class StorageError(ShuffleError, OSError):
 
 class TransportError(ShuffleError, ConnectionError):
     """The data connection to a producer failed."""
+
+
+class InvalidOperationError(ShuffleError, ValueError):
+    """An engine operation cannot run as asked (unknown column, unsupported key type, join
+    type); nothing was written."""
+
+
+class StageFailedError(ShuffleError, RuntimeError):
+    """An engine stage (e.g. a Spark job) failed; the message carries the task's own error."""
 
 
 class PartitionError(ShuffleError):

@@ -79,9 +79,12 @@ def _known() -> str:
     return ", ".join(f"{name} ({path})" for name, path in KNOWN_FACTORIES.items())
 
 
-def load_shuffle_service_factory(configuration: Configuration) -> ShuffleServiceFactory:
+def load_shuffle_service_factory(
+    configuration: Configuration, *, extra_options: Sequence[ConfigOption[Any]] = ()
+) -> ShuffleServiceFactory:
     """Instantiate the factory named by ``shuffle-service-factory.class`` and validate the
-    configuration against the core options and the factory's own."""
+    configuration against the core options, the factory's own and ``extra_options`` (those of
+    the engine integration that loads it)."""
     key = SHUFFLE_SERVICE_FACTORY_CLASS.key
     value = configuration.get(SHUFFLE_SERVICE_FACTORY_CLASS).strip()
     path = KNOWN_FACTORIES.get(value, value)
@@ -112,5 +115,5 @@ def load_shuffle_service_factory(configuration: Configuration) -> ShuffleService
         raise ConfigError(
             f"config key {key!r} has value {value!r}: creating the factory failed: {error}"
         ) from error
-    configuration.validate([*CORE_OPTIONS, *cls.config_options()])
+    configuration.validate([*CORE_OPTIONS, *cls.config_options(), *extra_options])
     return factory

@@ -24,26 +24,23 @@ def _pyshuffle(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
     )
 
 
-def test_demo_shuffles_and_verifies_its_result(tmp_path: Path) -> None:
-    store = str(tmp_path / "store")
+def test_demo_runs_the_pyspark_pipeline_and_verifies_it(tmp_path: Path) -> None:
+    store = tmp_path / "store"
     result = _pyshuffle(
         "demo",
         "--rows",
-        "200000",
+        "20000",
         "--users",
-        "5000",
-        "--maps",
-        "3",
-        "--reducers",
-        "5",
-        env={"PYSHUFFLE_NETTY_LIKE_STORAGE_URL": store},
+        "500",
+        "--verify",
+        env={"PYSHUFFLE_NETTY_LIKE_STORAGE_URL": str(store)},
     )
-    assert result.returncode == 0, result.stderr
-    assert "3 tasks wrote 200,000 rows" in result.stdout
-    assert "5 tasks read 200,000 rows" in result.stdout
-    assert "verified against pyarrow's group-by: OK (5,000 users)" in result.stdout
-    leftovers = [p for p in Path(store).rglob("*") if p.is_file()]
-    assert leftovers == []  # the demo releases everything it wrote
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "shuffle service: netty_like.NettyShuffleServiceFactory" in result.stdout
+    for check in ("sessions", "segments", "categories", "global order"):
+        assert f"verified {check}: OK" in result.stdout
+    assert "20,000 rows" in result.stdout  # the statistics of the sessions' group-apply
+    assert list(store.iterdir()) == []  # the demo releases everything it wrote
 
 
 def test_options_lists_core_and_implementation_keys() -> None:

@@ -1,0 +1,205 @@
+"""pyspark_shuffle vs Spark's own operators, side by side in one run on the same cached data.
+
+Data: ``--rows`` rows (default 10M) of an int64 ``key`` with ``--keys`` distinct values (default
+100k), a float64 ``value`` and a ~20-byte string ``text``, generated in Spark, cached and counted
+before any timing. Every workload ends in a ``noop`` write (every row computed, nothing
+collected), so Spark cannot prune the shuffled columns. pyshuffle runs on the configured
+factory (default: the in-process netty_like service).
+
+1. group-apply of a small Arrow function per key vs ``groupBy().applyInArrow`` and
+   ``groupBy().applyInPandas`` (the same function in pandas). Goals: 4x and 15x faster.
+2. hash repartition into ``--partitions`` feeding a ``mapInArrow`` consumer vs
+   ``repartition(n, key)`` + the same consumer. Goal: 1.5x faster.
+3. join with a ``--keys``-row dimension, and a global sort by ``value`` (ratios only).
+
+Each figure is the median of ``--repeat`` runs (applyInPandas: one run, it takes minutes).
+Printed, and saved as JSON (``--output``, default ``benchmarks/results/pyspark_vs_spark.json``)::
+
+    python benchmarks/pyspark_vs_spark.py
+    python benchmarks/pyspark_vs_spark.py --rows 1000000 --repeat 1 --skip-pandas
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as sf
+
+from pyspark_shuffle import SparkShuffle
+from pyspark_shuffle.local_spark import local_spark_session
+
+DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "pyspark_vs_spark.json"
+SUMMARY_SCHEMA = "key long, total double, rows long"
+CONSUMER_SCHEMA = "rows long, total double"
+
+
+def summarize_arrow(table: pa.Table) -> pa.Table:
+    """The small per-group function: rows and total value of one key."""
+    return pa.table(
+        {
+            "key": pa.array([table.column("key")[0].as_py()], pa.int64()),
+            "total": pa.array([pc.sum(table.column("value")).as_py()], pa.float64()),
+            "rows": pa.array([table.num_rows], pa.int64()),
+        }
+    )
+
+
+def summarize_pandas(frame: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame(
+        {"key": [frame["key"].iloc[0]], "total": [frame["value"].sum()], "rows": [len(frame)]}
+    )
+
+
+def consume(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The mapInArrow consumer after a repartition: touches every row, returns one row."""
+    rows, total = 0, 0.0
+    for batch in batches:
+        rows += batch.num_rows
+        total += pc.sum(batch.column("value")).as_py() or 0.0
+        pc.utf8_length(batch.column("text"))
+    yield pa.record_batch(
+        {"rows": pa.array([rows], pa.int64()), "total": pa.array([total], pa.float64())}
+    )
+
+
+def generate(spark: SparkSession, rows: int, keys: int, partitions: int) -> DataFrame:
+    data = spark.range(0, rows, 1, partitions).select(
+        sf.pmod(sf.xxhash64("id"), sf.lit(keys)).alias("key"),
+        (sf.pmod(sf.xxhash64("id", sf.lit(7)), sf.lit(1_000_000)) / 1000.0).alias("value"),
+        sf.concat(sf.lit("item-"), sf.lpad(sf.col("id").cast("string"), 15, "0")).alias("text"),
+    )
+    data = data.cache()
+    data.count()
+    return data
+
+
+def noop(frame: DataFrame) -> None:
+    frame.write.format("noop").mode("overwrite").save()
+
+
+def timed(runs: int, make: Callable[[], DataFrame], after: Callable[[DataFrame], None]) -> float:
+    """Median seconds of building ``make()`` (pyshuffle runs its map stage there) and
+    writing it out; ``after`` releases what a run left."""
+    seconds = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        frame = make()
+        noop(frame)
+        seconds.append(time.perf_counter() - started)
+        after(frame)
+    return statistics.median(seconds)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=10_000_000)
+    parser.add_argument("--keys", type=int, default=100_000)
+    parser.add_argument("--partitions", type=int, default=8, help="input and shuffle partitions")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--skip-pandas", action="store_true", help="skip applyInPandas")
+    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
+    args = parser.parse_args()
+
+    spark = local_spark_session(
+        "pyshuffle-benchmark",
+        driver_memory="6g",
+        conf={"spark.sql.shuffle.partitions": str(args.partitions)},
+    )
+    data = generate(spark, args.rows, args.keys, args.partitions)
+    dimension = spark.range(0, args.keys, 1, 2).select(
+        sf.col("id").alias("key"), sf.concat(sf.lit("label-"), sf.col("id")).alias("label")
+    )
+    dimension = dimension.cache()
+    dimension.count()
+    print(f"{args.rows:,} rows, {args.keys:,} keys, {args.partitions} partitions, local[2]")
+
+    results: dict[str, dict[str, float]] = {}
+
+    def record(workload: str, ours: float, theirs: dict[str, float]) -> None:
+        entry = {"pyshuffle_seconds": round(ours, 3)}
+        for name, seconds in theirs.items():
+            entry[f"{name}_seconds"] = round(seconds, 3)
+            entry[f"speedup_vs_{name}"] = round(seconds / ours, 2)
+        results[workload] = entry
+        shown = ", ".join(
+            f"{name} {seconds:.2f} s ({seconds / ours:.2f}x)" for name, seconds in theirs.items()
+        )
+        print(f"{workload:<14} pyshuffle {ours:.2f} s | {shown}", flush=True)
+
+    def nothing(_: DataFrame) -> None:
+        pass
+
+    with SparkShuffle(spark, {"pyspark-shuffle.progress.interval": 0}) as shuffle:
+        runs = args.repeat
+        ours = timed(
+            runs,
+            lambda: shuffle.group_apply(data, "key", summarize_arrow, SUMMARY_SCHEMA),
+            shuffle.release,
+        )
+        theirs = {
+            "applyInArrow": timed(
+                runs,
+                lambda: data.groupBy("key").applyInArrow(summarize_arrow, SUMMARY_SCHEMA),
+                nothing,
+            )
+        }
+        if not args.skip_pandas:
+            theirs["applyInPandas"] = timed(
+                1,
+                lambda: data.groupBy("key").applyInPandas(summarize_pandas, SUMMARY_SCHEMA),
+                nothing,
+            )
+        record("group-apply", ours, theirs)
+
+        shuffled: list[DataFrame] = []
+
+        def repartitioned() -> DataFrame:
+            shuffled.append(shuffle.repartition(data, "key", num_partitions=args.partitions))
+            return shuffled[-1].mapInArrow(consume, CONSUMER_SCHEMA)
+
+        def release_shuffled(_: DataFrame) -> None:
+            while shuffled:
+                shuffle.release(shuffled.pop())
+
+        ours = timed(runs, repartitioned, release_shuffled)
+        spark_repartition = timed(
+            runs,
+            lambda: data.repartition(args.partitions, "key").mapInArrow(consume, CONSUMER_SCHEMA),
+            nothing,
+        )
+        record("repartition", ours, {"spark": spark_repartition})
+
+        ours = timed(runs, lambda: shuffle.join(data, dimension, "key"), shuffle.release)
+        record("join", ours, {"spark": timed(runs, lambda: data.join(dimension, "key"), nothing)})
+
+        ours = timed(runs, lambda: shuffle.sort(data, "value"), shuffle.release)
+        record("sort", ours, {"spark": timed(runs, lambda: data.orderBy("value"), nothing)})
+
+    document = {
+        "benchmark": "pyspark_vs_spark",
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.machine()}, {platform.python_version()}, Spark {spark.version}",
+        "rows": args.rows,
+        "keys": args.keys,
+        "partitions": args.partitions,
+        "repeat": args.repeat,
+        "results": results,
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    print(f"saved {args.output}")
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()

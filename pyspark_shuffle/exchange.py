@@ -1,0 +1,226 @@
+"""The driver's side of one shuffle of one DataFrame: run the map stage, register each map
+task's partition with the master, rerun the producers of lost partitions, describe the
+partitions to reducers, release them."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+from pyspark import TaskContext
+from pyspark.sql import DataFrame, Row, SparkSession
+
+from pyspark_shuffle.options import MAX_RECOVERY_ATTEMPTS, PROGRESS_INTERVAL
+from pyspark_shuffle.partitioners import Partitioner
+from pyspark_shuffle.progress import StageProgress
+from pyspark_shuffle.tasks import (
+    MAP_OUTPUT_SCHEMA,
+    GateInput,
+    MapStageSpec,
+    encode_gate,
+    run_map_task,
+)
+from shuffle_api import (
+    Configuration,
+    InputGateDeploymentDescriptor,
+    ProducerDescriptor,
+    RecordingJobContext,
+    ResultPartitionType,
+    SerializationError,
+    ShuffleDescriptor,
+    ShuffleMaster,
+    StageFailedError,
+    SubpartitionRange,
+    deserialize,
+    new_id,
+)
+
+__all__ = ["Exchange", "MapOutput", "stage_failure"]
+
+_PYTHON_ERROR = re.compile(r"^(\w+(?:\.\w+)*(?:Error|Exception)): (.*)$", re.MULTILINE)
+
+
+def stage_failure(description: str, error: Exception) -> StageFailedError:
+    """A Spark job's failure as a typed error that names the task's own error first."""
+    text = str(error)
+    found = _PYTHON_ERROR.findall(text)
+    cause = f"{found[-1][0]}: {found[-1][1]}" if found else text.strip().splitlines()[0]
+    return StageFailedError(f"{description} failed: {cause}")
+
+
+@dataclass(frozen=True, slots=True)
+class MapOutput:
+    """The registered attempt of one map task and what it wrote."""
+
+    map_index: int
+    descriptor: ShuffleDescriptor
+    rows_per_subpartition: tuple[int, ...]
+    bytes_per_subpartition: tuple[int, ...]
+
+
+@dataclass
+class _Runs:
+    """How many times each map task ran (first run and reruns) and for how long."""
+
+    per_map: dict[int, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+class Exchange:
+    """One DataFrame shuffled by one partitioner through the service's master."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        *,
+        master: ShuffleMaster,
+        job: RecordingJobContext,
+        configuration: Configuration,
+        frame: DataFrame,
+        partitioner: Partitioner,
+        name: str,
+        automatic_reducers: bool,
+    ) -> None:
+        self._spark = spark
+        self._master = master
+        self._job = job
+        self._configuration = configuration
+        self._frame = frame
+        self.frame_schema = frame.schema
+        self.name = name
+        # Reducers from bytes written (neighbouring subpartitions coalesced), or one each.
+        self.automatic_reducers = automatic_reducers
+        self.result_id = f"{re.sub(r'[^A-Za-z0-9_.-]', '-', name)[:60]}-{new_id()[:12]}"
+        number_of_maps = frame.rdd.getNumPartitions()
+        self.spec = MapStageSpec(configuration, self.result_id, number_of_maps, partitioner)
+        self._outputs: dict[int, MapOutput] = {}
+        self._schema: pa.Schema | None = None
+        self._lock = threading.Lock()
+        self.runs = _Runs()
+
+    @property
+    def number_of_maps(self) -> int:
+        return self.spec.number_of_maps
+
+    @property
+    def outputs(self) -> dict[int, MapOutput]:
+        with self._lock:
+            return dict(self._outputs)
+
+    @property
+    def rows_per_subpartition(self) -> tuple[int, ...]:
+        return self._sum_per_subpartition("rows_per_subpartition")
+
+    @property
+    def bytes_per_subpartition(self) -> tuple[int, ...]:
+        return self._sum_per_subpartition("bytes_per_subpartition")
+
+    def _sum_per_subpartition(self, what: str) -> tuple[int, ...]:
+        totals = np.zeros(self.spec.partitioner.number_of_subpartitions, dtype=np.int64)
+        for output in self.outputs.values():
+            totals += np.asarray(getattr(output, what), dtype=np.int64)
+        return tuple(int(value) for value in totals)
+
+    def write(self) -> None:
+        """Run the map stage: every input partition written once."""
+        self._run_maps(list(range(self.number_of_maps)))
+
+    def _run_maps(self, map_indexes: Sequence[int]) -> None:
+        spec = self.spec
+        context = self._spark.sparkContext
+        rows_written = context.accumulator(0)
+        bytes_written = context.accumulator(0)
+
+        def map_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            task = TaskContext.get()
+            assert task is not None
+            metadata = run_map_task(spec, task.partitionId(), batches)
+            rows_written.add(sum(metadata.column("rows")[0].as_py()))
+            bytes_written.add(sum(metadata.column("bytes")[0].as_py()))
+            yield metadata
+
+        mapped = self._frame.mapInArrow(map_partition, MAP_OUTPUT_SCHEMA)
+        description = f"map stage of {self.name} ({len(map_indexes)} tasks)"
+        started = time.perf_counter()
+        try:
+            with StageProgress(
+                context,
+                description,
+                rows=rows_written,
+                size=bytes_written,
+                interval=self._configuration.get(PROGRESS_INTERVAL),
+            ):
+                rows: list[Row] = context.runJob(mapped.rdd, list, partitions=list(map_indexes))
+        except Exception as error:  # Py4J and PySpark errors carry the task's error as text
+            raise stage_failure(description, error) from error
+        self.runs.seconds += time.perf_counter() - started
+        for row in rows:
+            self._register(row)
+
+    def _register(self, row: Row) -> None:
+        producer = deserialize(bytes(row["producer"]))
+        if not isinstance(producer, ProducerDescriptor):
+            raise SerializationError(f"a map task returned a {type(producer).__name__}")
+        map_index = int(row["map_index"])
+        descriptor = self._master.register_partition_with_producer(
+            self._job.job_id, self.spec.partition_descriptor(map_index), producer
+        ).result()
+        if row["arrow_schema"] is not None and self._schema is None:
+            self._schema = pa.ipc.read_schema(pa.py_buffer(bytes(row["arrow_schema"])))
+        output = MapOutput(map_index, descriptor, tuple(row["rows"]), tuple(row["bytes"]))
+        with self._lock:
+            previous = self._outputs.get(map_index)
+            self._outputs[map_index] = output
+            self.runs.per_map[map_index] = self.runs.per_map.get(map_index, 0) + 1
+        if previous is not None:
+            self._master.release_partition_externally(previous.descriptor)
+
+    def lost_maps(self) -> list[int]:
+        """Map tasks whose partition the service reported lost or no longer has."""
+        metrics = self._master.partitions_with_metrics(self._job.job_id).result()
+        unavailable = {m.shuffle_descriptor.result_partition_id for m in metrics if not m.available}
+        unavailable.update(self._job.lost)
+        return sorted(
+            output.map_index
+            for output in self.outputs.values()
+            if output.descriptor.result_partition_id in unavailable
+        )
+
+    def recover(self) -> list[int]:
+        """Rerun only the producers of lost partitions; return their map indexes."""
+        rerun: list[int] = []
+        for _ in range(self._configuration.get(MAX_RECOVERY_ATTEMPTS) + 1):
+            lost = self.lost_maps()
+            if not lost:
+                return rerun
+            self._run_maps(lost)
+            rerun += lost
+        raise StageFailedError(
+            f"{self.name}: partitions of map tasks {self.lost_maps()} are still lost after"
+            f" {self._configuration.get(MAX_RECOVERY_ATTEMPTS)} reruns"
+        )
+
+    def schema(self, fallback: pa.Schema) -> pa.Schema:
+        """The Arrow schema the map tasks wrote (``fallback`` when they wrote no rows)."""
+        return self._schema if self._schema is not None else fallback
+
+    def gate_input(self, fallback_schema: pa.Schema) -> GateInput:
+        outputs = self.outputs
+        gate = InputGateDeploymentDescriptor(
+            self.result_id,
+            ResultPartitionType.BLOCKING,
+            SubpartitionRange(0, self.spec.partitioner.number_of_subpartitions - 1),
+            tuple(outputs[index].descriptor for index in sorted(outputs)),
+        )
+        return GateInput(encode_gate(gate), self.schema(fallback_schema))
+
+    def release(self) -> None:
+        with self._lock:
+            outputs, self._outputs = list(self._outputs.values()), {}
+        for output in outputs:
+            self._master.release_partition_externally(output.descriptor)

@@ -1,0 +1,108 @@
+"""A local Spark session ready for pyshuffle (the demo, tests and benchmarks use it), and the
+Java check that says what to install instead of failing deep inside Spark.
+
+``python -m pyspark_shuffle.local_spark`` checks Java and exits non-zero with advice.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Final
+
+from pyspark.sql import SparkSession
+
+from shuffle_api import ConfigError
+
+__all__ = ["MINIMUM_JAVA", "java_version", "local_spark_session", "require_java"]
+
+MINIMUM_JAVA: Final = 17
+
+_INSTALL_JAVA = (
+    f"PySpark needs Java {MINIMUM_JAVA} or newer. Install it (Debian/Ubuntu: sudo apt-get install"
+    f" openjdk-{MINIMUM_JAVA}-jre-headless; macOS: brew install openjdk@{MINIMUM_JAVA}) and put"
+    " its java on PATH or set JAVA_HOME."
+)
+
+
+def _java_executable() -> str | None:
+    home = os.environ.get("JAVA_HOME")
+    if home and (Path(home) / "bin" / "java").exists():
+        return str(Path(home) / "bin" / "java")
+    return shutil.which("java")
+
+
+def java_version() -> int | None:
+    """The major version of the java Spark will start, or ``None`` if there is none."""
+    java = _java_executable()
+    if java is None:
+        return None
+    try:
+        shown = subprocess.run(
+            [java, "-version"], capture_output=True, text=True, timeout=60, check=False
+        ).stderr
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', shown)
+    if match is None:
+        return None
+    major = int(match.group(1))
+    # Java 8 and older call themselves 1.x.
+    return int(match.group(2) or 0) if major == 1 else major
+
+
+def require_java() -> None:
+    """Raise :class:`ConfigError` with install advice unless Java >= 17 is there."""
+    version = java_version()
+    if version is None:
+        raise ConfigError(f"no Java found. {_INSTALL_JAVA}")
+    if version < MINIMUM_JAVA:
+        raise ConfigError(f"found Java {version}. {_INSTALL_JAVA}")
+
+
+def local_spark_session(
+    app_name: str,
+    *,
+    cores: int = 2,
+    max_task_failures: int = 1,
+    driver_memory: str = "2g",
+    conf: Mapping[str, str] | None = None,
+) -> SparkSession:
+    """A ``local[cores, max_task_failures]`` session whose Python workers run this
+    interpreter, with quiet logs (``max_task_failures`` > 1: failed tasks are retried)."""
+    require_java()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = (
+        SparkSession.builder.master(f"local[{cores},{max_task_failures}]")
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.memory", driver_memory)
+        .config("spark.sql.shuffle.partitions", str(cores * 4))
+    )
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+def main() -> int:
+    try:
+        require_java()
+    except ConfigError as error:
+        print(f"pyshuffle: {error}", file=sys.stderr)
+        return 1
+    print(f"pyshuffle: Java {java_version()} found; PySpark can start.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""What a reducer does with the batches its input gates yield: pass them on, sort them, apply
+a function per key group, or join two inputs. Pure Arrow; no Spark here, so each is testable
+alone."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pyspark_shuffle.sorting import SortKey, sort_indices
+from shuffle_api import InvalidOperationError, SchemaMismatchError
+
+__all__ = [
+    "JOIN_TYPES",
+    "GroupApply",
+    "GroupFunction",
+    "Join",
+    "PassThrough",
+    "ReduceOperation",
+    "SortWithin",
+    "group_starts",
+]
+
+GroupFunction = Callable[..., pa.Table | Iterable[pa.RecordBatch]]
+"""``f(table)`` or ``f(key, table)`` (key: a tuple of pyarrow scalars), as in Spark's
+``applyInArrow``; returns a table or record batches."""
+
+# Spark's join names -> Arrow's.
+JOIN_TYPES: Final[dict[str, str]] = {
+    "inner": "inner",
+    "left": "left outer",
+    "right": "right outer",
+    "full": "full outer",
+    "semi": "left semi",
+    "anti": "left anti",
+}
+
+# Batches handed back to Spark: few and large, however many groups made them.
+_OUTPUT_BATCH_ROWS = 1 << 16
+
+
+class ReduceOperation(abc.ABC):
+    """Picklable: built on the driver, applied in every reduce task."""
+
+    @abc.abstractmethod
+    def apply(
+        self, inputs: Sequence[Iterator[pa.RecordBatch]], schemas: Sequence[pa.Schema]
+    ) -> Iterator[pa.RecordBatch]:
+        """The reducer's output, from one batch iterator (and its schema) per shuffled input."""
+
+
+def _table(batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> pa.Table:
+    collected = list(batches)
+    try:
+        return pa.Table.from_batches(collected, schema=schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as error:
+        found = collected[0].schema if collected else schema
+        raise SchemaMismatchError(
+            f"map tasks wrote batches of schema {found} where {schema} was expected: {error}"
+        ) from error
+
+
+def _results_as_batches(result: pa.Table | Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    if isinstance(result, pa.Table):
+        yield from result.to_batches()
+    elif isinstance(result, pa.RecordBatch):
+        yield result
+    else:
+        yield from result
+
+
+@dataclass(frozen=True, slots=True)
+class PassThrough(ReduceOperation):
+    """Hash repartition: the shuffled batches as they come."""
+
+    def apply(
+        self, inputs: Sequence[Iterator[pa.RecordBatch]], schemas: Sequence[pa.Schema]
+    ) -> Iterator[pa.RecordBatch]:
+        yield from inputs[0]
+
+
+@dataclass(frozen=True, slots=True)
+class SortWithin(ReduceOperation):
+    """Range-partitioned input sorted locally: reducer after reducer, a global order."""
+
+    keys: tuple[SortKey, ...]
+
+    def apply(
+        self, inputs: Sequence[Iterator[pa.RecordBatch]], schemas: Sequence[pa.Schema]
+    ) -> Iterator[pa.RecordBatch]:
+        table = _table(inputs[0], schemas[0])
+        yield from table.take(sort_indices(table, self.keys)).to_batches(_OUTPUT_BATCH_ROWS)
+
+
+def _differs_from_previous(column: pa.ChunkedArray) -> npt.NDArray[np.bool_]:
+    """For rows 1..n-1: is the value unlike the row before? Null equals null; NaN equals NaN."""
+    values = column.combine_chunks()
+    if pa.types.is_dictionary(values.type):
+        values = values.dictionary_decode()
+    before, after = values.slice(0, len(values) - 1), values.slice(1)
+    differs = pc.fill_null(pc.not_equal(before, after), False).to_numpy(zero_copy_only=False)
+    valid_before = pc.is_valid(before).to_numpy(zero_copy_only=False)
+    valid_after = pc.is_valid(after).to_numpy(zero_copy_only=False)
+    differs = differs | (valid_before != valid_after)
+    if pa.types.is_floating(values.type):
+        both_nan = pc.fill_null(pc.and_(pc.is_nan(before), pc.is_nan(after)), False)
+        differs &= ~both_nan.to_numpy(zero_copy_only=False)
+    result: npt.NDArray[np.bool_] = differs
+    return result
+
+
+def group_starts(table: pa.Table, keys: Sequence[str]) -> npt.NDArray[np.int64]:
+    """First row of each run of equal keys in ``table`` (sorted by ``keys``), then its length."""
+    if table.num_rows == 0:
+        return np.zeros(1, dtype=np.int64)
+    changed = np.zeros(table.num_rows - 1, dtype=bool)
+    for key in keys:
+        changed |= _differs_from_previous(table.column(key))
+    starts: npt.NDArray[np.int64] = np.concatenate(
+        ([0], np.flatnonzero(changed) + 1, [table.num_rows])
+    ).astype(np.int64)
+    return starts
+
+
+@dataclass(frozen=True, slots=True)
+class GroupApply(ReduceOperation):
+    """``function`` per key group (``whole_partition``: once per reducer, on all its rows
+    sorted by key)."""
+
+    keys: tuple[str, ...]
+    function: GroupFunction
+    pass_key: bool = False
+    whole_partition: bool = False
+
+    def apply(
+        self, inputs: Sequence[Iterator[pa.RecordBatch]], schemas: Sequence[pa.Schema]
+    ) -> Iterator[pa.RecordBatch]:
+        table = _table(inputs[0], schemas[0])
+        if table.num_rows == 0:
+            return
+        table = table.take(sort_indices(table, [SortKey(key) for key in self.keys]))
+        if self.whole_partition:
+            yield from _results_as_batches(self.function(table))
+            return
+        starts = group_starts(table, self.keys)
+        pending: list[pa.RecordBatch] = []
+        pending_rows = 0
+        for start, end in zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True):
+            group = table.slice(start, end - start)
+            if self.pass_key:
+                key = tuple(group.column(name)[0] for name in self.keys)
+                result = self.function(key, group)
+            else:
+                result = self.function(group)
+            # A table, one record batch or an iterable of them (possibly none).
+            batches = list(_results_as_batches(result))
+            pending += batches
+            pending_rows += sum(batch.num_rows for batch in batches)
+            if pending_rows >= _OUTPUT_BATCH_ROWS:
+                yield from pa.Table.from_batches(pending).combine_chunks().to_batches()
+                pending, pending_rows = [], 0
+        if pending:
+            yield from pa.Table.from_batches(pending).combine_chunks().to_batches()
+
+
+def _join_keys(table: pa.Table, keys: Sequence[str]) -> pa.Table:
+    """The key columns, with -0.0 made 0.0: Spark joins them as equal, Arrow's join does not."""
+    columns = []
+    for key in keys:
+        column = table.column(key)
+        if pa.types.is_floating(column.type):
+            column = pc.if_else(pc.equal(column, 0.0), pa.scalar(0.0, column.type), column)
+        columns.append(column)
+    return pa.Table.from_arrays(columns, names=list(keys))
+
+
+@dataclass(frozen=True, slots=True)
+class Join(ReduceOperation):
+    """Both inputs hash-partitioned on ``keys`` the same way; Spark's ``join(on=keys)``
+    columns: the keys, then the left's other columns, then the right's (none for semi/anti)."""
+
+    keys: tuple[str, ...]
+    how: str
+
+    def __post_init__(self) -> None:
+        if self.how not in JOIN_TYPES:
+            raise InvalidOperationError(
+                f"unknown join type {self.how!r}; known: {', '.join(JOIN_TYPES)}"
+            )
+
+    def apply(
+        self, inputs: Sequence[Iterator[pa.RecordBatch]], schemas: Sequence[pa.Schema]
+    ) -> Iterator[pa.RecordBatch]:
+        left, right = _table(inputs[0], schemas[0]), _table(inputs[1], schemas[1])
+        keys = list(self.keys)
+        # Arrow joins keys only (payloads such as lists are not supported by its hash join);
+        # the payload columns follow by row number.
+        left_row, right_row = "__pyshuffle_left_row", "__pyshuffle_right_row"
+        matches = (
+            _join_keys(left, keys)
+            .append_column(left_row, pa.array(np.arange(left.num_rows, dtype=np.int64)))
+            .join(
+                _join_keys(right, keys).append_column(
+                    right_row, pa.array(np.arange(right.num_rows, dtype=np.int64))
+                ),
+                keys,
+                join_type=JOIN_TYPES[self.how],
+                use_threads=False,
+            )
+        )
+        left_rest = [name for name in left.column_names if name not in keys]
+        if self.how in ("semi", "anti"):
+            kept = left.select([*keys, *left_rest]).take(matches.column(left_row))
+            yield from kept.to_batches(_OUTPUT_BATCH_ROWS)
+            return
+        right_rest = [name for name in right.column_names if name not in keys]
+        columns = [matches.column(key) for key in keys]
+        columns += left.select(left_rest).take(matches.column(left_row)).columns
+        columns += right.select(right_rest).take(matches.column(right_row)).columns
+        joined = pa.Table.from_arrays(columns, names=[*keys, *left_rest, *right_rest])
+        yield from joined.to_batches(_OUTPUT_BATCH_ROWS)

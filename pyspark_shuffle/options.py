@@ -1,0 +1,63 @@
+"""Options of the PySpark integration (keys under ``pyspark-shuffle.``).
+
+In Spark conf every pyshuffle key is prefixed with ``spark.pyshuffle.``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from shuffle_api.config import ConfigOption, float_option, int_option, memory_option
+
+__all__ = [
+    "MAX_RECOVERY_ATTEMPTS",
+    "MAX_SUBPARTITIONS",
+    "PROGRESS_INTERVAL",
+    "PYSPARK_SHUFFLE_OPTIONS",
+    "RANGE_SAMPLE_SIZE",
+    "REDUCER_TARGET_SIZE",
+    "SPARK_CONF_PREFIX",
+]
+
+SPARK_CONF_PREFIX: Final = "spark.pyshuffle."
+
+MAX_SUBPARTITIONS = int_option(
+    "pyspark-shuffle.max-subpartitions",
+    64,
+    "Subpartitions each map task writes when the number of reducers is automatic (the most"
+    " reducers a shuffle can have).",
+    minimum=1,
+)
+REDUCER_TARGET_SIZE = memory_option(
+    "pyspark-shuffle.reducer.target-size",
+    64 << 20,
+    "Bytes a reducer should read when the number of reducers is automatic: neighbouring"
+    " subpartitions are coalesced up to it.",
+    minimum=1,
+)
+RANGE_SAMPLE_SIZE = int_option(
+    "pyspark-shuffle.range.sample-size",
+    100_000,
+    "Rows of keys sampled from the input to choose range boundaries for a sort.",
+    minimum=1,
+)
+PROGRESS_INTERVAL = float_option(
+    "pyspark-shuffle.progress.interval",
+    5.0,
+    "Seconds between progress lines of a running map stage on the driver's stderr; 0: none.",
+    minimum=0.0,
+)
+MAX_RECOVERY_ATTEMPTS = int_option(
+    "pyspark-shuffle.recovery.max-attempts",
+    3,
+    "Times the driver reruns the producers of lost partitions before it gives up.",
+    minimum=0,
+)
+
+PYSPARK_SHUFFLE_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
+    MAX_SUBPARTITIONS,
+    REDUCER_TARGET_SIZE,
+    RANGE_SAMPLE_SIZE,
+    PROGRESS_INTERVAL,
+    MAX_RECOVERY_ATTEMPTS,
+)

@@ -1,0 +1,476 @@
+"""``SparkShuffle``: DataFrame operations whose exchange goes through a pyshuffle service."""
+
+from __future__ import annotations
+
+import atexit
+import inspect
+import threading
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import pyarrow as pa
+from pyspark.accumulators import Accumulator
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import ArrayType, MapType, StructField, StructType
+
+from pyspark_shuffle.exchange import Exchange
+from pyspark_shuffle.operations import (
+    JOIN_TYPES,
+    GroupApply,
+    GroupFunction,
+    Join,
+    PassThrough,
+    ReduceOperation,
+    SortWithin,
+)
+from pyspark_shuffle.options import (
+    MAX_SUBPARTITIONS,
+    PYSPARK_SHUFFLE_OPTIONS,
+    RANGE_SAMPLE_SIZE,
+    REDUCER_TARGET_SIZE,
+    SPARK_CONF_PREFIX,
+)
+from pyspark_shuffle.partitioners import (
+    HashPartitioner,
+    Partitioner,
+    RangePartitioner,
+    choose_boundaries,
+)
+from pyspark_shuffle.planning import coalesce_subpartitions, one_per_subpartition
+from pyspark_shuffle.sorting import sort_keys_of
+from pyspark_shuffle.tasks import ReduceStageSpec, run_reduce_task
+from shuffle_api import (
+    Configuration,
+    InvalidOperationError,
+    RecordingJobContext,
+    ShuffleMasterContext,
+    ShuffleServiceClosedError,
+    SubpartitionRange,
+    load_shuffle_service_factory,
+    new_id,
+)
+
+__all__ = ["ShuffleStatistics", "SparkShuffle", "spark_configuration"]
+
+
+def spark_configuration(
+    spark: SparkSession,
+    overrides: Mapping[str, object] | None = None,
+    *,
+    config_file: str | Path | None = None,
+) -> Configuration:
+    """pyshuffle's configuration: defaults < ``config_file`` < ``PYSHUFFLE_*`` variables <
+    ``spark.pyshuffle.<key>`` Spark conf < ``overrides``."""
+    from_spark = {
+        key.removeprefix(SPARK_CONF_PREFIX): value
+        for key, value in spark.sparkContext.getConf().getAll()
+        if key.startswith(SPARK_CONF_PREFIX)
+    }
+    return Configuration.load({**from_spark, **(overrides or {})}, toml_file=config_file)
+
+
+@dataclass(frozen=True, slots=True)
+class ShuffleStatistics:
+    """What the shuffles behind one result wrote, and what its reducers read so far."""
+
+    map_tasks: int
+    map_seconds: float
+    reducers: int
+    rows_written: int
+    bytes_written: int
+    rows_read: int
+    bytes_read: int
+
+
+@dataclass
+class _Result:
+    exchanges: list[Exchange]
+    operation: ReduceOperation
+    schema: StructType | str
+    reducers: int
+    rows_read: Accumulator[int]
+    bytes_read: Accumulator[int]
+
+
+def _column_names(columns: str | Sequence[str]) -> tuple[str, ...]:
+    names = (columns,) if isinstance(columns, str) else tuple(columns)
+    if not names:
+        raise InvalidOperationError("a shuffle needs at least one key column")
+    return names
+
+
+def _check_keys(frame: DataFrame, keys: Sequence[str], what: str) -> None:
+    fields = {field.name: field for field in frame.schema.fields}
+    for key in keys:
+        if key not in fields:
+            raise InvalidOperationError(
+                f"{what}: no column {key!r} in the DataFrame; columns: {list(fields)}"
+            )
+        if isinstance(fields[key].dataType, ArrayType | MapType | StructType):
+            raise InvalidOperationError(
+                f"{what}: column {key!r} of type {fields[key].dataType.simpleString()} cannot be"
+                " a shuffle key"
+            )
+
+
+def _arrow_schema(spark: SparkSession, schema: StructType) -> pa.Schema:
+    """The Arrow schema Spark hands ``mapInArrow`` for ``schema`` (used when no map task
+    wrote a row, so none reported the schema it saw)."""
+    large = str(spark.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false"))
+    arrow: pa.Schema = to_arrow_schema(
+        schema,
+        timezone=spark.conf.get("spark.sql.session.timeZone"),
+        prefers_large_types=large.lower() == "true",
+    )
+    return arrow
+
+
+def _join_schema(left: StructType, right: StructType, keys: Sequence[str], how: str) -> StructType:
+    """Spark's columns for ``join(on=keys)``: keys, then the left's others, then the right's."""
+
+    def nullable_if(field: StructField, outer: bool) -> StructField:
+        return StructField(field.name, field.dataType, field.nullable or outer)
+
+    # A key's value comes from the left, the right (right join) or either (full join).
+    key_fields = [
+        StructField(
+            key,
+            left[key].dataType,
+            right[key].nullable
+            if how == "right"
+            else left[key].nullable or (how == "full" and right[key].nullable),
+        )
+        for key in keys
+    ]
+    if how in ("semi", "anti"):
+        return StructType(key_fields + [f for f in left.fields if f.name not in keys])
+    left_outer, right_outer = how in ("right", "full"), how in ("left", "full")
+    clashing = set(left.fieldNames()) & set(right.fieldNames()) - set(keys)
+    if clashing:
+        raise InvalidOperationError(
+            f"join: columns {sorted(clashing)} are on both sides; rename them on one side"
+        )
+    return StructType(
+        key_fields
+        + [nullable_if(field, left_outer) for field in left.fields if field.name not in keys]
+        + [nullable_if(field, right_outer) for field in right.fields if field.name not in keys]
+    )
+
+
+class SparkShuffle:
+    """Shuffles of Spark DataFrames through the service named by ``shuffle-service-factory.class``.
+
+    One per Spark application (driver side). Results are Spark DataFrames read from the
+    shuffle's partitions; their data stays until :meth:`release` or :meth:`close` (also at
+    interpreter exit). Use as a context manager.
+    """
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        config: Mapping[str, object] | None = None,
+        *,
+        config_file: str | Path | None = None,
+    ) -> None:
+        self._spark = spark
+        self.configuration = spark_configuration(spark, config, config_file=config_file)
+        factory = load_shuffle_service_factory(
+            self.configuration, extra_options=PYSPARK_SHUFFLE_OPTIONS
+        )
+        self._master = factory.create_shuffle_master(ShuffleMasterContext(self.configuration))
+        self._master.start()
+        self._job = RecordingJobContext(f"spark-{new_id()[:16]}")
+        self._master.register_job(self._job)
+        self._results: dict[int, tuple[weakref.ref[DataFrame], _Result]] = {}
+        self._exchanges: list[Exchange] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        atexit.register(self.close)
+
+    # -- operations ---------------------------------------------------------------------
+
+    def repartition(
+        self, frame: DataFrame, keys: str | Sequence[str], *, num_partitions: int | None = None
+    ) -> DataFrame:
+        """Rows with equal keys in the same partition (by hash); ``num_partitions`` fixed, or
+        automatic from the bytes the map stage wrote."""
+        return self.read(self.hash_exchange(frame, keys, num_partitions=num_partitions))
+
+    def hash_exchange(
+        self, frame: DataFrame, keys: str | Sequence[str], *, num_partitions: int | None = None
+    ) -> Exchange:
+        """The map stage of :meth:`repartition` alone: ``frame`` written, partitioned by the
+        hash of ``keys``; :meth:`read` is the reduce stage."""
+        names = _column_names(keys)
+        _check_keys(frame, names, "repartition")
+        return self._exchange(
+            frame,
+            self._hash(names, num_partitions),
+            f"repartition{names}",
+            automatic=num_partitions is None,
+        )
+
+    def read(self, exchange: Exchange) -> DataFrame:
+        """The reduce stage: a DataFrame of the exchange's rows, partitioned as written (first
+        rerunning the producers of any partition the service lost)."""
+        return self._reduce([exchange], PassThrough(), exchange.frame_schema)
+
+    def recover(self, result: DataFrame) -> DataFrame:
+        """``result`` again, after rerunning the producers of partitions lost since it was made
+        (an action on it failed with :class:`PartitionNotFoundError`). ``result`` itself keeps
+        naming the lost attempts; run the action on the returned DataFrame."""
+        found = self._result(result)
+        return self._reduce(found.exchanges, found.operation, found.schema)
+
+    def group_apply(
+        self,
+        frame: DataFrame,
+        keys: str | Sequence[str],
+        function: GroupFunction,
+        schema: StructType | str,
+        *,
+        num_partitions: int | None = None,
+    ) -> DataFrame:
+        """``function(table)`` or ``function(key, table)`` per key group, as Spark's
+        ``groupBy(keys).applyInArrow(function, schema)``."""
+        names = _column_names(keys)
+        _check_keys(frame, names, "group_apply")
+        pass_key = len(inspect.signature(function).parameters) == 2
+        exchange = self._exchange(
+            frame,
+            self._hash(names, num_partitions),
+            f"group_apply{names}",
+            automatic=num_partitions is None,
+        )
+        return self._reduce([exchange], GroupApply(names, function, pass_key=pass_key), schema)
+
+    def group_apply_sorted(
+        self,
+        frame: DataFrame,
+        keys: str | Sequence[str],
+        function: GroupFunction,
+        schema: StructType | str,
+        *,
+        num_partitions: int | None = None,
+    ) -> DataFrame:
+        """``function(table)`` once per reducer, on all of its rows sorted by ``keys`` (every
+        group whole, in one table): for per-group work vectorized across groups."""
+        names = _column_names(keys)
+        _check_keys(frame, names, "group_apply_sorted")
+        exchange = self._exchange(
+            frame,
+            self._hash(names, num_partitions),
+            f"group_apply_sorted{names}",
+            automatic=num_partitions is None,
+        )
+        operation = GroupApply(names, function, whole_partition=True)
+        return self._reduce([exchange], operation, schema)
+
+    def sort(
+        self,
+        frame: DataFrame,
+        keys: str | Sequence[str],
+        *,
+        ascending: bool | Sequence[bool] = True,
+        num_partitions: int | None = None,
+    ) -> DataFrame:
+        """Globally ordered as Spark's ``orderBy`` (nulls first ascending, last descending):
+        range partitioning from a sample of the keys, then a sort within each reducer."""
+        names = _column_names(keys)
+        _check_keys(frame, names, "sort")
+        sort_keys = sort_keys_of(names, ascending)
+        subpartitions = num_partitions or self.configuration.get(MAX_SUBPARTITIONS)
+        partitioner = RangePartitioner(
+            sort_keys,
+            choose_boundaries(self._sample(frame, names), sort_keys, subpartitions),
+            subpartitions,
+        )
+        exchange = self._exchange(
+            frame, partitioner, f"sort{names}", automatic=num_partitions is None
+        )
+        return self._reduce([exchange], SortWithin(sort_keys), frame.schema)
+
+    def join(
+        self,
+        left: DataFrame,
+        right: DataFrame,
+        on: str | Sequence[str],
+        how: str = "inner",
+        *,
+        num_partitions: int | None = None,
+    ) -> DataFrame:
+        """Spark's ``left.join(right, on=keys, how=how)`` for ``how`` in inner, left, right,
+        full, semi, anti: both sides hash-partitioned alike, joined per reducer in Arrow."""
+        names = _column_names(on)
+        if how not in JOIN_TYPES:
+            raise InvalidOperationError(
+                f"unknown join type {how!r}; known: {', '.join(JOIN_TYPES)}"
+            )
+        _check_keys(left, names, "join (left side)")
+        _check_keys(right, names, "join (right side)")
+        for key in names:
+            left_type, right_type = left.schema[key].dataType, right.schema[key].dataType
+            if left_type != right_type:
+                raise InvalidOperationError(
+                    f"join key {key!r} is {left_type.simpleString()} on the left but"
+                    f" {right_type.simpleString()} on the right; cast one side first"
+                )
+        # Before any Spark job: it refuses columns on both sides.
+        schema = _join_schema(left.schema, right.schema, names, how)
+        partitioner = self._hash(names, num_partitions)
+        automatic = num_partitions is None
+        exchanges = [
+            self._exchange(left, partitioner, f"join-left{names}", automatic=automatic),
+            self._exchange(right, partitioner, f"join-right{names}", automatic=automatic),
+        ]
+        return self._reduce(exchanges, Join(names, how), schema)
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def exchanges(self, result: DataFrame) -> list[Exchange]:
+        """The shuffles behind a DataFrame this object returned."""
+        return list(self._result(result).exchanges)
+
+    def statistics(self, result: DataFrame) -> ShuffleStatistics:
+        found = self._result(result)
+        return ShuffleStatistics(
+            map_tasks=sum(exchange.number_of_maps for exchange in found.exchanges),
+            map_seconds=sum(exchange.runs.seconds for exchange in found.exchanges),
+            reducers=found.reducers,
+            rows_written=sum(sum(exchange.rows_per_subpartition) for exchange in found.exchanges),
+            bytes_written=sum(sum(exchange.bytes_per_subpartition) for exchange in found.exchanges),
+            rows_read=found.rows_read.value,
+            bytes_read=found.bytes_read.value,
+        )
+
+    def release(self, result: DataFrame) -> None:
+        """Delete the shuffle data behind ``result``; reading it again then fails."""
+        with self._lock:
+            entry = self._results.pop(id(result), None)
+        if entry is not None:
+            for exchange in entry[1].exchanges:
+                exchange.release()
+
+    def close(self) -> None:
+        """Release every shuffle this object made and stop its master."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            exchanges, self._exchanges = self._exchanges, []
+            self._results.clear()
+        for exchange in exchanges:
+            exchange.release()
+        self._master.unregister_job(self._job.job_id)
+        self._master.close()
+        atexit.unregister(self.close)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _result(self, frame: DataFrame) -> _Result:
+        with self._lock:
+            entry = self._results.get(id(frame))
+        if entry is None or entry[0]() is not frame:
+            raise InvalidOperationError(
+                "this DataFrame was not made by this SparkShuffle, or it was released"
+            )
+        return entry[1]
+
+    def _hash(self, keys: tuple[str, ...], num_partitions: int | None) -> HashPartitioner:
+        return HashPartitioner(keys, num_partitions or self.configuration.get(MAX_SUBPARTITIONS))
+
+    def _exchange(
+        self, frame: DataFrame, partitioner: Partitioner, name: str, *, automatic: bool
+    ) -> Exchange:
+        if self._closed:
+            raise ShuffleServiceClosedError("this SparkShuffle is closed")
+        exchange = Exchange(
+            self._spark,
+            master=self._master,
+            job=self._job,
+            configuration=self.configuration,
+            frame=frame,
+            partitioner=partitioner,
+            name=name,
+            automatic_reducers=automatic,
+        )
+        with self._lock:
+            self._exchanges.append(exchange)
+        exchange.write()
+        return exchange
+
+    def _sample(self, frame: DataFrame, keys: Sequence[str]) -> pa.Table:
+        """A uniform sample of the key columns, taken in the JVM (no Python pass)."""
+        keys_only = frame.select(*keys)
+        rows = keys_only.count()
+        wanted = self.configuration.get(RANGE_SAMPLE_SIZE)
+        if rows > wanted:
+            keys_only = keys_only.sample(fraction=min(1.0, 1.2 * wanted / rows), seed=rows)
+        sample: pa.Table = keys_only.toArrow()
+        return sample
+
+    def _reduce(
+        self,
+        exchanges: Sequence[Exchange],
+        operation: ReduceOperation,
+        schema: StructType | str,
+    ) -> DataFrame:
+        for exchange in exchanges:
+            exchange.recover()
+        subpartitions = exchanges[0].spec.partitioner.number_of_subpartitions
+        ranges: tuple[SubpartitionRange, ...]
+        if exchanges[0].automatic_reducers:
+            sizes = [
+                sum(each)
+                for each in zip(*(e.bytes_per_subpartition for e in exchanges), strict=False)
+            ]
+            ranges = coalesce_subpartitions(
+                sizes,
+                self.configuration.get(REDUCER_TARGET_SIZE),
+                parallelism=self._spark.sparkContext.defaultParallelism,
+            )
+        else:
+            ranges = one_per_subpartition(subpartitions)
+        context = self._spark.sparkContext
+        rows_read, bytes_read = context.accumulator(0), context.accumulator(0)
+        spec = ReduceStageSpec(
+            self.configuration,
+            tuple(
+                exchange.gate_input(_arrow_schema(self._spark, exchange.frame_schema))
+                for exchange in exchanges
+            ),
+            ranges,
+            operation,
+            rows_read,
+            bytes_read,
+        )
+
+        def reduce_partition(ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            for batch in ids:
+                for reducer in batch.column(0).to_pylist():
+                    yield from run_reduce_task(spec, reducer)
+
+        reducers = self._spark.range(0, len(ranges), 1, len(ranges))
+        result = reducers.mapInArrow(reduce_partition, schema)
+        with self._lock:
+            self._results[id(result)] = (
+                weakref.ref(result),
+                _Result(list(exchanges), operation, schema, len(ranges), rows_read, bytes_read),
+            )
+        return result

@@ -1,0 +1,211 @@
+"""What runs inside Spark's Python workers: the map task that writes a partition and the reduce
+task that reads an input gate. Specs are built on the driver and travel with the task; the
+shuffle environment is created once per worker process and outlives its tasks, so partitions
+stay served after the task that wrote them is gone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+import pyarrow as pa
+import zstandard
+
+from pyspark_shuffle.operations import ReduceOperation
+from pyspark_shuffle.options import PYSPARK_SHUFFLE_OPTIONS
+from pyspark_shuffle.partitioners import Partitioner
+from shuffle_api import (
+    Configuration,
+    InputGateDeploymentDescriptor,
+    IntermediateResultPartitionID,
+    PartitionDescriptor,
+    ResultPartitionDeploymentDescriptor,
+    ResultPartitionID,
+    ResultPartitionType,
+    SerializationError,
+    ShuffleEnvironment,
+    ShuffleEnvironmentContext,
+    ShuffleIOOwner,
+    SubpartitionRange,
+    UnknownShuffleDescriptor,
+    deserialize,
+    load_shuffle_service_factory,
+    new_id,
+    serialize,
+)
+
+if TYPE_CHECKING:
+    from pyspark.accumulators import Accumulator
+
+__all__ = [
+    "MAP_OUTPUT_SCHEMA",
+    "GateInput",
+    "MapStageSpec",
+    "ReduceStageSpec",
+    "encode_gate",
+    "run_map_task",
+    "run_reduce_task",
+    "task_environment",
+]
+
+MAP_OUTPUT_SCHEMA: Final = (
+    "map_index long, producer binary, rows array<long>, bytes array<long>, arrow_schema binary"
+)
+"""The one metadata row each map task returns (Spark DDL)."""
+
+_ENVIRONMENTS: dict[tuple[int, str], ShuffleEnvironment] = {}
+_ENVIRONMENTS_LOCK = threading.Lock()
+
+
+def task_environment(configuration: Configuration) -> ShuffleEnvironment:
+    """This process's started environment for ``configuration`` (created on first use).
+
+    Keyed by process id too: Spark forks Python workers, and a child must not reuse its
+    parent's data port.
+    """
+    key = (os.getpid(), repr((sorted(configuration.values.items()), configuration.environment)))
+    with _ENVIRONMENTS_LOCK:
+        environment = _ENVIRONMENTS.get(key)
+        if environment is None:
+            factory = load_shuffle_service_factory(
+                configuration, extra_options=PYSPARK_SHUFFLE_OPTIONS
+            )
+            environment = factory.create_shuffle_environment(
+                ShuffleEnvironmentContext(
+                    configuration, resource_id=f"spark-python-{os.getpid()}-{new_id()[:12]}"
+                )
+            )
+            environment.start()
+            _ENVIRONMENTS[key] = environment
+    return environment
+
+
+@dataclass(frozen=True, slots=True)
+class MapStageSpec:
+    """What every map task of one exchange needs."""
+
+    configuration: Configuration
+    result_id: str
+    number_of_maps: int
+    partitioner: Partitioner
+
+    def partition_descriptor(self, map_index: int) -> PartitionDescriptor:
+        return PartitionDescriptor(
+            self.result_id,
+            self.number_of_maps,
+            IntermediateResultPartitionID(self.result_id, map_index),
+            ResultPartitionType.BLOCKING,
+            self.partitioner.number_of_subpartitions,
+        )
+
+
+def _int64_list(values: Sequence[int]) -> pa.Array:
+    return pa.array([list(values)], pa.list_(pa.int64()))
+
+
+def run_map_task(
+    spec: MapStageSpec, map_index: int, batches: Iterator[pa.RecordBatch]
+) -> pa.RecordBatch:
+    """Write ``batches`` as partition ``map_index`` under a fresh attempt id; return the
+    metadata row. An error fails the writer, which leaves nothing behind."""
+    environment = task_environment(spec.configuration)
+    attempt = new_id()
+    descriptor = spec.partition_descriptor(map_index)
+    # Placement is the environment's: the master learns of the partition when the driver
+    # registers this attempt, which is also why a retried attempt is never read twice.
+    placeholder = UnknownShuffleDescriptor(ResultPartitionID(descriptor.partition_id, attempt))
+    [writer] = environment.create_result_partition_writers(
+        ShuffleIOOwner(f"map {map_index} of {spec.result_id}", attempt),
+        [ResultPartitionDeploymentDescriptor(descriptor, placeholder)],
+    )
+    schema: pa.Schema | None = None
+    with writer:
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            schema = schema or batch.schema
+            writer.write(batch, spec.partitioner.subpartitions(batch))
+        statistics = writer.finish()
+    return pa.record_batch(
+        {
+            "map_index": pa.array([map_index], pa.int64()),
+            "producer": pa.array(
+                [serialize(environment.producer_descriptor(attempt))], pa.binary()
+            ),
+            "rows": _int64_list(statistics.rows_per_subpartition),
+            "bytes": _int64_list(statistics.bytes_per_subpartition),
+            "arrow_schema": pa.array(
+                [None if schema is None else schema.serialize().to_pybytes()], pa.binary()
+            ),
+        }
+    )
+
+
+def encode_gate(gate: InputGateDeploymentDescriptor) -> bytes:
+    """Compressed once on the driver; every reducer of the gate gets the same bytes."""
+    return zstandard.ZstdCompressor(level=3).compress(serialize(gate))
+
+
+@functools.lru_cache(maxsize=16)
+def _decode_gate(encoded: bytes) -> InputGateDeploymentDescriptor:
+    gate = deserialize(zstandard.ZstdDecompressor().decompress(encoded))
+    if not isinstance(gate, InputGateDeploymentDescriptor):
+        raise SerializationError(f"expected an input gate descriptor, got {type(gate).__name__}")
+    return gate
+
+
+@dataclass(frozen=True, slots=True)
+class GateInput:
+    """One shuffled input of a reduce stage: its encoded gate (every producer partition) and
+    the Arrow schema its map side wrote."""
+
+    encoded_gate: bytes
+    schema: pa.Schema
+
+
+@dataclass(frozen=True, slots=True)
+class ReduceStageSpec:
+    configuration: Configuration
+    inputs: tuple[GateInput, ...]
+    reducer_ranges: tuple[SubpartitionRange, ...]
+    operation: ReduceOperation
+    rows_read: Accumulator[int] | None = None
+    bytes_read: Accumulator[int] | None = None
+
+
+def _counted(batches: Iterator[pa.RecordBatch], spec: ReduceStageSpec) -> Iterator[pa.RecordBatch]:
+    rows = size = 0
+    for batch in batches:
+        rows += batch.num_rows
+        size += batch.nbytes
+        yield batch
+    if spec.rows_read is not None and spec.bytes_read is not None:
+        spec.rows_read.add(rows)
+        spec.bytes_read.add(size)
+
+
+def run_reduce_task(spec: ReduceStageSpec, reducer: int) -> Iterator[pa.RecordBatch]:
+    """Read reducer ``reducer``'s subpartition range of every input; apply the operation."""
+    environment = task_environment(spec.configuration)
+    attempt = new_id()
+    owner = ShuffleIOOwner(f"reducer {reducer}", attempt)
+    subpartitions = spec.reducer_ranges[reducer]
+    descriptors = [
+        dataclasses.replace(_decode_gate(each.encoded_gate), consumed_subpartitions=subpartitions)
+        for each in spec.inputs
+    ]
+    gates = environment.create_input_gates(owner, descriptors)
+    try:
+        yield from spec.operation.apply(
+            [_counted(iter(gate), spec) for gate in gates],
+            [each.schema for each in spec.inputs],
+        )
+    finally:
+        for gate in gates:
+            gate.close()

@@ -1,0 +1,177 @@
+"""Failures around a SparkShuffle in a real local Spark session: map outputs lost between the
+stages, a map task that fails after writing some rows and is retried by Spark, and errors that
+must name their cause (bad keys before any Spark job, a user function's own exception)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pytest
+
+from netty_like.descriptor import NettyShuffleDescriptor
+from pyspark_shuffle import Exchange, SparkShuffle
+from shuffle_api import InvalidOperationError, StageFailedError
+from shuffle_api.format import partition_directory
+from shuffle_api.store import Store
+from tests.integration.spark_rows import multiset
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+ROWS = 12_000
+
+
+@pytest.fixture(scope="module")
+def shuffle(
+    spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SparkShuffle]:
+    store = tmp_path_factory.mktemp("store")
+    with SparkShuffle(spark, config={"netty-like.storage.url": str(store)}) as made:
+        yield made
+
+
+@pytest.fixture(scope="module")
+def data(spark: SparkSession) -> DataFrame:
+    frame: DataFrame = spark.range(0, ROWS, 1, 4).selectExpr(
+        "id",
+        "case when id % 9 = 0 then null else id % 37 end as k",
+        "concat('v', id) as s",
+        "array(id) as l",
+    )
+    return frame.cache()
+
+
+def _directory(exchange: Exchange, map_index: int) -> str:
+    descriptor = exchange.outputs[map_index].descriptor
+    assert isinstance(descriptor, NettyShuffleDescriptor)
+    return partition_directory(Store(descriptor.store_url), descriptor.result_partition_id)
+
+
+def _delete_outputs(exchange: Exchange, map_indexes: list[int]) -> None:
+    for map_index in map_indexes:
+        directory = _directory(exchange, map_index)
+        assert os.path.isdir(directory)
+        shutil.rmtree(directory)
+
+
+def test_lost_map_outputs_are_rerun_before_the_reduce_stage(
+    shuffle: SparkShuffle, data: DataFrame
+) -> None:
+    exchange = shuffle.hash_exchange(data, "k", num_partitions=4)
+    assert exchange.runs.per_map == {0: 1, 1: 1, 2: 1, 3: 1}
+    before = {index: output.descriptor for index, output in exchange.outputs.items()}
+    _delete_outputs(exchange, [1, 3])
+    assert exchange.lost_maps() == [1, 3]
+
+    result = shuffle.read(exchange)
+    assert multiset(result) == multiset(data)
+    assert exchange.runs.per_map == {0: 1, 1: 2, 2: 1, 3: 2}
+    after = {index: output.descriptor for index, output in exchange.outputs.items()}
+    assert after[0] == before[0]
+    assert after[2] == before[2]
+    assert after[1] != before[1]
+    assert after[3] != before[3]
+    assert exchange.lost_maps() == []
+    statistics = shuffle.statistics(result)
+    assert statistics.rows_written == ROWS  # the lost attempts' rows are not counted twice
+    assert statistics.map_tasks == 4
+
+
+def test_recover_after_a_failed_action_gives_a_result_that_reads(
+    shuffle: SparkShuffle, data: DataFrame
+) -> None:
+    result = shuffle.repartition(data, "k", num_partitions=3)
+    [exchange] = shuffle.exchanges(result)
+    _delete_outputs(exchange, [2])
+    with pytest.raises(Exception, match=exchange.result_id) as raised:
+        result.count()
+    assert "PartitionNotFoundError" in str(raised.value)
+    recovered = shuffle.recover(result)
+    assert exchange.runs.per_map == {0: 1, 1: 1, 2: 2, 3: 1}  # only the lost producer reran
+    assert multiset(recovered) == multiset(data)
+
+
+def test_a_retried_map_task_writes_no_duplicate_rows(
+    spark: SparkSession, shuffle: SparkShuffle, tmp_path: Path
+) -> None:
+    marker = tmp_path / "failed-once"
+
+    def fail_first_attempt(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext  # noqa: PLC0415
+
+        task = TaskContext.get()
+        assert task is not None
+        failing = task.partitionId() == 1 and task.attemptNumber() == 0
+        for batch in batches:
+            for start in range(0, batch.num_rows, 500):
+                yield batch.slice(start, 500)
+                if failing:
+                    marker.write_text(str(start))
+                    raise RuntimeError("injected failure after writing some rows")
+
+    source = spark.range(0, ROWS, 1, 4)
+    flaky = source.mapInArrow(fail_first_attempt, source.schema)
+    exchange = shuffle.hash_exchange(flaky, "id", num_partitions=3)
+    assert marker.exists(), "the first attempt of map task 1 did not fail"
+    assert exchange.runs.per_map == {0: 1, 1: 1, 2: 1, 3: 1}  # Spark's retry is no rerun
+    result = shuffle.read(exchange)
+    ids = Counter(row["id"] for row in result.toArrow().to_pylist())
+    assert ids == Counter(range(ROWS))
+    assert shuffle.statistics(result).rows_written == ROWS
+    # The failed attempt left no directory next to the registered one.
+    attempts = os.listdir(os.path.dirname(_directory(exchange, 1)))
+    assert attempts == [os.path.basename(_directory(exchange, 1))]
+
+
+def _poisoned(data: DataFrame) -> DataFrame:
+    """``data`` whose evaluation fails: a key check that ran a Spark job would say so."""
+
+    def explode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        raise ValueError("this DataFrame must not be evaluated")
+        yield from batches
+
+    frame: DataFrame = data.mapInArrow(explode, data.schema)
+    return frame
+
+
+def test_bad_keys_fail_before_any_spark_job(shuffle: SparkShuffle, data: DataFrame) -> None:
+    bad = _poisoned(data)
+    other = _poisoned(data.selectExpr("cast(k as int) as k", "s as t"))
+    with pytest.raises(InvalidOperationError, match="'missing'"):
+        shuffle.repartition(bad, "missing")
+    with pytest.raises(InvalidOperationError, match=r"'l'.*array<bigint>"):
+        shuffle.hash_exchange(bad, ["k", "l"])
+    with pytest.raises(InvalidOperationError, match="'l'"):
+        shuffle.sort(bad, "l")
+    with pytest.raises(InvalidOperationError, match="'l'"):
+        shuffle.group_apply(bad, "l", lambda table: table, bad.schema)
+    with pytest.raises(InvalidOperationError, match="at least one key"):
+        shuffle.repartition(bad, [])
+    with pytest.raises(InvalidOperationError, match=r"'k'.*bigint.*int"):
+        shuffle.join(bad, other, "k")
+    with pytest.raises(InvalidOperationError, match="'cross'"):
+        shuffle.join(bad, other, "k", "cross")
+    with pytest.raises(InvalidOperationError, match=r"\['k'\] are on both sides"):
+        shuffle.join(bad, other.withColumnRenamed("t", "s"), "s")
+    with pytest.raises(InvalidOperationError, match="ascending"):
+        shuffle.sort(bad, ["k", "s"], ascending=[True])
+    # Evaluating it does fail, so none of the above ran it.
+    with pytest.raises(StageFailedError, match="ValueError: this DataFrame must not be evaluated"):
+        shuffle.repartition(bad, "k")
+
+
+def test_a_user_function_error_names_the_exception(shuffle: SparkShuffle, data: DataFrame) -> None:
+    def broken(table: pa.Table) -> pa.Table:
+        if table.column("k")[0].as_py() == 5:
+            raise ZeroDivisionError("group 5 cannot be summarised")
+        return table.select(["k"]).slice(0, 1)
+
+    result = shuffle.group_apply(data, "k", broken, "k long")
+    with pytest.raises(Exception, match="ZeroDivisionError: group 5 cannot be summarised"):
+        result.collect()

@@ -1,0 +1,558 @@
+"""The Spark-free parts of pyspark_shuffle: hashing, partitioners, reducer planning, the reduce
+operations and sorting, each checked against a plain-Python reference of Spark's semantics."""
+
+from __future__ import annotations
+
+import decimal
+import itertools
+import math
+import random
+from collections import Counter
+from collections.abc import Hashable, Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from pyspark_shuffle.hashing import hash_keys
+from pyspark_shuffle.operations import GroupApply, Join, PassThrough, SortWithin, group_starts
+from pyspark_shuffle.partitioners import HashPartitioner, RangePartitioner, choose_boundaries
+from pyspark_shuffle.planning import coalesce_subpartitions, one_per_subpartition
+from pyspark_shuffle.sorting import SortKey, sort_indices, sort_keys_of
+from shuffle_api import InvalidOperationError, SubpartitionRange
+
+NAN = float("nan")
+
+
+def _hashes(*columns: pa.Array | pa.ChunkedArray) -> list[int]:
+    return [int(value) for value in hash_keys(list(columns))]
+
+
+def _batches(table: pa.Table, rows: int = 3) -> Iterator[pa.RecordBatch]:
+    return iter(table.to_batches(max_chunksize=rows))
+
+
+def _run(operation: Any, *tables: pa.Table) -> pa.Table:
+    schemas = [table.schema for table in tables]
+    batches = list(operation.apply([_batches(table) for table in tables], schemas))
+    result: pa.Table = pa.Table.from_batches(batches) if batches else pa.table({})
+    return result
+
+
+def _canonical(value: object) -> Hashable:
+    """A hashable stand-in equal for values Spark considers equal in a result (NaN = NaN)."""
+    if isinstance(value, float) and math.isnan(value):
+        return ("NaN",)
+    if isinstance(value, float) and value == 0.0:
+        return 0.0
+    if isinstance(value, list):
+        return tuple(_canonical(each) for each in value)
+    if isinstance(value, dict):
+        return tuple(sorted((key, _canonical(each)) for key, each in value.items()))
+    return value
+
+
+def _multiset(rows: Iterable[dict[str, Any]]) -> Counter[Hashable]:
+    return Counter(_canonical(row) for row in rows)
+
+
+# -- hashing -------------------------------------------------------------------------------
+
+
+def test_integers_of_every_width_hash_alike() -> None:
+    values = [0, 1, -1, 127, -128, None, 42]
+    expected = _hashes(pa.array(values, pa.int64()))
+    for data_type in (pa.int8(), pa.int16(), pa.int32()):
+        assert _hashes(pa.array(values, data_type)) == expected, data_type
+    unsigned = [0, 1, 200, None]
+    assert _hashes(pa.array(unsigned, pa.uint8())) == _hashes(pa.array(unsigned, pa.int64()))
+
+
+def test_null_differs_from_zero_and_all_nulls_hash_alike() -> None:
+    hashes = _hashes(pa.array([None, 0, None], pa.int64()))
+    assert hashes[0] == hashes[2] != hashes[1]
+    assert _hashes(pa.array([None], pa.int32())) == _hashes(pa.array([None], pa.string()))
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        pa.array(list(range(-20, 20)), pa.int64()),
+        pa.array([f"value {i}" if i % 7 else ("" if i % 2 else None) for i in range(40)]),
+        pa.array(
+            [decimal.Decimal(i) / 4 if i % 5 else None for i in range(40)], pa.decimal128(9, 2)
+        ),
+        pa.array([i / 3 if i % 6 else None for i in range(40)], pa.float64()),
+        pa.array([f"large {i}" for i in range(40)], pa.large_string()),
+        pa.array([bytes([i, i + 1]) for i in range(40)], pa.binary()),
+    ],
+    ids=["int64", "string", "decimal", "float", "large_string", "binary"],
+)
+def test_a_slice_hashes_as_the_same_rows_of_the_whole_array(array: pa.Array) -> None:
+    whole = _hashes(array)
+    for offset, length in [(0, 40), (3, 17), (13, 1), (39, 1), (5, 0)]:
+        assert _hashes(array.slice(offset, length)) == whole[offset : offset + length]
+    chunked = pa.chunked_array([array.slice(0, 11), array.slice(11)])
+    assert _hashes(chunked) == whole
+
+
+def test_strings_hash_by_value_whatever_their_encoding() -> None:
+    values = ["", "a", "ab", "ba", "a\x00", None, "ü", "a" * 100, ""]
+    hashes = _hashes(pa.array(values, pa.string()))
+    assert hashes == _hashes(pa.array(values, pa.large_string()))
+    assert hashes == _hashes(pa.array(values, pa.string()).dictionary_encode())
+    assert hashes[0] == hashes[-1]  # equal empty strings
+    distinct = {hashes[index] for index, value in enumerate(values[:-1])}
+    assert len(distinct) == len(values) - 1  # "", null, "a", "a\0", "ab", "ba" ... all differ
+
+
+def test_all_empty_strings_and_all_null_strings() -> None:
+    empties = _hashes(pa.array(["", "", ""]))
+    assert len(set(empties)) == 1
+    nulls = _hashes(pa.array([None, None], pa.string()))
+    assert len(set(nulls)) == 1
+    assert nulls[0] != empties[0]
+
+
+def test_decimals_hash_by_value_across_precisions() -> None:
+    values = [decimal.Decimal("1.50"), decimal.Decimal("-3.25"), None, decimal.Decimal("0.00")]
+    narrow = _hashes(pa.array(values, pa.decimal128(5, 2)))
+    wide = _hashes(pa.array(values, pa.decimal128(30, 2)))
+    assert narrow == wide
+    assert len(set(narrow)) == 4
+
+
+def test_floats_treat_negative_zero_and_every_nan_as_one_value() -> None:
+    other_nan = np.frombuffer(np.uint64(0x7FF8000000000001).tobytes(), dtype=np.float64)[0]
+    assert math.isnan(other_nan)
+    values = pa.array([0.0, -0.0, NAN, other_nan, -NAN, 1.5, None], pa.float64())
+    hashes = _hashes(values)
+    assert hashes[0] == hashes[1]
+    assert hashes[2] == hashes[3] == hashes[4]
+    assert len({hashes[0], hashes[2], hashes[5], hashes[6]}) == 4
+    floats32 = pa.array([0.0, -0.0, NAN, 1.5, None], pa.float32())
+    assert _hashes(floats32) == [hashes[0], hashes[1], hashes[2], hashes[5], hashes[6]]
+
+
+def test_temporal_keys_hash_and_unsupported_types_are_refused() -> None:
+    timestamps = pa.array([0, 1_000_000, None], pa.timestamp("us", tz="UTC"))
+    assert _hashes(timestamps) == _hashes(pa.array([0, 1_000_000, None], pa.int64()))
+    dates = pa.array([0, 19_000, None], pa.date32())
+    assert _hashes(dates) == _hashes(pa.array([0, 19_000, None], pa.int64()))
+    with pytest.raises(InvalidOperationError, match="cannot be a shuffle key"):
+        hash_keys([pa.array([[1, 2], [3]])])
+    with pytest.raises(InvalidOperationError):
+        hash_keys([])
+
+
+def test_multi_column_keys_hash_equal_rows_alike() -> None:
+    first = pa.array([1, 1, 2, 1, None, None], pa.int32())
+    second = pa.array(["x", "x", "x", "y", "x", "x"])
+    hashes = _hashes(first, second)
+    assert hashes[0] == hashes[1]
+    assert hashes[4] == hashes[5]
+    assert len({hashes[0], hashes[2], hashes[3], hashes[4]}) == 4
+    assert _hashes(pa.array([1, 1], pa.int64()), second.slice(0, 2)) == hashes[:2]
+
+
+# -- partitioners ---------------------------------------------------------------------------
+
+
+def test_hash_partitioner_keeps_equal_keys_together_in_range() -> None:
+    rng = random.Random(7)
+    keys = [rng.randrange(500) if rng.random() > 0.05 else None for _ in range(20_000)]
+    batch = pa.record_batch({"k": pa.array(keys, pa.int64()), "v": pa.array(range(20_000))})
+    partitioner = HashPartitioner(("k",), 13)
+    indexes = partitioner.subpartitions(batch)
+    assert indexes.dtype == np.int64
+    assert len(indexes) == 20_000
+    assert indexes.min() >= 0
+    assert indexes.max() < 13
+    home: dict[int | None, int] = {}
+    for key, index in zip(keys, indexes.tolist(), strict=True):
+        assert home.setdefault(key, index) == index
+    # 500 distinct keys spread over every subpartition, none with more than twice its share.
+    counts = Counter(home.values())
+    assert len(counts) == 13
+    assert max(counts.values()) < 2 * 500 / 13
+    # The same keys as int32 in another batch (the other side of a join) go to the same place.
+    other = pa.record_batch({"k": pa.array(keys[:100], pa.int32())})
+    assert partitioner.subpartitions(other).tolist() == indexes[:100].tolist()
+
+
+def test_partitioners_name_a_missing_key_column() -> None:
+    batch = pa.record_batch({"k": [1, 2]})
+    with pytest.raises(InvalidOperationError, match="'nope'"):
+        HashPartitioner(("nope",), 4).subpartitions(batch)
+    with pytest.raises(InvalidOperationError, match="'nope'"):
+        RangePartitioner((SortKey("nope"),), pa.table({"nope": [1]}), 2).subpartitions(batch)
+
+
+def _sample(rows: int, seed: int) -> pa.Table:
+    rng = random.Random(seed)
+    return pa.table(
+        {
+            "a": pa.array([rng.randrange(20) if rng.random() > 0.1 else None for _ in range(rows)]),
+            "b": pa.array([rng.choice(["x", "y", "z", None]) for _ in range(rows)]),
+        }
+    )
+
+
+def _spark_key(row: dict[str, Any], keys: Sequence[SortKey]) -> tuple[Any, ...]:
+    """Spark's order for a row: null smallest, NaN largest; descending negates the rank."""
+    parts: list[Any] = []
+    for key in keys:
+        value = row[key.column]
+        if value is None:
+            rank: tuple[Any, ...] = (0,)
+        elif isinstance(value, float) and math.isnan(value):
+            rank = (2,)
+        else:
+            rank = (1, value)
+        parts.append(_Ordered(rank, key.ascending))
+    return tuple(parts)
+
+
+class _Ordered:
+    def __init__(self, rank: tuple[Any, ...], ascending: bool) -> None:
+        self.rank, self.ascending = rank, ascending
+
+    def __lt__(self, other: _Ordered) -> bool:
+        return self.rank < other.rank if self.ascending else other.rank < self.rank
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Ordered) and self.rank == other.rank
+
+    def __hash__(self) -> int:
+        return hash(self.rank)
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        (SortKey("a"),),
+        (SortKey("a", ascending=False),),
+        (SortKey("a"), SortKey("b", ascending=False)),
+        (SortKey("b", ascending=False), SortKey("a")),
+    ],
+    ids=["a", "a-desc", "a-b-desc", "b-desc-a"],
+)
+def test_range_partitioner_orders_subpartitions(keys: tuple[SortKey, ...]) -> None:
+    sample = _sample(2_000, seed=1).select([key.column for key in keys])  # as SparkShuffle
+    boundaries = choose_boundaries(sample, keys, 8)
+    assert 1 <= boundaries.num_rows <= 7
+    bounds = [_spark_key(row, keys) for row in boundaries.to_pylist()]
+    assert all(before < after for before, after in itertools.pairwise(bounds)), "not increasing"
+
+    data = _sample(5_000, seed=2)
+    partitioner = RangePartitioner(keys, boundaries, 8)
+    indexes = partitioner.subpartitions(data.to_batches()[0]).tolist()
+    assert min(indexes) >= 0
+    assert max(indexes) < 8
+    rows = data.to_pylist()
+    home: dict[tuple[Any, ...], int] = {}
+    for row, index in zip(rows, indexes, strict=True):
+        key = _spark_key(row, keys)
+        assert home.setdefault(key, index) == index, "equal keys split"
+        # Within its subpartition's bounds: boundary[i-1] <= key < boundary[i].
+        if index > 0:
+            assert not key < bounds[index - 1]
+        if index < len(bounds):
+            assert key < bounds[index]
+    ordered = sorted(zip(rows, indexes, strict=True), key=lambda pair: _spark_key(pair[0], keys))
+    assert [index for _, index in ordered] == sorted(indexes)
+    assert len(set(indexes)) > 3
+
+
+def test_range_partitioner_accepts_boundaries_of_another_arrow_type() -> None:
+    boundaries = pa.table({"a": pa.array([10, 20], pa.int32())})
+    batch = pa.record_batch({"a": pa.array([5, 10, 15, 20, 25, None], pa.int64())})
+    indexes = RangePartitioner((SortKey("a"),), boundaries, 3).subpartitions(batch).tolist()
+    assert indexes == [0, 1, 1, 2, 2, 0]
+
+
+def test_choose_boundaries_edge_cases() -> None:
+    keys = (SortKey("a"),)
+    empty = choose_boundaries(pa.table({"a": pa.array([], pa.int64())}), keys, 8)
+    assert empty.num_rows == 0
+    assert choose_boundaries(pa.table({"a": [3, 1, 2]}), keys, 1).num_rows == 0
+    same = choose_boundaries(pa.table({"a": [5] * 100}), keys, 8)
+    assert same.to_pylist() == [{"a": 5}]
+    few = choose_boundaries(pa.table({"a": [2, 1]}), keys, 8)
+    assert few.column("a").to_pylist() == sorted(set(few.column("a").to_pylist()))
+    floats = choose_boundaries(pa.table({"a": [NAN, 1.0, None, 2.0] * 10}), keys, 4)
+    assert [_spark_key(row, keys) for row in floats.to_pylist()] == sorted(
+        _spark_key(row, keys) for row in floats.to_pylist()
+    )
+
+
+# -- planning -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sizes", "target"),
+    [
+        ([10, 10, 10, 10], 25),
+        ([0] * 8, 100),
+        ([100, 1, 1, 100, 1], 50),
+        ([5] * 64, 16),
+        ([30, 30, 30], 30),
+        ([1], 1),
+    ],
+)
+def test_coalesce_subpartitions_covers_all_in_order(sizes: list[int], target: int) -> None:
+    ranges = coalesce_subpartitions(sizes, target)
+    assert ranges[0].start == 0
+    assert ranges[-1].end == len(sizes) - 1
+    for before, after in itertools.pairwise(ranges):
+        assert after.start == before.end + 1
+    for each in ranges:
+        total = sum(sizes[each.start : each.end + 1])
+        assert total <= target or len(each) == 1
+    # Greedy: a range and the next subpartition would exceed the target.
+    for before, after in itertools.pairwise(ranges):
+        assert sum(sizes[before.start : before.end + 1]) + sizes[after.start] > target
+
+
+def test_coalesce_subpartitions_counts() -> None:
+    assert coalesce_subpartitions([0] * 8, 1) == (SubpartitionRange(0, 7),)
+    assert coalesce_subpartitions([10, 10, 10, 10], 20) == (
+        SubpartitionRange(0, 1),
+        SubpartitionRange(2, 3),
+    )
+    assert len(coalesce_subpartitions([100] * 5, 10)) == 5
+    assert coalesce_subpartitions([], 10) == (SubpartitionRange(0, 0),)
+    assert one_per_subpartition(3) == tuple(SubpartitionRange.single(i) for i in range(3))
+
+
+# -- sorting --------------------------------------------------------------------------------
+
+
+def test_sort_indices_places_nulls_as_spark_does() -> None:
+    table = pa.table({"a": [3, None, 1, None, 2]})
+    ascending = table.take(sort_indices(table, [SortKey("a")])).column("a").to_pylist()
+    assert ascending == [None, None, 1, 2, 3]
+    descending = table.take(sort_indices(table, [SortKey("a", False)])).column("a").to_pylist()
+    assert descending == [3, 2, 1, None, None]
+
+
+def test_sort_indices_places_nan_as_spark_does() -> None:
+    # Spark: NaN is larger than every other value, null smaller.
+    table = pa.table({"x": pa.array([1.0, NAN, None, -1.0, 2.0], pa.float64())})
+
+    def sorted_by(ascending: bool) -> list[Any]:
+        order = sort_indices(table, [SortKey("x", ascending)])
+        return [_canonical(v) for v in table.take(order).column("x").to_pylist()]
+
+    assert sorted_by(True) == [None, -1.0, 1.0, 2.0, ("NaN",)]
+    assert sorted_by(False) == [("NaN",), 2.0, 1.0, -1.0, None]
+
+
+def test_sort_indices_mixed_directions_is_stable() -> None:
+    rng = random.Random(3)
+    rows = [
+        {
+            "a": rng.choice([1, 2, None]),
+            "b": rng.choice(["p", "q", None]),
+            "c": rng.choice([0.5, NAN, None]),
+            "i": i,
+        }
+        for i in range(300)
+    ]
+    table = pa.Table.from_pylist(rows)
+    keys = sort_keys_of(["a", "b", "c"], [True, False, False])
+    got = table.take(sort_indices(table, keys)).column("i").to_pylist()
+    expected = [row["i"] for row in sorted(rows, key=lambda row: _spark_key(row, keys))]
+    assert got == expected
+
+
+def test_sort_keys_of_checks_its_arguments() -> None:
+    assert sort_keys_of(["a", "b"], False) == (SortKey("a", False), SortKey("b", False))
+    with pytest.raises(InvalidOperationError, match="ascending"):
+        sort_keys_of(["a", "b"], [True])
+    with pytest.raises(InvalidOperationError):
+        sort_keys_of([], True)
+    with pytest.raises(InvalidOperationError, match="'z'"):
+        sort_indices(pa.table({"a": [1]}), [SortKey("z")])
+
+
+# -- reduce operations ----------------------------------------------------------------------
+
+
+def test_pass_through_and_sort_within() -> None:
+    table = pa.table({"k": [3, 1, None, 2, 1], "v": ["a", "b", "c", "d", "e"]})
+    assert _run(PassThrough(), table).equals(table)
+    ordered = _run(SortWithin((SortKey("k", False), SortKey("v"))), table)
+    assert ordered.to_pylist() == [
+        {"k": 3, "v": "a"},
+        {"k": 2, "v": "d"},
+        {"k": 1, "v": "b"},
+        {"k": 1, "v": "e"},
+        {"k": None, "v": "c"},
+    ]
+
+
+def _group_input() -> pa.Table:
+    keys = [1.0, NAN, None, 2.0, NAN, None, 1.0, -0.0, 0.0, 2.0, NAN]
+    return pa.table(
+        {
+            "k": pa.array(keys, pa.float64()),
+            "s": pa.array(["a", "b", None, "a", "b", None, "a", "z", "z", "c", "b"]),
+            "v": pa.array(range(len(keys)), pa.int64()),
+        }
+    )
+
+
+def test_group_apply_sees_every_group_once_including_null_and_nan() -> None:
+    seen: list[tuple[Any, ...]] = []
+
+    def per_group(key: tuple[pa.Scalar, ...], group: pa.Table) -> pa.Table:
+        seen.append(tuple(_canonical(each.as_py()) for each in key))
+        assert len({_canonical(v) for v in group.column("k").to_pylist()}) == 1
+        return pa.table(
+            {
+                "k": group.column("k").slice(0, 1),
+                "s": group.column("s").slice(0, 1),
+                "n": [group.num_rows],
+                "total": [sum(group.column("v").to_pylist())],
+            }
+        )
+
+    result = _run(GroupApply(("k", "s"), per_group, pass_key=True), _group_input())
+    expected: Counter[Hashable] = Counter()
+    totals: dict[tuple[Hashable, ...], list[int]] = {}
+    for row in _group_input().to_pylist():
+        totals.setdefault((_canonical(row["k"]), row["s"]), []).append(row["v"])
+    for (k, s), values in totals.items():
+        expected[_canonical({"k": k, "s": s, "n": len(values), "total": sum(values)})] += 1
+    assert _multiset(result.to_pylist()) == expected
+    # (1, a) (2, a) (2, c) (NaN, b) (null, null) and (0.0, z) holding both -0.0 and 0.0.
+    assert len(seen) == len(totals) == 6
+    assert sorted(seen, key=repr) == sorted(totals, key=repr)
+
+
+def test_group_apply_function_may_return_batches_or_nothing() -> None:
+    table = pa.table({"k": [1, 1, 2, 3, 3, 3], "v": [1, 2, 3, 4, 5, 6]})
+
+    def one_batch(group: pa.Table) -> pa.RecordBatch:
+        return pa.record_batch({"k": group.column("k").chunk(0)[:1], "n": [group.num_rows]})
+
+    def batches_or_none(group: pa.Table) -> Iterator[pa.RecordBatch]:
+        if group.column("k")[0].as_py() != 2:
+            yield one_batch(group)
+            yield one_batch(group)
+
+    counted = _run(GroupApply(("k",), one_batch), table)
+    assert sorted(counted.to_pylist(), key=repr) == [
+        {"k": 1, "n": 2},
+        {"k": 2, "n": 1},
+        {"k": 3, "n": 3},
+    ]
+    doubled = _run(GroupApply(("k",), batches_or_none), table)
+    assert Counter(row["k"] for row in doubled.to_pylist()) == {1: 2, 3: 2}
+    nothing = GroupApply(("k",), lambda group: iter(()))
+    assert list(nothing.apply([_batches(table)], [table.schema])) == []
+
+
+def test_group_apply_whole_partition_gets_all_rows_sorted_by_key() -> None:
+    calls: list[pa.Table] = []
+
+    def whole(table: pa.Table) -> pa.Table:
+        calls.append(table)
+        return table.group_by("k").aggregate([("v", "sum")])
+
+    table = pa.table({"k": [3, None, 1, 3, 1, None], "v": [1, 2, 3, 4, 5, 6]})
+    result = _run(GroupApply(("k",), whole, whole_partition=True), table)
+    assert len(calls) == 1
+    assert calls[0].column("k").to_pylist() == [None, None, 1, 1, 3, 3]
+    assert sorted(result.to_pylist(), key=repr) == sorted(
+        [{"k": None, "v_sum": 8}, {"k": 1, "v_sum": 8}, {"k": 3, "v_sum": 5}], key=repr
+    )
+    empty = pa.table({"k": pa.array([], pa.int64()), "v": pa.array([], pa.int64())})
+    assert list(GroupApply(("k",), whole).apply([_batches(empty)], [empty.schema])) == []
+
+
+def test_group_starts_runs_of_equal_keys() -> None:
+    table = pa.table({"a": [None, None, 1, 1, 1, 2], "b": ["x", "x", "x", "y", "y", "y"]})
+    assert group_starts(table, ["a"]).tolist() == [0, 2, 5, 6]
+    assert group_starts(table, ["a", "b"]).tolist() == [0, 2, 3, 5, 6]
+    assert group_starts(table.slice(0, 0), ["a"]).tolist() == [0]
+
+
+def _spark_equal(left: object, right: object) -> bool:
+    """Spark's join equality: null matches nothing, NaN matches NaN, -0.0 matches 0.0."""
+    if left is None or right is None:
+        return False
+    return _canonical(left) == _canonical(right)
+
+
+def _reference_join(
+    left: list[dict[str, Any]], right: list[dict[str, Any]], keys: Sequence[str], how: str
+) -> Counter[Hashable]:
+    left_rest = [name for name in left[0] if name not in keys]
+    right_rest = [name for name in right[0] if name not in keys]
+
+    def matches(a: dict[str, Any], b: dict[str, Any]) -> bool:
+        return all(_spark_equal(a[key], b[key]) for key in keys)
+
+    out: list[dict[str, Any]] = []
+    matched_right: set[int] = set()
+    for a in left:
+        partners = [index for index, b in enumerate(right) if matches(a, b)]
+        matched_right.update(partners)
+        if how == "semi":
+            out += [a] if partners else []
+        elif how == "anti":
+            out += [] if partners else [a]
+        else:
+            for index in partners:
+                out.append({**a, **{name: right[index][name] for name in right_rest}})
+            if not partners and how in ("left", "full"):
+                out.append({**a, **dict.fromkeys(right_rest)})
+    if how in ("right", "full"):
+        for index, b in enumerate(right):
+            if index not in matched_right:
+                out.append({**{key: b[key] for key in keys}, **dict.fromkeys(left_rest), **b})
+    return _multiset(out)
+
+
+def _join_sides() -> tuple[pa.Table, pa.Table]:
+    rng = random.Random(11)
+
+    def side(rows: int, payload: str) -> pa.Table:
+        return pa.table(
+            {
+                "k": pa.array([rng.choice([0.0, -0.0, 1.0, 2.5, NAN, None]) for _ in range(rows)]),
+                "s": pa.array([rng.choice(["a", "b", "", None]) for _ in range(rows)]),
+                payload: pa.array([[i, i] if i % 3 else None for i in range(rows)]),
+            }
+        )
+
+    return side(40, "left_list"), side(30, "right_list")
+
+
+@pytest.mark.parametrize("how", ["inner", "left", "right", "full", "semi", "anti"])
+@pytest.mark.parametrize("keys", [("k",), ("k", "s"), ("s",)], ids=["float", "float-str", "str"])
+def test_join_matches_a_reference_of_spark_semantics(how: str, keys: tuple[str, ...]) -> None:
+    left, both_keys = _join_sides()
+    right = both_keys.select([*keys, "right_list"])  # no column on both sides but the keys
+    result = _run(Join(keys, how), left, right)
+    expected = _reference_join(left.to_pylist(), right.to_pylist(), keys, how)
+    assert _multiset(result.to_pylist()) == expected
+    left_rest = [name for name in left.column_names if name not in keys]
+    right_rest = [] if how in ("semi", "anti") else ["right_list"]
+    assert result.column_names == [*keys, *left_rest, *right_rest]
+
+
+def test_join_of_empty_sides_and_unknown_type() -> None:
+    left = pa.table({"k": pa.array([], pa.int64()), "a": pa.array([], pa.string())})
+    right = pa.table({"k": pa.array([1, 2], pa.int64()), "b": ["x", "y"]})
+    assert _run(Join(("k",), "inner"), left, right).num_rows == 0
+    full = _run(Join(("k",), "full"), left, right)
+    assert sorted(full.to_pylist(), key=repr) == [
+        {"k": 1, "a": None, "b": "x"},
+        {"k": 2, "a": None, "b": "y"},
+    ]
+    with pytest.raises(InvalidOperationError, match="outer"):
+        Join(("k",), "outer")
