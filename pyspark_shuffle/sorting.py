@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -39,19 +40,29 @@ def sort_indices(table: pa.Table, keys: Sequence[SortKey]) -> pa.Array:
 
     Spark treats null as the smallest value (first ascending, last descending) and NaN as the
     largest; Arrow's null placement is one setting for all keys and it puts NaN last in both
-    directions, so each key is preceded by its own validity (and, for floats, NaN) flag.
+    directions, so a key with nulls is preceded by its validity flag, a float key by its NaN flag.
     """
-    columns: dict[str, pa.ChunkedArray] = {}
-    order: list[tuple[str, str]] = []
-    for number, key in enumerate(keys):
+    for key in keys:
         if key.column not in table.column_names:
             raise InvalidOperationError(
                 f"no column {key.column!r} to sort by; columns: {table.column_names}"
             )
+    if len(keys) == 1 and keys[0].ascending:
+        values = table.column(keys[0].column)
+        if values.null_count == 0 and (
+            pa.types.is_integer(values.type) or pa.types.is_temporal(values.type)
+        ):
+            # numpy's stable sort of integers is a radix sort: several times Arrow's.
+            numbers = values.to_numpy() if values.num_chunks else np.empty(0, np.int64)
+            return pa.array(np.argsort(numbers, kind="stable"))
+    columns: dict[str, pa.ChunkedArray] = {}
+    order: list[tuple[str, str]] = []
+    for number, key in enumerate(keys):
         direction = "ascending" if key.ascending else "descending"
         values = table.column(key.column)
-        columns[f"valid{number}"] = pc.is_valid(values)
-        order.append((f"valid{number}", direction))
+        if values.null_count:
+            columns[f"valid{number}"] = pc.is_valid(values)
+            order.append((f"valid{number}", direction))
         if pa.types.is_floating(values.type):
             # Spark orders NaN above every other value; Arrow puts NaN last in both directions.
             columns[f"nan{number}"] = pc.fill_null(pc.is_nan(values), False)
