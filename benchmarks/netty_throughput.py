@@ -255,8 +255,12 @@ class Service:
             ShuffleEnvironmentContext(config, resource_id=f"producer-{new_id()}")
         )
         producer_env.start()
+        # It sees the producer's store too; made to read through the data port all the same.
         remote_env = factory.create_shuffle_environment(
-            ShuffleEnvironmentContext(config, resource_id=f"consumer-{new_id()}")
+            ShuffleEnvironmentContext(
+                config.with_values({"netty-like.read-from-shared-store": False}),
+                resource_id=f"consumer-{new_id()}",
+            )
         )
         remote_env.start()
         return cls(master, producer_env, remote_env, job)

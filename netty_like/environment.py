@@ -17,6 +17,7 @@ from netty_like.options import (
     MAX_FRAME_SIZE,
     PARTITION_REQUEST_TIMEOUT,
     PIPELINED_SUBPARTITION_BUFFER,
+    READ_FROM_SHARED_STORE,
     SORT_BUFFER_SIZE,
     STORAGE_URL,
 )
@@ -65,6 +66,7 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
                 connect_timeout=config.get(PARTITION_REQUEST_TIMEOUT),
             ),
             unknown_timeout=config.get(PARTITION_REQUEST_TIMEOUT),
+            read_from_shared_store=config.get(READ_FROM_SHARED_STORE),
         )
 
     @property

@@ -38,6 +38,7 @@ class GateSettings:
     resource_id: str
     credit: CreditSettings
     unknown_timeout: float
+    read_from_shared_store: bool = True
 
 
 class NettyInputGate(InputGate):
@@ -124,7 +125,11 @@ class NettyInputGate(InputGate):
         if descriptor.is_local_to(self._settings.resource_id):
             yield from self._read_local(partition, pipelined)
             return
-        if not pipelined and (reader := self._open_shared(descriptor)) is not None:
+        if (
+            not pipelined
+            and self._settings.read_from_shared_store
+            and (reader := self._open_shared(descriptor)) is not None
+        ):
             yield from reader.read(self.subpartitions)
             return
         if descriptor.data_port != LOCAL_ONLY_PORT:

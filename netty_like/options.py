@@ -23,6 +23,7 @@ __all__ = [
     "NETTY_OPTIONS",
     "PARTITION_REQUEST_TIMEOUT",
     "PIPELINED_SUBPARTITION_BUFFER",
+    "READ_FROM_SHARED_STORE",
     "SORT_BUFFER_SIZE",
     "STORAGE_URL",
 ]
@@ -85,6 +86,13 @@ PARTITION_REQUEST_TIMEOUT = float_option(
     minimum=0.0,
 )
 
+READ_FROM_SHARED_STORE = bool_option(
+    "netty-like.read-from-shared-store",
+    True,
+    "Read another process's blocking partitions straight from the store where this process sees"
+    " their files (they then outlive the producer); false: always through its data port.",
+)
+
 NETTY_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
     STORAGE_URL,
     SORT_BUFFER_SIZE,
@@ -96,4 +104,5 @@ NETTY_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
     MAX_CREDIT,
     MAX_FRAME_SIZE,
     PARTITION_REQUEST_TIMEOUT,
+    READ_FROM_SHARED_STORE,
 )

@@ -16,6 +16,7 @@ import pytest
 from shuffle_api import (
     Configuration,
     InputGateDeploymentDescriptor,
+    PartitionNotFoundError,
     ResultPartitionType,
     ShuffleDescriptor,
     ShuffleEnvironmentContext,
@@ -187,3 +188,23 @@ def test_blocking_partition_on_a_shared_store_outlives_its_producer(tmp_path: Pa
     assert table.num_rows == rows == sum(rows_written)
     expected = pa.Table.from_batches(make_batches(rows, batch_rows=2_000))
     assert table.sort_by("row").equals(expected)
+
+
+def test_a_killed_producer_read_only_through_its_data_port_is_not_found(tmp_path: Path) -> None:
+    settings = _settings(tmp_path)
+    with producer_process(settings, ResultPartitionType.BLOCKING, 1_000, 1) as (
+        descriptor,
+        pipe,
+        process,
+    ):
+        pipe.recv()
+        process.kill()
+        process.join(30)
+        with pytest.raises(PartitionNotFoundError, match="does not answer") as raised:
+            _read(
+                {**settings, "netty-like.read-from-shared-store": False},
+                descriptor,
+                ResultPartitionType.BLOCKING,
+                SubpartitionRange(0, 0),
+            )
+    assert raised.value.partition_id == descriptor.result_partition_id
