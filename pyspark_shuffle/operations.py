@@ -19,9 +19,11 @@ from shuffle_api import InvalidOperationError, SchemaMismatchError
 
 __all__ = [
     "JOIN_TYPES",
+    "BatchFunction",
     "GroupApply",
     "GroupFunction",
     "Join",
+    "MapBatches",
     "PassThrough",
     "ReduceOperation",
     "SortWithin",
@@ -31,6 +33,9 @@ __all__ = [
 GroupFunction = Callable[..., pa.Table | Iterable[pa.RecordBatch]]
 """``f(table)`` or ``f(key, table)`` (key: a tuple of pyarrow scalars), as in Spark's
 ``applyInArrow``; returns a table or record batches."""
+
+BatchFunction = Callable[[Iterator[pa.RecordBatch]], Iterable[pa.RecordBatch]]
+"""As for Spark's ``mapInArrow``: the batches of one partition in, record batches out."""
 
 # Spark's join names -> Arrow's.
 JOIN_TYPES: Final[dict[str, str]] = {
@@ -84,6 +89,19 @@ class PassThrough(ReduceOperation):
         self, inputs: Sequence[Iterator[pa.RecordBatch]], schemas: Sequence[pa.Schema]
     ) -> Iterator[pa.RecordBatch]:
         yield from inputs[0]
+
+
+@dataclass(frozen=True, slots=True)
+class MapBatches(ReduceOperation):
+    """Hash repartition with the consumer in the reducer: ``function`` gets the shuffled
+    batches in the reduce task, so they never go back to the JVM in between."""
+
+    function: BatchFunction
+
+    def apply(
+        self, inputs: Sequence[Iterator[pa.RecordBatch]], schemas: Sequence[pa.Schema]
+    ) -> Iterator[pa.RecordBatch]:
+        yield from self.function(inputs[0])
 
 
 @dataclass(frozen=True, slots=True)

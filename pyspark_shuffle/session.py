@@ -21,9 +21,11 @@ from pyspark.sql.types import ArrayType, MapType, StructField, StructType
 from pyspark_shuffle.exchange import Exchange
 from pyspark_shuffle.operations import (
     JOIN_TYPES,
+    BatchFunction,
     GroupApply,
     GroupFunction,
     Join,
+    MapBatches,
     PassThrough,
     ReduceOperation,
     SortWithin,
@@ -200,6 +202,21 @@ class SparkShuffle:
         """Rows with equal keys in the same partition (by hash); ``num_partitions`` fixed, or
         automatic from the bytes the map stage wrote."""
         return self.read(self.hash_exchange(frame, keys, num_partitions=num_partitions))
+
+    def repartition_map(
+        self,
+        frame: DataFrame,
+        keys: str | Sequence[str],
+        function: BatchFunction,
+        schema: StructType | str,
+        *,
+        num_partitions: int | None = None,
+    ) -> DataFrame:
+        """``repartition(frame, keys).mapInArrow(function, schema)`` with ``function`` run in
+        the reduce tasks themselves: the shuffled batches go straight from the input gate to
+        it, never back to the JVM and out again."""
+        exchange = self.hash_exchange(frame, keys, num_partitions=num_partitions)
+        return self._reduce([exchange], MapBatches(function), schema)
 
     def hash_exchange(
         self, frame: DataFrame, keys: str | Sequence[str], *, num_partitions: int | None = None

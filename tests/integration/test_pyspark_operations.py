@@ -405,3 +405,23 @@ def test_unknown_or_invalid_config_is_a_config_error(spark: SparkSession, tmp_pa
         SparkShuffle(spark, config=_config(tmp_path, **{"pyspark-shuffle.max-subpartition": 3}))
     with pytest.raises(ConfigError, match=r"'pyspark-shuffle\.max-subpartitions'"):
         SparkShuffle(spark, config=_config(tmp_path, **{"pyspark-shuffle.max-subpartitions": 0}))
+
+
+def test_repartition_map_equals_repartition_then_map_in_arrow(
+    shuffle: SparkShuffle, data: DataFrame
+) -> None:
+    def per_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        table = pa.Table.from_batches(list(batches))
+        keys = table.column("k").unique().drop_null()
+        yield pa.record_batch(
+            {
+                "rows": pa.array([table.num_rows], pa.int64()),
+                "keys": pa.array([len(keys)], pa.int64()),
+            }
+        )
+
+    schema = "rows long, keys long"
+    fused = shuffle.repartition_map(data, "k", per_partition, schema, num_partitions=3)
+    separate = shuffle.repartition(data, "k", num_partitions=3).mapInArrow(per_partition, schema)
+    assert sorted(fused.collect()) == sorted(separate.collect())
+    assert sum(row["rows"] for row in fused.collect()) == data.count()
