@@ -223,14 +223,7 @@ class SparkShuffle:
     ) -> Exchange:
         """The map stage of :meth:`repartition` alone: ``frame`` written, partitioned by the
         hash of ``keys``; :meth:`read` is the reduce stage."""
-        names = _column_names(keys)
-        _check_keys(frame, names, "repartition")
-        return self._exchange(
-            frame,
-            self._hash(names, num_partitions),
-            f"repartition{names}",
-            automatic=num_partitions is None,
-        )
+        return self._hash_exchange(frame, _column_names(keys), num_partitions, "repartition")
 
     def read(self, exchange: Exchange) -> DataFrame:
         """The reduce stage: a DataFrame of the exchange's rows, partitioned as written (first
@@ -256,14 +249,8 @@ class SparkShuffle:
         """``function(table)`` or ``function(key, table)`` per key group, as Spark's
         ``groupBy(keys).applyInArrow(function, schema)``."""
         names = _column_names(keys)
-        _check_keys(frame, names, "group_apply")
         pass_key = len(inspect.signature(function).parameters) == 2
-        exchange = self._exchange(
-            frame,
-            self._hash(names, num_partitions),
-            f"group_apply{names}",
-            automatic=num_partitions is None,
-        )
+        exchange = self._hash_exchange(frame, names, num_partitions, "group_apply")
         return self._reduce([exchange], GroupApply(names, function, pass_key=pass_key), schema)
 
     def group_apply_sorted(
@@ -278,13 +265,7 @@ class SparkShuffle:
         """``function(table)`` once per reducer, on all of its rows sorted by ``keys`` (every
         group whole, in one table): for per-group work vectorized across groups."""
         names = _column_names(keys)
-        _check_keys(frame, names, "group_apply_sorted")
-        exchange = self._exchange(
-            frame,
-            self._hash(names, num_partitions),
-            f"group_apply_sorted{names}",
-            automatic=num_partitions is None,
-        )
+        exchange = self._hash_exchange(frame, names, num_partitions, "group_apply_sorted")
         operation = GroupApply(names, function, whole_partition=True)
         return self._reduce([exchange], operation, schema)
 
@@ -411,6 +392,17 @@ class SparkShuffle:
 
     def _hash(self, keys: tuple[str, ...], num_partitions: int | None) -> HashPartitioner:
         return HashPartitioner(keys, num_partitions or self.configuration.get(MAX_SUBPARTITIONS))
+
+    def _hash_exchange(
+        self, frame: DataFrame, keys: tuple[str, ...], num_partitions: int | None, what: str
+    ) -> Exchange:
+        _check_keys(frame, keys, what)
+        return self._exchange(
+            frame,
+            self._hash(keys, num_partitions),
+            f"{what}{keys}",
+            automatic=num_partitions is None,
+        )
 
     def _exchange(
         self, frame: DataFrame, partitioner: Partitioner, name: str, *, automatic: bool
