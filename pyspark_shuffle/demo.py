@@ -34,8 +34,9 @@ CATEGORIES: Final = ("books", "games", "garden", "music", "sports", "travel")
 SEGMENTS: Final = ("new", "regular", "vip")
 COUNTRIES: Final = ("de", "fr", "in", "jp", "us")
 SESSION_GAP_SECONDS: Final = 30 * 60
-_MONTH_SECONDS: Final = 30 * 86_400
-_START_SECONDS: Final = 1_793_491_200  # 2026-11-01T00:00:00Z
+# One evening of traffic: a user's events fall into a few sessions, not one each.
+_WINDOW_SECONDS: Final = 4 * 3_600
+_START_SECONDS: Final = 1_793_556_000  # 2026-11-01T18:00:00Z
 
 SESSIONS_SCHEMA: Final = (
     "user long, session long, start timestamp, end timestamp, events long, amount double"
@@ -61,7 +62,7 @@ def generate(
     events = spark.range(0, rows, 1, partitions).select(
         sf.pmod(sf.xxhash64("id", sf.lit(1)), sf.lit(users)).alias("user"),
         sf.timestamp_seconds(
-            sf.lit(_START_SECONDS) + sf.pmod(sf.xxhash64("id", sf.lit(2)), sf.lit(_MONTH_SECONDS))
+            sf.lit(_START_SECONDS) + sf.pmod(sf.xxhash64("id", sf.lit(2)), sf.lit(_WINDOW_SECONDS))
         ).alias("time"),
         (sf.pmod(sf.xxhash64("id", sf.lit(3)), sf.lit(20_000)) / 100).alias("amount"),
         pick(CATEGORIES, 4).alias("category"),
@@ -240,8 +241,8 @@ def _same_rows(got: Sequence[Row], want: Sequence[Row]) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pyshuffle demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=2_000_000, help="events to generate")
-    parser.add_argument("--users", type=int, default=100_000, help="users in the dimension")
+    parser.add_argument("--rows", type=int, default=1_000_000, help="events to generate")
+    parser.add_argument("--users", type=int, default=50_000, help="users in the dimension")
     parser.add_argument("--cores", type=int, default=2, help="local Spark cores")
     parser.add_argument("--config", help="pyshuffle TOML config file")
     parser.add_argument("--verify", action="store_true", help="compare with Spark's own operators")
