@@ -136,6 +136,13 @@ class ShuffleScenario:
         )
         return writer
 
+    def new_writer(
+        self, descriptor: PartitionDescriptor, attempt: str | None = None
+    ) -> tuple[ShuffleDescriptor, ResultPartitionWriter]:
+        """Register ``descriptor`` with the master, then open its writer on the producer."""
+        shuffle_descriptor = self.register(descriptor, attempt)
+        return shuffle_descriptor, self.writer(descriptor, shuffle_descriptor)
+
     def produce(
         self,
         batches: Sequence[pa.RecordBatch],
@@ -154,8 +161,8 @@ class ShuffleScenario:
                 subpartitions=subpartitions,
                 partition_type=partition_type,
             )
-            shuffle_descriptor = self.register(descriptor)
-            with self.writer(descriptor, shuffle_descriptor) as writer:
+            shuffle_descriptor, writer = self.new_writer(descriptor)
+            with writer:
                 for batch in batches[index::partitions]:
                     writer.write(batch, route(batch, subpartitions))
                 statistics.append(writer.finish())

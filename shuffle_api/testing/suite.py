@@ -135,8 +135,8 @@ class ShuffleServiceConformance:
     ) -> None:
         batches = make_batches(3_000, batch_rows=1_000)
         descriptor = scenario.partition_descriptor(0, partitions=1, subpartitions=4)
-        shuffle_descriptor = scenario.register(descriptor)
-        with scenario.writer(descriptor, shuffle_descriptor) as writer:
+        shuffle_descriptor, writer = scenario.new_writer(descriptor)
+        with writer:
             writer.broadcast(batches[0])
             writer.write_to_subpartition(batches[1], 2)
             writer.broadcast(batches[2])
@@ -196,8 +196,8 @@ class ShuffleServiceConformance:
         consumer = self._consumer(scenario, location)
         gate = scenario.gate(consumer, [placeholder], SubpartitionRange(0, 1), attempt="consumer-1")
         reading = in_background(lambda: pa.Table.from_batches(list(gate), schema=SCHEMA))
-        shuffle_descriptor = scenario.register(descriptor, attempt)
-        with scenario.writer(descriptor, shuffle_descriptor) as writer:
+        shuffle_descriptor, writer = scenario.new_writer(descriptor, attempt)
+        with writer:
             for batch in batches:
                 writer.write(batch, route(batch, 2))
         info = PartitionInfo(scenario.result_id, deserialize(serialize(shuffle_descriptor)))  # type: ignore[arg-type]
@@ -210,8 +210,7 @@ class ShuffleServiceConformance:
 
     def test_failed_writer_leaves_nothing(self, scenario: ShuffleScenario) -> None:
         descriptor = scenario.partition_descriptor(0, partitions=1, subpartitions=3)
-        shuffle_descriptor = scenario.register(descriptor)
-        writer = scenario.writer(descriptor, shuffle_descriptor)
+        shuffle_descriptor, writer = scenario.new_writer(descriptor)
         with pytest.raises(RuntimeError, match="task crashed"), writer:
             for batch in make_batches(200_000, batch_rows=50_000):
                 writer.write(batch, route(batch, 3))
@@ -226,7 +225,8 @@ class ShuffleServiceConformance:
 
     def test_schema_change_is_rejected(self, scenario: ShuffleScenario) -> None:
         descriptor = scenario.partition_descriptor(0, partitions=1, subpartitions=2)
-        with scenario.writer(descriptor, scenario.register(descriptor)) as writer:
+        _, writer = scenario.new_writer(descriptor)
+        with writer:
             writer.write(make_batches(10)[0], [0] * 10)
             with pytest.raises(ShuffleError, match="schema"):
                 writer.write(pa.record_batch({"other": pa.array([1])}), [0])
@@ -266,8 +266,7 @@ class ShuffleServiceConformance:
         descriptor = scenario.partition_descriptor(
             0, partitions=1, subpartitions=2, partition_type=partition_type
         )
-        shuffle_descriptor = scenario.register(descriptor)
-        writer = scenario.writer(descriptor, shuffle_descriptor)
+        shuffle_descriptor, writer = scenario.new_writer(descriptor)
         first_written = threading.Event()
 
         def produce() -> object:
@@ -326,8 +325,7 @@ class ShuffleServiceConformance:
         descriptor = scenario.partition_descriptor(
             0, partitions=1, subpartitions=2, partition_type=partition_type
         )
-        shuffle_descriptor = scenario.register(descriptor)
-        writer = scenario.writer(descriptor, shuffle_descriptor)
+        shuffle_descriptor, writer = scenario.new_writer(descriptor)
         batches = make_batches(5_000, batch_rows=1_000)
 
         def produce() -> object:
@@ -345,8 +343,7 @@ class ShuffleServiceConformance:
         descriptor = scenario.partition_descriptor(
             0, partitions=1, subpartitions=1, partition_type=partition_type
         )
-        shuffle_descriptor = scenario.register(descriptor)
-        writer = scenario.writer(descriptor, shuffle_descriptor)
+        shuffle_descriptor, writer = scenario.new_writer(descriptor)
         batch = make_batches(100)[0]
         writer.write(batch, np.zeros(100, dtype=np.int64))
         reading = in_background(

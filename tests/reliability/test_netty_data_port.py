@@ -108,8 +108,7 @@ def test_consumer_that_disconnects_frees_the_producer_buffers(scenario: ShuffleS
     descriptor = scenario.partition_descriptor(
         0, partitions=1, subpartitions=1, partition_type=partition_type
     )
-    shuffle_descriptor = scenario.register(descriptor)
-    writer = scenario.writer(descriptor, shuffle_descriptor)
+    shuffle_descriptor, writer = scenario.new_writer(descriptor)
     finished = threading.Event()
 
     def produce() -> None:
@@ -222,8 +221,8 @@ def test_schema_frame_precedes_data_for_pipelined_batches(scenario: ShuffleScena
     descriptor = scenario.partition_descriptor(
         0, partitions=1, subpartitions=1, partition_type=partition_type
     )
-    shuffle_descriptor = scenario.register(descriptor)
-    with scenario.writer(descriptor, shuffle_descriptor) as writer:
+    shuffle_descriptor, writer = scenario.new_writer(descriptor)
+    with writer:
         writer.write(batch, [0] * 10)
     with _connect(scenario) as sock:
         request = Request(
