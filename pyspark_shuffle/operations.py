@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 
 from pyspark_shuffle.sorting import SortKey, sort_indices
 from shuffle_api import InvalidOperationError, SchemaMismatchError
+from shuffle_api.batches import coalesce
 
 __all__ = [
     "JOIN_TYPES",
@@ -49,6 +50,7 @@ JOIN_TYPES: Final[dict[str, str]] = {
 
 # Batches handed back to Spark: few and large, however many groups made them.
 _OUTPUT_BATCH_ROWS = 1 << 16
+_OUTPUT_BATCH_BYTES = 4 << 20
 
 
 class ReduceOperation(abc.ABC):
@@ -167,25 +169,17 @@ class GroupApply(ReduceOperation):
         if self.whole_partition:
             yield from _results_as_batches(self.function(table))
             return
+        yield from coalesce(self._per_group(table), _OUTPUT_BATCH_BYTES)
+
+    def _per_group(self, table: pa.Table) -> Iterator[pa.RecordBatch]:
         starts = group_starts(table, self.keys)
-        pending: list[pa.RecordBatch] = []
-        pending_rows = 0
         for start, end in zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True):
             group = table.slice(start, end - start)
             if self.pass_key:
                 key = tuple(group.column(name)[0] for name in self.keys)
-                result = self.function(key, group)
+                yield from _results_as_batches(self.function(key, group))
             else:
-                result = self.function(group)
-            # A table, one record batch or an iterable of them (possibly none).
-            batches = list(_results_as_batches(result))
-            pending += batches
-            pending_rows += sum(batch.num_rows for batch in batches)
-            if pending_rows >= _OUTPUT_BATCH_ROWS:
-                yield from pa.Table.from_batches(pending).combine_chunks().to_batches()
-                pending, pending_rows = [], 0
-        if pending:
-            yield from pa.Table.from_batches(pending).combine_chunks().to_batches()
+                yield from _results_as_batches(self.function(group))
 
 
 def _join_keys(table: pa.Table, keys: Sequence[str]) -> pa.Table:
