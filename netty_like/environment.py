@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-from collections import defaultdict
 from collections.abc import Collection, Sequence
 
 from netty_like.client import CreditSettings
@@ -38,6 +36,7 @@ from shuffle_api import (
     ShuffleIOOwner,
     ShuffleServiceClosedError,
 )
+from shuffle_api.gate import OpenGates
 from shuffle_api.options import COMPRESSION_CODEC, TARGET_BATCH_SIZE
 from shuffle_api.store import Store
 
@@ -54,8 +53,7 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
         self._host = config.get(DATA_PORT_HOST)
         self._server: DataServer | None = None
         self._port = LOCAL_ONLY_PORT
-        self._gates: dict[str, list[NettyInputGate]] = defaultdict(list)
-        self._gates_lock = threading.Lock()
+        self._gates = OpenGates()
         self._closed = False
         self._gate_settings = GateSettings(
             resource_id=self._resource_id,
@@ -133,31 +131,16 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
     ) -> list[InputGate]:
         self._check_open()
         gates = [
-            NettyInputGate(descriptor, self._manager, self._gate_settings, self._forget_gate)
+            NettyInputGate(descriptor, self._manager, self._gate_settings, self._gates.forget)
             for descriptor in descriptors
         ]
-        with self._gates_lock:
-            self._gates[owner.execution_attempt_id].extend(gates)
+        self._gates.add(owner.execution_attempt_id, list(gates))
         return list(gates)
-
-    def _forget_gate(self, gate: NettyInputGate) -> None:
-        with self._gates_lock:
-            for attempt, gates in list(self._gates.items()):
-                if gate in gates:
-                    gates.remove(gate)
-                    if not gates:
-                        del self._gates[attempt]
 
     def update_partition_info(
         self, consumer_attempt_id: str, partition_info: PartitionInfo
     ) -> bool:
-        with self._gates_lock:
-            gates = list(self._gates.get(consumer_attempt_id, ()))
-        return any(
-            gate.update(partition_info)
-            for gate in gates
-            if gate.result_id == partition_info.result_id
-        )
+        return self._gates.update(consumer_attempt_id, partition_info)
 
     def release_partitions_locally(self, partition_ids: Collection[ResultPartitionID]) -> None:
         self._manager.release(partition_ids)
@@ -175,8 +158,5 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
         self._closed = True
         if self._server is not None:
             self._server.stop()
-        with self._gates_lock:
-            gates = [gate for owned in self._gates.values() for gate in owned]
-        for gate in gates:
-            gate.close()
+        self._gates.close_all()
         self._manager.release(self._manager.occupying())

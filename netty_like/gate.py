@@ -3,8 +3,6 @@ process shares with the producer, the rest over the producer's data port."""
 
 from __future__ import annotations
 
-import contextlib
-import threading
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 
@@ -15,19 +13,15 @@ from netty_like.descriptor import NettyShuffleDescriptor
 from netty_like.partition_manager import EncodedRun, ResultPartitionManager
 from shuffle_api import (
     LOCAL_ONLY_PORT,
-    InputGate,
     InputGateDeploymentDescriptor,
-    PartitionError,
-    PartitionInfo,
     PartitionNotFoundError,
     ResultPartitionID,
     ShuffleDescriptor,
     ShuffleError,
-    ShuffleServiceClosedError,
-    SubpartitionRange,
     TransportError,
 )
 from shuffle_api.format import PartitionFileReader, decode_run
+from shuffle_api.gate import SequentialInputGate
 from shuffle_api.store import Store
 
 __all__ = ["GateSettings", "NettyInputGate"]
@@ -41,85 +35,27 @@ class GateSettings:
     read_from_shared_store: bool = True
 
 
-class NettyInputGate(InputGate):
-    """Reads partition after partition; an unknown descriptor is waited for until
-    :meth:`update` replaces it."""
+class NettyInputGate(SequentialInputGate):
+    """Reads partition after partition: local ones from this process, blocking ones from a
+    shared store, the rest from the producer's data port."""
 
     def __init__(
         self,
         descriptor: InputGateDeploymentDescriptor,
         manager: ResultPartitionManager,
         settings: GateSettings,
-        on_close: Callable[[NettyInputGate], None],
+        on_close: Callable[[SequentialInputGate], None],
     ) -> None:
-        self._descriptor = descriptor
+        super().__init__(descriptor, unknown_timeout=settings.unknown_timeout, on_close=on_close)
         self._manager = manager
         self._settings = settings
-        self._on_close = on_close
-        self._channels: list[ShuffleDescriptor] = list(descriptor.shuffle_descriptors)
-        self._condition = threading.Condition()
-        self._closed = False
-        self._reading: Generator[pa.RecordBatch] | None = None
 
-    @property
-    def result_id(self) -> str:
-        return self._descriptor.result_id
-
-    @property
-    def subpartitions(self) -> SubpartitionRange:
-        return self._descriptor.consumed_subpartitions
-
-    def update(self, info: PartitionInfo) -> bool:
-        """Replace the unknown descriptor of the same partition; False if there is none."""
-        wanted = info.shuffle_descriptor.result_partition_id.partition_id
-        with self._condition:
-            for index, current in enumerate(self._channels):
-                if current.is_unknown and current.result_partition_id.partition_id == wanted:
-                    self._channels[index] = info.shuffle_descriptor
-                    self._condition.notify_all()
-                    return True
-        return False
-
-    def _known(self, index: int) -> ShuffleDescriptor:
-        with self._condition:
-            self._condition.wait_for(
-                lambda: self._closed or not self._channels[index].is_unknown,
-                self._settings.unknown_timeout,
+    def _read(self, descriptor: ShuffleDescriptor) -> Generator[pa.RecordBatch]:
+        if not isinstance(descriptor, NettyShuffleDescriptor):
+            raise ShuffleError(
+                f"netty_like cannot read {descriptor.result_partition_id}: its descriptor is a"
+                f" {type(descriptor).__name__}"
             )
-            if self._closed:
-                raise ShuffleServiceClosedError(f"input gate of {self.result_id} is closed")
-            descriptor = self._channels[index]
-        if descriptor.is_unknown:
-            raise PartitionNotFoundError(
-                f"the descriptor of {descriptor.result_partition_id} was still unknown after"
-                f" {self._settings.unknown_timeout} s (no update_partition_info)",
-                descriptor.result_partition_id,
-            )
-        return descriptor
-
-    def __iter__(self) -> Iterator[pa.RecordBatch]:
-        for index in range(len(self._channels)):
-            descriptor = self._known(index)
-            if not isinstance(descriptor, NettyShuffleDescriptor):
-                raise ShuffleError(
-                    f"netty_like cannot read {descriptor.result_partition_id}: its descriptor is a"
-                    f" {type(descriptor).__name__}"
-                )
-            self._reading = self._read(descriptor)
-            try:
-                yield from self._reading
-            except PartitionError:
-                raise
-            except ShuffleError as error:
-                partition = descriptor.result_partition_id
-                message = str(error)
-                if str(partition) not in message:
-                    message = f"reading {partition} failed: {message}"
-                raise PartitionError(message, partition) from error
-            finally:
-                self._reading = None
-
-    def _read(self, descriptor: NettyShuffleDescriptor) -> Generator[pa.RecordBatch]:
         partition = descriptor.result_partition_id
         pipelined = self._descriptor.consumed_partition_type.must_be_pipelined
         if descriptor.is_local_to(self._settings.resource_id):
@@ -197,16 +133,3 @@ class NettyInputGate(InputGate):
                     yield item
         finally:
             view.release()
-
-    def close(self) -> None:
-        with self._condition:
-            if self._closed:
-                return
-            self._closed = True
-            self._condition.notify_all()
-        reading = self._reading
-        if isinstance(reading, Generator):
-            # ValueError: the generator runs in another thread; it stops at its next step.
-            with contextlib.suppress(ValueError):
-                reading.close()
-        self._on_close(self)

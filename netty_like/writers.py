@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from netty_like.pipelined import PipelinedPartition
 from shuffle_api import BROADCAST, PartitionStatistics, ResultPartitionID
-from shuffle_api.format import PartitionFileWriter
+from shuffle_api.format import PartitionFileWriter, StoreSink
 from shuffle_api.io import SplittingPartitionWriter
 from shuffle_api.store import Store
 
@@ -32,8 +32,7 @@ class BlockingPartitionWriter(SplittingPartitionWriter):
     ) -> None:
         super().__init__(partition, number_of_subpartitions, target_batch_bytes=target_batch_bytes)
         self._file = PartitionFileWriter(
-            store,
-            partition,
+            StoreSink(store, partition),
             number_of_subpartitions,
             codec=codec,
             memory_budget=memory_budget,

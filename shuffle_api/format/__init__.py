@@ -9,6 +9,7 @@ from shuffle_api.format.reader import (
     verify_checksum,
     verify_run,
 )
+from shuffle_api.format.sink import PartitionSink, StoreSink
 from shuffle_api.format.writer import PartitionFileWriter, ipc_write_options
 
 __all__ = [
@@ -16,7 +17,9 @@ __all__ = [
     "PartitionFileReader",
     "PartitionFileWriter",
     "PartitionManifest",
+    "PartitionSink",
     "Run",
+    "StoreSink",
     "decode_run",
     "ipc_write_options",
     "partition_directory",

@@ -23,19 +23,11 @@ import xxhash
 
 from shuffle_api.batches import coalesce
 from shuffle_api.errors import ShuffleError
-from shuffle_api.format.layout import partition_directory
-from shuffle_api.format.manifest import (
-    CODECS,
-    DATA_FILE,
-    INDEX_FILE,
-    INDEX_SCHEMA,
-    MANIFEST_FILE,
-    PartitionManifest,
-)
-from shuffle_api.ids import ResultPartitionID
+from shuffle_api.format.manifest import CODECS, INDEX_SCHEMA, PartitionManifest
+from shuffle_api.format.sink import PartitionSink
 from shuffle_api.io import BROADCAST, PartitionStatistics
 from shuffle_api.options import TARGET_BATCH_SIZE
-from shuffle_api.store import Store, storage_errors
+from shuffle_api.store import storage_errors
 
 __all__ = ["MAX_RUN_BYTES", "PartitionFileWriter", "ipc_write_options"]
 
@@ -96,24 +88,20 @@ class PartitionFileWriter:
 
     def __init__(
         self,
-        store: Store,
-        partition: ResultPartitionID,
+        sink: PartitionSink,
         number_of_subpartitions: int,
         *,
         codec: str,
         memory_budget: int,
         target_batch_bytes: int = TARGET_BATCH_SIZE.default,
     ) -> None:
-        self._store = store
-        self._partition = partition
+        self._sink = sink
+        self._partition = sink.partition
         self._subpartitions = number_of_subpartitions
         self._options = ipc_write_options(codec)
         self._codec = codec
         self._memory_budget = memory_budget
         self._target_batch_bytes = target_batch_bytes
-        self._directory = partition_directory(store, partition)
-        if store.exists(store.child(self._directory, MANIFEST_FILE)):
-            raise ShuffleError(f"partition {partition} is already committed at {self._directory}")
         self._schema: pa.Schema | None = None
         # The producer's side: the region filling, and the spill in flight.
         self._buffers: list[list[pa.RecordBatch]] = [[] for _ in range(number_of_subpartitions)]
@@ -122,7 +110,7 @@ class PartitionFileWriter:
         self._spilling: Future[None] | None = None
         self._spilling_bytes = 0
         # The spill thread's side: the producer reads it only after waiting for the spill.
-        self._sink: _HashingSink | None = None
+        self._data: _HashingSink | None = None
         self._run_start = 0
         self._ipc: pa.ipc.RecordBatchFileWriter | None = None
         self._batches = 0
@@ -209,30 +197,29 @@ class PartitionFileWriter:
         self._regions += 1
 
     def _open(self) -> tuple[_HashingSink, pa.ipc.RecordBatchFileWriter]:
-        if self._sink is not None and self._ipc is not None:
-            return self._sink, self._ipc
+        if self._data is not None and self._ipc is not None:
+            return self._data, self._ipc
         schema = self._schema
         assert schema is not None
-        path = self._store.child(self._directory, DATA_FILE)
-        with storage_errors(path):
-            self._sink = _HashingSink(self._store.open_output(path))
+        with storage_errors(self._sink.where):
+            self._data = _HashingSink(self._sink.open_data())
             self._ipc = pa.ipc.new_file(
-                pa.PythonFile(self._sink, mode="w"), schema, options=self._options
+                pa.PythonFile(self._data, mode="w"), schema, options=self._options
             )
             # Forces the header and schema out now, so every run's range holds only batches.
             self._ipc.write_batch(
                 pa.record_batch([pa.array([], type=field.type) for field in schema], schema=schema)
             )
-        self._sink.take_checksum()
-        self._run_start = self._sink.tell()
+        self._data.take_checksum()
+        self._run_start = self._data.tell()
         self._batches = 1
-        return self._sink, self._ipc
+        return self._data, self._ipc
 
     def _write_run(self, subpartition: int, batches: Iterable[pa.RecordBatch]) -> None:
         """Write ``batches`` as runs of at most about :data:`MAX_RUN_BYTES` each."""
         sink, ipc = self._open()
         batches_in_run = rows_in_run = 0
-        with storage_errors(self._directory):
+        with storage_errors(self._sink.where):
             for batch in batches:
                 ipc.write_batch(batch)
                 batches_in_run += 1
@@ -244,9 +231,9 @@ class PartitionFileWriter:
             self._index_run(subpartition, batches_in_run, rows_in_run)
 
     def _index_run(self, subpartition: int, batches: int, rows: int) -> None:
-        assert self._sink is not None
+        assert self._data is not None
         start = self._run_start
-        self._run_start = self._sink.tell()
+        self._run_start = self._data.tell()
         length = self._run_start - start
         for name, value in (
             ("subpartition", subpartition),
@@ -256,7 +243,7 @@ class PartitionFileWriter:
             ("offset", start),
             ("length", length),
             ("rows", rows),
-            ("checksum", self._sink.take_checksum()),
+            ("checksum", self._data.take_checksum()),
         ):
             self._index[name].append(value)
         self._batches += batches
@@ -275,16 +262,15 @@ class PartitionFileWriter:
         self._wait_for_spill()
         self._spiller.shutdown()
         data_bytes = 0
-        if self._ipc is not None and self._sink is not None:
-            with storage_errors(self._directory):
+        if self._ipc is not None and self._data is not None:
+            with storage_errors(self._sink.where):
                 self._ipc.close()
-                data_bytes = self._sink.tell()
-                self._sink.close()
+                data_bytes = self._data.tell()
+                self._data.close()
         index = pa.BufferOutputStream()
         with pa.ipc.new_file(index, INDEX_SCHEMA) as index_writer:
             index_writer.write_table(pa.table(self._index, schema=INDEX_SCHEMA))
         index_bytes = index.getvalue().to_pybytes()
-        self._store.put_atomic(self._store.child(self._directory, INDEX_FILE), index_bytes)
         statistics = PartitionStatistics(
             tuple(int(v) + self._broadcast_rows for v in self._rows),
             tuple(int(v) + self._broadcast_bytes for v in self._bytes),
@@ -299,9 +285,7 @@ class PartitionFileWriter:
             data_bytes=data_bytes,
             index_checksum=xxhash.xxh3_64_intdigest(index_bytes),
         )
-        self._store.put_atomic(
-            self._store.child(self._directory, MANIFEST_FILE), manifest.to_json()
-        )
+        self._sink.commit(index_bytes, manifest.to_json())
         return statistics
 
     def abort(self) -> None:
@@ -312,8 +296,8 @@ class PartitionFileWriter:
         with contextlib.suppress(Exception):
             self._wait_for_spill()
         self._spiller.shutdown()
-        if self._sink is not None:
+        if self._data is not None:
             # The directory is removed next; a close error changes nothing.
             with contextlib.suppress(OSError):
-                self._sink.close()
-        self._store.delete_tree(self._directory)
+                self._data.close()
+        self._sink.abort()

@@ -4,7 +4,7 @@ Use it from an implementation's tests::
 
     from shuffle_api.testing import ConformanceHarness, ShuffleServiceConformance
 
-    class TestMyService(ShuffleServiceConformance):
+    class TestMyService(ShuffleServiceConformance):  # or PipelinedPartitionConformance
         @pytest.fixture
         def harness(self, tmp_path) -> ConformanceHarness:
             return ConformanceHarness(Configuration.load({...}, environ={}), stored_files=...)
@@ -12,10 +12,11 @@ Use it from an implementation's tests::
 
 from shuffle_api.master import RecordingJobContext
 from shuffle_api.testing.harness import ConformanceHarness, ShuffleScenario, make_batches
-from shuffle_api.testing.suite import ShuffleServiceConformance
+from shuffle_api.testing.suite import PipelinedPartitionConformance, ShuffleServiceConformance
 
 __all__ = [
     "ConformanceHarness",
+    "PipelinedPartitionConformance",
     "RecordingJobContext",
     "ShuffleScenario",
     "ShuffleServiceConformance",

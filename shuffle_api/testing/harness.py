@@ -36,12 +36,14 @@ __all__ = ["ConformanceHarness", "RecordingJobContext", "ShuffleScenario", "make
 
 @dataclass(frozen=True)
 class ConformanceHarness:
-    """An implementation under test: its configuration, which partition types it supports, and
-    (optionally) how to list the files it left on its store."""
+    """An implementation under test: its configuration, which partition types it supports,
+    (optionally) how to list the files it left on its store, and how data gets lost behind the
+    master's back (default: the producer's environment releases the partition)."""
 
     configuration: Configuration
     stored_files: Callable[[], list[str]] | None = None
     partition_types: tuple[ResultPartitionType, ...] = tuple(ResultPartitionType)
+    lose_partition: Callable[[ShuffleScenario, ShuffleDescriptor], None] | None = None
 
 
 def make_batches(
@@ -100,6 +102,13 @@ class ShuffleScenario:
             producer.close()
             master.unregister_job(job.job_id)
             master.close()
+
+    def lose(self, descriptor: ShuffleDescriptor) -> None:
+        """Make the service lose this partition's data (see :class:`ConformanceHarness`)."""
+        if self.harness.lose_partition is None:
+            self.producer.release_partitions_locally([descriptor.result_partition_id])
+        else:
+            self.harness.lose_partition(self, descriptor)
 
     def partition_descriptor(
         self,

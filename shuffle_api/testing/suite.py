@@ -20,6 +20,7 @@ from shuffle_api.descriptors import (
 )
 from shuffle_api.environment import ShuffleEnvironment
 from shuffle_api.errors import (
+    InvalidOperationError,
     PartitionAlreadyConsumedError,
     PartitionError,
     PartitionNotFoundError,
@@ -36,7 +37,7 @@ from shuffle_api.testing.harness import (
     route,
 )
 
-__all__ = ["ShuffleServiceConformance"]
+__all__ = ["PipelinedPartitionConformance", "ShuffleServiceConformance"]
 
 LOCATIONS = ("same-process-environment", "other-environment")
 
@@ -242,7 +243,7 @@ class ShuffleServiceConformance:
     def test_lost_partition_is_reported_to_the_job(self, scenario: ShuffleScenario) -> None:
         descriptors, _ = scenario.produce(make_batches(1_000), partitions=2, subpartitions=2)
         lost = descriptors[0].result_partition_id
-        scenario.producer.release_partitions_locally([lost])
+        scenario.lose(descriptors[0])
         scenario.master.partitions_with_metrics(scenario.job.job_id).result(timeout=60)
         available = scenario.master.partitions_with_metrics(scenario.job.job_id).result(timeout=60)
         ids = {m.shuffle_descriptor.result_partition_id for m in available if m.available}
@@ -250,11 +251,23 @@ class ShuffleServiceConformance:
         assert lost not in ids
         assert scenario.job.lost == [lost]
 
-    # --- pipelined partitions -------------------------------------------------------------
+    def test_unsupported_partition_types_are_rejected(self, scenario: ShuffleScenario) -> None:
+        for partition_type in ResultPartitionType:
+            if partition_type in scenario.harness.partition_types:
+                continue
+            descriptor = scenario.partition_descriptor(
+                0, partitions=1, subpartitions=2, partition_type=partition_type
+            )
+            with pytest.raises(InvalidOperationError, match=partition_type.name):
+                scenario.new_writer(descriptor)
 
-    def _pipelined(self, scenario: ShuffleScenario) -> ResultPartitionType:
-        if ResultPartitionType.PIPELINED not in scenario.harness.partition_types:
-            pytest.skip("this implementation has no pipelined partitions")
+
+class PipelinedPartitionConformance(ShuffleServiceConformance):
+    """Behaviour of services that also stream PIPELINED partitions while they are produced."""
+
+    @staticmethod
+    def _pipelined(scenario: ShuffleScenario) -> ResultPartitionType:
+        assert ResultPartitionType.PIPELINED in scenario.harness.partition_types
         return ResultPartitionType.PIPELINED
 
     @pytest.mark.parametrize("location", LOCATIONS)

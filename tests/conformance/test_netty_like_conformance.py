@@ -8,7 +8,7 @@ import fsspec
 import pytest
 
 from shuffle_api import Configuration, new_id
-from shuffle_api.testing import ConformanceHarness, ShuffleServiceConformance
+from shuffle_api.testing import ConformanceHarness, PipelinedPartitionConformance
 
 
 def _files(url: str) -> list[str]:
@@ -18,7 +18,7 @@ def _files(url: str) -> list[str]:
     return sorted(path for path in fs.find(root) if not fs.isdir(path))
 
 
-class TestNettyLikeOnLocalDirectory(ShuffleServiceConformance):
+class TestNettyLikeOnLocalDirectory(PipelinedPartitionConformance):
     @pytest.fixture
     def harness(self, tmp_path: Path) -> ConformanceHarness:
         url = str(tmp_path / "store")
@@ -28,7 +28,7 @@ class TestNettyLikeOnLocalDirectory(ShuffleServiceConformance):
         return ConformanceHarness(config, stored_files=lambda: _files(url))
 
 
-class TestNettyLikeOnMemoryStore(ShuffleServiceConformance):
+class TestNettyLikeOnMemoryStore(PipelinedPartitionConformance):
     @pytest.fixture
     def harness(self) -> ConformanceHarness:
         url = f"memory://conformance-{new_id()}"

@@ -29,7 +29,12 @@ from shuffle_api import (
     SubpartitionRange,
     UnsupportedFormatVersionError,
 )
-from shuffle_api.format import PartitionFileReader, PartitionFileWriter, partition_directory
+from shuffle_api.format import (
+    PartitionFileReader,
+    PartitionFileWriter,
+    StoreSink,
+    partition_directory,
+)
 from shuffle_api.format.manifest import DATA_FILE, INDEX_FILE, INDEX_SCHEMA, MANIFEST_FILE
 from shuffle_api.store import Store
 
@@ -78,7 +83,7 @@ def write_partition(
     memory_budget: int = 1 << 20,
 ) -> PartitionFileWriter:
     writer = PartitionFileWriter(
-        store, partition, subpartitions, codec=codec, memory_budget=memory_budget
+        StoreSink(store, partition), subpartitions, codec=codec, memory_budget=memory_budget
     )
     for subpartition, batch in writes:
         writer.add(subpartition, batch)
@@ -264,8 +269,7 @@ def test_each_region_stores_a_subpartition_as_few_batches_of_at_most_the_target_
     piece_bytes = writes[0][1].nbytes
     assert {batch.nbytes for _, batch in writes} == {piece_bytes}
     writer = PartitionFileWriter(
-        store,
-        partition,
+        StoreSink(store, partition),
         2,
         codec="zstd",
         memory_budget=20 * piece_bytes,
@@ -328,7 +332,7 @@ def test_writer_holds_at_most_two_regions_while_the_store_is_slow(
     store = _GatedStore(str(tmp_path / "store"))
     writes = [(i % 2, make_batch(1000 + i * 50, 50)) for i in range(12)]  # equal sizes
     budget = 2 * writes[0][1].nbytes
-    writer = PartitionFileWriter(store, partition, 2, codec="lz4", memory_budget=budget)
+    writer = PartitionFileWriter(StoreSink(store, partition), 2, codec="lz4", memory_budget=budget)
     store.opened.clear()
     added: list[int] = []
     held: list[int] = []
@@ -360,7 +364,7 @@ def test_failed_background_spill_raises_storage_error_and_abort_leaves_nothing(
 ) -> None:
     store = _GatedStore(str(tmp_path / "store"))
     store.error = OSError(errno.EIO, "disk on fire")
-    writer = PartitionFileWriter(store, partition, 2, codec="lz4", memory_budget=1)
+    writer = PartitionFileWriter(StoreSink(store, partition), 2, codec="lz4", memory_budget=1)
     writer.add(0, make_batch(0, 5))  # spills in the background, which fails
 
     with pytest.raises(StorageError, match="disk on fire"):
@@ -381,7 +385,7 @@ def test_statistics_match_what_was_written_and_what_is_read(
         (BROADCAST, make_batch(5000, 4)),
         (1, make_batch(105, 6)),
     ]
-    writer = PartitionFileWriter(store, partition, 3, codec="zstd", memory_budget=64)
+    writer = PartitionFileWriter(StoreSink(store, partition), 3, codec="zstd", memory_budget=64)
     for subpartition, batch in writes:
         writer.add(subpartition, batch)
 
@@ -464,7 +468,7 @@ def test_local_data_file_is_an_arrow_ipc_file_pyarrow_opens_by_path(
 def test_reader_before_commit_raises_partition_not_found_naming_the_partition(
     store: Store, partition: ResultPartitionID
 ) -> None:
-    writer = PartitionFileWriter(store, partition, 3, codec="lz4", memory_budget=1)
+    writer = PartitionFileWriter(StoreSink(store, partition), 3, codec="lz4", memory_budget=1)
     writer.add(0, make_batch(0, 5))
 
     with pytest.raises(PartitionNotFoundError) as caught:
@@ -485,7 +489,7 @@ def test_reader_of_a_partition_never_written_raises_partition_not_found(
 
 
 def test_abort_leaves_nothing_on_the_store(store: Store, partition: ResultPartitionID) -> None:
-    writer = PartitionFileWriter(store, partition, 3, codec="zstd", memory_budget=1)
+    writer = PartitionFileWriter(StoreSink(store, partition), 3, codec="zstd", memory_budget=1)
     for subpartition, batch in SPREAD_WRITES:
         writer.add(subpartition, batch)
     directory = partition_directory(store, partition)
@@ -500,7 +504,7 @@ def test_abort_leaves_nothing_on_the_store(store: Store, partition: ResultPartit
 
 
 def test_abort_before_any_write_leaves_nothing(store: Store, partition: ResultPartitionID) -> None:
-    writer = PartitionFileWriter(store, partition, 3, codec="lz4", memory_budget=1)
+    writer = PartitionFileWriter(StoreSink(store, partition), 3, codec="lz4", memory_budget=1)
 
     writer.abort()
 
@@ -513,7 +517,7 @@ def test_writing_again_to_a_committed_partition_raises_shuffle_error(
     write_partition(store, partition, SPREAD_WRITES)
 
     with pytest.raises(ShuffleError, match="already committed"):
-        PartitionFileWriter(store, partition, 3, codec="lz4", memory_budget=1 << 20)
+        PartitionFileWriter(StoreSink(store, partition), 3, codec="lz4", memory_budget=1 << 20)
 
     reader = PartitionFileReader(store, partition)
     assert read_keys(reader, 0) == expected_keys(SPREAD_WRITES, 0)
@@ -534,7 +538,7 @@ def test_another_attempt_of_the_same_partition_is_written_separately(
 def test_empty_partition_commits_and_reads_back_nothing(
     store: Store, partition: ResultPartitionID
 ) -> None:
-    writer = PartitionFileWriter(store, partition, 4, codec="lz4", memory_budget=1 << 20)
+    writer = PartitionFileWriter(StoreSink(store, partition), 4, codec="lz4", memory_budget=1 << 20)
 
     statistics = writer.commit()
 
@@ -552,7 +556,7 @@ def test_dictionary_encoded_column_is_rejected_naming_the_column(
     batch = pa.record_batch(
         {"id": pa.array([1, 2]), "city": pa.array(["oslo", "rome"]).dictionary_encode()}
     )
-    writer = PartitionFileWriter(store, partition, 2, codec="lz4", memory_budget=1 << 20)
+    writer = PartitionFileWriter(StoreSink(store, partition), 2, codec="lz4", memory_budget=1 << 20)
 
     with pytest.raises(ShuffleError, match="'city'"):
         writer.add(0, batch)
@@ -562,7 +566,7 @@ def test_dictionary_encoded_column_is_rejected_naming_the_column(
 
 def test_unknown_codec_is_rejected(store: Store, partition: ResultPartitionID) -> None:
     with pytest.raises(ShuffleError, match="snappy"):
-        PartitionFileWriter(store, partition, 2, codec="snappy", memory_budget=1)
+        PartitionFileWriter(StoreSink(store, partition), 2, codec="snappy", memory_budget=1)
 
 
 # --- corruption ----------------------------------------------------------------------------
