@@ -21,7 +21,7 @@ from netty_like.options import (
 )
 from netty_like.partition_manager import ResultPartitionManager
 from netty_like.server import DataServer
-from netty_like.writers import BlockingPartitionWriter, PipelinedPartitionWriter
+from netty_like.writers import PipelinedPartitionWriter
 from shuffle_api import (
     LOCAL_ONLY_PORT,
     InputGate,
@@ -36,6 +36,7 @@ from shuffle_api import (
     ShuffleIOOwner,
     ShuffleServiceClosedError,
 )
+from shuffle_api.format import SortMergePartitionWriter, StoreSink
 from shuffle_api.gate import OpenGates
 from shuffle_api.options import COMPRESSION_CODEC, TARGET_BATCH_SIZE
 from shuffle_api.store import Store
@@ -116,10 +117,9 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
                 pipelined, target_batch_bytes=target, on_fail=self._manager.mark_failed
             )
         # BLOCKING, BLOCKING_PERSISTENT and HYBRID_FULL are written in full to the store.
-        return BlockingPartitionWriter(
-            partition,
+        return SortMergePartitionWriter(
+            StoreSink(self._store, partition),
             descriptor.number_of_subpartitions,
-            store=self._store,
             codec=self._config.get(COMPRESSION_CODEC),
             memory_budget=self._config.get(SORT_BUFFER_SIZE),
             target_batch_bytes=target,

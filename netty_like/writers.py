@@ -1,4 +1,5 @@
-"""netty_like's writers: sort-merge files for blocking partitions, queues for pipelined ones."""
+"""netty_like's writer of pipelined partitions: bounded queues (blocking partitions are written
+by :class:`shuffle_api.format.SortMergePartitionWriter`)."""
 
 from __future__ import annotations
 
@@ -9,51 +10,9 @@ import pyarrow as pa
 
 from netty_like.pipelined import PipelinedPartition
 from shuffle_api import BROADCAST, PartitionStatistics, ResultPartitionID
-from shuffle_api.format import PartitionFileWriter, StoreSink
 from shuffle_api.io import SplittingPartitionWriter
-from shuffle_api.store import Store
 
-__all__ = ["BlockingPartitionWriter", "PipelinedPartitionWriter"]
-
-
-class BlockingPartitionWriter(SplittingPartitionWriter):
-    """Writes the on-store format; the partition is registered once committed."""
-
-    def __init__(
-        self,
-        partition: ResultPartitionID,
-        number_of_subpartitions: int,
-        *,
-        store: Store,
-        codec: str,
-        memory_budget: int,
-        target_batch_bytes: int,
-        on_commit: Callable[[ResultPartitionID], None],
-    ) -> None:
-        super().__init__(partition, number_of_subpartitions, target_batch_bytes=target_batch_bytes)
-        self._file = PartitionFileWriter(
-            StoreSink(store, partition),
-            number_of_subpartitions,
-            codec=codec,
-            memory_budget=memory_budget,
-            target_batch_bytes=target_batch_bytes,
-        )
-        self._on_commit = on_commit
-
-    @property
-    def buffered_bytes(self) -> int:
-        return self._file.buffered_bytes
-
-    def _emit(self, subpartition: int, batch: pa.RecordBatch) -> None:
-        self._file.add(subpartition, batch)
-
-    def _commit(self) -> PartitionStatistics:
-        statistics = self._file.commit()
-        self._on_commit(self.result_partition_id)
-        return statistics
-
-    def _discard(self, error: BaseException | None) -> None:
-        self._file.abort()
+__all__ = ["PipelinedPartitionWriter"]
 
 
 class PipelinedPartitionWriter(SplittingPartitionWriter):

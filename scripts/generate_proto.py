@@ -3,13 +3,13 @@
 Usage: python scripts/generate_proto.py [--out DIR]
 
 With --out, the modules are written under DIR instead of the repository (the freshness test
-compares the two). Each .proto maps to one package's private ``_proto`` folder.
+compares the two). Each .proto maps to one package's private ``_proto`` folder; protos with
+services also get their gRPC stubs (``*_pb2_grpc.py``), which import their messages relatively.
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -23,7 +23,9 @@ PROTO_ROOT = ROOT / "proto"
 TARGETS: dict[str, str] = {
     "pyshuffle/v1/descriptors.proto": "shuffle_api/_proto",
     "pyshuffle/v1/netty_like.proto": "netty_like/_proto",
+    "pyshuffle/v1/external_shuffle.proto": "external_shuffle/_proto",
 }
+WITH_SERVICES = frozenset({"pyshuffle/v1/external_shuffle.proto"})
 
 
 def generate(out_root: Path) -> list[Path]:
@@ -31,12 +33,14 @@ def generate(out_root: Path) -> list[Path]:
     written: list[Path] = []
     for proto, package_dir in TARGETS.items():
         with tempfile.TemporaryDirectory() as tmp:
+            services = [f"--grpc_python_out={tmp}"] if proto in WITH_SERVICES else []
             status = protoc.main(
                 [
                     "grpc_tools.protoc",
                     f"-I{PROTO_ROOT}",
                     f"--python_out={tmp}",
                     f"--pyi_out={tmp}",
+                    *services,
                     str(PROTO_ROOT / proto),
                 ]
             )
@@ -45,9 +49,14 @@ def generate(out_root: Path) -> list[Path]:
             target = out_root / package_dir
             target.mkdir(parents=True, exist_ok=True)
             stem = Path(proto).stem
-            for suffix in ("_pb2.py", "_pb2.pyi"):
+            suffixes = ("_pb2.py", "_pb2.pyi", *(("_pb2_grpc.py",) if services else ()))
+            for suffix in suffixes:
                 source = Path(tmp) / Path(proto).parent / f"{stem}{suffix}"
-                shutil.copyfile(source, target / source.name)
+                text = source.read_text()
+                # The stubs import their messages by proto path; here they sit side by side.
+                package = ".".join(Path(proto).parent.parts)
+                text = text.replace(f"from {package} import {stem}_pb2", f"from . import {stem}_pb2")
+                (target / source.name).write_text(text)
                 written.append(target / source.name)
     return written
 

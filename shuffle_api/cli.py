@@ -21,6 +21,10 @@ SUBCOMMANDS: Final[dict[str, tuple[str, str]]] = {
         "pyspark_shuffle.demo:main",
         "run the PySpark demo pipeline on the configured shuffle service",
     ),
+    "daemon": (
+        "external_shuffle.daemon:main",
+        "run the external shuffle service (coordinator, worker or both; needs pyshuffle[external])",
+    ),
     "options": ("shuffle_api.cli:print_options", "list the configuration options and defaults"),
 }
 

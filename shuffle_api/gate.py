@@ -42,7 +42,7 @@ class SequentialInputGate(InputGate):
         self._descriptor = descriptor
         self._unknown_timeout = unknown_timeout
         self._on_close = on_close
-        self._channels: list[ShuffleDescriptor] = list(descriptor.shuffle_descriptors)
+        self._shuffle_descriptors: list[ShuffleDescriptor] = list(descriptor.shuffle_descriptors)
         self._condition = threading.Condition()
         self._closed = False
         self._reading: Generator[pa.RecordBatch] | None = None
@@ -63,9 +63,9 @@ class SequentialInputGate(InputGate):
         """Replace the unknown descriptor of the same partition; False if there is none."""
         wanted = info.shuffle_descriptor.result_partition_id.partition_id
         with self._condition:
-            for index, current in enumerate(self._channels):
+            for index, current in enumerate(self._shuffle_descriptors):
                 if current.is_unknown and current.result_partition_id.partition_id == wanted:
-                    self._channels[index] = info.shuffle_descriptor
+                    self._shuffle_descriptors[index] = info.shuffle_descriptor
                     self._condition.notify_all()
                     return True
         return False
@@ -73,12 +73,12 @@ class SequentialInputGate(InputGate):
     def _known(self, index: int) -> ShuffleDescriptor:
         with self._condition:
             self._condition.wait_for(
-                lambda: self._closed or not self._channels[index].is_unknown,
+                lambda: self._closed or not self._shuffle_descriptors[index].is_unknown,
                 self._unknown_timeout,
             )
             if self._closed:
                 raise ShuffleServiceClosedError(f"input gate of {self.result_id} is closed")
-            descriptor = self._channels[index]
+            descriptor = self._shuffle_descriptors[index]
         if descriptor.is_unknown:
             raise PartitionNotFoundError(
                 f"the descriptor of {descriptor.result_partition_id} was still unknown after"
@@ -88,7 +88,7 @@ class SequentialInputGate(InputGate):
         return descriptor
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
-        for index in range(len(self._channels)):
+        for index in range(len(self._shuffle_descriptors)):
             descriptor = self._known(index)
             self._reading = self._read(descriptor)
             try:

@@ -2,6 +2,7 @@
 
 from shuffle_api.format.layout import partition_directory
 from shuffle_api.format.manifest import FORMAT_VERSION, PartitionManifest
+from shuffle_api.format.partition_writer import SortMergePartitionWriter
 from shuffle_api.format.reader import (
     PartitionFileReader,
     Run,
@@ -9,16 +10,18 @@ from shuffle_api.format.reader import (
     verify_checksum,
     verify_run,
 )
-from shuffle_api.format.sink import PartitionSink, StoreSink
+from shuffle_api.format.sink import DataStream, PartitionSink, StoreSink
 from shuffle_api.format.writer import PartitionFileWriter, ipc_write_options
 
 __all__ = [
     "FORMAT_VERSION",
+    "DataStream",
     "PartitionFileReader",
     "PartitionFileWriter",
     "PartitionManifest",
     "PartitionSink",
     "Run",
+    "SortMergePartitionWriter",
     "StoreSink",
     "decode_run",
     "ipc_write_options",

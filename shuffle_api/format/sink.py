@@ -8,7 +8,7 @@ store. Either way the manifest is written last and its presence is the commit.
 from __future__ import annotations
 
 import abc
-from typing import BinaryIO
+from typing import Protocol
 
 from shuffle_api.errors import ShuffleError
 from shuffle_api.format.layout import partition_directory
@@ -16,7 +16,17 @@ from shuffle_api.format.manifest import DATA_FILE, INDEX_FILE, MANIFEST_FILE
 from shuffle_api.ids import ResultPartitionID
 from shuffle_api.store import Store
 
-__all__ = ["PartitionSink", "StoreSink"]
+__all__ = ["DataStream", "PartitionSink", "StoreSink"]
+
+
+class DataStream(Protocol):
+    """A write-only byte stream (a file opened with "wb" is one)."""
+
+    def write(self, data: bytes, /) -> int: ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class PartitionSink(abc.ABC):
@@ -32,7 +42,7 @@ class PartitionSink(abc.ABC):
         """Where the files go, for error messages."""
 
     @abc.abstractmethod
-    def open_data(self) -> BinaryIO:
+    def open_data(self) -> DataStream:
         """The data file, opened for writing (called at most once)."""
 
     @abc.abstractmethod
@@ -63,7 +73,7 @@ class StoreSink(PartitionSink):
     def where(self) -> str:
         return self._directory
 
-    def open_data(self) -> BinaryIO:
+    def open_data(self) -> DataStream:
         return self._store.open_output(self._store.child(self._directory, DATA_FILE))
 
     def commit(self, index: bytes, manifest: bytes) -> None:

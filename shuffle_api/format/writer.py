@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -24,7 +23,7 @@ import xxhash
 from shuffle_api.batches import coalesce
 from shuffle_api.errors import ShuffleError
 from shuffle_api.format.manifest import CODECS, INDEX_SCHEMA, PartitionManifest
-from shuffle_api.format.sink import PartitionSink
+from shuffle_api.format.sink import DataStream, PartitionSink
 from shuffle_api.io import BROADCAST, PartitionStatistics
 from shuffle_api.options import TARGET_BATCH_SIZE
 from shuffle_api.store import storage_errors
@@ -46,7 +45,7 @@ class _HashingSink:
     """A write-only file that hashes what passes through, so each run's checksum costs no
     re-read. pyarrow writes to it through ``pa.PythonFile``."""
 
-    def __init__(self, target: BinaryIO) -> None:
+    def __init__(self, target: DataStream) -> None:
         self._target = target
         self._hasher = xxhash.xxh3_64()
         self._position = 0

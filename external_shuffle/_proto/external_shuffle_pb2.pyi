@@ -1,0 +1,365 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class PartitionKey(_message.Message):
+    __slots__ = ("result_id", "partition_index", "producer_attempt_id")
+    RESULT_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_INDEX_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
+    result_id: str
+    partition_index: int
+    producer_attempt_id: str
+    def __init__(self, result_id: _Optional[str] = ..., partition_index: _Optional[int] = ..., producer_attempt_id: _Optional[str] = ...) -> None: ...
+
+class WorkerInfo(_message.Message):
+    __slots__ = ("worker_id", "host", "port", "store_url", "store_shared")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    STORE_URL_FIELD_NUMBER: _ClassVar[int]
+    STORE_SHARED_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    host: str
+    port: int
+    store_url: str
+    store_shared: bool
+    def __init__(self, worker_id: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., store_url: _Optional[str] = ..., store_shared: _Optional[bool] = ...) -> None: ...
+
+class WorkerLoad(_message.Message):
+    __slots__ = ("stored_bytes", "partitions", "buffered_bytes", "decommissioning")
+    STORED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    BUFFERED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DECOMMISSIONING_FIELD_NUMBER: _ClassVar[int]
+    stored_bytes: int
+    partitions: int
+    buffered_bytes: int
+    decommissioning: bool
+    def __init__(self, stored_bytes: _Optional[int] = ..., partitions: _Optional[int] = ..., buffered_bytes: _Optional[int] = ..., decommissioning: _Optional[bool] = ...) -> None: ...
+
+class PartitionLocation(_message.Message):
+    __slots__ = ("partition", "replicas")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    partition: PartitionKey
+    replicas: _containers.RepeatedCompositeFieldContainer[WorkerInfo]
+    def __init__(self, partition: _Optional[_Union[PartitionKey, _Mapping]] = ..., replicas: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ...) -> None: ...
+
+class PartitionStatistics(_message.Message):
+    __slots__ = ("rows_per_subpartition", "bytes_per_subpartition")
+    ROWS_PER_SUBPARTITION_FIELD_NUMBER: _ClassVar[int]
+    BYTES_PER_SUBPARTITION_FIELD_NUMBER: _ClassVar[int]
+    rows_per_subpartition: _containers.RepeatedScalarFieldContainer[int]
+    bytes_per_subpartition: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, rows_per_subpartition: _Optional[_Iterable[int]] = ..., bytes_per_subpartition: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class RegisterWorkerRequest(_message.Message):
+    __slots__ = ("worker", "load", "committed")
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    worker: WorkerInfo
+    load: WorkerLoad
+    committed: _containers.RepeatedCompositeFieldContainer[PartitionKey]
+    def __init__(self, worker: _Optional[_Union[WorkerInfo, _Mapping]] = ..., load: _Optional[_Union[WorkerLoad, _Mapping]] = ..., committed: _Optional[_Iterable[_Union[PartitionKey, _Mapping]]] = ...) -> None: ...
+
+class RegisterWorkerResponse(_message.Message):
+    __slots__ = ("obsolete",)
+    OBSOLETE_FIELD_NUMBER: _ClassVar[int]
+    obsolete: _containers.RepeatedCompositeFieldContainer[PartitionKey]
+    def __init__(self, obsolete: _Optional[_Iterable[_Union[PartitionKey, _Mapping]]] = ...) -> None: ...
+
+class WorkerHeartbeatRequest(_message.Message):
+    __slots__ = ("worker_id", "load")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    load: WorkerLoad
+    def __init__(self, worker_id: _Optional[str] = ..., load: _Optional[_Union[WorkerLoad, _Mapping]] = ...) -> None: ...
+
+class WorkerHeartbeatResponse(_message.Message):
+    __slots__ = ("known", "release")
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    known: bool
+    release: _containers.RepeatedCompositeFieldContainer[PartitionKey]
+    def __init__(self, known: _Optional[bool] = ..., release: _Optional[_Iterable[_Union[PartitionKey, _Mapping]]] = ...) -> None: ...
+
+class ListWorkersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListWorkersResponse(_message.Message):
+    __slots__ = ("workers",)
+    class Entry(_message.Message):
+        __slots__ = ("worker", "load", "alive", "seconds_since_heartbeat")
+        WORKER_FIELD_NUMBER: _ClassVar[int]
+        LOAD_FIELD_NUMBER: _ClassVar[int]
+        ALIVE_FIELD_NUMBER: _ClassVar[int]
+        SECONDS_SINCE_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+        worker: WorkerInfo
+        load: WorkerLoad
+        alive: bool
+        seconds_since_heartbeat: float
+        def __init__(self, worker: _Optional[_Union[WorkerInfo, _Mapping]] = ..., load: _Optional[_Union[WorkerLoad, _Mapping]] = ..., alive: _Optional[bool] = ..., seconds_since_heartbeat: _Optional[float] = ...) -> None: ...
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    workers: _containers.RepeatedCompositeFieldContainer[ListWorkersResponse.Entry]
+    def __init__(self, workers: _Optional[_Iterable[_Union[ListWorkersResponse.Entry, _Mapping]]] = ...) -> None: ...
+
+class ReportUnreachableWorkerRequest(_message.Message):
+    __slots__ = ("worker_id", "error")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    error: str
+    def __init__(self, worker_id: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
+
+class ReportUnreachableWorkerResponse(_message.Message):
+    __slots__ = ("declared_dead",)
+    DECLARED_DEAD_FIELD_NUMBER: _ClassVar[int]
+    declared_dead: bool
+    def __init__(self, declared_dead: _Optional[bool] = ...) -> None: ...
+
+class RegisterApplicationRequest(_message.Message):
+    __slots__ = ("application_id",)
+    APPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
+    application_id: str
+    def __init__(self, application_id: _Optional[str] = ...) -> None: ...
+
+class RegisterApplicationResponse(_message.Message):
+    __slots__ = ("heartbeat_timeout_seconds",)
+    HEARTBEAT_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    heartbeat_timeout_seconds: float
+    def __init__(self, heartbeat_timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class ApplicationHeartbeatRequest(_message.Message):
+    __slots__ = ("application_id",)
+    APPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
+    application_id: str
+    def __init__(self, application_id: _Optional[str] = ...) -> None: ...
+
+class LostPartition(_message.Message):
+    __slots__ = ("job_id", "partition")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    partition: PartitionKey
+    def __init__(self, job_id: _Optional[str] = ..., partition: _Optional[_Union[PartitionKey, _Mapping]] = ...) -> None: ...
+
+class ApplicationHeartbeatResponse(_message.Message):
+    __slots__ = ("known", "lost")
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    LOST_FIELD_NUMBER: _ClassVar[int]
+    known: bool
+    lost: _containers.RepeatedCompositeFieldContainer[LostPartition]
+    def __init__(self, known: _Optional[bool] = ..., lost: _Optional[_Iterable[_Union[LostPartition, _Mapping]]] = ...) -> None: ...
+
+class UnregisterApplicationRequest(_message.Message):
+    __slots__ = ("application_id",)
+    APPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
+    application_id: str
+    def __init__(self, application_id: _Optional[str] = ...) -> None: ...
+
+class UnregisterApplicationResponse(_message.Message):
+    __slots__ = ("released_partitions",)
+    RELEASED_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    released_partitions: int
+    def __init__(self, released_partitions: _Optional[int] = ...) -> None: ...
+
+class RegisterJobRequest(_message.Message):
+    __slots__ = ("application_id", "job_id")
+    APPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    application_id: str
+    job_id: str
+    def __init__(self, application_id: _Optional[str] = ..., job_id: _Optional[str] = ...) -> None: ...
+
+class RegisterJobResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class UnregisterJobRequest(_message.Message):
+    __slots__ = ("application_id", "job_id", "keep_persistent")
+    APPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    KEEP_PERSISTENT_FIELD_NUMBER: _ClassVar[int]
+    application_id: str
+    job_id: str
+    keep_persistent: bool
+    def __init__(self, application_id: _Optional[str] = ..., job_id: _Optional[str] = ..., keep_persistent: _Optional[bool] = ...) -> None: ...
+
+class UnregisterJobResponse(_message.Message):
+    __slots__ = ("released_partitions",)
+    RELEASED_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    released_partitions: int
+    def __init__(self, released_partitions: _Optional[int] = ...) -> None: ...
+
+class RegisterPartitionRequest(_message.Message):
+    __slots__ = ("application_id", "job_id", "partition", "number_of_subpartitions", "producer_host", "replicas", "persistent")
+    APPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    NUMBER_OF_SUBPARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_HOST_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    PERSISTENT_FIELD_NUMBER: _ClassVar[int]
+    application_id: str
+    job_id: str
+    partition: PartitionKey
+    number_of_subpartitions: int
+    producer_host: str
+    replicas: int
+    persistent: bool
+    def __init__(self, application_id: _Optional[str] = ..., job_id: _Optional[str] = ..., partition: _Optional[_Union[PartitionKey, _Mapping]] = ..., number_of_subpartitions: _Optional[int] = ..., producer_host: _Optional[str] = ..., replicas: _Optional[int] = ..., persistent: _Optional[bool] = ...) -> None: ...
+
+class RegisterPartitionResponse(_message.Message):
+    __slots__ = ("location",)
+    LOCATION_FIELD_NUMBER: _ClassVar[int]
+    location: PartitionLocation
+    def __init__(self, location: _Optional[_Union[PartitionLocation, _Mapping]] = ...) -> None: ...
+
+class ReleasePartitionsRequest(_message.Message):
+    __slots__ = ("application_id", "partitions")
+    APPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    application_id: str
+    partitions: _containers.RepeatedCompositeFieldContainer[PartitionKey]
+    def __init__(self, application_id: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[PartitionKey, _Mapping]]] = ...) -> None: ...
+
+class ReleasePartitionsResponse(_message.Message):
+    __slots__ = ("released",)
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    released: int
+    def __init__(self, released: _Optional[int] = ...) -> None: ...
+
+class GetPartitionStatusRequest(_message.Message):
+    __slots__ = ("application_id", "job_id")
+    APPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    application_id: str
+    job_id: str
+    def __init__(self, application_id: _Optional[str] = ..., job_id: _Optional[str] = ...) -> None: ...
+
+class PartitionStatus(_message.Message):
+    __slots__ = ("location", "available", "statistics")
+    LOCATION_FIELD_NUMBER: _ClassVar[int]
+    AVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    STATISTICS_FIELD_NUMBER: _ClassVar[int]
+    location: PartitionLocation
+    available: bool
+    statistics: PartitionStatistics
+    def __init__(self, location: _Optional[_Union[PartitionLocation, _Mapping]] = ..., available: _Optional[bool] = ..., statistics: _Optional[_Union[PartitionStatistics, _Mapping]] = ...) -> None: ...
+
+class GetPartitionStatusResponse(_message.Message):
+    __slots__ = ("partitions",)
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    partitions: _containers.RepeatedCompositeFieldContainer[PartitionStatus]
+    def __init__(self, partitions: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ...) -> None: ...
+
+class PushDataRequest(_message.Message):
+    __slots__ = ("partition", "sequence", "data")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    partition: PartitionKey
+    sequence: int
+    data: bytes
+    def __init__(self, partition: _Optional[_Union[PartitionKey, _Mapping]] = ..., sequence: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class PushDataResponse(_message.Message):
+    __slots__ = ("received_bytes", "duplicates_dropped")
+    RECEIVED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATES_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    received_bytes: int
+    duplicates_dropped: int
+    def __init__(self, received_bytes: _Optional[int] = ..., duplicates_dropped: _Optional[int] = ...) -> None: ...
+
+class CommitPartitionRequest(_message.Message):
+    __slots__ = ("partition", "index", "manifest")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    partition: PartitionKey
+    index: bytes
+    manifest: bytes
+    def __init__(self, partition: _Optional[_Union[PartitionKey, _Mapping]] = ..., index: _Optional[bytes] = ..., manifest: _Optional[bytes] = ...) -> None: ...
+
+class CommitPartitionResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class FetchDataRequest(_message.Message):
+    __slots__ = ("partition", "first_subpartition", "last_subpartition")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    FIRST_SUBPARTITION_FIELD_NUMBER: _ClassVar[int]
+    LAST_SUBPARTITION_FIELD_NUMBER: _ClassVar[int]
+    partition: PartitionKey
+    first_subpartition: int
+    last_subpartition: int
+    def __init__(self, partition: _Optional[_Union[PartitionKey, _Mapping]] = ..., first_subpartition: _Optional[int] = ..., last_subpartition: _Optional[int] = ...) -> None: ...
+
+class FetchDataResponse(_message.Message):
+    __slots__ = ("manifest", "data", "run_checksum", "end_of_run")
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    RUN_CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    END_OF_RUN_FIELD_NUMBER: _ClassVar[int]
+    manifest: bytes
+    data: bytes
+    run_checksum: int
+    end_of_run: bool
+    def __init__(self, manifest: _Optional[bytes] = ..., data: _Optional[bytes] = ..., run_checksum: _Optional[int] = ..., end_of_run: _Optional[bool] = ...) -> None: ...
+
+class WorkerReleasePartitionsRequest(_message.Message):
+    __slots__ = ("partitions",)
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    partitions: _containers.RepeatedCompositeFieldContainer[PartitionKey]
+    def __init__(self, partitions: _Optional[_Iterable[_Union[PartitionKey, _Mapping]]] = ...) -> None: ...
+
+class WorkerReleasePartitionsResponse(_message.Message):
+    __slots__ = ("released",)
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    released: int
+    def __init__(self, released: _Optional[int] = ...) -> None: ...
+
+class WorkerPartitionStatusRequest(_message.Message):
+    __slots__ = ("partitions",)
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    partitions: _containers.RepeatedCompositeFieldContainer[PartitionKey]
+    def __init__(self, partitions: _Optional[_Iterable[_Union[PartitionKey, _Mapping]]] = ...) -> None: ...
+
+class WorkerPartitionStatusResponse(_message.Message):
+    __slots__ = ("partitions",)
+    class Entry(_message.Message):
+        __slots__ = ("partition", "committed", "statistics")
+        PARTITION_FIELD_NUMBER: _ClassVar[int]
+        COMMITTED_FIELD_NUMBER: _ClassVar[int]
+        STATISTICS_FIELD_NUMBER: _ClassVar[int]
+        partition: PartitionKey
+        committed: bool
+        statistics: PartitionStatistics
+        def __init__(self, partition: _Optional[_Union[PartitionKey, _Mapping]] = ..., committed: _Optional[bool] = ..., statistics: _Optional[_Union[PartitionStatistics, _Mapping]] = ...) -> None: ...
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    partitions: _containers.RepeatedCompositeFieldContainer[WorkerPartitionStatusResponse.Entry]
+    def __init__(self, partitions: _Optional[_Iterable[_Union[WorkerPartitionStatusResponse.Entry, _Mapping]]] = ...) -> None: ...
+
+class DecommissionRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DecommissionResponse(_message.Message):
+    __slots__ = ("partitions_remaining",)
+    PARTITIONS_REMAINING_FIELD_NUMBER: _ClassVar[int]
+    partitions_remaining: int
+    def __init__(self, partitions_remaining: _Optional[int] = ...) -> None: ...
+
+class ExternalShuffleDescriptorDetails(_message.Message):
+    __slots__ = ("replicas",)
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    replicas: _containers.RepeatedCompositeFieldContainer[WorkerInfo]
+    def __init__(self, replicas: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,197 @@
+"""Client side of the wire: channels that carry the token, and gRPC errors as ShuffleErrors."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+
+from external_shuffle.options import CLIENT_TIMEOUT, MAX_MESSAGE_SIZE
+from external_shuffle.security import AUTHORIZATION, client_credentials, load_token
+from shuffle_api import (
+    Configuration,
+    DataTooLargeError,
+    InvalidIdentifierError,
+    PartitionNotFoundError,
+    ResultPartitionID,
+    ShuffleError,
+    ShuffleServiceClosedError,
+    TransportError,
+)
+
+__all__ = [
+    "ChannelPool",
+    "ClientSettings",
+    "as_future",
+    "calling",
+    "channel_options",
+    "translate_rpc_error",
+]
+
+
+def channel_options(max_message_size: int) -> list[tuple[str, int]]:
+    """Message limits for channels and servers (gRPC's defaults are 4 MiB in, unlimited out)."""
+    return [
+        ("grpc.max_send_message_length", max_message_size),
+        ("grpc.max_receive_message_length", max_message_size),
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSettings:
+    """What every client channel needs: the token, TLS trust, limits and the call timeout."""
+
+    token: str
+    credentials: grpc.ChannelCredentials | None
+    max_message_size: int
+    timeout: float
+
+    @classmethod
+    def from_configuration(cls, configuration: Configuration) -> ClientSettings:
+        return cls(
+            token=load_token(configuration),
+            credentials=client_credentials(configuration),
+            max_message_size=configuration.get(MAX_MESSAGE_SIZE),
+            timeout=configuration.get(CLIENT_TIMEOUT),
+        )
+
+
+class _TokenMetadata(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
+    """Adds the token to every call (call credentials would demand TLS)."""
+
+    def __init__(self, token: str) -> None:
+        self._metadata = (AUTHORIZATION, f"Bearer {token}")
+
+    def _with_token(self, details: Any) -> Any:
+        metadata = [*(details.metadata or ()), self._metadata]
+        return _CallDetails(
+            details.method,
+            details.timeout,
+            metadata,
+            details.credentials,
+            details.wait_for_ready,
+            details.compression,
+        )
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._with_token(details), request)
+
+    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._with_token(details), request)
+
+    def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return continuation(self._with_token(details), requests)
+
+    def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return continuation(self._with_token(details), requests)
+
+
+@dataclass(frozen=True)
+class _CallDetails(grpc.ClientCallDetails):
+    method: str
+    timeout: float | None
+    metadata: Any
+    credentials: Any
+    wait_for_ready: bool | None
+    compression: Any
+
+
+class ChannelPool:
+    """One channel per target, shared by every call of this process to it."""
+
+    def __init__(self, settings: ClientSettings) -> None:
+        self.settings = settings
+        self._channels: dict[str, grpc.Channel] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def get(self, target: str) -> grpc.Channel:
+        with self._lock:
+            if self._closed:
+                raise ShuffleServiceClosedError("the external shuffle client is closed")
+            channel = self._channels.get(target)
+            if channel is None:
+                options = channel_options(self.settings.max_message_size)
+                if self.settings.credentials is None:
+                    raw = grpc.insecure_channel(target, options=options)
+                else:
+                    raw = grpc.secure_channel(target, self.settings.credentials, options=options)
+                channel = grpc.intercept_channel(raw, _TokenMetadata(self.settings.token))
+                self._channels[target] = channel
+            return channel
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
+            channel.close()
+
+
+_TRANSPORT = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
+)
+
+
+def translate_rpc_error(
+    error: grpc.RpcError, what: str, partition: ResultPartitionID | None = None
+) -> ShuffleError:
+    """The ShuffleError for a failed call; ``what`` says which call, on which peer."""
+    code = error.code() if isinstance(error, grpc.Call) else grpc.StatusCode.UNKNOWN
+    details = error.details() if isinstance(error, grpc.Call) else str(error)
+    message = f"{what} failed: {code.name}: {details}"
+    if code in _TRANSPORT:
+        return TransportError(message)
+    if code is grpc.StatusCode.NOT_FOUND and partition is not None:
+        return PartitionNotFoundError(message, partition)
+    if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return DataTooLargeError(message)
+    if code is grpc.StatusCode.INVALID_ARGUMENT:
+        return InvalidIdentifierError(message)
+    if code is grpc.StatusCode.UNAUTHENTICATED:
+        return ShuffleError(f"{message} (check external-shuffle.auth.token / token-file)")
+    return ShuffleError(message)
+
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def as_future(
+    call: grpc.Future[R],
+    convert: Callable[[R], T],
+    what: str,
+    partition: ResultPartitionID | None = None,
+) -> Future[T]:
+    """A ``concurrent.futures.Future`` of a gRPC call's converted answer (errors translated)."""
+    future: Future[T] = Future()
+
+    def done(finished: grpc.Future[R]) -> None:
+        try:
+            future.set_result(convert(finished.result()))
+        except grpc.RpcError as error:
+            future.set_exception(translate_rpc_error(error, what, partition))
+        except Exception as error:  # a conversion error belongs to the caller
+            future.set_exception(error)
+
+    call.add_done_callback(done)
+    return future
+
+
+@contextmanager
+def calling(what: str, partition: ResultPartitionID | None = None) -> Iterator[None]:
+    """Translate gRPC errors raised inside into ShuffleErrors; ``what`` names the call and peer."""
+    try:
+        yield
+    except grpc.RpcError as error:
+        raise translate_rpc_error(error, what, partition) from error

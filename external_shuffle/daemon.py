@@ -1,0 +1,223 @@
+"""``pyshuffle daemon --role coordinator|worker|all --config FILE``.
+
+Each role serves its own gRPC port with the token interceptor, message limits, optional TLS and
+the gRPC health service; one Prometheus endpoint serves the process's metrics. SIGTERM (or
+SIGINT) drains: health turns NOT_SERVING, a worker takes no new partitions, in-flight streams
+get ``external-shuffle.daemon.shutdown-grace`` seconds to finish, then the process exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import socket
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Final
+
+import grpc
+from grpc_health.v1 import health, health_pb2_grpc
+
+from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
+from external_shuffle.channels import ChannelPool, ClientSettings, channel_options
+from external_shuffle.coordinator import CoordinatorService
+from external_shuffle.logs import configure_logging
+from external_shuffle.metrics import DaemonMetrics
+from external_shuffle.options import (
+    APPLICATION_TIMEOUT,
+    BIND_HOST,
+    COORDINATOR_ADDRESS,
+    DAEMON_OPTIONS,
+    LOG_FORMAT,
+    MAX_MESSAGE_SIZE,
+    METRICS_PORT,
+    PLACEMENT,
+    PUSH_CHUNK_SIZE,
+    SHUTDOWN_GRACE,
+    WORKER_ADVERTISED_HOST,
+    WORKER_HEARTBEAT_INTERVAL,
+    WORKER_MEMORY_BUDGET,
+    WORKER_PORT,
+    WORKER_STORE_SHARED,
+    WORKER_STORE_URL,
+    WORKER_TIMEOUT,
+)
+from external_shuffle.placement import placement_strategy
+from external_shuffle.security import TokenInterceptor, load_token, server_credentials
+from external_shuffle.worker import WorkerService, heartbeat_loop
+from shuffle_api import ConfigError, Configuration, ShuffleError
+from shuffle_api.options import CORE_OPTIONS
+from shuffle_api.store import Store
+
+__all__ = ["ROLES", "Daemon", "main"]
+
+logger = logging.getLogger(__name__)
+
+ROLES: Final = ("coordinator", "worker", "all")
+_HANDLER_THREADS: Final = 64  # each open stream holds one
+
+
+def _port_of(address: str) -> int:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"{COORDINATOR_ADDRESS.key} = {address!r} is not host:port")
+    return int(port)
+
+
+@dataclass
+class _Served:
+    server: grpc.Server
+    port: int
+    health: health.HealthServicer
+
+
+class Daemon:
+    """The roles of one daemon process, started and stopped together."""
+
+    def __init__(self, configuration: Configuration, role: str) -> None:
+        if role not in ROLES:
+            raise ConfigError(f"unknown role {role!r}; choose one of {', '.join(ROLES)}")
+        configuration.validate([*CORE_OPTIONS, *DAEMON_OPTIONS])
+        self._config = configuration
+        self._role = role
+        self._token = load_token(configuration)
+        self._credentials = server_credentials(configuration)
+        self._bind = configuration.get(BIND_HOST)
+        self.metrics = DaemonMetrics()
+        self._peers = ChannelPool(ClientSettings.from_configuration(configuration))
+        self._served: list[_Served] = []
+        self.coordinator: CoordinatorService | None = None
+        self.worker: WorkerService | None = None
+        self.metrics_port: int | None = None
+        self._stop_heartbeats = threading.Event()
+        self._heartbeats: threading.Thread | None = None
+
+    def _new_server(self, port: int) -> _Served:
+        server = grpc.server(
+            ThreadPoolExecutor(_HANDLER_THREADS, thread_name_prefix="pyshuffle-rpc"),
+            interceptors=[TokenInterceptor(self._token)],
+            options=channel_options(self._config.get(MAX_MESSAGE_SIZE)),
+        )
+        address = f"{self._bind}:{port}"
+        bound = (
+            server.add_insecure_port(address)
+            if self._credentials is None
+            else server.add_secure_port(address, self._credentials)
+        )
+        if bound == 0:
+            raise ConfigError(f"cannot listen on {address} (port in use?)")
+        health_servicer = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        served = _Served(server, bound, health_servicer)
+        self._served.append(served)
+        return served
+
+    def start(self) -> None:
+        config = self._config
+        if self._role in ("coordinator", "all"):
+            served = self._new_server(_port_of(config.get(COORDINATOR_ADDRESS)))
+            self.coordinator = CoordinatorService(
+                placement=placement_strategy(config.get(PLACEMENT)),
+                worker_timeout=config.get(WORKER_TIMEOUT),
+                application_timeout=config.get(APPLICATION_TIMEOUT),
+                peers=self._peers,
+                metrics=self.metrics,
+            )
+            pb_grpc.add_CoordinatorServicer_to_server(self.coordinator, served.server)
+            self.coordinator.start()
+            served.server.start()
+            logger.info("coordinator serving", extra={"port": served.port})
+        if self._role in ("worker", "all"):
+            served = self._new_server(config.get(WORKER_PORT))
+            self.worker = WorkerService(
+                Store(config.get(WORKER_STORE_URL)),
+                host=self._advertised_host(),
+                port=served.port,
+                store_shared=config.get(WORKER_STORE_SHARED),
+                memory_budget=config.get(WORKER_MEMORY_BUDGET),
+                chunk_size=config.get(PUSH_CHUNK_SIZE),
+                metrics=self.metrics,
+            )
+            pb_grpc.add_WorkerServicer_to_server(self.worker, served.server)
+            served.server.start()
+            coordinator = pb_grpc.CoordinatorStub(self._peers.get(config.get(COORDINATOR_ADDRESS)))
+            self._heartbeats = threading.Thread(
+                target=heartbeat_loop,
+                args=(
+                    self.worker,
+                    coordinator,
+                    config.get(WORKER_HEARTBEAT_INTERVAL),
+                    self._stop_heartbeats,
+                    self._peers.settings.timeout,
+                ),
+                name="worker-heartbeats",
+                daemon=True,
+            )
+            self._heartbeats.start()
+            logger.info(
+                "worker serving",
+                extra={"port": served.port, "worker_id": self.worker.address.worker_id},
+            )
+        metrics_port = config.get(METRICS_PORT)
+        if metrics_port >= 0:
+            self.metrics_port = self.metrics.serve(self._bind, metrics_port)
+            logger.info("metrics serving", extra={"port": self.metrics_port})
+
+    def _advertised_host(self) -> str:
+        advertised = self._config.get(WORKER_ADVERTISED_HOST)
+        if advertised:
+            return advertised
+        return socket.gethostname() if self._bind in ("0.0.0.0", "::", "") else self._bind
+
+    @property
+    def ports(self) -> list[int]:
+        return [served.port for served in self._served]
+
+    def stop(self) -> None:
+        """Drain, then stop: in-flight streams get the shutdown grace to finish."""
+        for served in self._served:
+            served.health.enter_graceful_shutdown()
+        if self.worker is not None:
+            self.worker.drain()
+        grace = self._config.get(SHUTDOWN_GRACE)
+        stopped = [served.server.stop(grace) for served in self._served]
+        for event in stopped:
+            event.wait()
+        self._stop_heartbeats.set()
+        if self._heartbeats is not None:
+            self._heartbeats.join(timeout=5)
+        if self.coordinator is not None:
+            self.coordinator.stop()
+        self._peers.close()
+        logger.info("stopped")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pyshuffle daemon", description=__doc__.splitlines()[0])
+    parser.add_argument("--role", choices=ROLES, default="all", help="what this process serves")
+    parser.add_argument("--config", help="TOML file of options (PYSHUFFLE_* variables override)")
+    args = parser.parse_args(argv)
+    configuration = Configuration.load(toml_file=args.config)
+    configure_logging(configuration.get(LOG_FORMAT))
+    try:
+        daemon = Daemon(configuration, args.role)
+        daemon.start()
+    except ShuffleError as error:
+        logger.error("cannot start: %s", error)
+        print(f"pyshuffle daemon: {type(error).__name__}: {error}", file=sys.stderr)
+        return 1
+    stopping = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stopping.set())
+    while not stopping.wait(1.0):
+        pass
+    logger.info("draining after a signal")
+    daemon.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

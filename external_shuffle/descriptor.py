@@ -1,0 +1,63 @@
+"""The external service's shuffle descriptor: the workers holding the partition."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from google.protobuf.message import DecodeError
+
+from external_shuffle._proto import external_shuffle_pb2 as pb
+from external_shuffle.wire import WorkerAddress
+from shuffle_api import (
+    InvalidIdentifierError,
+    ResultPartitionID,
+    SerializationError,
+    ShuffleDescriptor,
+)
+from shuffle_api.serialization import register_shuffle_descriptor_kind
+
+__all__ = ["ExternalShuffleDescriptor"]
+
+
+@register_shuffle_descriptor_kind
+@dataclass(frozen=True, slots=True)
+class ExternalShuffleDescriptor(ShuffleDescriptor):
+    """Where a consumer finds a partition of the external service: its replicas, in the order
+    to try them. A replica whose ``store_shared`` is set may be read straight from its store.
+    The data lives in the daemon, so no client process has to stay alive for it."""
+
+    kind: ClassVar[str] = "external_shuffle"
+    partition: ResultPartitionID
+    replicas: tuple[WorkerAddress, ...]
+
+    def __post_init__(self) -> None:
+        if not self.replicas:
+            raise InvalidIdentifierError(f"partition {self.partition} has no worker")
+
+    @property
+    def result_partition_id(self) -> ResultPartitionID:
+        return self.partition
+
+    def stores_local_resources_on(self) -> str | None:
+        return None
+
+    def details_to_bytes(self) -> bytes:
+        details: bytes = pb.ExternalShuffleDescriptorDetails(
+            replicas=[replica.to_pb() for replica in self.replicas]
+        ).SerializeToString()
+        return details
+
+    @classmethod
+    def from_details(
+        cls, result_partition_id: ResultPartitionID, details: bytes
+    ) -> ExternalShuffleDescriptor:
+        message = pb.ExternalShuffleDescriptorDetails()
+        try:
+            message.ParseFromString(details)
+            replicas = tuple(WorkerAddress.from_pb(replica) for replica in message.replicas)
+            return cls(result_partition_id, replicas)
+        except (DecodeError, InvalidIdentifierError) as error:
+            raise SerializationError(
+                f"external_shuffle descriptor details do not decode: {error}"
+            ) from error

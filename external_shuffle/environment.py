@@ -1,0 +1,195 @@
+"""The external service's ShuffleEnvironment: writers push to workers, gates fetch from them.
+Nothing stays in this process, so it can go away as soon as its tasks are done."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Collection, Sequence
+
+import grpc
+
+from external_shuffle._proto import external_shuffle_pb2 as pb
+from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
+from external_shuffle.channels import ChannelPool, ClientSettings, calling
+from external_shuffle.descriptor import ExternalShuffleDescriptor
+from external_shuffle.gate import ExternalInputGate, GateSettings
+from external_shuffle.options import (
+    CLIENT_TIMEOUT,
+    COORDINATOR_ADDRESS,
+    MAX_IN_FLIGHT,
+    MAX_MESSAGE_SIZE,
+    PUSH_CHUNK_SIZE,
+    READ_FROM_STORE,
+    REPLICATION_FACTOR,
+    SORT_BUFFER_SIZE,
+)
+from external_shuffle.push import PushSettings, PushSink
+from external_shuffle.wire import WorkerAddress, key_of
+from shuffle_api import (
+    LOCAL_ONLY_PORT,
+    InputGate,
+    InputGateDeploymentDescriptor,
+    InvalidOperationError,
+    PartitionDescriptor,
+    PartitionInfo,
+    ProducerDescriptor,
+    ResultPartitionDeploymentDescriptor,
+    ResultPartitionID,
+    ResultPartitionType,
+    ResultPartitionWriter,
+    ShuffleEnvironment,
+    ShuffleEnvironmentContext,
+    ShuffleError,
+    ShuffleIOOwner,
+    ShuffleServiceClosedError,
+)
+from shuffle_api.format import SortMergePartitionWriter
+from shuffle_api.gate import OpenGates
+from shuffle_api.options import COMPRESSION_CODEC, TARGET_BATCH_SIZE
+
+__all__ = ["SUPPORTED_PARTITION_TYPES", "ExternalShuffleEnvironment"]
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_PARTITION_TYPES = (
+    ResultPartitionType.BLOCKING,
+    ResultPartitionType.BLOCKING_PERSISTENT,
+    ResultPartitionType.HYBRID_FULL,
+)
+"""Partitions the daemon stores whole; it does not stream partitions while they are produced."""
+
+_MESSAGE_OVERHEAD = 64 << 10  # room for a push message's other fields
+
+
+class ExternalShuffleEnvironment(ShuffleEnvironment):
+    def __init__(self, context: ShuffleEnvironmentContext) -> None:
+        config = context.configuration
+        self._config = config
+        self._resource_id = context.resource_id
+        self._host = context.host
+        self._channels = ChannelPool(ClientSettings.from_configuration(config))
+        self._coordinator = config.get(COORDINATOR_ADDRESS)
+        self._timeout = config.get(CLIENT_TIMEOUT)
+        self._push = PushSettings(
+            chunk_size=min(
+                config.get(PUSH_CHUNK_SIZE), config.get(MAX_MESSAGE_SIZE) - _MESSAGE_OVERHEAD
+            ),
+            max_in_flight=config.get(MAX_IN_FLIGHT),
+            timeout=self._timeout,
+        )
+        self._gate_settings = GateSettings(
+            read_from_store=config.get(READ_FROM_STORE), unknown_timeout=self._timeout
+        )
+        self._gates = OpenGates()
+        self._closed = False
+
+    @property
+    def resource_id(self) -> str:
+        return self._resource_id
+
+    def start(self) -> int:
+        return LOCAL_ONLY_PORT
+
+    def producer_descriptor(self, producer_execution_id: str) -> ProducerDescriptor:
+        return ProducerDescriptor(
+            self._resource_id, producer_execution_id, self._host, LOCAL_ONLY_PORT
+        )
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ShuffleServiceClosedError(f"shuffle environment {self._resource_id} is closed")
+
+    def _coordinator_stub(self) -> pb_grpc.CoordinatorStub:
+        return pb_grpc.CoordinatorStub(self._channels.get(self._coordinator))
+
+    def create_result_partition_writers(
+        self, owner: ShuffleIOOwner, descriptors: Sequence[ResultPartitionDeploymentDescriptor]
+    ) -> list[ResultPartitionWriter]:
+        self._check_open()
+        for descriptor in descriptors:
+            if descriptor.partition_type not in SUPPORTED_PARTITION_TYPES:
+                raise InvalidOperationError(
+                    f"external_shuffle stores partitions whole and cannot stream a"
+                    f" {descriptor.partition_type.name} partition; use one of"
+                    f" {', '.join(t.name for t in SUPPORTED_PARTITION_TYPES)}"
+                )
+        return [self._new_writer(descriptor) for descriptor in descriptors]
+
+    def _new_writer(self, descriptor: ResultPartitionDeploymentDescriptor) -> ResultPartitionWriter:
+        partition = descriptor.result_partition_id
+        shuffle_descriptor = descriptor.shuffle_descriptor
+        if isinstance(shuffle_descriptor, ExternalShuffleDescriptor):
+            replicas = shuffle_descriptor.replicas
+        elif shuffle_descriptor.is_unknown:
+            replicas = self._place(descriptor.partition_descriptor, partition)
+        else:
+            raise ShuffleError(
+                f"external_shuffle cannot write {partition}: its descriptor is a"
+                f" {type(shuffle_descriptor).__name__}"
+            )
+        sink = PushSink(partition, replicas, self._channels, self._push, self.report_unreachable)
+        return SortMergePartitionWriter(
+            sink,
+            descriptor.number_of_subpartitions,
+            codec=self._config.get(COMPRESSION_CODEC),
+            memory_budget=self._config.get(SORT_BUFFER_SIZE),
+            target_batch_bytes=self._config.get(TARGET_BATCH_SIZE),
+        )
+
+    def _place(
+        self, descriptor: PartitionDescriptor, partition: ResultPartitionID
+    ) -> tuple[WorkerAddress, ...]:
+        """Ask the coordinator where to push a partition whose descriptor is still unknown
+        (the engine registers it with the master after the task; it gets the same place)."""
+        request = pb.RegisterPartitionRequest(
+            partition=key_of(partition),
+            number_of_subpartitions=descriptor.number_of_subpartitions,
+            producer_host=self._host,
+            replicas=self._config.get(REPLICATION_FACTOR),
+            persistent=descriptor.partition_type.is_persistent,
+        )
+        with calling(f"placing {partition} on coordinator {self._coordinator}", partition):
+            response = self._coordinator_stub().RegisterPartition(request, timeout=self._timeout)
+        return tuple(WorkerAddress.from_pb(replica) for replica in response.location.replicas)
+
+    def report_unreachable(self, worker: WorkerAddress, error: ShuffleError) -> None:
+        """Tell the coordinator, which checks the worker at once (best effort)."""
+        request = pb.ReportUnreachableWorkerRequest(worker_id=worker.worker_id, error=str(error))
+        with contextlib.suppress(grpc.RpcError):
+            self._coordinator_stub().ReportUnreachableWorker(request, timeout=self._timeout)
+
+    def create_input_gates(
+        self, owner: ShuffleIOOwner, descriptors: Sequence[InputGateDeploymentDescriptor]
+    ) -> list[InputGate]:
+        self._check_open()
+        gates = [
+            ExternalInputGate(
+                descriptor,
+                self._channels,
+                self._gate_settings,
+                self.report_unreachable,
+                self._gates.forget,
+            )
+            for descriptor in descriptors
+        ]
+        self._gates.add(owner.execution_attempt_id, list(gates))
+        return list(gates)
+
+    def update_partition_info(
+        self, consumer_attempt_id: str, partition_info: PartitionInfo
+    ) -> bool:
+        return self._gates.update(consumer_attempt_id, partition_info)
+
+    def release_partitions_locally(self, partition_ids: Collection[ResultPartitionID]) -> None:
+        """Nothing to free here: the data lives in the daemon (the master releases it)."""
+
+    def partitions_occupying_local_resources(self) -> frozenset[ResultPartitionID]:
+        return frozenset()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._gates.close_all()
+        self._channels.close()

@@ -1,0 +1,134 @@
+"""The external service's input gate: each partition from its store when the store is shared,
+else fetched from its replicas in order (a failed replica's successor resumes after the runs
+already read: replicas hold the same bytes, so their runs match one for one)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass
+
+import fsspec
+import grpc
+import pyarrow as pa
+
+from external_shuffle._proto import external_shuffle_pb2 as pb
+from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
+from external_shuffle.channels import ChannelPool, translate_rpc_error
+from external_shuffle.descriptor import ExternalShuffleDescriptor
+from external_shuffle.wire import WorkerAddress, key_of
+from shuffle_api import (
+    InputGateDeploymentDescriptor,
+    PartitionNotFoundError,
+    ResultPartitionID,
+    ShuffleDescriptor,
+    ShuffleError,
+    TransportError,
+)
+from shuffle_api.format import PartitionFileReader, PartitionManifest, decode_run, verify_checksum
+from shuffle_api.gate import SequentialInputGate
+from shuffle_api.store import Store
+
+__all__ = ["ExternalInputGate", "GateSettings"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class GateSettings:
+    read_from_store: bool
+    unknown_timeout: float
+
+
+class ExternalInputGate(SequentialInputGate):
+    def __init__(
+        self,
+        descriptor: InputGateDeploymentDescriptor,
+        channels: ChannelPool,
+        settings: GateSettings,
+        on_unreachable: Callable[[WorkerAddress, ShuffleError], None],
+        on_close: Callable[[SequentialInputGate], None],
+    ) -> None:
+        super().__init__(descriptor, unknown_timeout=settings.unknown_timeout, on_close=on_close)
+        self._channels = channels
+        self._settings = settings
+        self._on_unreachable = on_unreachable
+
+    def _read(self, descriptor: ShuffleDescriptor) -> Generator[pa.RecordBatch]:
+        if not isinstance(descriptor, ExternalShuffleDescriptor):
+            raise ShuffleError(
+                f"external_shuffle cannot read {descriptor.result_partition_id}: its descriptor"
+                f" is a {type(descriptor).__name__}"
+            )
+        partition = descriptor.result_partition_id
+        if self._settings.read_from_store:
+            for replica in descriptor.replicas:
+                if replica.store_shared and (reader := _open_on_store(replica, partition)):
+                    yield from reader.read(self.subpartitions)
+                    return
+        runs_read = 0
+        failures: list[str] = []
+        for replica in descriptor.replicas:
+            try:
+                for run_batches in self._fetch(replica, partition, skip=runs_read):
+                    yield from run_batches
+                    runs_read += 1
+                return
+            except (TransportError, PartitionNotFoundError) as error:
+                failures.append(str(error))
+                if isinstance(error, TransportError):
+                    self._on_unreachable(replica, error)
+                logger.warning("reading %s from %s failed: %s", partition, replica.target, error)
+        raise PartitionNotFoundError(
+            f"partition {partition} could not be read from any replica: " + "; ".join(failures),
+            partition,
+        )
+
+    def _fetch(
+        self, worker: WorkerAddress, partition: ResultPartitionID, *, skip: int
+    ) -> Iterator[list[pa.RecordBatch]]:
+        """The batches of each run of the gate's subpartitions, run by run, after ``skip``."""
+        what = f"fetch of {partition} from worker {worker.target}"
+        stream = pb_grpc.WorkerStub(self._channels.get(worker.target)).FetchData(
+            pb.FetchDataRequest(
+                partition=key_of(partition),
+                first_subpartition=self.subpartitions.start,
+                last_subpartition=self.subpartitions.end,
+            )
+        )
+        schema: pa.Schema | None = None
+        pieces: list[bytes] = []
+        run = 0
+        try:
+            for message in stream:
+                if message.manifest:
+                    schema = PartitionManifest.from_json(message.manifest, what).schema
+                    continue
+                pieces.append(message.data)
+                if not message.end_of_run:
+                    continue
+                data = pa.py_buffer(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+                pieces = []
+                run += 1
+                if run <= skip:
+                    continue
+                verify_checksum(data, message.run_checksum, partition, f"a run from {what}")
+                assert schema is not None, "the worker sends the manifest first"
+                yield list(decode_run(data, schema, partition))
+        except grpc.RpcError as error:
+            raise translate_rpc_error(error, what, partition) from error
+        finally:
+            stream.cancel()
+
+
+def _open_on_store(
+    replica: WorkerAddress, partition: ResultPartitionID
+) -> PartitionFileReader | None:
+    """The partition's files on the replica's shared store, if this process sees them."""
+    filesystem, root = fsspec.core.url_to_fs(replica.store_url)
+    if not filesystem.exists(root):
+        return None  # not mounted here (and Store() would create the directory)
+    try:
+        return PartitionFileReader(Store(replica.store_url), partition)
+    except PartitionNotFoundError:
+        return None

@@ -1,0 +1,244 @@
+"""A coordinator and N workers as real daemon processes on 127.0.0.1: the Python twin of
+``deploy/local-cluster.sh``, used by the tests and benchmarks.
+
+    with LocalCluster(tmp_path, workers=2) as cluster:
+        config = Configuration.load(cluster.client_config(), environ={})
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from external_shuffle._proto import external_shuffle_pb2 as pb
+from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
+from external_shuffle.channels import ChannelPool, ClientSettings
+from shuffle_api import Configuration, ShuffleError
+
+__all__ = ["LocalCluster", "free_port"]
+
+_START_TIMEOUT = 60.0
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(str(value))  # a TOML basic string
+
+
+@dataclass
+class _Process:
+    name: str
+    role: str
+    config: Path
+    log: Path
+    popen: subprocess.Popen[bytes] | None = None
+
+
+class LocalCluster:
+    """Daemons of one cluster, their configs, logs and stores under ``directory``."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        workers: int = 2,
+        store_shared: bool = True,
+        settings: Mapping[str, object] | None = None,
+    ) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        self.token_file = directory / "token"
+        self.token_file.write_text(secrets.token_urlsafe(32))
+        self.token_file.chmod(0o600)
+        self.coordinator_address = f"127.0.0.1:{free_port()}"
+        self.worker_ports = [free_port() for _ in range(workers)]
+        shared: dict[str, object] = {
+            "external-shuffle.coordinator.address": self.coordinator_address,
+            "external-shuffle.auth.token-file": str(self.token_file),
+            "external-shuffle.daemon.metrics-port": -1,
+            "external-shuffle.coordinator.worker-timeout": 5.0,
+            "external-shuffle.worker.heartbeat-interval": 0.5,
+            "external-shuffle.daemon.shutdown-grace": 5.0,
+            **(settings or {}),
+        }
+        self._processes = [self._process("coordinator", "coordinator", shared)]
+        for index, port in enumerate(self.worker_ports):
+            self._processes.append(
+                self._process(
+                    f"worker-{index}",
+                    "worker",
+                    {
+                        **shared,
+                        "external-shuffle.worker.port": port,
+                        "external-shuffle.worker.store-url": str(self.worker_store(index)),
+                        "external-shuffle.worker.store-shared": store_shared,
+                    },
+                )
+            )
+        self._channels = ChannelPool(ClientSettings.from_configuration(self._admin_config()))
+
+    def _process(self, name: str, role: str, values: Mapping[str, object]) -> _Process:
+        config = self.directory / f"{name}.toml"
+        config.write_text(
+            "".join(f"{json.dumps(key)} = {_toml_value(value)}\n" for key, value in values.items())
+        )
+        return _Process(name, role, config, self.directory / f"{name}.log")
+
+    def _admin_config(self) -> Configuration:
+        return Configuration.load(
+            {
+                "external-shuffle.coordinator.address": self.coordinator_address,
+                "external-shuffle.auth.token-file": str(self.token_file),
+                "external-shuffle.client.timeout": 5.0,
+            },
+            environ={},
+        )
+
+    def client_config(self, **extra: object) -> dict[str, object]:
+        """pyshuffle options of a client of this cluster."""
+        return {
+            "shuffle-service-factory.class": "external_shuffle.ExternalShuffleServiceFactory",
+            "external-shuffle.coordinator.address": self.coordinator_address,
+            "external-shuffle.auth.token-file": str(self.token_file),
+            **extra,
+        }
+
+    def worker_store(self, index: int) -> Path:
+        return self.directory / f"worker-{index}-store"
+
+    def worker_target(self, index: int) -> str:
+        return f"127.0.0.1:{self.worker_ports[index]}"
+
+    # --- processes ----------------------------------------------------------------------------
+
+    def _launch(self, process: _Process) -> None:
+        log = process.log.open("ab")
+        process.popen = subprocess.Popen(
+            [sys.executable, "-m", "external_shuffle.daemon", "--role", process.role]
+            + ["--config", str(process.config)],
+            stdout=log,
+            stderr=log,
+            env={k: v for k, v in os.environ.items() if not k.startswith("PYSHUFFLE_")},
+        )
+        log.close()
+
+    def _port(self, process: _Process) -> str:
+        if process.role == "coordinator":
+            return self.coordinator_address
+        return self.worker_target(int(process.name.rsplit("-", 1)[1]))
+
+    def _wait_serving(self, process: _Process) -> None:
+        deadline = time.monotonic() + _START_TIMEOUT
+        stub = health_pb2_grpc.HealthStub(self._channels.get(self._port(process)))
+        while time.monotonic() < deadline:
+            assert process.popen is not None
+            if process.popen.poll() is not None:
+                raise ShuffleError(f"{process.name} exited at start:\n{self._tail(process)}")
+            try:
+                answer = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+                if answer.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.1)
+        raise ShuffleError(f"{process.name} did not start serving:\n{self._tail(process)}")
+
+    def _tail(self, process: _Process) -> str:
+        return "\n".join(process.log.read_text(errors="replace").splitlines()[-20:])
+
+    def alive_workers(self) -> set[str]:
+        """Targets of the workers the coordinator sees alive."""
+        stub = pb_grpc.CoordinatorStub(self._channels.get(self.coordinator_address))
+        answer = stub.ListWorkers(pb.ListWorkersRequest(), timeout=5.0)
+        return {
+            f"{entry.worker.host}:{entry.worker.port}" for entry in answer.workers if entry.alive
+        }
+
+    def wait_for_workers(self, targets: set[str], *, alive: bool = True) -> None:
+        deadline = time.monotonic() + _START_TIMEOUT
+        while time.monotonic() < deadline:
+            seen = self.alive_workers()
+            if (targets <= seen) if alive else not (targets & seen):
+                return
+            time.sleep(0.1)
+        raise ShuffleError(f"workers {sorted(targets)} never became {'alive' if alive else 'dead'}")
+
+    def start(self) -> Self:
+        for process in self._processes:
+            self._launch(process)
+        for process in self._processes:
+            self._wait_serving(process)
+        self.wait_for_workers({self.worker_target(i) for i in range(len(self.worker_ports))})
+        return self
+
+    def _worker(self, index: int) -> _Process:
+        return self._processes[1 + index]
+
+    def kill_worker(self, index: int) -> None:
+        """SIGKILL: the worker dies without a word (its store stays)."""
+        process = self._worker(index)
+        assert process.popen is not None
+        process.popen.kill()
+        process.popen.wait()
+
+    def stop_worker(self, index: int) -> int:
+        """SIGTERM: the worker drains and exits; returns its exit code."""
+        return self._terminate(self._worker(index))
+
+    def start_worker(self, index: int) -> None:
+        """(Re)start a worker on its port and store."""
+        process = self._worker(index)
+        self._launch(process)
+        self._wait_serving(process)
+        self.wait_for_workers({self.worker_target(index)})
+
+    def _terminate(self, process: _Process) -> int:
+        if process.popen is None or process.popen.poll() is not None:
+            return 0 if process.popen is None else process.popen.returncode
+        process.popen.send_signal(signal.SIGTERM)
+        try:
+            return process.popen.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.popen.kill()
+            process.popen.wait()
+            raise ShuffleError(f"{process.name} ignored SIGTERM:\n{self._tail(process)}") from None
+
+    def stop(self) -> None:
+        self._channels.close()
+        for process in reversed(self._processes):
+            self._terminate(process)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()

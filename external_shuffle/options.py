@@ -1,0 +1,252 @@
+"""Options of the external shuffle service (keys under ``external-shuffle.``): the client's, the
+daemon's, and the security ones both sides share."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from shuffle_api.config import (
+    ConfigOption,
+    bool_option,
+    choice_option,
+    float_option,
+    int_option,
+    memory_option,
+    str_option,
+)
+
+__all__ = [
+    "APPLICATION_TIMEOUT",
+    "AUTH_TOKEN",
+    "AUTH_TOKEN_FILE",
+    "BIND_HOST",
+    "CLIENT_HEARTBEAT_INTERVAL",
+    "CLIENT_OPTIONS",
+    "CLIENT_TIMEOUT",
+    "COORDINATOR_ADDRESS",
+    "DAEMON_OPTIONS",
+    "LOG_FORMAT",
+    "MAX_IN_FLIGHT",
+    "MAX_MESSAGE_SIZE",
+    "METRICS_PORT",
+    "PLACEMENT",
+    "PUSH_CHUNK_SIZE",
+    "READ_FROM_STORE",
+    "REPLICATION_FACTOR",
+    "SHUTDOWN_GRACE",
+    "SORT_BUFFER_SIZE",
+    "TLS_CA_FILE",
+    "TLS_CERT_FILE",
+    "TLS_KEY_FILE",
+    "WORKER_ADVERTISED_HOST",
+    "WORKER_HEARTBEAT_INTERVAL",
+    "WORKER_MEMORY_BUDGET",
+    "WORKER_PORT",
+    "WORKER_STORE_SHARED",
+    "WORKER_STORE_URL",
+    "WORKER_TIMEOUT",
+]
+
+# --- both sides ------------------------------------------------------------------------------
+
+COORDINATOR_ADDRESS = str_option(
+    "external-shuffle.coordinator.address",
+    "127.0.0.1:9097",
+    "host:port of the coordinator. Clients and workers connect to it; the coordinator role"
+    " listens on its port.",
+)
+AUTH_TOKEN = str_option(
+    "external-shuffle.auth.token",
+    "",
+    "Shared secret every call carries (prefer auth.token-file, or the environment variable"
+    " PYSHUFFLE_EXTERNAL_SHUFFLE_AUTH_TOKEN, to keeping it in a file of options).",
+)
+AUTH_TOKEN_FILE = str_option(
+    "external-shuffle.auth.token-file",
+    "",
+    "File holding the shared secret (e.g. a mounted Kubernetes Secret); wins over auth.token.",
+)
+TLS_CERT_FILE = str_option(
+    "external-shuffle.tls.cert-file",
+    "",
+    "Daemon: PEM certificate chain to serve TLS with (with tls.key-file); empty: plaintext.",
+)
+TLS_KEY_FILE = str_option(
+    "external-shuffle.tls.key-file", "", "Daemon: PEM private key of tls.cert-file."
+)
+TLS_CA_FILE = str_option(
+    "external-shuffle.tls.ca-file",
+    "",
+    "PEM CA bundle that signs the daemons' certificates; set: clients and workers connect with"
+    " TLS.",
+)
+MAX_MESSAGE_SIZE = memory_option(
+    "external-shuffle.max-message-size",
+    16 << 20,
+    "Largest gRPC message sent or accepted; larger ones are rejected (RESOURCE_EXHAUSTED).",
+    minimum=64 << 10,
+)
+
+# --- client (driver and executors) -----------------------------------------------------------
+
+SORT_BUFFER_SIZE = memory_option(
+    "external-shuffle.client.sort-buffer.size",
+    64 << 20,
+    "Memory a writer buffers and sorts by subpartition before it pushes a region (a region is"
+    " pushed in the background while the next fills: up to about twice this per writer).",
+    minimum=1,
+)
+PUSH_CHUNK_SIZE = memory_option(
+    "external-shuffle.client.chunk-size",
+    4 << 20,
+    "Bytes per pushed or fetched message (kept below max-message-size).",
+    minimum=4 << 10,
+)
+MAX_IN_FLIGHT = memory_option(
+    "external-shuffle.client.max-in-flight",
+    32 << 20,
+    "Pushed bytes a writer lets wait for a worker before it blocks (backpressure).",
+    minimum=4 << 10,
+)
+REPLICATION_FACTOR = int_option(
+    "external-shuffle.replication-factor",
+    1,
+    "Workers each partition is pushed to; 2: reads fail over to the replica when a worker dies.",
+    minimum=1,
+)
+READ_FROM_STORE = bool_option(
+    "external-shuffle.client.read-from-store",
+    True,
+    "Read partitions straight from a worker's store when its descriptor says the store is"
+    " shared (no worker in the path); false: always fetch from the worker.",
+)
+CLIENT_TIMEOUT = float_option(
+    "external-shuffle.client.timeout",
+    30.0,
+    "Seconds a client waits for a coordinator or worker call (and for an unknown descriptor).",
+    minimum=0.1,
+)
+CLIENT_HEARTBEAT_INTERVAL = float_option(
+    "external-shuffle.client.heartbeat-interval",
+    5.0,
+    "Seconds between the driver's application heartbeats (which also bring lost partitions).",
+    minimum=0.05,
+)
+
+# --- daemon ----------------------------------------------------------------------------------
+
+BIND_HOST = str_option(
+    "external-shuffle.daemon.bind-host",
+    "127.0.0.1",
+    "Interface the daemon's gRPC and metrics ports bind to (0.0.0.0: every interface).",
+)
+METRICS_PORT = int_option(
+    "external-shuffle.daemon.metrics-port",
+    9099,
+    "Port of the Prometheus metrics endpoint; 0 picks a free one, -1 serves none.",
+    minimum=-1,
+)
+SHUTDOWN_GRACE = float_option(
+    "external-shuffle.daemon.shutdown-grace",
+    30.0,
+    "Seconds in-flight streams get to finish after SIGTERM before the daemon exits.",
+    minimum=0.0,
+)
+LOG_FORMAT = choice_option(
+    "external-shuffle.daemon.log-format",
+    "json",
+    "Daemon log lines on stderr: one JSON object per line, or plain text.",
+    ("json", "text"),
+)
+WORKER_PORT = int_option(
+    "external-shuffle.worker.port",
+    9098,
+    "gRPC port of the worker role; 0 picks a free one.",
+    minimum=0,
+)
+WORKER_ADVERTISED_HOST = str_option(
+    "external-shuffle.worker.advertised-host",
+    "",
+    "Host clients use to reach this worker; empty: the bind host, or this machine's name when"
+    " binding every interface.",
+)
+WORKER_STORE_URL = str_option(
+    "external-shuffle.worker.store-url",
+    "",
+    "fsspec URL of the worker's partition store; empty: a directory in the temp dir.",
+)
+WORKER_STORE_SHARED = bool_option(
+    "external-shuffle.worker.store-shared",
+    False,
+    "The store is shared with the clients (object store, shared file system): descriptors let"
+    " them read committed partitions straight from it.",
+)
+WORKER_MEMORY_BUDGET = memory_option(
+    "external-shuffle.worker.memory-budget",
+    256 << 20,
+    "Pushed bytes a worker holds in memory at once; pushes wait (backpressure) beyond it.",
+    minimum=64 << 10,
+)
+WORKER_HEARTBEAT_INTERVAL = float_option(
+    "external-shuffle.worker.heartbeat-interval",
+    2.0,
+    "Seconds between a worker's heartbeats to the coordinator.",
+    minimum=0.05,
+)
+WORKER_TIMEOUT = float_option(
+    "external-shuffle.coordinator.worker-timeout",
+    10.0,
+    "A worker silent this long is dead: its partitions are reported lost to their jobs.",
+    minimum=0.1,
+)
+APPLICATION_TIMEOUT = float_option(
+    "external-shuffle.coordinator.application-timeout",
+    120.0,
+    "An application silent this long expired: its partitions are deleted. Partitions placed by"
+    " producers but claimed by no job are deleted after the same time.",
+    minimum=0.1,
+)
+PLACEMENT = choice_option(
+    "external-shuffle.coordinator.placement",
+    "balanced",
+    "How partitions are placed: balanced (least loaded worker by bytes, then partitions) or"
+    " local-preferred (a worker on the producer's host, else balanced).",
+    ("balanced", "local-preferred"),
+)
+
+_SHARED: Final[tuple[ConfigOption[Any], ...]] = (
+    COORDINATOR_ADDRESS,
+    AUTH_TOKEN,
+    AUTH_TOKEN_FILE,
+    TLS_CA_FILE,
+    MAX_MESSAGE_SIZE,
+)
+CLIENT_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
+    *_SHARED,
+    SORT_BUFFER_SIZE,
+    PUSH_CHUNK_SIZE,
+    MAX_IN_FLIGHT,
+    REPLICATION_FACTOR,
+    READ_FROM_STORE,
+    CLIENT_TIMEOUT,
+    CLIENT_HEARTBEAT_INTERVAL,
+)
+DAEMON_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
+    *_SHARED,
+    TLS_CERT_FILE,
+    TLS_KEY_FILE,
+    PUSH_CHUNK_SIZE,
+    BIND_HOST,
+    METRICS_PORT,
+    SHUTDOWN_GRACE,
+    LOG_FORMAT,
+    WORKER_PORT,
+    WORKER_ADVERTISED_HOST,
+    WORKER_STORE_URL,
+    WORKER_STORE_SHARED,
+    WORKER_MEMORY_BUDGET,
+    WORKER_HEARTBEAT_INTERVAL,
+    WORKER_TIMEOUT,
+    APPLICATION_TIMEOUT,
+    PLACEMENT,
+)

@@ -1,0 +1,249 @@
+"""Pushing a partition to its workers: the data file as a client stream per replica, then a
+commit with the index and manifest.
+
+A writer's bytes are cut into chunks and queued per replica; past
+``external-shuffle.client.max-in-flight`` queued bytes the writer waits (backpressure). With
+replication, a replica that fails is dropped (and reported to the coordinator) while another
+one still takes the data; the partition fails only when none does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import grpc
+
+from external_shuffle._proto import external_shuffle_pb2 as pb
+from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
+from external_shuffle.channels import ChannelPool, translate_rpc_error
+from external_shuffle.wire import WorkerAddress, key_of
+from shuffle_api import ResultPartitionID, ShuffleError, TransportError
+from shuffle_api.format import PartitionSink
+
+__all__ = ["PushSettings", "PushSink"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PushSettings:
+    chunk_size: int
+    max_in_flight: int
+    timeout: float
+
+
+class _ReplicaPush:
+    """One worker's client stream for one partition attempt."""
+
+    def __init__(
+        self,
+        worker: WorkerAddress,
+        stub: pb_grpc.WorkerStub,
+        partition: ResultPartitionID,
+        settings: PushSettings,
+    ) -> None:
+        self.worker = worker
+        self._key = key_of(partition)
+        self._partition = partition
+        self._settings = settings
+        self._queue: deque[bytes | None] = deque()
+        self._in_flight = 0
+        self._condition = threading.Condition()
+        self.sent = 0
+        self._call = stub.PushData.future(self._requests())
+        self._call.add_done_callback(lambda _: self._wake())
+
+    def _wake(self) -> None:
+        with self._condition:
+            self._condition.notify_all()
+
+    def _requests(self) -> Iterator[pb.PushDataRequest]:
+        sequence = 0
+        while True:
+            with self._condition:
+                self._condition.wait_for(lambda: bool(self._queue))
+                chunk = self._queue.popleft()
+            if chunk is None:
+                return
+            yield pb.PushDataRequest(partition=self._key, sequence=sequence, data=chunk)
+            sequence += 1
+            with self._condition:
+                self._in_flight -= len(chunk)
+                self._condition.notify_all()
+
+    def error(self) -> ShuffleError | None:
+        if not self._call.done() or self._call.cancelled():
+            return None
+        failure = self._call.exception()
+        if failure is None:
+            return None
+        if isinstance(failure, grpc.RpcError):
+            return translate_rpc_error(
+                failure, f"push of {self._partition} to worker {self.worker.target}"
+            )
+        return ShuffleError(f"push of {self._partition} to {self.worker.target}: {failure}")
+
+    def send(self, chunk: bytes) -> None:
+        with self._condition:
+            self._condition.wait_for(
+                lambda: (
+                    self._call.done()
+                    or self._in_flight == 0
+                    or self._in_flight + len(chunk) <= self._settings.max_in_flight
+                )
+            )
+            if self._call.done():
+                raise self.error() or TransportError(
+                    f"push of {self._partition} to {self.worker.target} ended early"
+                )
+            self._queue.append(chunk)
+            self._in_flight += len(chunk)
+            self.sent += len(chunk)
+            self._condition.notify_all()
+
+    def finish(self) -> None:
+        """End the stream and check that the worker got every byte."""
+        with self._condition:
+            self._queue.append(None)
+            self._condition.notify_all()
+        try:
+            response = self._call.result(timeout=self._settings.timeout)
+        except grpc.RpcError as error:
+            raise translate_rpc_error(
+                error, f"push of {self._partition} to worker {self.worker.target}"
+            ) from error
+        if response.received_bytes != self.sent:
+            raise TransportError(
+                f"worker {self.worker.target} received {response.received_bytes} bytes of"
+                f" {self._partition}, {self.sent} were sent"
+            )
+
+    def cancel(self) -> None:
+        self._call.cancel()
+        with self._condition:
+            self._queue.append(None)
+            self._condition.notify_all()
+
+
+class _DataStream:
+    """The data file as the partition writer sees it: a write-only stream, cut into chunks."""
+
+    def __init__(self, sink: PushSink) -> None:
+        self._sink = sink
+        self._buffer = bytearray()
+        self.closed = False
+
+    def write(self, data: bytes) -> int:
+        self._buffer += data
+        chunk = self._sink.settings.chunk_size
+        if len(self._buffer) >= chunk:
+            whole = len(self._buffer) - len(self._buffer) % chunk
+            view = memoryview(self._buffer)
+            for offset in range(0, whole, chunk):
+                self._sink.send(bytes(view[offset : offset + chunk]))
+            view.release()
+            del self._buffer[:whole]
+        return len(data)
+
+    def flush(self) -> None:
+        """Chunks go out when full; the rest on close."""
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self._buffer:
+            self._sink.send(bytes(self._buffer))
+            self._buffer.clear()
+        self._sink.finish_pushes()
+
+
+class PushSink(PartitionSink):
+    """Sends one partition attempt's files to its replicas."""
+
+    def __init__(
+        self,
+        partition: ResultPartitionID,
+        replicas: tuple[WorkerAddress, ...],
+        channels: ChannelPool,
+        settings: PushSettings,
+        on_unreachable: Callable[[WorkerAddress, ShuffleError], None],
+    ) -> None:
+        self._partition = partition
+        self._replicas = replicas
+        self._channels = channels
+        self.settings = settings
+        self._on_unreachable = on_unreachable
+        self._pushes: list[_ReplicaPush] = []
+        self._live = list(replicas)
+
+    @property
+    def partition(self) -> ResultPartitionID:
+        return self._partition
+
+    @property
+    def where(self) -> str:
+        return "workers " + ", ".join(worker.target for worker in self._replicas)
+
+    def _stub(self, worker: WorkerAddress) -> pb_grpc.WorkerStub:
+        return pb_grpc.WorkerStub(self._channels.get(worker.target))
+
+    def open_data(self) -> _DataStream:
+        self._pushes = [
+            _ReplicaPush(worker, self._stub(worker), self._partition, self.settings)
+            for worker in self._live
+        ]
+        return _DataStream(self)
+
+    def _drop(self, worker: WorkerAddress, error: ShuffleError) -> None:
+        """A replica failed: go on without it while another one takes the data."""
+        self._live = [w for w in self._live if w != worker]
+        self._pushes = [p for p in self._pushes if p.worker != worker]
+        if isinstance(error, TransportError):
+            self._on_unreachable(worker, error)
+        if not self._live:
+            raise error
+        logger.warning("replica %s of %s dropped: %s", worker.target, self._partition, error)
+
+    def send(self, chunk: bytes) -> None:
+        for push in list(self._pushes):
+            try:
+                push.send(chunk)
+            except ShuffleError as error:
+                self._drop(push.worker, error)
+
+    def finish_pushes(self) -> None:
+        for push in list(self._pushes):
+            try:
+                push.finish()
+            except ShuffleError as error:
+                self._drop(push.worker, error)
+
+    def commit(self, index: bytes, manifest: bytes) -> None:
+        request = pb.CommitPartitionRequest(
+            partition=key_of(self._partition), index=index, manifest=manifest
+        )
+        for worker in list(self._live):
+            try:
+                self._stub(worker).CommitPartition(request, timeout=self.settings.timeout)
+            except grpc.RpcError as failure:
+                self._drop(
+                    worker,
+                    translate_rpc_error(
+                        failure, f"commit of {self._partition} on worker {worker.target}"
+                    ),
+                )
+
+    def abort(self) -> None:
+        for push in self._pushes:
+            push.cancel()
+        request = pb.WorkerReleasePartitionsRequest(partitions=[key_of(self._partition)])
+        for worker in self._replicas:
+            # Best effort: what a worker keeps is deleted when the coordinator releases it.
+            with contextlib.suppress(grpc.RpcError):
+                self._stub(worker).ReleasePartitions(request, timeout=self.settings.timeout)

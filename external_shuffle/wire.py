@@ -1,0 +1,81 @@
+"""Between the wire messages and shuffle_api's values. Everything a request names is validated
+here, so no request can name a path outside a store (ids become path components)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from external_shuffle._proto import external_shuffle_pb2 as pb
+from shuffle_api import IntermediateResultPartitionID, PartitionStatistics, ResultPartitionID
+from shuffle_api.ids import validate_id
+
+__all__ = [
+    "WorkerAddress",
+    "key_of",
+    "partition_of",
+    "statistics_from_pb",
+    "statistics_to_pb",
+]
+
+
+def key_of(partition: ResultPartitionID) -> pb.PartitionKey:
+    return pb.PartitionKey(
+        result_id=partition.partition_id.result_id,
+        partition_index=partition.partition_id.partition_index,
+        producer_attempt_id=partition.producer_attempt_id,
+    )
+
+
+def partition_of(key: pb.PartitionKey) -> ResultPartitionID:
+    """The partition a message names; raises InvalidIdentifierError for unsafe ids."""
+    return ResultPartitionID(
+        IntermediateResultPartitionID(key.result_id, key.partition_index),
+        key.producer_attempt_id,
+    )
+
+
+def statistics_to_pb(statistics: PartitionStatistics) -> pb.PartitionStatistics:
+    return pb.PartitionStatistics(
+        rows_per_subpartition=statistics.rows_per_subpartition,
+        bytes_per_subpartition=statistics.bytes_per_subpartition,
+    )
+
+
+def statistics_from_pb(message: pb.PartitionStatistics) -> PartitionStatistics:
+    return PartitionStatistics(
+        tuple(message.rows_per_subpartition), tuple(message.bytes_per_subpartition)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerAddress:
+    """A worker as clients see it: where to call it, and where its store is."""
+
+    worker_id: str
+    host: str
+    port: int
+    store_url: str
+    store_shared: bool
+
+    def __post_init__(self) -> None:
+        validate_id(self.worker_id, "worker id")
+
+    @property
+    def target(self) -> str:
+        """``host:port`` for a gRPC channel."""
+        return f"{self.host}:{self.port}"
+
+    def to_pb(self) -> pb.WorkerInfo:
+        return pb.WorkerInfo(
+            worker_id=self.worker_id,
+            host=self.host,
+            port=self.port,
+            store_url=self.store_url,
+            store_shared=self.store_shared,
+        )
+
+    @classmethod
+    def from_pb(cls, message: pb.WorkerInfo) -> WorkerAddress:
+        return cls(
+            message.worker_id, message.host, message.port, message.store_url, message.store_shared
+        )

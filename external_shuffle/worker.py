@@ -1,0 +1,435 @@
+"""The worker role: stores pushed partitions in the on-store format and serves them.
+
+A push writes the data file's bytes as they arrive (nothing is held beyond the message being
+written; a memory budget bounds those across all pushes, and a push waiting for the budget
+stops reading its stream, so gRPC's flow control holds the producer back). The commit checks
+the index and manifest against what arrived and writes them atomically, manifest last: a
+partition is committed exactly when its manifest exists, which is what a restarted worker finds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import grpc
+import xxhash
+
+from external_shuffle._proto import external_shuffle_pb2 as pb
+from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
+from external_shuffle.metrics import DaemonMetrics
+from external_shuffle.statuses import UnavailableError, reports_errors
+from external_shuffle.wire import (
+    WorkerAddress,
+    key_of,
+    partition_of,
+    statistics_to_pb,
+)
+from shuffle_api import (
+    DataTooLargeError,
+    InvalidIdentifierError,
+    PartitionCorruptedError,
+    PartitionNotFoundError,
+    PartitionStatistics,
+    ResultPartitionID,
+    ShuffleError,
+    SubpartitionRange,
+)
+from shuffle_api.format import (
+    DataStream,
+    PartitionFileReader,
+    PartitionManifest,
+    StoreSink,
+    partition_directory,
+)
+from shuffle_api.format.manifest import MANIFEST_FILE
+from shuffle_api.ids import IntermediateResultPartitionID, new_id
+from shuffle_api.store import Store
+
+__all__ = ["MemoryBudget", "WorkerService", "heartbeat_loop"]
+
+logger = logging.getLogger(__name__)
+
+WORKER_ID_FILE = ".pyshuffle-worker-id"
+"""Under the store root: the worker's id, so a restarted worker is the same worker. A name no
+partition id can take (ids cannot start with a dot)."""
+
+
+class MemoryBudget:
+    """Bytes held by all pushes together. A reservation larger than the whole budget waits
+    until nothing else is held, so it is admitted alone and never deadlocks."""
+
+    def __init__(self, limit: int, timeout: float) -> None:
+        self._limit = limit
+        self._timeout = timeout
+        self._used = 0
+        self._condition = threading.Condition()
+
+    @property
+    def used(self) -> int:
+        return self._used
+
+    @contextlib.contextmanager
+    def reserve(self, size: int) -> Iterator[None]:
+        with self._condition:
+            admitted = self._condition.wait_for(
+                lambda: self._used == 0 or self._used + size <= self._limit, self._timeout
+            )
+            if not admitted:
+                raise DataTooLargeError(
+                    f"worker memory budget ({self._limit} bytes) stayed full for {self._timeout} s"
+                )
+            self._used += size
+        try:
+            yield
+        finally:
+            with self._condition:
+                self._used -= size
+                self._condition.notify_all()
+
+
+@dataclass
+class _Upload:
+    """A partition attempt being pushed: its data file, open until the commit."""
+
+    sink: StoreSink
+    data: DataStream | None = None
+    next_sequence: int = 0
+    size: int = 0
+    duplicates: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def append(self, sequence: int, data: bytes) -> bool:
+        """Write the message's bytes; False if its sequence number was already received."""
+        with self.lock:
+            if sequence < self.next_sequence:
+                self.duplicates += 1
+                return False
+            if sequence > self.next_sequence:
+                raise ShuffleError(
+                    f"push of {self.sink.partition} skipped messages: expected sequence"
+                    f" {self.next_sequence}, got {sequence}"
+                )
+            if self.data is None:
+                self.data = self.sink.open_data()
+            self.data.write(data)
+            self.next_sequence += 1
+            self.size += len(data)
+            return True
+
+    def close(self) -> None:
+        with self.lock:
+            if self.data is not None:
+                self.data.close()
+
+
+@dataclass(frozen=True, slots=True)
+class _Committed:
+    statistics: PartitionStatistics
+    stored_bytes: int
+
+
+class WorkerService(pb_grpc.WorkerServicer):
+    """The worker's gRPC service and the partitions it holds."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        host: str,
+        port: int,
+        store_shared: bool,
+        memory_budget: int,
+        chunk_size: int,
+        metrics: DaemonMetrics,
+        budget_timeout: float = 60.0,
+    ) -> None:
+        self._store = store
+        self._chunk_size = chunk_size
+        self.metrics = metrics
+        self._budget = MemoryBudget(memory_budget, budget_timeout)
+        self._uploads: dict[ResultPartitionID, _Upload] = {}
+        self._committed: dict[ResultPartitionID, _Committed] = {}
+        self._lock = threading.Lock()
+        self._draining = False
+        self.address = WorkerAddress(self._load_worker_id(), host, port, store.url, store_shared)
+        self._recover()
+
+    # --- identity and restart -----------------------------------------------------------------
+
+    def _load_worker_id(self) -> str:
+        path = f"{self._store.path()}/{WORKER_ID_FILE}"
+        if self._store.exists(path):
+            return self._store.read_bytes(path).decode("utf-8").strip()
+        worker_id = "worker-" + new_id()
+        self._store.put_atomic(path, worker_id.encode("utf-8"))
+        return worker_id
+
+    def _recover(self) -> None:
+        """Find the committed partitions on the store; delete uncommitted leftovers (pushes cut
+        off by a crash)."""
+        fs, root = self._store.filesystem, self._store.path()
+        directories = {path.rstrip("/") for path in fs.glob(f"{root}/*/*/*")}
+        for directory in sorted(directories):
+            relative = directory[len(root) :].strip("/").split("/")
+            try:
+                partition = ResultPartitionID(
+                    IntermediateResultPartitionID(relative[0], int(relative[1])), relative[2]
+                )
+            except (InvalidIdentifierError, ValueError, IndexError):
+                logger.warning("ignoring %s: not a partition directory", directory)
+                continue
+            try:
+                reader = PartitionFileReader(self._store, partition)
+            except PartitionNotFoundError:
+                self._store.delete_tree(directory, empty_parents=2)
+                logger.info("deleted uncommitted %s", partition)
+                continue
+            except ShuffleError as error:
+                logger.warning("ignoring corrupt %s: %s", partition, error)
+                continue
+            self._committed[partition] = _Committed(
+                reader.manifest.statistics, reader.manifest.data_bytes
+            )
+        self._update_gauges()
+        if self._committed:
+            logger.info("serving %d committed partitions found on the store", len(self._committed))
+
+    def _update_gauges(self) -> None:
+        self.metrics.partitions.labels(role="worker").set(len(self._committed))
+        self.metrics.stored_bytes.set(sum(c.stored_bytes for c in self._committed.values()))
+
+    # --- state for the coordinator ------------------------------------------------------------
+
+    def committed_partitions(self) -> list[ResultPartitionID]:
+        with self._lock:
+            return list(self._committed)
+
+    def load(self) -> pb.WorkerLoad:
+        with self._lock:
+            return pb.WorkerLoad(
+                stored_bytes=sum(c.stored_bytes for c in self._committed.values()),
+                partitions=len(self._committed),
+                buffered_bytes=self._budget.used,
+                decommissioning=self._draining,
+            )
+
+    def drain(self) -> None:
+        """Take no new partitions (SIGTERM, decommission); committed ones are still served."""
+        self._draining = True
+
+    def release(self, partitions: list[ResultPartitionID]) -> int:
+        released = 0
+        for partition in partitions:
+            with self._lock:
+                upload = self._uploads.pop(partition, None)
+                committed = self._committed.pop(partition, None)
+            if upload is not None:
+                upload.close()
+            if upload is not None or committed is not None:
+                released += 1
+            self._store.delete_tree(partition_directory(self._store, partition), empty_parents=2)
+        with self._lock:
+            self._update_gauges()
+        return released
+
+    # --- gRPC ---------------------------------------------------------------------------------
+
+    @reports_errors
+    def PushData(  # noqa: N802 (gRPC's method names)
+        self, request_iterator: Iterator[pb.PushDataRequest], context: grpc.ServicerContext
+    ) -> pb.PushDataResponse:
+        first: pb.PartitionKey | None = None
+        upload: _Upload | None = None
+        dropped = 0
+        for message in request_iterator:
+            if first is None:
+                first = message.partition
+                upload = self._open_upload(partition_of(first))
+            elif message.partition != first:
+                raise InvalidIdentifierError(
+                    "one push stream carries one partition; got"
+                    f" {partition_of(message.partition)} after {partition_of(first)}"
+                )
+            if upload is None:
+                dropped += 1
+                self.metrics.duplicates_dropped.inc()
+                continue
+            with self._budget.reserve(len(message.data)):
+                if upload.append(message.sequence, message.data):
+                    self.metrics.bytes_in.inc(len(message.data))
+                else:
+                    self.metrics.duplicates_dropped.inc()
+        if upload is None:
+            return pb.PushDataResponse(duplicates_dropped=dropped)
+        return pb.PushDataResponse(received_bytes=upload.size, duplicates_dropped=upload.duplicates)
+
+    def _open_upload(self, partition: ResultPartitionID) -> _Upload | None:
+        with self._lock:
+            existing = self._uploads.get(partition)
+            if existing is not None:
+                return existing  # a retried push: its sequence numbers drop what arrived
+            if partition in self._committed:
+                return None  # committed already: everything pushed again is a duplicate
+            if self._draining:
+                raise UnavailableError("worker is draining: it takes no new partitions")
+            upload = _Upload(StoreSink(self._store, partition))
+            self._uploads[partition] = upload
+            return upload
+
+    @reports_errors
+    def CommitPartition(  # noqa: N802
+        self, request: pb.CommitPartitionRequest, context: grpc.ServicerContext
+    ) -> pb.CommitPartitionResponse:
+        partition = partition_of(request.partition)
+        with self._lock:
+            if partition in self._committed:
+                return pb.CommitPartitionResponse()  # a retried commit
+            upload = self._uploads.get(partition)
+        manifest = PartitionManifest.from_json(request.manifest, f"commit of {partition}")
+        received = 0 if upload is None else upload.size
+        if manifest.partition != partition:
+            raise PartitionCorruptedError(
+                f"commit of {partition} carries the manifest of {manifest.partition}"
+            )
+        if manifest.data_bytes != received:
+            raise PartitionCorruptedError(
+                f"commit of {partition}: the manifest describes {manifest.data_bytes} data"
+                f" bytes, {received} arrived"
+            )
+        if xxhash.xxh3_64_intdigest(request.index) != manifest.index_checksum:
+            raise PartitionCorruptedError(f"commit of {partition}: the index is corrupt")
+        sink = StoreSink(self._store, partition) if upload is None else upload.sink
+        if upload is not None:
+            upload.close()
+        sink.commit(request.index, request.manifest)
+        with self._lock:
+            self._uploads.pop(partition, None)
+            self._committed[partition] = _Committed(manifest.statistics, manifest.data_bytes)
+            self._update_gauges()
+        return pb.CommitPartitionResponse()
+
+    @reports_errors
+    def FetchData(  # noqa: N802
+        self, request: pb.FetchDataRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.FetchDataResponse]:
+        partition = partition_of(request.partition)
+        if request.last_subpartition < request.first_subpartition:
+            raise InvalidIdentifierError(
+                f"subpartitions {request.first_subpartition}..{request.last_subpartition}"
+                " are not a range"
+            )
+        subpartitions = SubpartitionRange(request.first_subpartition, request.last_subpartition)
+        reader = PartitionFileReader(self._store, partition)
+        if subpartitions.end >= reader.manifest.number_of_subpartitions:
+            raise InvalidIdentifierError(
+                f"subpartitions {subpartitions.start}..{subpartitions.end} out of range:"
+                f" {partition} has {reader.manifest.number_of_subpartitions}"
+            )
+        yield pb.FetchDataResponse(manifest=reader.manifest.to_json())
+        for run in reader.runs(subpartitions):
+            data = reader.read_run(run, verify=False)  # the client verifies the checksum
+            for offset in range(0, max(data.size, 1), self._chunk_size):
+                last = offset + self._chunk_size >= data.size
+                yield pb.FetchDataResponse(
+                    data=data[offset : offset + self._chunk_size].to_pybytes(),
+                    end_of_run=last,
+                    run_checksum=run.checksum if last else 0,
+                )
+            self.metrics.bytes_out.inc(data.size)
+
+    @reports_errors
+    def ReleasePartitions(  # noqa: N802
+        self, request: pb.WorkerReleasePartitionsRequest, context: grpc.ServicerContext
+    ) -> pb.WorkerReleasePartitionsResponse:
+        partitions = [partition_of(key) for key in request.partitions]
+        return pb.WorkerReleasePartitionsResponse(released=self.release(partitions))
+
+    @reports_errors
+    def GetPartitionStatus(  # noqa: N802
+        self, request: pb.WorkerPartitionStatusRequest, context: grpc.ServicerContext
+    ) -> pb.WorkerPartitionStatusResponse:
+        entries = []
+        for key in request.partitions:
+            partition = partition_of(key)
+            with self._lock:
+                committed = self._committed.get(partition)
+            if committed is not None and not self._store.exists(
+                self._store.child(partition_directory(self._store, partition), MANIFEST_FILE)
+            ):
+                # Deleted behind the worker's back (disk wiped, operator): it is lost.
+                with self._lock:
+                    self._committed.pop(partition, None)
+                committed = None
+            entries.append(
+                pb.WorkerPartitionStatusResponse.Entry(
+                    partition=key_of(partition),
+                    committed=committed is not None,
+                    statistics=None
+                    if committed is None
+                    else statistics_to_pb(committed.statistics),
+                )
+            )
+        return pb.WorkerPartitionStatusResponse(partitions=entries)
+
+    def Decommission(  # noqa: N802
+        self, request: pb.DecommissionRequest, context: grpc.ServicerContext
+    ) -> pb.DecommissionResponse:
+        self.drain()
+        logger.info("decommissioning: no new partitions")
+        with self._lock:
+            return pb.DecommissionResponse(partitions_remaining=len(self._committed))
+
+
+def heartbeat_loop(
+    service: WorkerService,
+    coordinator: pb_grpc.CoordinatorStub,
+    interval: float,
+    stop: threading.Event,
+    timeout: float,
+) -> None:
+    """Register with the coordinator, then send heartbeats until ``stop``; re-register when the
+    coordinator forgot this worker. Partitions the coordinator calls obsolete are deleted."""
+    registered = False
+    while not stop.is_set():
+        try:
+            if not registered:
+                response = coordinator.RegisterWorker(
+                    pb.RegisterWorkerRequest(
+                        worker=service.address.to_pb(),
+                        load=service.load(),
+                        committed=[key_of(p) for p in service.committed_partitions()],
+                    ),
+                    timeout=timeout,
+                )
+                obsolete = [partition_of(key) for key in response.obsolete]
+                if obsolete:
+                    logger.info("deleting %d partitions nobody tracks", len(obsolete))
+                    service.release(obsolete)
+                registered = True
+                logger.info("registered with the coordinator", extra=_describe(service))
+            else:
+                beat = coordinator.WorkerHeartbeat(
+                    pb.WorkerHeartbeatRequest(
+                        worker_id=service.address.worker_id, load=service.load()
+                    ),
+                    timeout=timeout,
+                )
+                registered = beat.known
+                if beat.release:
+                    service.release([partition_of(key) for key in beat.release])
+        except grpc.RpcError as error:
+            registered = False
+            logger.warning(
+                "coordinator unreachable: %s",
+                error.details() if isinstance(error, grpc.Call) else error,
+            )
+        stop.wait(interval)
+
+
+def _describe(service: WorkerService) -> dict[str, object]:
+    address = service.address
+    return {"worker_id": address.worker_id, "target": address.target, "store": address.store_url}

@@ -1,0 +1,775 @@
+"""deploy/ checked without running a real daemon: the Kubernetes manifests against the Kubernetes
+schemas and against the daemon's config, the TOML files and the Spark snippet against the
+options they set, the systemd unit and the Containerfile against the config they run, and
+local-cluster.sh driving stand-in daemons."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import kubernetes_validate
+import pytest
+import yaml  # type: ignore[import-untyped, unused-ignore]
+
+from external_shuffle.options import (
+    AUTH_TOKEN,
+    AUTH_TOKEN_FILE,
+    BIND_HOST,
+    CLIENT_OPTIONS,
+    COORDINATOR_ADDRESS,
+    DAEMON_OPTIONS,
+    METRICS_PORT,
+    SHUTDOWN_GRACE,
+    WORKER_PORT,
+    WORKER_STORE_URL,
+)
+from shuffle_api.config import ENV_PREFIX, ConfigOption, Configuration
+from shuffle_api.options import CORE_OPTIONS, SHUFFLE_SERVICE_FACTORY_CLASS
+
+Document = dict[str, Any]
+
+REPO: Final = Path(__file__).resolve().parents[2]
+DEPLOY: Final = REPO / "deploy"
+KUBERNETES: Final = DEPLOY / "kubernetes"
+DAEMON_TOML: Final = DEPLOY / "pyshuffle-daemon.toml"
+SYSTEMD_UNIT: Final = DEPLOY / "pyshuffle-daemon.service"
+SPARK_DEFAULTS: Final = DEPLOY / "spark-defaults.conf"
+CONTAINERFILE: Final = DEPLOY / "Containerfile"
+LOCAL_CLUSTER: Final = DEPLOY / "local-cluster.sh"
+
+# The oldest Kubernetes the manifests are written for, and the newest schema bundled.
+KUBERNETES_VERSIONS: Final = ("1.33.0", "1.37.0")
+EXPECTED_KINDS: Final = {"Secret", "ConfigMap", "Deployment", "Service", "StatefulSet"}
+CONFIGMAP_TOML_KEY: Final = "pyshuffle-daemon.toml"
+ROLES: Final = ("coordinator", "worker", "all")
+FACTORY: Final = "external_shuffle.ExternalShuffleServiceFactory"
+SPARK_PREFIX: Final = "spark.pyshuffle."
+
+DAEMON_ALL: Final[tuple[ConfigOption[Any], ...]] = (*CORE_OPTIONS, *DAEMON_OPTIONS)
+CLIENT_ALL: Final[tuple[ConfigOption[Any], ...]] = (*CORE_OPTIONS, *CLIENT_OPTIONS)
+
+# The ports the deployment promises (and the option defaults they come from).
+COORDINATOR_GRPC_PORT: Final = 9097
+WORKER_GRPC_PORT: Final = 9098
+METRICS_HTTP_PORT: Final = 9099
+
+# local-cluster.sh's fixed ports for `start 2`.
+LOCAL_CLUSTER_PORTS: Final = (19097, 19099, 19100, 19101, 19200, 19201)
+
+
+# --- loading ---------------------------------------------------------------------------------
+
+
+def _load_manifests() -> list[tuple[str, Document]]:
+    documents: list[tuple[str, Document]] = []
+    for path in sorted([*KUBERNETES.glob("*.yaml"), *KUBERNETES.glob("*.yml")]):
+        with path.open(encoding="utf-8") as handle:
+            documents += [(path.name, doc) for doc in yaml.safe_load_all(handle) if doc]
+    return documents
+
+
+MANIFESTS: Final = _load_manifests()
+
+
+def _objects(kind: str) -> list[Document]:
+    return [document for _, document in MANIFESTS if document["kind"] == kind]
+
+
+def _one(kind: str) -> Document:
+    found = _objects(kind)
+    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+    return found[0]
+
+
+def _workloads() -> list[Document]:
+    return [*_objects("Deployment"), *_objects("StatefulSet")]
+
+
+def _pod_spec(workload: Document) -> Document:
+    spec: Document = workload["spec"]["template"]["spec"]
+    return spec
+
+
+def _container(workload: Document) -> Document:
+    containers: list[Document] = _pod_spec(workload)["containers"]
+    assert len(containers) == 1, workload["metadata"]["name"]
+    return containers[0]
+
+
+def _container_port(workload: Document, name: str) -> int:
+    ports = {port["name"]: port["containerPort"] for port in _container(workload)["ports"]}
+    assert name in ports, f"{workload['metadata']['name']} has no port named {name!r}"
+    port: int = ports[name]
+    return port
+
+
+def _role(workload: Document) -> str:
+    args: list[str] = _container(workload)["args"]
+    return args[args.index("--role") + 1]
+
+
+def _workload_of_role(role: str) -> Document:
+    found = [workload for workload in _workloads() if _role(workload) == role]
+    assert len(found) == 1, f"expected one workload with --role {role}, found {len(found)}"
+    return found[0]
+
+
+def _selects(service: Document, workload: Document) -> bool:
+    selector: Mapping[str, str] = service["spec"]["selector"]
+    labels: Mapping[str, str] = workload["spec"]["template"]["metadata"]["labels"]
+    return all(labels.get(key) == value for key, value in selector.items())
+
+
+def _service_of(workload: Document) -> Document:
+    found = [service for service in _objects("Service") if _selects(service, workload)]
+    assert len(found) == 1, f"expected one Service for {workload['metadata']['name']}"
+    return found[0]
+
+
+def _configmap_toml() -> str:
+    data: Mapping[str, str] = _one("ConfigMap")["data"]
+    assert CONFIGMAP_TOML_KEY in data, f"the ConfigMap has no {CONFIGMAP_TOML_KEY}"
+    return data[CONFIGMAP_TOML_KEY]
+
+
+def _load_toml(tmp_path: Path, text: str) -> Configuration:
+    path = tmp_path / "daemon.toml"
+    path.write_text(text, encoding="utf-8")
+    return Configuration.load(toml_file=path, environ={})
+
+
+@pytest.fixture
+def configmap_config(tmp_path: Path) -> Configuration:
+    """The daemon config the Kubernetes pods run with."""
+    return _load_toml(tmp_path, _configmap_toml())
+
+
+@pytest.fixture
+def daemon_toml_config() -> Configuration:
+    """deploy/pyshuffle-daemon.toml, the config of the systemd unit and of the image."""
+    return Configuration.load(toml_file=DAEMON_TOML, environ={})
+
+
+def _port_of(address: str) -> int:
+    return int(address.rpartition(":")[2])
+
+
+def _spark_settings() -> dict[str, str]:
+    """The settings of spark-defaults.conf: active lines and commented-out ones (``# key v``)."""
+    settings: dict[str, str] = {}
+    for line in SPARK_DEFAULTS.read_text(encoding="utf-8").splitlines():
+        match = re.fullmatch(r"#?\s*(spark\.\S+)\s+(\S.*?)\s*", line)
+        if match is not None:
+            settings[match.group(1)] = match.group(2)
+    return settings
+
+
+def _active_spark_settings() -> dict[str, str]:
+    active: dict[str, str] = {}
+    for line in SPARK_DEFAULTS.read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            key, _, value = line.strip().partition(" ")
+            active[key] = value.strip()
+    return active
+
+
+def _systemd_service_section() -> dict[str, list[str]]:
+    """[Service] settings of the unit, each key with all its values in order."""
+    section: dict[str, list[str]] = {}
+    current = ""
+    for raw in SYSTEMD_UNIT.read_text(encoding="utf-8").splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            current = line
+            continue
+        if current == "[Service]":
+            key, _, value = line.partition("=")
+            section.setdefault(key.strip(), []).append(value.strip())
+    return section
+
+
+def _systemd_seconds(value: str) -> float:
+    units = {"": 1.0, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "ms": 0.001}
+    total = 0.0
+    for number, unit in re.findall(r"(\d+(?:\.\d+)?)\s*([a-z]*)", value):
+        total += float(number) * units[unit]
+    return total
+
+
+def _containerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    instructions: list[tuple[str, str]] = []
+    pending = ""
+    for raw in CONTAINERFILE.read_text(encoding="utf-8").splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        text = pending + line
+        pending = ""
+        instruction, _, arguments = text.partition(" ")
+        instructions.append((instruction.upper(), arguments.strip()))
+    return instructions
+
+
+# --- Kubernetes: schema and shape ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+@pytest.mark.parametrize(
+    "document",
+    [document for _, document in MANIFESTS],
+    ids=[f"{name}:{doc['kind']}/{doc['metadata']['name']}" for name, doc in MANIFESTS],
+)
+def test_every_manifest_document_validates_against_the_kubernetes_schema(
+    document: Document, version: str
+) -> None:
+    validated = kubernetes_validate.validate(document, version, strict=True)
+    assert validated == version.rsplit(".", 1)[0]
+
+
+def test_manifests_define_every_expected_kind() -> None:
+    kinds = {document["kind"] for _, document in MANIFESTS}
+    assert kinds >= EXPECTED_KINDS, f"missing {EXPECTED_KINDS - kinds}"
+
+
+def test_manifests_leave_the_namespace_to_kubectl() -> None:
+    namespaced = [doc["metadata"]["name"] for _, doc in MANIFESTS if "namespace" in doc["metadata"]]
+    assert namespaced == []
+
+
+def test_coordinator_is_one_replica_never_two_at_once() -> None:
+    coordinator = _workload_of_role("coordinator")
+    assert coordinator["kind"] == "Deployment"
+    assert coordinator["spec"]["replicas"] == 1
+    assert coordinator["spec"]["strategy"]["type"] == "Recreate"
+
+
+def test_workers_keep_their_store_on_a_claim_across_restarts(
+    configmap_config: Configuration,
+) -> None:
+    workers = _workload_of_role("worker")
+    assert workers["kind"] == "StatefulSet"
+    assert workers["spec"]["replicas"] >= 2
+    claims = {claim["metadata"]["name"] for claim in workers["spec"]["volumeClaimTemplates"]}
+    mounts = {m["mountPath"]: m["name"] for m in _container(workers)["volumeMounts"]}
+    store = configmap_config.get(WORKER_STORE_URL)
+    assert mounts.get(store) in claims, f"store-url {store!r} is not on a volumeClaimTemplate"
+
+
+def test_workers_are_governed_by_a_headless_service() -> None:
+    workers = _workload_of_role("worker")
+    service = _service_of(workers)
+    assert workers["spec"]["serviceName"] == service["metadata"]["name"]
+    assert service["spec"]["clusterIP"] == "None"
+
+
+def test_workers_advertise_their_pod_ip() -> None:
+    variable = WORKER_ADVERTISED_HOST_ENV
+    env = {item["name"]: item for item in _container(_workload_of_role("worker"))["env"]}
+    assert variable in env, f"the worker container does not set {variable}"
+    assert env[variable]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+
+
+WORKER_ADVERTISED_HOST_ENV: Final = "PYSHUFFLE_EXTERNAL_SHUFFLE_WORKER_ADVERTISED_HOST"
+
+
+def test_every_pyshuffle_variable_in_the_pods_is_a_daemon_option() -> None:
+    known = {option.env_name for option in DAEMON_ALL}
+    for workload in _workloads():
+        names = {item["name"] for item in _container(workload).get("env", [])}
+        assert {name for name in names if name.startswith(ENV_PREFIX)} <= known
+
+
+def test_no_service_injects_pyshuffle_variables_into_pods() -> None:
+    # Kubernetes gives pods a NAME_SERVICE_HOST, NAME_PORT, ... variable for every Service with
+    # a cluster IP in their namespace; a PYSHUFFLE_* one is an unknown option to pyshuffle.
+    for service in _objects("Service"):
+        prefix = re.sub(r"[^A-Za-z0-9]", "_", service["metadata"]["name"]).upper() + "_"
+        if service["spec"].get("clusterIP") != "None":
+            assert not prefix.startswith(ENV_PREFIX), service["metadata"]["name"]
+    for workload in _workloads():
+        assert _pod_spec(workload)["enableServiceLinks"] is False, workload["metadata"]["name"]
+
+
+def test_containers_run_unprivileged_on_a_read_only_root() -> None:
+    for workload in _workloads():
+        name = workload["metadata"]["name"]
+        security = _container(workload)["securityContext"]
+        assert security["runAsNonRoot"] is True, name
+        assert security["readOnlyRootFilesystem"] is True, name
+        assert security["allowPrivilegeEscalation"] is False, name
+        assert security["capabilities"]["drop"] == ["ALL"], name
+        assert _pod_spec(workload)["securityContext"]["runAsUser"] != 0, name
+
+
+def test_containers_request_and_limit_cpu_and_memory() -> None:
+    for workload in _workloads():
+        resources = _container(workload)["resources"]
+        for bound in ("requests", "limits"):
+            assert set(resources[bound]) >= {"cpu", "memory"}, workload["metadata"]["name"]
+
+
+def test_pods_outlive_the_daemons_shutdown_grace(configmap_config: Configuration) -> None:
+    grace = configmap_config.get(SHUTDOWN_GRACE)
+    for workload in _workloads():
+        period = _pod_spec(workload)["terminationGracePeriodSeconds"]
+        assert period > grace, f"{workload['metadata']['name']}: {period} s <= {grace} s"
+
+
+# --- Kubernetes: ports, probes, metrics, config, token ---------------------------------------
+
+
+def test_option_defaults_are_the_documented_ports() -> None:
+    assert _port_of(COORDINATOR_ADDRESS.default) == COORDINATOR_GRPC_PORT
+    assert WORKER_PORT.default == WORKER_GRPC_PORT
+    assert METRICS_PORT.default == METRICS_HTTP_PORT
+
+
+def test_container_ports_are_the_ports_the_config_serves(configmap_config: Configuration) -> None:
+    coordinator, workers = _workload_of_role("coordinator"), _workload_of_role("worker")
+    coordinator_port = _port_of(configmap_config.get(COORDINATOR_ADDRESS))
+    assert _container_port(coordinator, "grpc") == coordinator_port == COORDINATOR_GRPC_PORT
+    assert _container_port(workers, "grpc") == configmap_config.get(WORKER_PORT)
+    assert _container_port(workers, "grpc") == WORKER_GRPC_PORT
+    for workload in (coordinator, workers):
+        assert _container_port(workload, "metrics") == configmap_config.get(METRICS_PORT)
+        assert _container_port(workload, "metrics") == METRICS_HTTP_PORT
+
+
+def test_services_expose_the_container_ports() -> None:
+    for workload in _workloads():
+        service = _service_of(workload)
+        for port in service["spec"]["ports"]:
+            target = port["targetPort"]
+            target_number = target if isinstance(target, int) else None
+            if isinstance(target, str):
+                target_number = _container_port(workload, target)
+            assert port["port"] == target_number, f"{service['metadata']['name']}: {port}"
+
+
+def test_the_coordinator_address_is_the_coordinator_service(
+    configmap_config: Configuration,
+) -> None:
+    host, _, port = configmap_config.get(COORDINATOR_ADDRESS).rpartition(":")
+    service = _service_of(_workload_of_role("coordinator"))
+    assert host.split(".")[0] == service["metadata"]["name"]
+    assert int(port) in {item["port"] for item in service["spec"]["ports"]}
+
+
+def test_probes_ask_the_grpc_health_service_of_the_serving_port() -> None:
+    for workload in _workloads():
+        container = _container(workload)
+        grpc_port = _container_port(workload, "grpc")
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert container[probe]["grpc"]["port"] == grpc_port, (workload["kind"], probe)
+            assert container[probe]["grpc"].get("service", "") == ""
+
+
+def test_pods_are_annotated_for_prometheus_scraping() -> None:
+    for workload in _workloads():
+        annotations = workload["spec"]["template"]["metadata"]["annotations"]
+        assert annotations["prometheus.io/scrape"] == "true"
+        assert int(annotations["prometheus.io/port"]) == _container_port(workload, "metrics")
+        assert annotations["prometheus.io/path"] == "/metrics"
+
+
+def test_configmap_toml_is_a_valid_daemon_config(configmap_config: Configuration) -> None:
+    configmap_config.validate(DAEMON_ALL)
+    assert configmap_config.contains(WORKER_STORE_URL)
+
+
+def test_pods_mount_the_configmap_toml_they_are_started_with() -> None:
+    configmap = _one("ConfigMap")["metadata"]["name"]
+    for workload in _workloads():
+        args: list[str] = _container(workload)["args"]
+        config = Path(args[args.index("--config") + 1])
+        volumes = {
+            volume["name"]
+            for volume in _pod_spec(workload)["volumes"]
+            if volume.get("configMap", {}).get("name") == configmap
+        }
+        mounted = [
+            mount
+            for mount in _container(workload)["volumeMounts"]
+            if mount["name"] in volumes and Path(mount["mountPath"]) == config.parent
+        ]
+        assert mounted, f"{workload['metadata']['name']} does not mount {config}"
+        assert config.name == CONFIGMAP_TOML_KEY
+
+
+def test_the_token_file_is_inside_the_mounted_token_secret(
+    configmap_config: Configuration,
+) -> None:
+    secret = _one("Secret")
+    keys = {*secret.get("stringData", {}), *secret.get("data", {})}
+    token_file = Path(configmap_config.get(AUTH_TOKEN_FILE))
+    assert not configmap_config.get(AUTH_TOKEN), "the token belongs in the Secret"
+    for workload in _workloads():
+        volumes = {
+            volume["name"]: volume["secret"]
+            for volume in _pod_spec(workload)["volumes"]
+            if volume.get("secret", {}).get("secretName") == secret["metadata"]["name"]
+        }
+        mounts = [m for m in _container(workload)["volumeMounts"] if m["name"] in volumes]
+        assert mounts, f"{workload['metadata']['name']} does not mount the token Secret"
+        files = {
+            Path(mount["mountPath"]) / key
+            for mount in mounts
+            for key in keys
+            if "items" not in volumes[mount["name"]]
+        }
+        assert token_file in files, f"{token_file} is none of {sorted(map(str, files))}"
+
+
+def test_the_daemons_listen_beyond_loopback(
+    configmap_config: Configuration, daemon_toml_config: Configuration
+) -> None:
+    for config in (configmap_config, daemon_toml_config):
+        assert config.get(BIND_HOST) in ("0.0.0.0", "::")
+
+
+# --- deploy/pyshuffle-daemon.toml ------------------------------------------------------------
+
+
+def test_daemon_toml_is_a_valid_daemon_config(daemon_toml_config: Configuration) -> None:
+    daemon_toml_config.validate(DAEMON_ALL)
+
+
+def test_daemon_toml_reads_the_token_from_a_file(daemon_toml_config: Configuration) -> None:
+    assert daemon_toml_config.get(AUTH_TOKEN_FILE).startswith("/")
+    assert not daemon_toml_config.get(AUTH_TOKEN)
+
+
+def test_daemon_toml_serves_the_documented_ports(daemon_toml_config: Configuration) -> None:
+    assert _port_of(daemon_toml_config.get(COORDINATOR_ADDRESS)) == COORDINATOR_GRPC_PORT
+    assert daemon_toml_config.get(WORKER_PORT) == WORKER_GRPC_PORT
+    assert daemon_toml_config.get(METRICS_PORT) == METRICS_HTTP_PORT
+
+
+# --- systemd ---------------------------------------------------------------------------------
+
+
+def test_systemd_unit_runs_the_daemon_with_a_known_role() -> None:
+    (exec_start,) = _systemd_service_section()["ExecStart"]
+    argv = shlex.split(exec_start)
+    assert Path(argv[0]).name == "pyshuffle"
+    assert argv[1] == "daemon"
+    assert argv[argv.index("--role") + 1] in ROLES
+    assert argv[argv.index("--config") + 1] == "/etc/pyshuffle/pyshuffle-daemon.toml"
+
+
+def test_systemd_unit_waits_longer_than_the_shutdown_grace(
+    daemon_toml_config: Configuration,
+) -> None:
+    service = _systemd_service_section()
+    assert service["KillSignal"] == ["SIGTERM"]
+    (timeout,) = service["TimeoutStopSec"]
+    assert _systemd_seconds(timeout) > daemon_toml_config.get(SHUTDOWN_GRACE)
+
+
+def test_systemd_unit_keeps_the_store_in_its_state_directory(
+    daemon_toml_config: Configuration,
+) -> None:
+    service = _systemd_service_section()
+    (state,) = service["StateDirectory"]
+    store = f"/var/lib/{state}"
+    assert daemon_toml_config.get(WORKER_STORE_URL) == store
+    assert store in " ".join(service["ReadWritePaths"]).split()
+
+
+def test_systemd_unit_runs_confined_as_a_dedicated_user() -> None:
+    service = _systemd_service_section()
+    assert service["User"] not in (["root"], ["0"], [])
+    assert service["NoNewPrivileges"] == ["yes"]
+    assert service["ProtectSystem"] == ["strict"]
+    assert service["Restart"] == ["on-failure"]
+
+
+# --- Spark -----------------------------------------------------------------------------------
+
+
+def test_spark_defaults_set_only_known_client_options() -> None:
+    pyshuffle = {
+        key.removeprefix(SPARK_PREFIX): value
+        for key, value in _spark_settings().items()
+        if key.startswith(SPARK_PREFIX)
+    }
+    assert pyshuffle, "no spark.pyshuffle.* setting found"
+    # Unknown keys and values that do not parse raise ConfigError.
+    Configuration.load(pyshuffle, environ={}).validate(CLIENT_ALL)
+
+
+def test_spark_defaults_select_the_external_service() -> None:
+    active = _active_spark_settings()
+    config = Configuration.load(
+        {k.removeprefix(SPARK_PREFIX): v for k, v in active.items() if k.startswith(SPARK_PREFIX)},
+        environ={},
+    )
+    assert config.get(SHUFFLE_SERVICE_FACTORY_CLASS) == FACTORY
+    assert config.get(AUTH_TOKEN_FILE), "Spark needs the token"
+    assert _port_of(config.get(COORDINATOR_ADDRESS)) == COORDINATOR_GRPC_PORT
+
+
+def test_spark_defaults_address_the_coordinator_service() -> None:
+    address = _active_spark_settings()[SPARK_PREFIX + COORDINATOR_ADDRESS.key]
+    service = _service_of(_workload_of_role("coordinator"))
+    assert address.split(".")[0] == service["metadata"]["name"]
+
+
+def test_spark_pods_mount_the_token_secret_where_the_token_file_is() -> None:
+    active = _active_spark_settings()
+    secret = _one("Secret")
+    token_file = Path(active[SPARK_PREFIX + AUTH_TOKEN_FILE.key])
+    keys = {*secret.get("stringData", {}), *secret.get("data", {})}
+    for side in ("driver", "executor"):
+        mount = active[f"spark.kubernetes.{side}.secrets.{secret['metadata']['name']}"]
+        assert token_file.parent == Path(mount), side
+        assert token_file.name in keys
+
+
+# --- Containerfile ---------------------------------------------------------------------------
+
+
+def test_containerfile_runs_the_daemon_as_a_non_root_user() -> None:
+    instructions = _containerfile_instructions()
+    final_stage = instructions[max(i for i, (op, _) in enumerate(instructions) if op == "FROM") :]
+    arguments = {op: args for op, args in final_stage}
+    assert arguments["FROM"].split()[0] == "python:3.11-slim"
+    assert arguments["USER"].split(":")[0] not in ("root", "0")
+    assert arguments["ENTRYPOINT"] == '["pyshuffle", "daemon"]'
+    assert set(arguments["EXPOSE"].split()) == {
+        str(COORDINATOR_GRPC_PORT),
+        str(WORKER_GRPC_PORT),
+        str(METRICS_HTTP_PORT),
+    }
+
+
+def test_containerfile_volume_holds_the_default_config_store(
+    daemon_toml_config: Configuration,
+) -> None:
+    arguments = dict(_containerfile_instructions())
+    assert daemon_toml_config.get(WORKER_STORE_URL) in arguments["VOLUME"]
+    assert "deploy/pyshuffle-daemon.toml" in " ".join(
+        args for op, args in _containerfile_instructions() if op == "COPY"
+    )
+
+
+def test_containerfile_copies_every_package_and_installs_the_external_extra() -> None:
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    copied = " ".join(args for op, args in _containerfile_instructions() if op == "COPY").split()
+    packages = [
+        pattern.rstrip("*")
+        for pattern in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
+    ]
+    for needed in [*packages, pyproject["project"]["readme"], "pyproject.toml"]:
+        assert needed in copied, f"the Containerfile does not copy {needed}"
+    runs = " ".join(args for op, args in _containerfile_instructions() if op == "RUN")
+    assert re.search(r"pip install \S*\[external\]", runs)
+
+
+# --- local-cluster.sh ------------------------------------------------------------------------
+
+
+def test_local_cluster_script_parses() -> None:
+    result = subprocess.run(
+        ["bash", "-n", str(LOCAL_CLUSTER)], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_local_cluster_script_is_shellcheck_clean() -> None:
+    shellcheck = shutil.which("shellcheck")
+    if shellcheck is None:
+        pytest.skip("shellcheck is not installed")
+    result = subprocess.run(
+        [shellcheck, str(LOCAL_CLUSTER)], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout
+
+
+def test_local_cluster_script_is_executable() -> None:
+    assert LOCAL_CLUSTER.stat().st_mode & stat.S_IXUSR
+
+
+# A stand-in for `pyshuffle daemon`: validates its config (and the PYSHUFFLE_* environment) as
+# the daemon does, listens on its gRPC and metrics ports, exits on SIGTERM. FAKE_DAEMON_MODE:
+# "ignore-term" ignores SIGTERM; "worker-fails" makes the workers die at start.
+FAKE_DAEMON: Final = """\
+import argparse, importlib.util, os, signal, socket, sys, time
+from shuffle_api.config import Configuration
+from shuffle_api.options import CORE_OPTIONS
+
+spec = importlib.util.spec_from_file_location("deploy_fake_options", sys.argv.pop(1))
+options = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(options)
+parser = argparse.ArgumentParser()
+parser.add_argument("command", choices=["daemon"])
+parser.add_argument("--role", choices=["coordinator", "worker", "all"], required=True)
+parser.add_argument("--config", required=True)
+args = parser.parse_args()
+mode = os.environ.get("FAKE_DAEMON_MODE", "")
+if mode == "worker-fails" and args.role == "worker":
+    sys.exit("fake worker: cannot start (as asked)")
+config = Configuration.load(toml_file=args.config)
+config.validate([*CORE_OPTIONS, *options.DAEMON_OPTIONS])
+assert open(config.get(options.AUTH_TOKEN_FILE)).read().strip(), "empty token"
+if args.role == "coordinator":
+    port = int(config.get(options.COORDINATOR_ADDRESS).rpartition(":")[2])
+else:
+    port = config.get(options.WORKER_PORT)
+    assert os.path.isdir(config.get(options.WORKER_STORE_URL)), "no store directory"
+sockets = []
+for number in (port, config.get(options.METRICS_PORT)):
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((config.get(options.BIND_HOST), number))
+    listener.listen()
+    sockets.append(listener)
+print(args.role, "listening on", port, flush=True)
+signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "ignore-term" else lambda *_: sys.exit(0))
+while True:
+    time.sleep(0.1)
+"""
+
+
+def _port_in_use(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.settimeout(0.5)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture
+def local_cluster(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
+    """(run directory, environment) to run local-cluster.sh with the stand-in daemon; whatever
+    it started is stopped afterwards."""
+    if any(_port_in_use(port) for port in LOCAL_CLUSTER_PORTS):
+        pytest.skip(f"a local-cluster.sh port ({LOCAL_CLUSTER_PORTS}) is in use")
+    script = tmp_path / "fake-pyshuffle.py"
+    script.write_text(FAKE_DAEMON, encoding="utf-8")
+    command = tmp_path / "pyshuffle"
+    options_file = REPO / "external_shuffle" / "options.py"
+    command.write_text(
+        f"#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(str(script))}"
+        f' {shlex.quote(str(options_file))} "$@"\n',
+        encoding="utf-8",
+    )
+    command.chmod(0o755)
+    run_dir = tmp_path / "cluster"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
+    env.update(
+        PYSHUFFLE=str(command),
+        PYSHUFFLE_CLUSTER_DIR=str(run_dir),
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
+        LOCAL_CLUSTER_START_TIMEOUT="30",
+        LOCAL_CLUSTER_STOP_TIMEOUT="10",
+    )
+    try:
+        yield run_dir, env
+    finally:
+        _cluster("stop", env=env)
+
+
+def _cluster(*args: str, env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(LOCAL_CLUSTER), *args],
+        capture_output=True,
+        text=True,
+        env=dict(env),
+        timeout=120,
+        check=False,
+    )
+
+
+def _pids(run_dir: Path) -> dict[str, int]:
+    return {path.stem: int(path.read_text().strip()) for path in run_dir.glob("*.pid")}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_local_cluster_starts_lists_and_stops_its_daemons(
+    local_cluster: tuple[Path, dict[str, str]],
+) -> None:
+    run_dir, env = local_cluster
+    started = _cluster("start", "2", env=env)
+    assert started.returncode == 0, started.stderr
+    token = run_dir / "token"
+    assert f'external-shuffle.coordinator.address = "127.0.0.1:{LOCAL_CLUSTER_PORTS[0]}"' in (
+        started.stdout
+    )
+    assert str(token) in started.stdout
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600
+    pids = _pids(run_dir)
+    assert set(pids) == {"coordinator", "worker-0", "worker-1"}
+    assert all(_alive(pid) for pid in pids.values())
+    assert all(_port_in_use(port) for port in LOCAL_CLUSTER_PORTS)
+    client = Configuration.load(toml_file=run_dir / "client.toml", environ={})
+    client.validate(CLIENT_ALL)
+    assert client.get(AUTH_TOKEN_FILE) == str(token)
+
+    status = _cluster("status", env=env)
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert all(f"{name} " in status.stdout for name in pids)
+
+    stopped = _cluster("stop", env=env)
+    assert stopped.returncode == 0, stopped.stderr
+    assert not any(_alive(pid) for pid in pids.values())
+    assert _pids(run_dir) == {}
+    assert _cluster("status", env=env).returncode == 3
+
+
+def test_local_cluster_start_shows_the_log_of_a_daemon_that_died(
+    local_cluster: tuple[Path, dict[str, str]],
+) -> None:
+    run_dir, env = local_cluster
+    started = _cluster("start", "2", env={**env, "FAKE_DAEMON_MODE": "worker-fails"})
+    assert started.returncode == 1
+    assert "worker-0" in started.stderr
+    assert "fake worker: cannot start (as asked)" in started.stderr
+    assert _pids(run_dir) == {}, "a failed start leaves nothing running"
+    assert not _port_in_use(LOCAL_CLUSTER_PORTS[0])
+
+
+def test_local_cluster_stop_kills_a_daemon_that_ignores_sigterm(
+    local_cluster: tuple[Path, dict[str, str]],
+) -> None:
+    run_dir, env = local_cluster
+    stubborn = {**env, "FAKE_DAEMON_MODE": "ignore-term", "LOCAL_CLUSTER_STOP_TIMEOUT": "1"}
+    assert _cluster("start", "1", env=stubborn).returncode == 0
+    pids = _pids(run_dir)
+    stopped = _cluster("stop", env=stubborn)
+    assert stopped.returncode == 0, stopped.stderr
+    assert "SIGKILL" in stopped.stderr
+    assert not any(_alive(pid) for pid in pids.values())
+
+
+def test_local_cluster_refuses_a_bad_worker_count(
+    local_cluster: tuple[Path, dict[str, str]],
+) -> None:
+    run_dir, env = local_cluster
+    for count in ("0", "two", "-1"):
+        result = _cluster("start", count, env=env)
+        assert result.returncode != 0, count
+        assert "number of workers" in result.stderr
+    assert _pids(run_dir) == {}
