@@ -138,8 +138,10 @@ class LocalCluster:
     def _launch(self, process: _Process) -> None:
         log = process.log.open("ab")
         process.popen = subprocess.Popen(
-            [sys.executable, "-m", "external_shuffle.daemon", "--role", process.role]
-            + ["--config", str(process.config)],
+            [
+                *(sys.executable, "-m", "external_shuffle.daemon"),
+                *("--role", process.role, "--config", str(process.config)),
+            ],
             stdout=log,
             stderr=log,
             env={k: v for k, v in os.environ.items() if not k.startswith("PYSHUFFLE_")},

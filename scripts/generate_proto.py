@@ -55,7 +55,9 @@ def generate(out_root: Path) -> list[Path]:
                 text = source.read_text()
                 # The stubs import their messages by proto path; here they sit side by side.
                 package = ".".join(Path(proto).parent.parts)
-                text = text.replace(f"from {package} import {stem}_pb2", f"from . import {stem}_pb2")
+                text = text.replace(
+                    f"from {package} import {stem}_pb2", f"from . import {stem}_pb2"
+                )
                 (target / source.name).write_text(text)
                 written.append(target / source.name)
     return written

@@ -1,4 +1,5 @@
-"""The checked-in protobuf modules and gRPC stubs are exactly what scripts/generate_proto.py makes from proto/."""
+"""The checked-in protobuf modules and gRPC stubs are exactly what scripts/generate_proto.py
+makes from proto/."""
 
 from __future__ import annotations
 
