@@ -1,5 +1,5 @@
 """Fixtures shared by the integration tests: one local Spark session for the whole run (a JVM
-takes ~10 s to start), created only when a test asks for it."""
+takes ~10 s to start), created only when a test asks for it, and the shuffle services."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from external_shuffle.local_cluster import LocalCluster
 from pyspark_shuffle.local_spark import local_spark_session
 from pyspark_shuffle.options import SPARK_CONF_PREFIX
+from tests.integration.services import ShuffleService, external_service, netty_service
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -31,3 +33,16 @@ def spark() -> Iterator[SparkSession]:
     )
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="module", params=["netty_like", "external_shuffle"])
+def service(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ShuffleService]:
+    """Each module runs on the default service and on a real external cluster (a coordinator
+    and two worker daemons of its own)."""
+    if request.param == "netty_like":
+        yield netty_service(tmp_path_factory.mktemp("store"))
+        return
+    with LocalCluster(tmp_path_factory.mktemp("cluster"), workers=2) as cluster:
+        yield external_service(cluster)

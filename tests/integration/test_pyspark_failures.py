@@ -14,11 +14,9 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pytest
 
-from netty_like.descriptor import NettyShuffleDescriptor
 from pyspark_shuffle import Exchange, SparkShuffle
 from shuffle_api import InvalidOperationError, StageFailedError
-from shuffle_api.format import partition_directory
-from shuffle_api.store import Store
+from tests.integration.services import ShuffleService
 from tests.integration.spark_rows import multiset
 
 if TYPE_CHECKING:
@@ -28,11 +26,8 @@ ROWS = 12_000
 
 
 @pytest.fixture(scope="module")
-def shuffle(
-    spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[SparkShuffle]:
-    store = tmp_path_factory.mktemp("store")
-    with SparkShuffle(spark, config={"netty-like.storage.url": str(store)}) as made:
+def shuffle(spark: SparkSession, service: ShuffleService) -> Iterator[SparkShuffle]:
+    with SparkShuffle(spark, config=service.config()) as made:
         yield made
 
 
@@ -47,17 +42,15 @@ def data(spark: SparkSession) -> DataFrame:
     return frame.cache()
 
 
-def _directory(exchange: Exchange, map_index: int) -> str:
-    descriptor = exchange.outputs[map_index].descriptor
-    assert isinstance(descriptor, NettyShuffleDescriptor)
-    return partition_directory(Store(descriptor.store_url), descriptor.result_partition_id)
+def _directories(exchange: Exchange, map_index: int) -> list[str]:
+    return ShuffleService.partition_directories(exchange.outputs[map_index].descriptor)
 
 
 def _delete_outputs(exchange: Exchange, map_indexes: list[int]) -> None:
     for map_index in map_indexes:
-        directory = _directory(exchange, map_index)
-        assert os.path.isdir(directory)
-        shutil.rmtree(directory)
+        for directory in _directories(exchange, map_index):
+            assert os.path.isdir(directory)
+            shutil.rmtree(directory)
 
 
 def test_lost_map_outputs_are_rerun_before_the_reduce_stage(
@@ -125,8 +118,8 @@ def test_a_retried_map_task_writes_no_duplicate_rows(
     assert ids == Counter(range(ROWS))
     assert shuffle.statistics(result).rows_written == ROWS
     # The failed attempt left no directory next to the registered one.
-    attempts = os.listdir(os.path.dirname(_directory(exchange, 1)))
-    assert attempts == [os.path.basename(_directory(exchange, 1))]
+    for directory in _directories(exchange, 1):
+        assert os.listdir(os.path.dirname(directory)) == [os.path.basename(directory)]
 
 
 def _poisoned(data: DataFrame) -> DataFrame:

@@ -4,10 +4,8 @@ sort and all six joins, on skewed, null, string, decimal, timestamp and list col
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -18,6 +16,7 @@ from pyspark_shuffle import SparkShuffle, spark_configuration
 from pyspark_shuffle.options import MAX_SUBPARTITIONS
 from shuffle_api import ConfigError, InvalidOperationError, ShuffleServiceClosedError
 from tests.integration.conftest import SPARK_MAX_SUBPARTITIONS
+from tests.integration.services import ShuffleService
 from tests.integration.spark_rows import canonical, multiset, ordered, rows_of
 
 if TYPE_CHECKING:
@@ -27,26 +26,16 @@ ROWS = 10_000
 SPARK_JOIN_NAMES = {"semi": "left_semi", "anti": "left_anti"}
 
 
-def _config(store: Path, **extra: object) -> dict[str, object]:
-    return {"netty-like.storage.url": str(store), **extra}
-
-
 @pytest.fixture(scope="module")
-def shuffle(
-    spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[SparkShuffle]:
-    with SparkShuffle(spark, config=_config(tmp_path_factory.mktemp("store"))) as made:
+def shuffle(spark: SparkSession, service: ShuffleService) -> Iterator[SparkShuffle]:
+    with SparkShuffle(spark, config=service.config()) as made:
         yield made
 
 
 @pytest.fixture(scope="module")
-def small_reducers(
-    spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[SparkShuffle]:
+def small_reducers(spark: SparkSession, service: ShuffleService) -> Iterator[SparkShuffle]:
     """Automatic reducers that read ~48 kB each: several reducers even for small data."""
-    config = _config(
-        tmp_path_factory.mktemp("store"), **{"pyspark-shuffle.reducer.target-size": "48k"}
-    )
+    config = service.config(**{"pyspark-shuffle.reducer.target-size": "48k"})
     with SparkShuffle(spark, config=config) as made:
         yield made
 
@@ -365,20 +354,17 @@ def test_release_makes_later_reads_fail_clearly(shuffle: SparkShuffle, data: Dat
         shuffle.statistics(result)
 
 
-def _files_under(root: Path) -> list[str]:
-    return [os.path.join(where, name) for where, _, names in os.walk(root) for name in names]
-
-
 def test_close_leaves_no_partition_files(
-    spark: SparkSession, data: DataFrame, tmp_path: Path
+    spark: SparkSession, data: DataFrame, service: ShuffleService
 ) -> None:
-    shuffle = SparkShuffle(spark, config=_config(tmp_path))
+    before = service.stored_paths()
+    shuffle = SparkShuffle(spark, config=service.config())
     kept = shuffle.repartition(data, "k", num_partitions=3)
     shuffle.join(data.select("k", "id"), data.select("k", "s"), "k", "semi")
     assert kept.count() == ROWS
-    assert len(_files_under(tmp_path)) > 0
+    assert service.stored_paths() - before
     shuffle.close()
-    assert list(tmp_path.iterdir()) == []  # no files, and no empty directories either
+    assert service.stored_paths() == before  # no files, and no empty directories either
     with pytest.raises(ShuffleServiceClosedError):
         shuffle.repartition(data, "k")
     shuffle.close()  # idempotent
@@ -400,11 +386,13 @@ def test_configuration_from_spark_conf(
     assert overridden.get(MAX_SUBPARTITIONS) == 3
 
 
-def test_unknown_or_invalid_config_is_a_config_error(spark: SparkSession, tmp_path: Path) -> None:
+def test_unknown_or_invalid_config_is_a_config_error(
+    spark: SparkSession, service: ShuffleService
+) -> None:
     with pytest.raises(ConfigError, match=r"'pyspark-shuffle\.max-subpartition'"):
-        SparkShuffle(spark, config=_config(tmp_path, **{"pyspark-shuffle.max-subpartition": 3}))
+        SparkShuffle(spark, config=service.config(**{"pyspark-shuffle.max-subpartition": 3}))
     with pytest.raises(ConfigError, match=r"'pyspark-shuffle\.max-subpartitions'"):
-        SparkShuffle(spark, config=_config(tmp_path, **{"pyspark-shuffle.max-subpartitions": 0}))
+        SparkShuffle(spark, config=service.config(**{"pyspark-shuffle.max-subpartitions": 0}))
 
 
 def test_repartition_map_equals_repartition_then_map_in_arrow(

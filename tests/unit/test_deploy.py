@@ -9,12 +9,14 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import socket
 import stat
 import subprocess
 import sys
+import time
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -31,6 +33,7 @@ from external_shuffle.options import (
     DAEMON_OPTIONS,
     METRICS_PORT,
     SHUTDOWN_GRACE,
+    WORKER_ADVERTISED_HOST,
     WORKER_PORT,
     WORKER_STORE_URL,
 )
@@ -179,7 +182,7 @@ def _active_spark_settings() -> dict[str, str]:
     active: dict[str, str] = {}
     for line in SPARK_DEFAULTS.read_text(encoding="utf-8").splitlines():
         if line.strip() and not line.lstrip().startswith("#"):
-            key, _, value = line.strip().partition(" ")
+            key, value = line.split(None, 1)
             active[key] = value.strip()
     return active
 
@@ -280,13 +283,10 @@ def test_workers_are_governed_by_a_headless_service() -> None:
 
 
 def test_workers_advertise_their_pod_ip() -> None:
-    variable = WORKER_ADVERTISED_HOST_ENV
+    variable = WORKER_ADVERTISED_HOST.env_name
     env = {item["name"]: item for item in _container(_workload_of_role("worker"))["env"]}
     assert variable in env, f"the worker container does not set {variable}"
     assert env[variable]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
-
-
-WORKER_ADVERTISED_HOST_ENV: Final = "PYSHUFFLE_EXTERNAL_SHUFFLE_WORKER_ADVERTISED_HOST"
 
 
 def test_every_pyshuffle_variable_in_the_pods_is_a_daemon_option() -> None:
@@ -683,6 +683,20 @@ def local_cluster(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
         yield run_dir, env
     finally:
         _cluster("stop", env=env)
+        _kill_leftovers(str(script))
+
+
+def _kill_leftovers(marker: str) -> None:
+    """SIGKILL the stand-in daemons a failing test left running (found through /proc)."""
+    killed: list[int] = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if marker in cmdline.read_bytes().decode(errors="replace"):
+                os.kill(int(cmdline.parent.name), signal.SIGKILL)
+                killed.append(int(cmdline.parent.name))
+        except (OSError, ValueError):
+            continue
+    _all_gone(killed)
 
 
 def _cluster(*args: str, env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
@@ -701,10 +715,24 @@ def _pids(run_dir: Path) -> dict[str, int]:
 
 
 def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie nobody reaped yet does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state != "Z"
+
+
+def _all_gone(pids: Iterable[int], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while any(_alive(pid) for pid in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
     return True
 
 
@@ -734,7 +762,7 @@ def test_local_cluster_starts_lists_and_stops_its_daemons(
 
     stopped = _cluster("stop", env=env)
     assert stopped.returncode == 0, stopped.stderr
-    assert not any(_alive(pid) for pid in pids.values())
+    assert _all_gone(pids.values(), timeout=0.5), "stop returned before the daemons exited"
     assert _pids(run_dir) == {}
     assert _cluster("status", env=env).returncode == 3
 
@@ -743,8 +771,11 @@ def test_local_cluster_start_shows_the_log_of_a_daemon_that_died(
     local_cluster: tuple[Path, dict[str, str]],
 ) -> None:
     run_dir, env = local_cluster
+    began = time.monotonic()
     started = _cluster("start", "2", env={**env, "FAKE_DAEMON_MODE": "worker-fails"})
     assert started.returncode == 1
+    # Noticed when the daemon exits, not after LOCAL_CLUSTER_START_TIMEOUT.
+    assert time.monotonic() - began < float(env["LOCAL_CLUSTER_START_TIMEOUT"]) / 2
     assert "worker-0" in started.stderr
     assert "fake worker: cannot start (as asked)" in started.stderr
     assert _pids(run_dir) == {}, "a failed start leaves nothing running"
@@ -761,7 +792,7 @@ def test_local_cluster_stop_kills_a_daemon_that_ignores_sigterm(
     stopped = _cluster("stop", env=stubborn)
     assert stopped.returncode == 0, stopped.stderr
     assert "SIGKILL" in stopped.stderr
-    assert not any(_alive(pid) for pid in pids.values())
+    assert _all_gone(pids.values())
 
 
 def test_local_cluster_refuses_a_bad_worker_count(

@@ -1,0 +1,1087 @@
+"""Push and fetch throughput of one ``external_shuffle`` worker over 127.0.0.1, beside raw
+grpcio streaming of the same bytes in the same run.
+
+Setup: one :class:`~external_shuffle.local_cluster.LocalCluster` (coordinator + 1 worker as
+daemon processes, the worker's store in a temp directory, ``store_shared=False`` so every read
+goes over gRPC), a shuffle master in this process, and ``max(--writers)`` client processes
+(started once with ``spawn``, each with its own environments and its own interpreter, so the GIL
+of one writer does not slow another). Arrow record batches (int64 ``key``, float64 ``value``, a
+~20-byte string ``text``; ``--megabytes`` of them) are generated once and written to an IPC file
+that every client loads into memory before any timing. The subpartition of every row (a cheap
+hash of ``key``) is computed before timing too: it is the engine's work.
+
+For each codec (``--codecs``) and each number of writers W (``--writers``), ``--repeat`` times:
+
+* **push**: W clients at once each write the whole dataset as one partition of
+  ``--subpartitions`` subpartitions through ``ExternalShuffleEnvironment``'s writer (split by
+  subpartition, Arrow IPC encoding, checksums, ``Worker.PushData`` client stream of
+  ``external-shuffle.client.chunk-size`` messages, ``CommitPartition``). Timed from a common
+  start instant until the last ``finish()`` returns. Bytes: the partitions' data files as the
+  worker committed them (``manifest.data_bytes``: exactly the bytes pushed).
+* **fetch**: W clients at once each read one of those partitions (all subpartitions) through an
+  input gate with ``external-shuffle.client.read-from-store = false`` (``Worker.FetchData``
+  server stream, checksum verification, IPC decoding); every batch is iterated and counted and,
+  after the clock stops, the row count and sum of ``value`` are checked. Bytes: the runs read
+  (the partitions' ``PartitionStatistics`` total: exactly the bytes the worker streams).
+* **raw push / raw fetch**: the same W client processes stream the same byte counts to a minimal
+  grpcio server in its own process (no pyshuffle code: a generic handler, bytes passthrough
+  serializers, the same thread pool size and message limits as the daemon): client-streaming
+  messages of the same size (the server only counts them), and server-streaming pre-built
+  messages of that size back (the client only counts them).
+
+MB/s are 10**6 wire bytes per second (with a compressing codec, compressed bytes: raw streams
+the same number). Every figure is the median of ``--repeat`` repetitions; the goal stated by
+the issue is at least 70 % of raw for both push and fetch. CPU seconds of the client processes
+and of the serving process (the worker daemon, or the raw server) are recorded too, read from
+``/proc`` (Linux), to show where the time goes.
+
+Run from the repository root::
+
+    python benchmarks/external_throughput.py                    # default: about 2 minutes
+    python benchmarks/external_throughput.py --megabytes 16 --repeat 1
+    python benchmarks/external_throughput.py --codecs none,lz4 --writers 1,4
+
+Results are printed and saved as JSON (``--output``, default
+``benchmarks/results/external_throughput.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import multiprocessing
+import multiprocessing.context
+import os
+import platform
+import shutil
+import statistics
+import struct
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import google.protobuf
+import grpc
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+import external_shuffle.descriptor  # noqa: F401 (registers the descriptor kind for deserialize)
+from external_shuffle.local_cluster import LocalCluster
+from external_shuffle.options import MAX_MESSAGE_SIZE, PUSH_CHUNK_SIZE
+from shuffle_api import (
+    LOCAL_ONLY_PORT,
+    Configuration,
+    InputGateDeploymentDescriptor,
+    IntermediateResultPartitionID,
+    PartitionDescriptor,
+    ProducerDescriptor,
+    RecordingJobContext,
+    ResultPartitionDeploymentDescriptor,
+    ResultPartitionType,
+    ShuffleDescriptor,
+    ShuffleEnvironment,
+    ShuffleEnvironmentContext,
+    ShuffleIOOwner,
+    ShuffleMaster,
+    ShuffleMasterContext,
+    SubpartitionRange,
+    load_shuffle_service_factory,
+    new_id,
+)
+from shuffle_api.format import PartitionFileReader
+from shuffle_api.serialization import deserialize, serialize
+from shuffle_api.store import Store
+
+SEED = 20240607
+BATCH_ROWS = 65_536
+DISTINCT_KEYS = 100_000
+TEXT_MIN_BYTES = 16
+TEXT_MAX_BYTES = 24  # inclusive: 20 bytes on average
+ROW_BYTES = 8 + 8 + 4 + 20  # key, value, text offset, text characters (on average)
+MB = 1_000_000
+GOAL_RATIO = 0.70
+HANDLER_THREADS = 64  # as the daemon's gRPC server (external_shuffle.daemon)
+MESSAGE_OVERHEAD = 64 << 10  # as ExternalShuffleEnvironment: room for a push message's fields
+START_LEAD = 0.1  # seconds between sending a round's commands and its common start instant
+CALL_TIMEOUT = 600.0
+DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "external_throughput.json"
+
+RAW_SERVICE = "pyshuffle.bench.RawStream"
+RAW_PUSH = f"/{RAW_SERVICE}/Push"
+RAW_FETCH = f"/{RAW_SERVICE}/Fetch"
+_COUNT = struct.Struct("<Q")  # raw push answer: bytes received
+_FETCH_REQUEST = struct.Struct("<QQ")  # raw fetch request: bytes to send, message size
+
+Indexes = npt.NDArray[np.int64]
+PHASES = ("push", "raw_push", "fetch", "raw_fetch")
+
+
+# --- data ------------------------------------------------------------------------------------
+
+
+def generate(megabytes: float, seed: int = SEED) -> list[pa.RecordBatch]:
+    """Deterministic batches of at most :data:`BATCH_ROWS` rows, about ``megabytes`` MB of
+    uncompressed Arrow data in all."""
+    rows = max(1, int(megabytes * MB / ROW_BYTES))
+    rng = np.random.default_rng(seed)
+    batches: list[pa.RecordBatch] = []
+    for start in range(0, rows, BATCH_ROWS):
+        count = min(BATCH_ROWS, rows - start)
+        keys = rng.integers(0, DISTINCT_KEYS, size=count, dtype=np.int64)
+        values = rng.random(count)
+        lengths = rng.integers(TEXT_MIN_BYTES, TEXT_MAX_BYTES + 1, size=count, dtype=np.int32)
+        offsets = np.zeros(count + 1, dtype=np.int32)
+        np.cumsum(lengths, out=offsets[1:])
+        chars = rng.integers(ord("a"), ord("z") + 1, size=int(offsets[-1]), dtype=np.uint8)
+        text = pa.StringArray.from_buffers(
+            count, pa.py_buffer(offsets.tobytes()), pa.py_buffer(chars.tobytes())
+        )
+        batches.append(
+            pa.record_batch(
+                [pa.array(keys), pa.array(values), text], names=["key", "value", "text"]
+            )
+        )
+    return batches
+
+
+def save(batches: Sequence[pa.RecordBatch], path: Path) -> None:
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, batches[0].schema) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+
+
+def subpartition_indexes(keys: npt.NDArray[np.int64], subpartitions: int) -> Indexes:
+    """A cheap hash of the key (Fibonacci hashing: multiply, keep the high bits) mod n."""
+    mixed = keys.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    return ((mixed >> np.uint64(32)) % np.uint64(subpartitions)).astype(np.int64)
+
+
+def value_sum(batches: Sequence[pa.RecordBatch]) -> float:
+    total = 0.0
+    for batch in batches:
+        part = pc.sum(batch.column(1)).as_py()
+        total += 0.0 if part is None else float(part)
+    return total
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """A client's copy of the data, in memory, with every row's subpartition."""
+
+    batches: list[pa.RecordBatch]
+    indexes: list[Indexes]
+    rows: int
+    nbytes: int
+    value_sum: float
+
+    @classmethod
+    def load(cls, path: str, subpartitions: int) -> Workload:
+        reader = pa.ipc.open_file(pa.py_buffer(Path(path).read_bytes()))
+        batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+        return cls(
+            batches=batches,
+            indexes=[
+                subpartition_indexes(batch.column(0).to_numpy(), subpartitions) for batch in batches
+            ],
+            rows=sum(int(batch.num_rows) for batch in batches),
+            nbytes=sum(int(batch.nbytes) for batch in batches),
+            value_sum=value_sum(batches),
+        )
+
+
+# --- CPU time of a process (Linux /proc) -----------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a process and all its threads, or None off Linux."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) "
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def find_daemon_pid(config: Path) -> int | None:
+    """The pid of the daemon started with ``--config config`` (LocalCluster keeps its own)."""
+    wanted = str(config).encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"external_shuffle.daemon" in argv and wanted in argv:
+            return int(entry.name)
+    return None
+
+
+# --- the raw grpcio baseline: a server process with no pyshuffle code --------------------------
+
+
+def message_options(max_message_size: int) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_send_message_length", max_message_size),
+        ("grpc.max_receive_message_length", max_message_size),
+    ]
+
+
+def message_source(size: int) -> bytes:
+    """Incompressible bytes to cut messages from (grpc does not compress; the content is moot)."""
+    return np.random.default_rng(size).bytes(size)
+
+
+def raw_messages(total: int, full: bytes, last: bytes) -> Iterator[bytes]:
+    """``total`` bytes as messages ``full`` (pre-built), then ``last`` (the remainder)."""
+    for _ in range(total // len(full)):
+        yield full
+    if last:
+        yield last
+
+
+def raw_server_main(conn: Connection, max_message_size: int, chunk_size: int) -> None:
+    """Serve ``Push`` (client stream, counted and discarded) and ``Fetch`` (a server stream of
+    pre-built messages) until anything arrives on ``conn``."""
+    sources = {chunk_size: message_source(chunk_size)}
+    lock = threading.Lock()
+
+    def source(size: int) -> bytes:
+        with lock:
+            if size not in sources:
+                sources[size] = message_source(size)
+            return sources[size]
+
+    def push(requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
+        received = 0
+        for message in requests:
+            received += len(message)
+        return _COUNT.pack(received)
+
+    def fetch(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
+        total, size = _FETCH_REQUEST.unpack(request)
+        full = source(size)
+        yield from raw_messages(total, full, full[: total % size])
+
+    handler = grpc.method_handlers_generic_handler(
+        RAW_SERVICE,
+        {
+            "Push": grpc.stream_unary_rpc_method_handler(push),
+            "Fetch": grpc.unary_stream_rpc_method_handler(fetch),
+        },
+    )
+    server = grpc.server(
+        ThreadPoolExecutor(HANDLER_THREADS, thread_name_prefix="raw-rpc"),
+        handlers=[handler],
+        options=message_options(max_message_size),
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    conn.send(port)
+    conn.recv()
+    server.stop(None).wait()
+
+
+# --- client processes --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Push:
+    """Write the workload as the partition of ``deployment`` (a serialized
+    ResultPartitionDeploymentDescriptor)."""
+
+    codec: str
+    deployment: bytes
+    start_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch:
+    """Read everything of ``gate`` (a serialized InputGateDeploymentDescriptor)."""
+
+    codec: str
+    gate: bytes
+    start_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class RawPush:
+    nbytes: int
+    message_size: int
+    start_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class RawFetch:
+    nbytes: int
+    message_size: int
+    start_at: float
+
+
+Command = Push | Fetch | RawPush | RawFetch
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    pid: int
+    rows: int
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """A command's outcome: when it started and ended (``time.monotonic``, which is the same
+    clock in every process on Linux), the client's CPU seconds, and what it moved."""
+
+    started: float
+    ended: float
+    cpu: float
+    nbytes: int
+    rows: int
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    error: str
+
+
+def wait_until(instant: float) -> None:
+    delay = instant - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSpec:
+    """What every client process is started with."""
+
+    config: dict[str, object]  # pyshuffle options, the codec aside
+    data_path: str
+    subpartitions: int
+    raw_target: str
+    max_message_size: int
+
+
+class Client:
+    """What runs in a client process: one environment per codec, a raw channel, the data."""
+
+    def __init__(self, index: int, spec: ClientSpec) -> None:
+        self.index = index
+        self.config = spec.config
+        self.workload = Workload.load(spec.data_path, spec.subpartitions)
+        self._environments: dict[str, ShuffleEnvironment] = {}
+        self._channel = grpc.insecure_channel(
+            spec.raw_target, options=message_options(spec.max_message_size)
+        )
+        self._raw_push: grpc.StreamUnaryMultiCallable[bytes, bytes] = self._channel.stream_unary(
+            RAW_PUSH
+        )
+        self._raw_fetch: grpc.UnaryStreamMultiCallable[bytes, bytes] = self._channel.unary_stream(
+            RAW_FETCH
+        )
+        self._sources: dict[int, bytes] = {}
+
+    def environment(self, codec: str) -> ShuffleEnvironment:
+        environment = self._environments.get(codec)
+        if environment is None:
+            config = Configuration.load(
+                {**self.config, "shuffle.compression.codec": codec}, environ={}
+            )
+            factory = load_shuffle_service_factory(config)
+            environment = factory.create_shuffle_environment(
+                ShuffleEnvironmentContext(
+                    config, resource_id=f"client-{self.index}-{codec}", host="127.0.0.1"
+                )
+            )
+            environment.start()
+            self._environments[codec] = environment
+        return environment
+
+    def source(self, size: int) -> bytes:
+        if size not in self._sources:
+            self._sources[size] = message_source(size)
+        return self._sources[size]
+
+    def run(self, command: Command) -> Done:
+        match command:
+            case Push():
+                return self.push(command)
+            case Fetch():
+                return self.fetch(command)
+            case RawPush():
+                return self.raw_push(command)
+            case RawFetch():
+                return self.raw_fetch(command)
+
+    def push(self, command: Push) -> Done:
+        deployment = deserialize(command.deployment)
+        assert isinstance(deployment, ResultPartitionDeploymentDescriptor)
+        environment = self.environment(command.codec)
+        owner = ShuffleIOOwner(
+            f"writer-{self.index}", deployment.result_partition_id.producer_attempt_id
+        )
+        wait_until(command.start_at)
+        started, cpu = time.monotonic(), time.process_time()
+        [writer] = environment.create_result_partition_writers(owner, [deployment])
+        with writer:
+            for batch, indexes in zip(self.workload.batches, self.workload.indexes, strict=True):
+                writer.write(batch, indexes)
+            statistics = writer.finish()
+        ended, cpu = time.monotonic(), time.process_time() - cpu
+        if statistics.total_rows != self.workload.rows:
+            raise AssertionError(f"wrote {statistics.total_rows} rows of {self.workload.rows}")
+        return Done(started, ended, cpu, statistics.total_bytes, statistics.total_rows)
+
+    def fetch(self, command: Fetch) -> Done:
+        descriptor = deserialize(command.gate)
+        assert isinstance(descriptor, InputGateDeploymentDescriptor)
+        environment = self.environment(command.codec)
+        owner = ShuffleIOOwner(f"reader-{self.index}", "reader-" + new_id())
+        batches: list[pa.RecordBatch] = []
+        rows = 0
+        wait_until(command.start_at)
+        started, cpu = time.monotonic(), time.process_time()
+        [gate] = environment.create_input_gates(owner, [descriptor])
+        with gate:
+            for batch in gate:
+                rows += batch.num_rows
+                batches.append(batch)
+        ended, cpu = time.monotonic(), time.process_time() - cpu
+        if rows != self.workload.rows:
+            raise AssertionError(f"read {rows} rows, {self.workload.rows} were written")
+        total = value_sum(batches)
+        error = abs(total - self.workload.value_sum) / max(abs(self.workload.value_sum), 1e-300)
+        if error > 1e-6:
+            raise AssertionError(f"sum of value read {total!r}, wrote {self.workload.value_sum!r}")
+        return Done(started, ended, cpu, 0, rows)
+
+    def raw_push(self, command: RawPush) -> Done:
+        full = self.source(command.message_size)
+        last = full[: command.nbytes % command.message_size]
+        wait_until(command.start_at)
+        started, cpu = time.monotonic(), time.process_time()
+        answer: bytes = self._raw_push(
+            raw_messages(command.nbytes, full, last), timeout=CALL_TIMEOUT
+        )
+        ended, cpu = time.monotonic(), time.process_time() - cpu
+        (received,) = _COUNT.unpack(answer)
+        if received != command.nbytes:
+            raise AssertionError(f"raw server received {received} bytes of {command.nbytes}")
+        return Done(started, ended, cpu, received, 0)
+
+    def raw_fetch(self, command: RawFetch) -> Done:
+        request = _FETCH_REQUEST.pack(command.nbytes, command.message_size)
+        received = 0
+        wait_until(command.start_at)
+        started, cpu = time.monotonic(), time.process_time()
+        for message in self._raw_fetch(request, timeout=CALL_TIMEOUT):
+            received += len(message)
+        ended, cpu = time.monotonic(), time.process_time() - cpu
+        if received != command.nbytes:
+            raise AssertionError(f"raw fetch got {received} bytes of {command.nbytes}")
+        return Done(started, ended, cpu, received, 0)
+
+    def close(self) -> None:
+        for environment in self._environments.values():
+            environment.close()
+        self._channel.close()
+
+
+def client_main(conn: Connection, index: int, spec: ClientSpec) -> None:
+    """A client process: answer each command on ``conn`` until ``None`` arrives."""
+    try:
+        client = Client(index, spec)
+    except Exception:
+        conn.send(Failed(traceback.format_exc()))
+        return
+    conn.send(Ready(os.getpid(), client.workload.rows, client.workload.nbytes))
+    try:
+        while (command := conn.recv()) is not None:
+            try:
+                conn.send(client.run(command))
+            except Exception:
+                conn.send(Failed(f"client {index}: {traceback.format_exc()}"))
+    finally:
+        client.close()
+
+
+class Clients:
+    """The client processes, driven in rounds: one command each, all starting together."""
+
+    def __init__(
+        self, context: multiprocessing.context.SpawnContext, count: int, spec: ClientSpec
+    ) -> None:
+        self._connections: list[Connection] = []
+        self._processes: list[multiprocessing.context.SpawnProcess] = []
+        for index in range(count):
+            ours, theirs = context.Pipe()
+            process = context.Process(
+                target=client_main,
+                args=(theirs, index, spec),
+                name=f"bench-client-{index}",
+                daemon=True,
+            )
+            process.start()
+            theirs.close()
+            self._connections.append(ours)
+            self._processes.append(process)
+        self.pids: list[int] = []
+        for connection in self._connections:
+            ready = connection.recv()
+            if isinstance(ready, Failed):
+                raise RuntimeError(f"a client process did not start:\n{ready.error}")
+            assert isinstance(ready, Ready)
+            self.pids.append(ready.pid)
+
+    def round(self, commands: Sequence[Command], server_pid: int | None) -> Round:
+        """Send command i to client i; all start at the same instant. The round lasts from that
+        instant until the last client is done."""
+        if len(commands) > len(self._connections):
+            raise ValueError(f"{len(commands)} commands for {len(self._connections)} clients")
+        server_cpu = None if server_pid is None else cpu_seconds(server_pid)
+        for connection, command in zip(self._connections, commands, strict=False):
+            connection.send(command)
+        replies = [connection.recv() for connection in self._connections[: len(commands)]]
+        failures = [reply.error for reply in replies if isinstance(reply, Failed)]
+        if failures:
+            raise RuntimeError("\n".join(failures))
+        done = [reply for reply in replies if isinstance(reply, Done)]
+        start = commands[0].start_at
+        server_after = None if server_pid is None else cpu_seconds(server_pid)
+        return Round(
+            seconds=max(reply.ended for reply in done) - start,
+            start_skew=max(reply.started for reply in done) - start,
+            client_cpu=sum(reply.cpu for reply in done),
+            server_cpu=None
+            if server_cpu is None or server_after is None
+            else server_after - server_cpu,
+            done=done,
+        )
+
+    def close(self) -> None:
+        for connection in self._connections:
+            with contextlib.suppress(OSError):
+                connection.send(None)
+        for process in self._processes:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.terminate()
+                process.join(timeout=5)
+        for connection in self._connections:
+            connection.close()
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    seconds: float
+    start_skew: float
+    client_cpu: float
+    server_cpu: float | None
+    done: list[Done]
+
+
+def start_at() -> float:
+    return time.monotonic() + START_LEAD
+
+
+# --- measurement -------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Cell:
+    """One codec and number of writers: every repetition of every phase."""
+
+    codec: str
+    writers: int
+    seconds: dict[str, list[float]] = field(default_factory=lambda: {p: [] for p in PHASES})
+    nbytes: dict[str, list[int]] = field(default_factory=lambda: {p: [] for p in PHASES})
+    client_cpu: dict[str, list[float]] = field(default_factory=lambda: {p: [] for p in PHASES})
+    server_cpu: dict[str, list[float | None]] = field(
+        default_factory=lambda: {p: [] for p in PHASES}
+    )
+    start_skew: dict[str, list[float]] = field(default_factory=lambda: {p: [] for p in PHASES})
+    uncompressed_bytes: int = 0
+
+    def add(self, phase: str, result: Round, nbytes: int) -> None:
+        self.seconds[phase].append(result.seconds)
+        self.nbytes[phase].append(nbytes)
+        self.client_cpu[phase].append(result.client_cpu)
+        self.server_cpu[phase].append(result.server_cpu)
+        self.start_skew[phase].append(result.start_skew)
+
+    def mb_per_s(self, phase: str) -> list[float]:
+        return [
+            nbytes / seconds / MB
+            for nbytes, seconds in zip(self.nbytes[phase], self.seconds[phase], strict=True)
+        ]
+
+    def median_mb_per_s(self, phase: str) -> float:
+        return float(statistics.median(self.mb_per_s(phase)))
+
+    def ratio(self, phase: str) -> float:
+        return self.median_mb_per_s(phase) / self.median_mb_per_s(f"raw_{phase}")
+
+    def cpu_per_gb(self, phase: str, side: str) -> float | None:
+        """Median CPU seconds per 10**9 wire bytes of the clients or of the serving process."""
+        values = self.client_cpu[phase] if side == "client" else self.server_cpu[phase]
+        per_gb = [
+            value / nbytes * 1e9
+            for value, nbytes in zip(values, self.nbytes[phase], strict=True)
+            if value is not None and nbytes
+        ]
+        return float(statistics.median(per_gb)) if per_gb else None
+
+    def summary(self) -> dict[str, Any]:
+        phases = {
+            phase: {
+                "seconds": self.seconds[phase],
+                "bytes": self.nbytes[phase],
+                "mb_per_s": self.mb_per_s(phase),
+                "median_mb_per_s": self.median_mb_per_s(phase),
+                "client_cpu_seconds": self.client_cpu[phase],
+                "server_cpu_seconds": self.server_cpu[phase],
+                "client_cpu_seconds_per_gb": self.cpu_per_gb(phase, "client"),
+                "server_cpu_seconds_per_gb": self.cpu_per_gb(phase, "server"),
+                "start_skew_seconds": self.start_skew[phase],
+            }
+            for phase in PHASES
+        }
+        ratios = {"push": self.ratio("push"), "fetch": self.ratio("fetch")}
+        return {
+            "codec": self.codec,
+            "writers": self.writers,
+            "uncompressed_bytes_per_writer": self.uncompressed_bytes,
+            "phases": phases,
+            "ratios": ratios,
+            "goal_met": {phase: ratio >= GOAL_RATIO for phase, ratio in ratios.items()},
+        }
+
+
+class Bench:
+    """The cluster, the raw server, the master and the clients of one run."""
+
+    def __init__(
+        self,
+        args: Namespace,
+        cluster: LocalCluster,
+        clients: Clients,
+        raw_server_pid: int,
+        chunk_size: int,
+    ) -> None:
+        self.args = args
+        self.cluster = cluster
+        self.clients = clients
+        self.raw_server_pid = raw_server_pid
+        self.chunk_size = chunk_size
+        self.worker_pid = find_daemon_pid(cluster.directory / "worker-0.toml")
+        self.worker_store = Store(str(cluster.worker_store(0)))
+        config = Configuration.load(cluster.client_config(), environ={})
+        factory = load_shuffle_service_factory(config)
+        self.master: ShuffleMaster = factory.create_shuffle_master(ShuffleMasterContext(config))
+        self.master.start()
+        self.job = RecordingJobContext("bench-" + new_id())
+        self.master.register_job(self.job)
+
+    def close(self) -> None:
+        self.master.unregister_job(self.job.job_id)
+        self.master.close()
+        if self.job.lost:
+            raise AssertionError(f"the service reported lost partitions: {self.job.lost}")
+
+    def register(self, writers: int) -> list[tuple[PartitionDescriptor, ShuffleDescriptor]]:
+        result_id = "result-" + new_id()
+        registered = []
+        for index in range(writers):
+            partition = PartitionDescriptor(
+                result_id,
+                writers,
+                IntermediateResultPartitionID(result_id, index),
+                ResultPartitionType.BLOCKING,
+                self.args.subpartitions,
+            )
+            producer = ProducerDescriptor(
+                f"client-{index}", "attempt-" + new_id(), "127.0.0.1", LOCAL_ONLY_PORT
+            )
+            descriptor = self.master.register_partition_with_producer(
+                self.job.job_id, partition, producer
+            ).result(timeout=60)
+            registered.append((partition, descriptor))
+        return registered
+
+    def repetition(self, cell: Cell) -> None:
+        """Push, fetch, raw push, raw fetch with ``cell.writers`` clients."""
+        writers, codec = cell.writers, cell.codec
+        registered = self.register(writers)
+        when = start_at()
+        push = self.clients.round(
+            [
+                Push(codec, serialize(ResultPartitionDeploymentDescriptor(p, d)), when)
+                for p, d in registered
+            ],
+            self.worker_pid,
+        )
+        manifests = [
+            PartitionFileReader(self.worker_store, d.result_partition_id).manifest
+            for _, d in registered
+        ]
+        pushed = [manifest.data_bytes for manifest in manifests]
+        runs = [manifest.statistics.total_bytes for manifest in manifests]
+        if [done.nbytes for done in push.done] != runs:
+            raise AssertionError("the writers' statistics differ from the committed manifests")
+        cell.add("push", push, sum(pushed))
+
+        everything = SubpartitionRange(0, self.args.subpartitions - 1)
+        when = start_at()
+        fetch = self.clients.round(
+            [
+                Fetch(
+                    codec,
+                    serialize(
+                        InputGateDeploymentDescriptor(
+                            d.result_partition_id.partition_id.result_id,
+                            ResultPartitionType.BLOCKING,
+                            everything,
+                            (d,),
+                        )
+                    ),
+                    when,
+                )
+                for _, d in registered
+            ],
+            self.worker_pid,
+        )
+        cell.add("fetch", fetch, sum(runs))
+        for _, descriptor in registered:
+            self.master.release_partition_externally(descriptor)
+
+        when = start_at()
+        raw_push = self.clients.round(
+            [RawPush(nbytes, self.chunk_size, when) for nbytes in pushed], self.raw_server_pid
+        )
+        cell.add("raw_push", raw_push, sum(pushed))
+        when = start_at()
+        raw_fetch = self.clients.round(
+            [RawFetch(nbytes, self.chunk_size, when) for nbytes in runs], self.raw_server_pid
+        )
+        cell.add("raw_fetch", raw_fetch, sum(runs))
+        print(
+            f"  {codec} x{writers}: push {push.seconds:.2f} s (raw {raw_push.seconds:.2f} s),"
+            f" fetch {fetch.seconds:.2f} s (raw {raw_fetch.seconds:.2f} s);"
+            f" {sum(pushed) / MB:.0f} MB pushed, {sum(runs) / MB:.0f} MB fetched",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+# --- report ------------------------------------------------------------------------------------
+
+
+def render_table(summaries: Sequence[dict[str, Any]]) -> str:
+    headers = (
+        "codec",
+        "writers",
+        "push MB/s",
+        "raw push MB/s",
+        "push % of raw",
+        "fetch MB/s",
+        "raw fetch MB/s",
+        "fetch % of raw",
+        f"goal ({GOAL_RATIO:.0%})",
+    )
+    rows: list[tuple[str, ...]] = []
+    for summary in summaries:
+        phases, ratios, met = summary["phases"], summary["ratios"], summary["goal_met"]
+        missed = [phase for phase in ("push", "fetch") if not met[phase]]
+        rows.append(
+            (
+                summary["codec"],
+                str(summary["writers"]),
+                f"{phases['push']['median_mb_per_s']:.0f}",
+                f"{phases['raw_push']['median_mb_per_s']:.0f}",
+                f"{ratios['push']:.0%}",
+                f"{phases['fetch']['median_mb_per_s']:.0f}",
+                f"{phases['raw_fetch']['median_mb_per_s']:.0f}",
+                f"{ratios['fetch']:.0%}",
+                "met" if not missed else "missed (" + ", ".join(missed) + ")",
+            )
+        )
+    return format_rows(headers, rows)
+
+
+def render_cpu_table(summaries: Sequence[dict[str, Any]]) -> str:
+    headers = ("codec", "writers", *(f"{phase} client/server" for phase in PHASES))
+
+    def cell(value: float | None) -> str:
+        return "?" if value is None else f"{value:.2f}"
+
+    rows = [
+        (
+            summary["codec"],
+            str(summary["writers"]),
+            *(
+                cell(summary["phases"][phase]["client_cpu_seconds_per_gb"])
+                + " / "
+                + cell(summary["phases"][phase]["server_cpu_seconds_per_gb"])
+                for phase in PHASES
+            ),
+        )
+        for summary in summaries
+    ]
+    return format_rows(headers, rows)
+
+
+def format_rows(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    lines = [
+        " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)),
+        "-|-".join("-" * w for w in widths),
+        *(" | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows),
+    ]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "python": platform.python_version(),
+        "grpcio": grpc.__version__,
+        "protobuf": google.protobuf.__version__,
+        "pyarrow": pa.__version__,
+        "numpy": np.__version__,
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+
+
+# --- entry point -------------------------------------------------------------------------------
+
+
+class Namespace(argparse.Namespace):
+    megabytes: float
+    writers: list[int]
+    subpartitions: int
+    repeat: int
+    codecs: list[str]
+    chunk_size: int
+    max_message_size: int
+    directory: Path | None
+    output: Path
+
+
+def positive(text: str) -> int:
+    value = int(text.replace("_", ""))
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be >= 1")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return value
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        values = [positive(part.strip()) for part in text.split(",") if part.strip()]
+    except ValueError as error:
+        raise argparse.ArgumentTypeError("a comma-separated list of positive integers") from error
+    if not values:
+        raise argparse.ArgumentTypeError("a comma-separated list of positive integers")
+    return values
+
+
+def codec_list(text: str) -> list[str]:
+    codecs = [codec.strip() for codec in text.split(",") if codec.strip()]
+    unknown = [codec for codec in codecs if codec not in ("none", "lz4", "zstd")]
+    if not codecs or unknown:
+        raise argparse.ArgumentTypeError("codecs are a comma-separated subset of none,lz4,zstd")
+    return codecs
+
+
+def parse_args(argv: list[str] | None) -> Namespace:
+    parser = argparse.ArgumentParser(
+        description="external_shuffle push/fetch throughput of one worker vs raw grpcio.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument(
+        "--megabytes",
+        type=positive_float,
+        default=100.0,
+        help="uncompressed Arrow data each writer pushes (10**6 bytes)",
+    )
+    parser.add_argument(
+        "--writers", type=int_list, default=[1, 2, 4], help="concurrent writers (and readers)"
+    )
+    parser.add_argument("--subpartitions", type=positive, default=16, help="per partition")
+    parser.add_argument("--repeat", type=positive, default=3, help="repetitions (median reported)")
+    parser.add_argument("--codecs", type=codec_list, default=["none"], help="e.g. none,lz4")
+    parser.add_argument(
+        "--chunk-size",
+        type=positive,
+        default=PUSH_CHUNK_SIZE.default,
+        help="bytes per pushed or fetched message (external-shuffle.client.chunk-size)",
+    )
+    parser.add_argument(
+        "--max-message-size",
+        type=positive,
+        default=MAX_MESSAGE_SIZE.default,
+        help="gRPC message limit on every channel and server (external-shuffle.max-message-size)",
+    )
+    parser.add_argument(
+        "--directory",
+        type=Path,
+        default=None,
+        help="where the cluster and the data live (default: a fresh temp directory, deleted)",
+    )
+    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="JSON results file")
+    args = parser.parse_args(argv, namespace=Namespace())
+    if args.max_message_size <= MESSAGE_OVERHEAD:
+        parser.error(f"--max-message-size must exceed {MESSAGE_OVERHEAD}")
+    return args
+
+
+def run(args: Namespace, directory: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    started = time.perf_counter()
+    batches = generate(args.megabytes)
+    data_path = directory / "data.arrow"
+    save(batches, data_path)
+    data = {
+        "rows": sum(int(batch.num_rows) for batch in batches),
+        "batches": len(batches),
+        "bytes": sum(int(batch.nbytes) for batch in batches),
+    }
+    del batches
+    print(
+        f"generated {data['rows']:,} rows in {data['batches']} batches,"
+        f" {data['bytes'] / MB:.1f} MB per writer ({time.perf_counter() - started:.1f} s)",
+        file=sys.stderr,
+    )
+    # What pyshuffle puts in a message (ExternalShuffleEnvironment): the raw baseline's size too.
+    chunk_size = min(args.chunk_size, args.max_message_size - MESSAGE_OVERHEAD)
+    shared = {
+        "external-shuffle.client.chunk-size": chunk_size,
+        "external-shuffle.max-message-size": args.max_message_size,
+    }
+    context = multiprocessing.get_context("spawn")
+    server_end, child_end = context.Pipe()
+    raw_server = context.Process(
+        target=raw_server_main,
+        args=(child_end, args.max_message_size, chunk_size),
+        name="bench-raw-server",
+        daemon=True,
+    )
+    raw_server.start()
+    child_end.close()
+    try:
+        raw_target = f"127.0.0.1:{server_end.recv()}"
+        assert raw_server.pid is not None
+        with LocalCluster(
+            directory / "cluster", workers=1, store_shared=False, settings=shared
+        ) as cluster:
+            config = cluster.client_config(
+                **shared, **{"external-shuffle.client.read-from-store": False}
+            )
+            spec = ClientSpec(
+                config, str(data_path), args.subpartitions, raw_target, args.max_message_size
+            )
+            clients = Clients(context, max(args.writers), spec)
+            try:
+                bench = Bench(args, cluster, clients, raw_server.pid, chunk_size)
+                cells: list[Cell] = []
+                try:
+                    for codec in args.codecs:
+                        for writers in args.writers:
+                            cell = Cell(codec, writers, uncompressed_bytes=data["bytes"])
+                            for _ in range(args.repeat):
+                                bench.repetition(cell)
+                            cells.append(cell)
+                finally:
+                    bench.close()
+            finally:
+                clients.close()
+    finally:
+        server_end.send("stop")
+        raw_server.join(timeout=30)
+        if raw_server.is_alive():
+            raw_server.terminate()
+        server_end.close()
+    data["chunk_size"] = chunk_size
+    data["worker_pid_found"] = bench.worker_pid is not None
+    return [cell.summary() for cell in cells], data
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    temporary = None
+    if args.directory is None:
+        temporary = Path(tempfile.mkdtemp(prefix="pyshuffle-external-bench-"))
+    directory = args.directory or temporary
+    assert directory is not None
+    directory.mkdir(parents=True, exist_ok=True)
+    environment = machine()
+    try:
+        summaries, data = run(args, directory)
+    finally:
+        if temporary is not None:
+            shutil.rmtree(temporary, ignore_errors=True)
+
+    print()
+    print(
+        f"one worker over 127.0.0.1; each writer pushes {data['bytes'] / MB:.1f} MB of Arrow data"
+        f" ({data['rows']:,} rows) as one partition of {args.subpartitions} subpartitions;"
+        f" {data['chunk_size']:,}-byte messages; median of {args.repeat};"
+        f" MB/s = 10^6 wire bytes per second"
+    )
+    print(render_table(summaries))
+    print()
+    print("CPU seconds per GB moved, clients (all together) / serving process:")
+    print(render_cpu_table(summaries))
+
+    document = {
+        "benchmark": "external_throughput",
+        "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "parameters": {
+            "megabytes": args.megabytes,
+            "writers": args.writers,
+            "subpartitions": args.subpartitions,
+            "repeat": args.repeat,
+            "codecs": args.codecs,
+            "chunk_size": args.chunk_size,
+            "effective_chunk_size": data["chunk_size"],
+            "max_message_size": args.max_message_size,
+            "batch_rows": BATCH_ROWS,
+            "distinct_keys": DISTINCT_KEYS,
+            "seed": SEED,
+            "clients": "one spawned process per writer/reader",
+            "raw_server_threads": HANDLER_THREADS,
+        },
+        "data": data,
+        "environment": environment,
+        "load_average_after": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "goal_ratio": GOAL_RATIO,
+        "results": summaries,
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    print(f"\nsaved {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,726 @@
+"""The external shuffle daemons under hostile or careless callers, over raw gRPC: the token is
+required everywhere but on the health service, ids cannot name paths, oversize messages are
+refused, pushes are idempotent, a commit that disagrees with the pushed bytes is refused; TLS
+carries a real shuffle and refuses plaintext; a daemon without a token does not start."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import grpc
+import pyarrow as pa
+import pytest
+import trustme
+import xxhash
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from external_shuffle._proto import external_shuffle_pb2 as pb
+from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
+from external_shuffle.local_cluster import LocalCluster, free_port
+from external_shuffle.wire import key_of
+from shuffle_api import (
+    Configuration,
+    IntermediateResultPartitionID,
+    PartitionStatistics,
+    ResultPartitionID,
+    SubpartitionRange,
+)
+from shuffle_api.format import (
+    PartitionFileWriter,
+    PartitionManifest,
+    PartitionSink,
+    decode_run,
+    partition_directory,
+)
+from shuffle_api.format.manifest import DATA_FILE
+from shuffle_api.ids import new_id
+from shuffle_api.store import Store
+from shuffle_api.testing import ConformanceHarness, ShuffleScenario, make_batches
+
+SUBPARTITIONS = 4
+CHUNK = 16 << 10
+BIG_CHANNEL = [
+    ("grpc.max_send_message_length", 64 << 20),
+    ("grpc.max_receive_message_length", 64 << 20),
+]
+
+
+# --- a partition built in memory with the real writer ------------------------------------------
+
+
+class _Bytes:
+    """The data file as a byte string (a BytesIO forgets its content when closed)."""
+
+    def __init__(self) -> None:
+        self.content = bytearray()
+
+    def write(self, data: bytes, /) -> int:
+        self.content += data
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class CapturingSink(PartitionSink):
+    """Keeps the data file, index and manifest the writer produces, to push them by hand."""
+
+    def __init__(self, partition: ResultPartitionID) -> None:
+        self._partition = partition
+        self.data = _Bytes()
+        self.index = b""
+        self.manifest = b""
+
+    @property
+    def partition(self) -> ResultPartitionID:
+        return self._partition
+
+    @property
+    def where(self) -> str:
+        return "memory"
+
+    def open_data(self) -> _Bytes:
+        return self.data
+
+    def commit(self, index: bytes, manifest: bytes) -> None:
+        self.index, self.manifest = index, manifest
+
+    def abort(self) -> None:
+        self.data.content.clear()
+
+
+@dataclasses.dataclass(frozen=True)
+class BuiltPartition:
+    partition: ResultPartitionID
+    data: bytes
+    index: bytes
+    manifest: bytes
+    statistics: PartitionStatistics
+    rows: list[int]
+
+    @property
+    def key(self) -> pb.PartitionKey:
+        return key_of(self.partition)
+
+    def chunks(self) -> list[bytes]:
+        return [self.data[offset : offset + CHUNK] for offset in range(0, len(self.data), CHUNK)]
+
+
+def new_partition() -> ResultPartitionID:
+    return ResultPartitionID(
+        IntermediateResultPartitionID("result-" + new_id(), 0), "attempt-" + new_id()
+    )
+
+
+def build_partition(rows: int = 4_000) -> BuiltPartition:
+    """A real partition (several regions, every subpartition) in the on-store format."""
+    partition = new_partition()
+    sink = CapturingSink(partition)
+    writer = PartitionFileWriter(sink, SUBPARTITIONS, codec="none", memory_budget=64 << 10)
+    batches = make_batches(rows, batch_rows=250)
+    for number, batch in enumerate(batches):
+        writer.add(number % SUBPARTITIONS, batch)
+    statistics = writer.commit()
+    assert sink.manifest, "the writer committed"
+    every_row = sorted(row for batch in batches for row in batch.column("row").to_pylist())
+    return BuiltPartition(
+        partition, bytes(sink.data.content), sink.index, sink.manifest, statistics, every_row
+    )
+
+
+# --- raw calls ----------------------------------------------------------------------------------
+
+
+def auth(cluster: LocalCluster) -> list[tuple[str, str]]:
+    return [("authorization", f"Bearer {cluster.token_file.read_text().strip()}")]
+
+
+def code_of(call: Callable[[], object]) -> grpc.StatusCode:
+    """The status a call fails with (the test fails if it succeeds)."""
+    try:
+        call()
+    except grpc.RpcError as error:
+        assert isinstance(error, grpc.Call)
+        code: grpc.StatusCode = error.code()
+        return code
+    raise AssertionError("the call succeeded")
+
+
+def push_requests(
+    key: pb.PartitionKey, chunks: Sequence[bytes], sequences: Sequence[int]
+) -> Iterator[pb.PushDataRequest]:
+    for sequence in sequences:
+        yield pb.PushDataRequest(partition=key, sequence=sequence, data=chunks[sequence])
+
+
+def fetch_all(
+    stub: pb_grpc.WorkerStub, key: pb.PartitionKey, metadata: list[tuple[str, str]]
+) -> tuple[bytes, list[tuple[bytes, int]]]:
+    """The manifest and each run's bytes with the checksum the worker sent for it."""
+    manifest = b""
+    runs: list[tuple[bytes, int]] = []
+    pieces: list[bytes] = []
+    for message in stub.FetchData(
+        pb.FetchDataRequest(partition=key, first_subpartition=0, last_subpartition=SUBPARTITIONS - 1),
+        metadata=metadata,
+        timeout=30,
+    ):
+        if message.manifest:
+            manifest = message.manifest
+            continue
+        pieces.append(message.data)
+        if message.end_of_run:
+            runs.append((b"".join(pieces), message.run_checksum))
+            pieces = []
+    assert not pieces, "the last run ended"
+    return manifest, runs
+
+
+def tree(directory: Path) -> set[str]:
+    """Every path under ``directory`` (logs are written to, but no path appears or vanishes
+    unless something creates or deletes it)."""
+    return {str(path.relative_to(directory)) for path in directory.rglob("*")}
+
+
+def partition_exists(cluster: LocalCluster, partition: ResultPartitionID) -> bool:
+    store = Store(str(cluster.worker_store(0)))
+    return Path(partition_directory(store, partition)).exists()
+
+
+# --- the cluster ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("security")
+
+
+@pytest.fixture(scope="module")
+def cluster(root: Path) -> Iterator[LocalCluster]:
+    with LocalCluster(root / "cluster", workers=1) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def worker(cluster: LocalCluster) -> Iterator[pb_grpc.WorkerStub]:
+    channel = grpc.insecure_channel(cluster.worker_target(0), options=BIG_CHANNEL)
+    yield pb_grpc.WorkerStub(channel)
+    channel.close()
+
+
+@pytest.fixture(scope="module")
+def coordinator(cluster: LocalCluster) -> Iterator[pb_grpc.CoordinatorStub]:
+    channel = grpc.insecure_channel(cluster.coordinator_address)
+    yield pb_grpc.CoordinatorStub(channel)
+    channel.close()
+
+
+@pytest.fixture(scope="module")
+def committed(cluster: LocalCluster, worker: pb_grpc.WorkerStub) -> BuiltPartition:
+    """A partition pushed and committed with the token."""
+    built = build_partition(rows=1_000)
+    chunks = built.chunks()
+    answer = worker.PushData(
+        push_requests(built.key, chunks, range(len(chunks))), metadata=auth(cluster), timeout=30
+    )
+    assert answer.received_bytes == len(built.data)
+    worker.CommitPartition(
+        pb.CommitPartitionRequest(partition=built.key, index=built.index, manifest=built.manifest),
+        metadata=auth(cluster),
+        timeout=30,
+    )
+    return built
+
+
+# --- the token --------------------------------------------------------------------------------
+
+BAD_CREDENTIALS: dict[str, Callable[[str], list[tuple[str, str]]]] = {
+    "no-token": lambda token: [],
+    "wrong-token": lambda token: [("authorization", "Bearer " + "x" * len(token))],
+    "token-without-bearer": lambda token: [("authorization", token)],
+    "token-with-suffix": lambda token: [("authorization", f"Bearer {token}x")],
+    "other-header": lambda token: [("x-authorization", f"Bearer {token}")],
+}
+
+
+@pytest.fixture(params=sorted(BAD_CREDENTIALS))
+def bad_metadata(request: pytest.FixtureRequest, cluster: LocalCluster) -> list[tuple[str, str]]:
+    make = BAD_CREDENTIALS[request.param]
+    return make(cluster.token_file.read_text().strip())
+
+
+def test_coordinator_unary_calls_without_the_token_are_unauthenticated(
+    cluster: LocalCluster,
+    coordinator: pb_grpc.CoordinatorStub,
+    bad_metadata: list[tuple[str, str]],
+) -> None:
+    assert (
+        code_of(lambda: coordinator.ListWorkers(pb.ListWorkersRequest(), metadata=bad_metadata))
+        == grpc.StatusCode.UNAUTHENTICATED
+    )
+    # A rogue worker cannot join the cluster.
+    rogue = pb.WorkerInfo(worker_id="worker-rogue", host="127.0.0.1", port=1, store_url="/tmp")
+    assert (
+        code_of(
+            lambda: coordinator.RegisterWorker(
+                pb.RegisterWorkerRequest(worker=rogue), metadata=bad_metadata, timeout=10
+            )
+        )
+        == grpc.StatusCode.UNAUTHENTICATED
+    )
+    answer = coordinator.ListWorkers(pb.ListWorkersRequest(), metadata=auth(cluster), timeout=10)
+    assert [entry.worker.port for entry in answer.workers] == [cluster.worker_ports[0]]
+
+
+def test_worker_unary_calls_without_the_token_are_unauthenticated_and_change_nothing(
+    cluster: LocalCluster,
+    worker: pb_grpc.WorkerStub,
+    coordinator: pb_grpc.CoordinatorStub,
+    committed: BuiltPartition,
+    bad_metadata: list[tuple[str, str]],
+) -> None:
+    status = pb.WorkerPartitionStatusRequest(partitions=[committed.key])
+    assert (
+        code_of(lambda: worker.GetPartitionStatus(status, metadata=bad_metadata, timeout=10))
+        == grpc.StatusCode.UNAUTHENTICATED
+    )
+    release = pb.WorkerReleasePartitionsRequest(partitions=[committed.key])
+    assert (
+        code_of(lambda: worker.ReleasePartitions(release, metadata=bad_metadata, timeout=10))
+        == grpc.StatusCode.UNAUTHENTICATED
+    )
+    assert (
+        code_of(
+            lambda: worker.Decommission(
+                pb.DecommissionRequest(), metadata=bad_metadata, timeout=10
+            )
+        )
+        == grpc.StatusCode.UNAUTHENTICATED
+    )
+    # The release did not happen, and the worker still takes partitions.
+    [entry] = worker.GetPartitionStatus(status, metadata=auth(cluster), timeout=10).partitions
+    assert entry.committed
+    assert partition_exists(cluster, committed.partition)
+    [listed] = coordinator.ListWorkers(
+        pb.ListWorkersRequest(), metadata=auth(cluster), timeout=10
+    ).workers
+    assert not listed.load.decommissioning
+
+
+def test_push_without_the_token_is_unauthenticated_and_writes_nothing(
+    cluster: LocalCluster, worker: pb_grpc.WorkerStub, bad_metadata: list[tuple[str, str]]
+) -> None:
+    built = build_partition(rows=500)
+    chunks = built.chunks()
+    before = tree(cluster.worker_store(0))
+    assert (
+        code_of(
+            lambda: worker.PushData(
+                push_requests(built.key, chunks, range(len(chunks))),
+                metadata=bad_metadata,
+                timeout=30,
+            )
+        )
+        == grpc.StatusCode.UNAUTHENTICATED
+    )
+    commit = pb.CommitPartitionRequest(
+        partition=built.key, index=built.index, manifest=built.manifest
+    )
+    assert (
+        code_of(lambda: worker.CommitPartition(commit, metadata=bad_metadata, timeout=10))
+        == grpc.StatusCode.UNAUTHENTICATED
+    )
+    assert tree(cluster.worker_store(0)) == before
+    assert not partition_exists(cluster, built.partition)
+
+
+def test_fetch_without_the_token_is_unauthenticated_and_returns_no_data(
+    cluster: LocalCluster,
+    worker: pb_grpc.WorkerStub,
+    committed: BuiltPartition,
+    bad_metadata: list[tuple[str, str]],
+) -> None:
+    received: list[pb.FetchDataResponse] = []
+
+    def fetch() -> None:
+        for message in worker.FetchData(
+            pb.FetchDataRequest(partition=committed.key, last_subpartition=SUBPARTITIONS - 1),
+            metadata=bad_metadata,
+            timeout=10,
+        ):
+            received.append(message)
+
+    assert code_of(fetch) == grpc.StatusCode.UNAUTHENTICATED
+    assert received == []
+    # The same fetch with the token succeeds: the partition is there.
+    manifest, runs = fetch_all(worker, committed.key, auth(cluster))
+    assert manifest == committed.manifest
+    assert runs
+
+
+def test_health_service_answers_without_a_token(cluster: LocalCluster) -> None:
+    for target in (cluster.coordinator_address, cluster.worker_target(0)):
+        with grpc.insecure_channel(target) as channel:
+            answer = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=10
+            )
+        assert answer.status == health_pb2.HealthCheckResponse.SERVING
+
+
+# --- ids that could name paths ------------------------------------------------------------------
+
+UNSAFE_IDS = ["../escape", "..", "a/b", ""]
+
+
+@pytest.mark.parametrize("unsafe", UNSAFE_IDS)
+@pytest.mark.parametrize("field", ["result_id", "producer_attempt_id"])
+def test_unsafe_partition_ids_are_invalid_arguments_and_touch_no_file(
+    cluster: LocalCluster,
+    root: Path,
+    worker: pb_grpc.WorkerStub,
+    coordinator: pb_grpc.CoordinatorStub,
+    field: str,
+    unsafe: str,
+) -> None:
+    built = build_partition(rows=300)
+    key = pb.PartitionKey()
+    key.CopyFrom(built.key)
+    setattr(key, field, unsafe)
+    metadata = auth(cluster)
+    before = tree(root)
+
+    calls: dict[str, Callable[[], object]] = {
+        "PushData": lambda: worker.PushData(
+            push_requests(key, built.chunks(), range(len(built.chunks()))),
+            metadata=metadata,
+            timeout=30,
+        ),
+        "FetchData": lambda: list(
+            worker.FetchData(
+                pb.FetchDataRequest(partition=key, last_subpartition=SUBPARTITIONS - 1),
+                metadata=metadata,
+                timeout=10,
+            )
+        ),
+        "CommitPartition": lambda: worker.CommitPartition(
+            pb.CommitPartitionRequest(partition=key, index=built.index, manifest=built.manifest),
+            metadata=metadata,
+            timeout=10,
+        ),
+        "Coordinator.RegisterPartition": lambda: coordinator.RegisterPartition(
+            pb.RegisterPartitionRequest(partition=key, number_of_subpartitions=SUBPARTITIONS),
+            metadata=metadata,
+            timeout=10,
+        ),
+    }
+    codes = {name: code_of(call) for name, call in calls.items()}
+    assert codes == dict.fromkeys(calls, grpc.StatusCode.INVALID_ARGUMENT)
+    assert tree(root) == before
+
+
+# --- message limits -----------------------------------------------------------------------------
+
+OVERSIZE = (16 << 20) + (64 << 10)  # past the default external-shuffle.max-message-size
+
+
+def test_oversize_push_is_resource_exhausted_and_writes_nothing(
+    cluster: LocalCluster, worker: pb_grpc.WorkerStub
+) -> None:
+    partition = new_partition()
+    before = tree(cluster.worker_store(0))
+    big = pb.PushDataRequest(partition=key_of(partition), sequence=0, data=b"x" * OVERSIZE)
+    assert (
+        code_of(lambda: worker.PushData(iter([big]), metadata=auth(cluster), timeout=30))
+        == grpc.StatusCode.RESOURCE_EXHAUSTED
+    )
+    assert tree(cluster.worker_store(0)) == before
+    assert not partition_exists(cluster, partition)
+
+
+def test_oversize_commit_is_resource_exhausted_and_commits_nothing(
+    cluster: LocalCluster, worker: pb_grpc.WorkerStub
+) -> None:
+    built = build_partition(rows=300)
+    chunks = built.chunks()
+    worker.PushData(
+        push_requests(built.key, chunks, range(len(chunks))), metadata=auth(cluster), timeout=30
+    )
+    commit = pb.CommitPartitionRequest(
+        partition=built.key, index=b"i" * OVERSIZE, manifest=built.manifest
+    )
+    assert (
+        code_of(lambda: worker.CommitPartition(commit, metadata=auth(cluster), timeout=30))
+        == grpc.StatusCode.RESOURCE_EXHAUSTED
+    )
+    status = pb.WorkerPartitionStatusRequest(partitions=[built.key])
+    [entry] = worker.GetPartitionStatus(status, metadata=auth(cluster), timeout=10).partitions
+    assert not entry.committed
+    assert (
+        code_of(lambda: fetch_all(worker, built.key, auth(cluster))) == grpc.StatusCode.NOT_FOUND
+    )
+    worker.ReleasePartitions(
+        pb.WorkerReleasePartitionsRequest(partitions=[built.key]), metadata=auth(cluster)
+    )
+
+
+# --- duplicates and commits ---------------------------------------------------------------------
+
+
+def test_duplicate_pushes_are_dropped_and_the_partition_reads_back_exactly(
+    cluster: LocalCluster, worker: pb_grpc.WorkerStub
+) -> None:
+    built = build_partition()
+    chunks = built.chunks()
+    assert len(chunks) >= 4, "several messages"
+    metadata = auth(cluster)
+    # Every message twice in one stream: a retry resending from the start.
+    sequences = [*range(len(chunks)), *range(len(chunks))]
+    first = worker.PushData(
+        push_requests(built.key, chunks, sequences), metadata=metadata, timeout=30
+    )
+    assert first.received_bytes == len(built.data)
+    assert first.duplicates_dropped == len(chunks)
+    worker.CommitPartition(
+        pb.CommitPartitionRequest(partition=built.key, index=built.index, manifest=built.manifest),
+        metadata=metadata,
+        timeout=30,
+    )
+    # After the commit, a whole push again is nothing but duplicates; a retried commit is fine.
+    again = worker.PushData(
+        push_requests(built.key, chunks, range(len(chunks))), metadata=metadata, timeout=30
+    )
+    assert again.duplicates_dropped == len(chunks)
+    assert again.received_bytes == 0
+    worker.CommitPartition(
+        pb.CommitPartitionRequest(partition=built.key, index=built.index, manifest=built.manifest),
+        metadata=metadata,
+        timeout=30,
+    )
+
+    store = Store(str(cluster.worker_store(0)))
+    directory = Path(partition_directory(store, built.partition))
+    assert (directory / DATA_FILE).read_bytes() == built.data
+
+    manifest_bytes, runs = fetch_all(worker, built.key, metadata)
+    assert manifest_bytes == built.manifest
+    manifest = PartitionManifest.from_json(manifest_bytes, "fetched")
+    assert manifest.statistics == built.statistics
+    index = pa.ipc.open_file(pa.py_buffer(built.index)).read_all()
+    assert len(runs) == index.num_rows
+    assert sorted(checksum for _, checksum in runs) == sorted(index.column("checksum").to_pylist())
+    rows: list[int] = []
+    for data, checksum in runs:
+        assert xxhash.xxh3_64_intdigest(data) == checksum
+        assert manifest.schema is not None
+        for batch in decode_run(pa.py_buffer(data), manifest.schema, built.partition):
+            rows.extend(batch.column("row").to_pylist())
+    assert sorted(rows) == built.rows
+    # Each subpartition's rows come from its own runs only.
+    by_subpartition = [
+        fetch_range(worker, built, metadata, SubpartitionRange(s, s)) for s in range(SUBPARTITIONS)
+    ]
+    assert [len(r) for r in by_subpartition] == list(built.statistics.rows_per_subpartition)
+    assert sorted(row for part in by_subpartition for row in part) == built.rows
+
+
+def fetch_range(
+    worker: pb_grpc.WorkerStub,
+    built: BuiltPartition,
+    metadata: list[tuple[str, str]],
+    subpartitions: SubpartitionRange,
+) -> list[int]:
+    schema = PartitionManifest.from_json(built.manifest, "built").schema
+    assert schema is not None
+    rows: list[int] = []
+    pieces: list[bytes] = []
+    for message in worker.FetchData(
+        pb.FetchDataRequest(
+            partition=built.key,
+            first_subpartition=subpartitions.start,
+            last_subpartition=subpartitions.end,
+        ),
+        metadata=metadata,
+        timeout=30,
+    ):
+        if message.manifest:
+            continue
+        pieces.append(message.data)
+        if message.end_of_run:
+            data = b"".join(pieces)
+            pieces = []
+            assert xxhash.xxh3_64_intdigest(data) == message.run_checksum
+            for batch in decode_run(pa.py_buffer(data), schema, built.partition):
+                rows.extend(batch.column("row").to_pylist())
+    return rows
+
+
+def _wrong_data_bytes(built: BuiltPartition) -> tuple[bytes, bytes]:
+    manifest = PartitionManifest.from_json(built.manifest, "built")
+    wrong = dataclasses.replace(manifest, data_bytes=manifest.data_bytes + 1)
+    return built.index, wrong.to_json()
+
+
+def _corrupt_index(built: BuiltPartition) -> tuple[bytes, bytes]:
+    index = bytearray(built.index)
+    index[len(index) // 2] ^= 0xFF
+    return bytes(index), built.manifest
+
+
+def _other_partition(built: BuiltPartition) -> tuple[bytes, bytes]:
+    manifest = PartitionManifest.from_json(built.manifest, "built")
+    return built.index, dataclasses.replace(manifest, partition=new_partition()).to_json()
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [_wrong_data_bytes, _corrupt_index, _other_partition],
+    ids=["manifest-data-bytes-disagree", "index-corrupt", "manifest-of-another-partition"],
+)
+def test_commit_that_disagrees_with_the_push_is_data_loss_and_unreadable(
+    cluster: LocalCluster,
+    worker: pb_grpc.WorkerStub,
+    tamper: Callable[[BuiltPartition], tuple[bytes, bytes]],
+) -> None:
+    built = build_partition(rows=1_000)
+    chunks = built.chunks()
+    metadata = auth(cluster)
+    worker.PushData(
+        push_requests(built.key, chunks, range(len(chunks))), metadata=metadata, timeout=30
+    )
+    index, manifest = tamper(built)
+    assert (
+        code_of(
+            lambda: worker.CommitPartition(
+                pb.CommitPartitionRequest(partition=built.key, index=index, manifest=manifest),
+                metadata=metadata,
+                timeout=30,
+            )
+        )
+        == grpc.StatusCode.DATA_LOSS
+    )
+    assert code_of(lambda: fetch_all(worker, built.key, metadata)) == grpc.StatusCode.NOT_FOUND
+    status = pb.WorkerPartitionStatusRequest(partitions=[built.key])
+    [entry] = worker.GetPartitionStatus(status, metadata=metadata, timeout=10).partitions
+    assert not entry.committed
+    # The pushed bytes are still there: the right commit afterwards succeeds.
+    worker.CommitPartition(
+        pb.CommitPartitionRequest(partition=built.key, index=built.index, manifest=built.manifest),
+        metadata=metadata,
+        timeout=30,
+    )
+    manifest_bytes, runs = fetch_all(worker, built.key, metadata)
+    assert manifest_bytes == built.manifest
+    assert all(xxhash.xxh3_64_intdigest(data) == checksum for data, checksum in runs)
+
+
+# --- TLS ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tls_cluster(root: Path) -> Iterator[tuple[LocalCluster, Path]]:
+    directory = root / "tls"
+    directory.mkdir()
+    ca = trustme.CA()
+    certificate = ca.issue_cert("127.0.0.1", "localhost")
+    cert_file, key_file, ca_file = (directory / name for name in ("cert.pem", "key.pem", "ca.pem"))
+    cert_file.write_bytes(b"".join(pem.bytes() for pem in certificate.cert_chain_pems))
+    certificate.private_key_pem.write_to_path(str(key_file))
+    ca.cert_pem.write_to_path(str(ca_file))
+    settings = {
+        "external-shuffle.tls.cert-file": str(cert_file),
+        "external-shuffle.tls.key-file": str(key_file),
+        "external-shuffle.tls.ca-file": str(ca_file),
+    }
+    with LocalCluster(directory / "cluster", workers=1, settings=settings) as running:
+        yield running, ca_file
+
+
+def test_tls_cluster_carries_a_shuffle_for_a_client_trusting_its_ca(
+    tls_cluster: tuple[LocalCluster, Path],
+) -> None:
+    cluster, ca_file = tls_cluster
+    config = Configuration.load(
+        cluster.client_config(
+            **{
+                "external-shuffle.tls.ca-file": str(ca_file),
+                "external-shuffle.client.read-from-store": False,
+                "external-shuffle.client.sort-buffer.size": "64k",
+            }
+        ),
+        environ={},
+    )
+    batches = make_batches(3_000, batch_rows=500)
+    with ShuffleScenario.open(ConformanceHarness(config)) as scenario:
+        descriptors, _ = scenario.produce(batches, partitions=2, subpartitions=3)
+        table = scenario.read(scenario.consumer, descriptors, SubpartitionRange(0, 2))
+    assert sorted(table.column("row").to_pylist()) == list(range(3_000))
+
+
+def test_tls_cluster_refuses_plaintext_and_untrusted_clients(
+    tls_cluster: tuple[LocalCluster, Path],
+) -> None:
+    cluster, ca_file = tls_cluster
+    untrusted = grpc.ssl_channel_credentials(root_certificates=trustme.CA().cert_pem.bytes())
+    for target in (cluster.coordinator_address, cluster.worker_target(0)):
+        with grpc.insecure_channel(target) as plain:
+            assert (
+                code_of(
+                    lambda channel=plain: health_pb2_grpc.HealthStub(channel).Check(
+                        health_pb2.HealthCheckRequest(), timeout=10
+                    )
+                )
+                == grpc.StatusCode.UNAVAILABLE
+            )
+        with grpc.secure_channel(target, untrusted) as other_ca:
+            assert (
+                code_of(
+                    lambda channel=other_ca: health_pb2_grpc.HealthStub(channel).Check(
+                        health_pb2.HealthCheckRequest(), timeout=10
+                    )
+                )
+                == grpc.StatusCode.UNAVAILABLE
+            )
+    # The TLS port with the right CA and the token answers.
+    with grpc.secure_channel(
+        cluster.coordinator_address,
+        grpc.ssl_channel_credentials(root_certificates=ca_file.read_bytes()),
+    ) as trusted:
+        answer = pb_grpc.CoordinatorStub(trusted).ListWorkers(
+            pb.ListWorkersRequest(), metadata=auth(cluster), timeout=10
+        )
+    assert [entry.alive for entry in answer.workers] == [True]
+
+
+# --- a daemon without a token -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("token_file", ["absent", "empty"])
+def test_daemon_without_a_token_refuses_to_start(tmp_path: Path, token_file: str) -> None:
+    lines = [
+        f'"external-shuffle.coordinator.address" = "127.0.0.1:{free_port()}"',
+        '"external-shuffle.daemon.metrics-port" = -1',
+    ]
+    if token_file == "empty":
+        (tmp_path / "token").write_text("")
+        lines.append(f'"external-shuffle.auth.token-file" = "{tmp_path / "token"}"')
+    config = tmp_path / "coordinator.toml"
+    config.write_text("\n".join(lines) + "\n")
+    finished = subprocess.run(
+        [sys.executable, "-m", "external_shuffle.daemon", "--role", "coordinator"]
+        + ["--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if not k.startswith("PYSHUFFLE_")},
+        check=False,
+    )
+    assert finished.returncode != 0
+    assert "external-shuffle.auth.token-file" in finished.stderr
