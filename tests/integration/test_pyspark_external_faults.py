@@ -1,0 +1,155 @@
+"""A worker daemon killed (SIGKILL) in the middle of a PySpark job on the external service: the
+job still returns Spark's result (producers rerun, or the replica is read), and once the job is
+released and the dead worker is back, no partition file is left on any store."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pytest
+
+from external_shuffle.local_cluster import LocalCluster
+from pyspark_shuffle import SparkShuffle
+from tests.integration.services import ShuffleService, external_service
+from tests.integration.spark_rows import multiset
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+ROWS = 8_000
+WAIT = 60.0
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShuffleService]:
+    # Reads go to the workers, not their stores: a killed worker's data is then really gone.
+    with LocalCluster(tmp_path_factory.mktemp("cluster"), workers=2) as cluster:
+        made = external_service(cluster)
+        made.settings["external-shuffle.client.read-from-store"] = False
+        yield made
+
+
+@pytest.fixture(scope="module")
+def data(spark: SparkSession) -> DataFrame:
+    frame: DataFrame = spark.range(0, ROWS, 1, 4).selectExpr(
+        "id", "id % 41 as k", "concat('v', id) as s"
+    )
+    return frame.cache()
+
+
+def _wait_for(path: Path) -> None:
+    deadline = time.monotonic() + WAIT
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} never appeared")
+        time.sleep(0.05)
+
+
+def _paused(frame: DataFrame, ready: Path, go: Path, partition: int) -> DataFrame:
+    """``frame`` whose task ``partition`` (first attempt) says ``ready`` and waits for ``go``."""
+
+    def pause(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext  # noqa: PLC0415
+
+        task = TaskContext.get()
+        if task is not None and task.partitionId() == partition and task.attemptNumber() == 0:
+            ready.touch()
+            _wait_for(go)
+        yield from batches
+
+    paused: DataFrame = frame.mapInArrow(pause, frame.schema)
+    return paused
+
+
+def _partition_files(service: ShuffleService) -> set[str]:
+    return {path for path in service.stored_paths() if Path(path).is_file()}
+
+
+def _restart_and_check_clean(service: ShuffleService, worker: int) -> None:
+    """The dead worker comes back; it deletes what nobody tracks any more."""
+    assert service.cluster is not None
+    service.cluster.start_worker(worker)
+    deadline = time.monotonic() + WAIT
+    while _partition_files(service) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _partition_files(service) == set()
+
+
+def test_worker_killed_during_the_map_stage(
+    spark: SparkSession, service: ShuffleService, data: DataFrame, tmp_path: Path
+) -> None:
+    assert service.cluster is not None
+    ready, go = tmp_path / "ready", tmp_path / "go"
+    with SparkShuffle(spark, config=service.config()) as shuffle:
+        made: dict[str, DataFrame] = {}
+        mapping = threading.Thread(
+            target=lambda: made.setdefault(
+                "result", shuffle.repartition(_paused(data, ready, go, 3), "k", num_partitions=3)
+            )
+        )
+        mapping.start()
+        _wait_for(ready)  # maps 0..2 have written (some to worker 0); map 3 waits
+        service.cluster.kill_worker(0)
+        go.touch()
+        mapping.join(timeout=300)
+        result = made["result"]
+        assert multiset(result) == multiset(data)
+        [exchange] = shuffle.exchanges(result)
+        assert sum(exchange.runs.per_map.values()) > 4  # producers on worker 0 reran
+    _restart_and_check_clean(service, 0)
+
+
+def test_worker_killed_during_the_reduce_stage_reruns_its_producers(
+    spark: SparkSession, service: ShuffleService, data: DataFrame, tmp_path: Path
+) -> None:
+    assert service.cluster is not None
+    ready, go = tmp_path / "ready", tmp_path / "go"
+    with SparkShuffle(spark, config=service.config()) as shuffle:
+        result = shuffle.repartition(data, "k", num_partitions=3)
+        paused = _paused(result, ready, go, 1)
+        failure: list[BaseException] = []
+
+        def collect() -> None:
+            try:
+                paused.collect()
+            except Exception as error:
+                failure.append(error)
+
+        reducing = threading.Thread(target=collect)
+        reducing.start()
+        _wait_for(ready)
+        service.cluster.kill_worker(1)
+        go.touch()
+        reducing.join(timeout=300)
+        assert failure, "reading from a killed worker without a replica cannot succeed"
+        assert "PartitionNotFoundError" in str(failure[0])
+        recovered = shuffle.recover(result)
+        assert multiset(recovered) == multiset(data)
+    _restart_and_check_clean(service, 1)
+
+
+def test_worker_killed_during_the_reduce_stage_with_replication(
+    spark: SparkSession, service: ShuffleService, data: DataFrame, tmp_path: Path
+) -> None:
+    assert service.cluster is not None
+    ready, go = tmp_path / "ready", tmp_path / "go"
+    config = service.config(**{"external-shuffle.replication-factor": 2})
+    with SparkShuffle(spark, config=config) as shuffle:
+        result = shuffle.repartition(data, "k", num_partitions=3)
+        paused = _paused(result, ready, go, 1)
+        counting: dict[str, object] = {}
+        collecting = threading.Thread(target=lambda: counting.setdefault("rows", multiset(paused)))
+        collecting.start()
+        _wait_for(ready)
+        service.cluster.kill_worker(0)
+        go.touch()
+        collecting.join(timeout=300)
+        assert counting["rows"] == multiset(data)  # every partition read from its replica
+        [exchange] = shuffle.exchanges(result)
+        assert sum(exchange.runs.per_map.values()) == 4  # nothing reran
+    _restart_and_check_clean(service, 0)
