@@ -14,6 +14,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Final
@@ -182,7 +183,11 @@ class Daemon:
             served.health.enter_graceful_shutdown()
         if self.worker is not None:
             self.worker.drain()
-        grace = self._config.get(SHUTDOWN_GRACE)
+        deadline = time.monotonic() + self._config.get(SHUTDOWN_GRACE)
+        if self.worker is not None:
+            # The server takes calls meanwhile: partitions pushed now get their commit in.
+            self.worker.wait_for_pushes(deadline)
+        grace = max(0.0, deadline - time.monotonic())
         stopped = [served.server.stop(grace) for served in self._served]
         for event in stopped:
             event.wait()

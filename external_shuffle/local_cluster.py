@@ -27,6 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.channels import ChannelPool, ClientSettings
+from external_shuffle.options import TLS_CA_FILE
 from shuffle_api import Configuration, ShuffleError
 
 __all__ = ["LocalCluster", "free_port"]
@@ -68,6 +69,7 @@ class LocalCluster:
         workers: int = 2,
         store_shared: bool = True,
         settings: Mapping[str, object] | None = None,
+        metrics: bool = False,
     ) -> None:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
@@ -75,6 +77,7 @@ class LocalCluster:
         self.token_file.write_text(secrets.token_urlsafe(32))
         self.token_file.chmod(0o600)
         self.coordinator_address = f"127.0.0.1:{free_port()}"
+        self._ca_file = str((settings or {}).get(TLS_CA_FILE.key, ""))
         self.worker_ports = [free_port() for _ in range(workers)]
         shared: dict[str, object] = {
             "external-shuffle.coordinator.address": self.coordinator_address,
@@ -85,7 +88,16 @@ class LocalCluster:
             "external-shuffle.daemon.shutdown-grace": 5.0,
             **(settings or {}),
         }
-        self._processes = [self._process("coordinator", "coordinator", shared)]
+        # metrics: each process serves /metrics on a port of its own (by process name).
+        self.metrics_ports: dict[str, int] = {}
+        if metrics:
+            names = ["coordinator", *(f"worker-{i}" for i in range(workers))]
+            self.metrics_ports = {name: free_port() for name in names}
+        self._processes = [
+            self._process(
+                "coordinator", "coordinator", {**shared, **self._metrics_setting("coordinator")}
+            )
+        ]
         for index, port in enumerate(self.worker_ports):
             self._processes.append(
                 self._process(
@@ -93,6 +105,7 @@ class LocalCluster:
                     "worker",
                     {
                         **shared,
+                        **self._metrics_setting(f"worker-{index}"),
                         "external-shuffle.worker.port": port,
                         "external-shuffle.worker.store-url": str(self.worker_store(index)),
                         "external-shuffle.worker.store-shared": store_shared,
@@ -100,6 +113,11 @@ class LocalCluster:
                 )
             )
         self._channels = ChannelPool(ClientSettings.from_configuration(self._admin_config()))
+
+    def _metrics_setting(self, name: str) -> dict[str, object]:
+        if name not in self.metrics_ports:
+            return {}
+        return {"external-shuffle.daemon.metrics-port": self.metrics_ports[name]}
 
     def _process(self, name: str, role: str, values: Mapping[str, object]) -> _Process:
         config = self.directory / f"{name}.toml"
@@ -114,6 +132,8 @@ class LocalCluster:
                 "external-shuffle.coordinator.address": self.coordinator_address,
                 "external-shuffle.auth.token-file": str(self.token_file),
                 "external-shuffle.client.timeout": 5.0,
+                # TLS daemons: the health checks and admin calls trust their CA.
+                TLS_CA_FILE.key: self._ca_file,
             },
             environ={},
         )

@@ -143,8 +143,9 @@ class ExternalShuffleMaster(ShuffleMaster):
     def _report_lost(self, job_id: str, partitions: list[ResultPartitionID]) -> None:
         with self._lock:
             context = self._jobs.get(job_id)
-            for partition in partitions:
-                self._registered[job_id].pop(partition, None)
+            registered = self._registered[job_id]
+            # Each once: a heartbeat can bring one partitions_with_metrics already reported.
+            partitions = [p for p in partitions if registered.pop(p, None) is not None]
         if context is not None and partitions:
             context.stop_tracking_and_release_partitions(partitions)
 

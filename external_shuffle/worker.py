@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -100,6 +101,7 @@ class _Upload:
     next_sequence: int = 0
     size: int = 0
     duplicates: int = 0
+    streams: int = 0  # push streams open on it now (under the service's lock)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def append(self, sequence: int, data: bytes) -> bool:
@@ -221,6 +223,16 @@ class WorkerService(pb_grpc.WorkerServicer):
         """Take no new partitions (SIGTERM, decommission); committed ones are still served."""
         self._draining = True
 
+    def wait_for_pushes(self, deadline: float) -> None:
+        """Until ``deadline`` (``time.monotonic()``), wait for the partitions being pushed now
+        to be committed or released: their commit is a call of its own, after the stream."""
+        with self._lock:
+            pushing = {p: u for p, u in self._uploads.items() if u.streams}
+        while pushing and time.monotonic() < deadline:
+            time.sleep(0.05)
+            with self._lock:
+                pushing = {p: u for p, u in pushing.items() if self._uploads.get(p) is u}
+
     def release(self, partitions: list[ResultPartitionID]) -> int:
         released = 0
         for partition in partitions:
@@ -245,24 +257,29 @@ class WorkerService(pb_grpc.WorkerServicer):
         first: pb.PartitionKey | None = None
         upload: _Upload | None = None
         dropped = 0
-        for message in request_iterator:
-            if first is None:
-                first = message.partition
-                upload = self._open_upload(partition_of(first))
-            elif message.partition != first:
-                raise InvalidIdentifierError(
-                    "one push stream carries one partition; got"
-                    f" {partition_of(message.partition)} after {partition_of(first)}"
-                )
-            if upload is None:
-                dropped += 1
-                self.metrics.duplicates_dropped.inc()
-                continue
-            with self._budget.reserve(len(message.data)):
-                if upload.append(message.sequence, message.data):
-                    self.metrics.bytes_in.inc(len(message.data))
-                else:
+        try:
+            for message in request_iterator:
+                if first is None:
+                    first = message.partition
+                    upload = self._open_upload(partition_of(first))
+                elif message.partition != first:
+                    raise InvalidIdentifierError(
+                        "one push stream carries one partition; got"
+                        f" {partition_of(message.partition)} after {partition_of(first)}"
+                    )
+                if upload is None:
+                    dropped += 1
                     self.metrics.duplicates_dropped.inc()
+                    continue
+                with self._budget.reserve(len(message.data)):
+                    if upload.append(message.sequence, message.data):
+                        self.metrics.bytes_in.inc(len(message.data))
+                    else:
+                        self.metrics.duplicates_dropped.inc()
+        finally:
+            if upload is not None:
+                with self._lock:
+                    upload.streams -= 1
         if upload is None:
             return pb.PushDataResponse(duplicates_dropped=dropped)
         return pb.PushDataResponse(received_bytes=upload.size, duplicates_dropped=upload.duplicates)
@@ -271,12 +288,13 @@ class WorkerService(pb_grpc.WorkerServicer):
         with self._lock:
             existing = self._uploads.get(partition)
             if existing is not None:
+                existing.streams += 1
                 return existing  # a retried push: its sequence numbers drop what arrived
             if partition in self._committed:
                 return None  # committed already: everything pushed again is a duplicate
             if self._draining:
                 raise UnavailableError("worker is draining: it takes no new partitions")
-            upload = _Upload(StoreSink(self._store, partition))
+            upload = _Upload(StoreSink(self._store, partition), streams=1)
             self._uploads[partition] = upload
             return upload
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -50,8 +50,11 @@ def _wait_for(path: Path) -> None:
         time.sleep(0.05)
 
 
-def _paused(frame: DataFrame, ready: Path, go: Path, partition: int) -> DataFrame:
-    """``frame`` whose task ``partition`` (first attempt) says ``ready`` and waits for ``go``."""
+def _pausing(
+    ready: Path, go: Path, partition: int
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A pass-through whose task ``partition`` (first attempt) says ``ready`` and waits for
+    ``go`` before it takes its first batch."""
 
     def pause(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext  # noqa: PLC0415
@@ -62,7 +65,11 @@ def _paused(frame: DataFrame, ready: Path, go: Path, partition: int) -> DataFram
             _wait_for(go)
         yield from batches
 
-    paused: DataFrame = frame.mapInArrow(pause, frame.schema)
+    return pause
+
+
+def _paused(frame: DataFrame, ready: Path, go: Path, partition: int) -> DataFrame:
+    paused: DataFrame = frame.mapInArrow(_pausing(ready, go, partition), frame.schema)
     return paused
 
 
@@ -110,13 +117,15 @@ def test_worker_killed_during_the_reduce_stage_reruns_its_producers(
     assert service.cluster is not None
     ready, go = tmp_path / "ready", tmp_path / "go"
     with SparkShuffle(spark, config=service.config()) as shuffle:
-        result = shuffle.repartition(data, "k", num_partitions=3)
-        paused = _paused(result, ready, go, 1)
+        # Reducer 1 waits before its input gate reads anything.
+        result = shuffle.repartition_map(
+            data, "k", _pausing(ready, go, 1), data.schema, num_partitions=3
+        )
         failure: list[BaseException] = []
 
         def collect() -> None:
             try:
-                paused.collect()
+                result.collect()
             except Exception as error:
                 failure.append(error)
 

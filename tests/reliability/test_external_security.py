@@ -169,7 +169,9 @@ def fetch_all(
     runs: list[tuple[bytes, int]] = []
     pieces: list[bytes] = []
     for message in stub.FetchData(
-        pb.FetchDataRequest(partition=key, first_subpartition=0, last_subpartition=SUBPARTITIONS - 1),
+        pb.FetchDataRequest(
+            partition=key, first_subpartition=0, last_subpartition=SUBPARTITIONS - 1
+        ),
         metadata=metadata,
         timeout=30,
     ):
@@ -283,7 +285,6 @@ def test_coordinator_unary_calls_without_the_token_are_unauthenticated(
 def test_worker_unary_calls_without_the_token_are_unauthenticated_and_change_nothing(
     cluster: LocalCluster,
     worker: pb_grpc.WorkerStub,
-    coordinator: pb_grpc.CoordinatorStub,
     committed: BuiltPartition,
     bad_metadata: list[tuple[str, str]],
 ) -> None:
@@ -299,9 +300,7 @@ def test_worker_unary_calls_without_the_token_are_unauthenticated_and_change_not
     )
     assert (
         code_of(
-            lambda: worker.Decommission(
-                pb.DecommissionRequest(), metadata=bad_metadata, timeout=10
-            )
+            lambda: worker.Decommission(pb.DecommissionRequest(), metadata=bad_metadata, timeout=10)
         )
         == grpc.StatusCode.UNAUTHENTICATED
     )
@@ -309,10 +308,18 @@ def test_worker_unary_calls_without_the_token_are_unauthenticated_and_change_not
     [entry] = worker.GetPartitionStatus(status, metadata=auth(cluster), timeout=10).partitions
     assert entry.committed
     assert partition_exists(cluster, committed.partition)
-    [listed] = coordinator.ListWorkers(
-        pb.ListWorkersRequest(), metadata=auth(cluster), timeout=10
-    ).workers
-    assert not listed.load.decommissioning
+    fresh = new_partition()
+    answer = worker.PushData(
+        iter([pb.PushDataRequest(partition=key_of(fresh), sequence=0, data=b"x")]),
+        metadata=auth(cluster),
+        timeout=10,
+    )
+    assert answer.received_bytes == 1
+    worker.ReleasePartitions(
+        pb.WorkerReleasePartitionsRequest(partitions=[key_of(fresh)]),
+        metadata=auth(cluster),
+        timeout=10,
+    )
 
 
 def test_push_without_the_token_is_unauthenticated_and_writes_nothing(
@@ -384,7 +391,6 @@ UNSAFE_IDS = ["../escape", "..", "a/b", ""]
 @pytest.mark.parametrize("field", ["result_id", "producer_attempt_id"])
 def test_unsafe_partition_ids_are_invalid_arguments_and_touch_no_file(
     cluster: LocalCluster,
-    root: Path,
     worker: pb_grpc.WorkerStub,
     coordinator: pb_grpc.CoordinatorStub,
     field: str,
@@ -395,6 +401,7 @@ def test_unsafe_partition_ids_are_invalid_arguments_and_touch_no_file(
     key.CopyFrom(built.key)
     setattr(key, field, unsafe)
     metadata = auth(cluster)
+    root = cluster.directory.parent  # the cluster's and anything beside it
     before = tree(root)
 
     calls: dict[str, Callable[[], object]] = {
@@ -463,12 +470,10 @@ def test_oversize_commit_is_resource_exhausted_and_commits_nothing(
     status = pb.WorkerPartitionStatusRequest(partitions=[built.key])
     [entry] = worker.GetPartitionStatus(status, metadata=auth(cluster), timeout=10).partitions
     assert not entry.committed
-    assert (
-        code_of(lambda: fetch_all(worker, built.key, auth(cluster))) == grpc.StatusCode.NOT_FOUND
-    )
-    worker.ReleasePartitions(
-        pb.WorkerReleasePartitionsRequest(partitions=[built.key]), metadata=auth(cluster)
-    )
+    assert code_of(lambda: fetch_all(worker, built.key, auth(cluster))) == grpc.StatusCode.NOT_FOUND
+    release = pb.WorkerReleasePartitionsRequest(partitions=[built.key])
+    assert worker.ReleasePartitions(release, metadata=auth(cluster), timeout=10).released == 1
+    assert not partition_exists(cluster, built.partition)
 
 
 # --- duplicates and commits ---------------------------------------------------------------------
@@ -669,25 +674,16 @@ def test_tls_cluster_refuses_plaintext_and_untrusted_clients(
 ) -> None:
     cluster, ca_file = tls_cluster
     untrusted = grpc.ssl_channel_credentials(root_certificates=trustme.CA().cert_pem.bytes())
+
+    def health_of(channel: grpc.Channel) -> grpc.StatusCode:
+        stub = health_pb2_grpc.HealthStub(channel)
+        return code_of(lambda: stub.Check(health_pb2.HealthCheckRequest(), timeout=10))
+
     for target in (cluster.coordinator_address, cluster.worker_target(0)):
         with grpc.insecure_channel(target) as plain:
-            assert (
-                code_of(
-                    lambda channel=plain: health_pb2_grpc.HealthStub(channel).Check(
-                        health_pb2.HealthCheckRequest(), timeout=10
-                    )
-                )
-                == grpc.StatusCode.UNAVAILABLE
-            )
+            assert health_of(plain) == grpc.StatusCode.UNAVAILABLE
         with grpc.secure_channel(target, untrusted) as other_ca:
-            assert (
-                code_of(
-                    lambda channel=other_ca: health_pb2_grpc.HealthStub(channel).Check(
-                        health_pb2.HealthCheckRequest(), timeout=10
-                    )
-                )
-                == grpc.StatusCode.UNAVAILABLE
-            )
+            assert health_of(other_ca) == grpc.StatusCode.UNAVAILABLE
     # The TLS port with the right CA and the token answers.
     with grpc.secure_channel(
         cluster.coordinator_address,
@@ -714,8 +710,10 @@ def test_daemon_without_a_token_refuses_to_start(tmp_path: Path, token_file: str
     config = tmp_path / "coordinator.toml"
     config.write_text("\n".join(lines) + "\n")
     finished = subprocess.run(
-        [sys.executable, "-m", "external_shuffle.daemon", "--role", "coordinator"]
-        + ["--config", str(config)],
+        [
+            *(sys.executable, "-m", "external_shuffle.daemon"),
+            *("--role", "coordinator", "--config", str(config)),
+        ],
         capture_output=True,
         text=True,
         timeout=60,
