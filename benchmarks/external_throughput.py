@@ -27,19 +27,27 @@ For each codec (``--codecs``) and each number of writers W (``--writers``), ``--
   grpcio server in its own process (no pyshuffle code: a generic handler, bytes passthrough
   serializers, the same thread pool size and message limits as the daemon): client-streaming
   messages of the same size (the server only counts them), and server-streaming pre-built
-  messages of that size back (the client only counts them).
+  messages of that size back (the client only counts them). pyshuffle's fetch cuts messages at
+  run boundaries too (a run is at most about 8 MiB), so some of its messages are smaller.
+* **breakdown** (no transport, not part of the comparison): **writer alone**, the same writer
+  (``SortMergePartitionWriter``, same options) into a sink that discards the bytes, and
+  **store read**, the same partitions read straight from the worker's store directory with
+  ``PartitionFileReader`` (checksums and decoding, no gRPC).
 
 MB/s are 10**6 wire bytes per second (with a compressing codec, compressed bytes: raw streams
 the same number). Every figure is the median of ``--repeat`` repetitions; the goal stated by
 the issue is at least 70 % of raw for both push and fetch. CPU seconds of the client processes
 and of the serving process (the worker daemon, or the raw server) are recorded too, read from
-``/proc`` (Linux), to show where the time goes.
+``/proc`` (Linux): on a machine with few cores every side competes for them, so CPU seconds
+per GB are what the throughput ratios follow.
 
 Run from the repository root::
 
-    python benchmarks/external_throughput.py                    # default: about 2 minutes
+    python benchmarks/external_throughput.py                    # default: about 1.5 minutes
     python benchmarks/external_throughput.py --megabytes 16 --repeat 1
-    python benchmarks/external_throughput.py --codecs none,lz4 --writers 1,4
+    python benchmarks/external_throughput.py --codecs none --writers 1,4
+    python benchmarks/external_throughput.py \
+        --client-option external-shuffle.client.sort-buffer.size=16m
 
 Results are printed and saved as JSON (``--output``, default
 ``benchmarks/results/external_throughput.json``).
@@ -79,7 +87,7 @@ import pyarrow.compute as pc
 
 import external_shuffle.descriptor  # noqa: F401 (registers the descriptor kind for deserialize)
 from external_shuffle.local_cluster import LocalCluster
-from external_shuffle.options import MAX_MESSAGE_SIZE, PUSH_CHUNK_SIZE
+from external_shuffle.options import MAX_MESSAGE_SIZE, PUSH_CHUNK_SIZE, SORT_BUFFER_SIZE
 from shuffle_api import (
     LOCAL_ONLY_PORT,
     Configuration,
@@ -89,6 +97,7 @@ from shuffle_api import (
     ProducerDescriptor,
     RecordingJobContext,
     ResultPartitionDeploymentDescriptor,
+    ResultPartitionID,
     ResultPartitionType,
     ShuffleDescriptor,
     ShuffleEnvironment,
@@ -100,7 +109,8 @@ from shuffle_api import (
     load_shuffle_service_factory,
     new_id,
 )
-from shuffle_api.format import PartitionFileReader
+from shuffle_api.format import PartitionFileReader, PartitionSink, SortMergePartitionWriter
+from shuffle_api.options import COMPRESSION_CODEC, TARGET_BATCH_SIZE
 from shuffle_api.serialization import deserialize, serialize
 from shuffle_api.store import Store
 
@@ -125,7 +135,7 @@ _COUNT = struct.Struct("<Q")  # raw push answer: bytes received
 _FETCH_REQUEST = struct.Struct("<QQ")  # raw fetch request: bytes to send, message size
 
 Indexes = npt.NDArray[np.int64]
-PHASES = ("push", "raw_push", "fetch", "raw_fetch")
+PHASES = ("push", "raw_push", "fetch", "raw_fetch", "write_only", "store_read")
 
 
 # --- data ------------------------------------------------------------------------------------
@@ -317,6 +327,26 @@ class Fetch:
 
 
 @dataclass(frozen=True, slots=True)
+class WriteOnly:
+    """Write the workload with the same writer as :class:`Push`, into a sink that discards
+    the bytes: the writer's own cost (split, IPC encoding, checksums), no transport."""
+
+    codec: str
+    deployment: bytes
+    start_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class StoreRead:
+    """Read everything of ``gate`` straight from the worker's store (a local directory here):
+    the reader's own cost (checksums, IPC decoding), no transport."""
+
+    store_url: str
+    gate: bytes
+    start_at: float
+
+
+@dataclass(frozen=True, slots=True)
 class RawPush:
     nbytes: int
     message_size: int
@@ -330,7 +360,7 @@ class RawFetch:
     start_at: float
 
 
-Command = Push | Fetch | RawPush | RawFetch
+Command = Push | Fetch | RawPush | RawFetch | WriteOnly | StoreRead
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,6 +393,46 @@ def wait_until(instant: float) -> None:
         time.sleep(delay)
 
 
+class Discard:
+    """A data file that goes nowhere; it counts the bytes."""
+
+    def __init__(self) -> None:
+        self.written = 0
+
+    def write(self, data: bytes, /) -> int:
+        self.written += len(data)
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class DiscardSink(PartitionSink):
+    def __init__(self, partition: ResultPartitionID) -> None:
+        self._partition = partition
+        self.data = Discard()
+
+    @property
+    def partition(self) -> ResultPartitionID:
+        return self._partition
+
+    @property
+    def where(self) -> str:
+        return "nowhere"
+
+    def open_data(self) -> Discard:
+        return self.data
+
+    def commit(self, index: bytes, manifest: bytes) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+
 @dataclass(frozen=True, slots=True)
 class ClientSpec:
     """What every client process is started with."""
@@ -393,12 +463,13 @@ class Client:
         )
         self._sources: dict[int, bytes] = {}
 
+    def configuration(self, codec: str) -> Configuration:
+        return Configuration.load({**self.config, COMPRESSION_CODEC.key: codec}, environ={})
+
     def environment(self, codec: str) -> ShuffleEnvironment:
         environment = self._environments.get(codec)
         if environment is None:
-            config = Configuration.load(
-                {**self.config, "shuffle.compression.codec": codec}, environ={}
-            )
+            config = self.configuration(codec)
             factory = load_shuffle_service_factory(config)
             environment = factory.create_shuffle_environment(
                 ShuffleEnvironmentContext(
@@ -424,6 +495,10 @@ class Client:
                 return self.raw_push(command)
             case RawFetch():
                 return self.raw_fetch(command)
+            case WriteOnly():
+                return self.write_only(command)
+            case StoreRead():
+                return self.store_read(command)
 
     def push(self, command: Push) -> Done:
         deployment = deserialize(command.deployment)
@@ -459,12 +534,55 @@ class Client:
                 rows += batch.num_rows
                 batches.append(batch)
         ended, cpu = time.monotonic(), time.process_time() - cpu
+        self.check(rows, batches)
+        return Done(started, ended, cpu, 0, rows)
+
+    def check(self, rows: int, batches: Sequence[pa.RecordBatch]) -> None:
+        """Fail unless every row came back with the right values."""
         if rows != self.workload.rows:
             raise AssertionError(f"read {rows} rows, {self.workload.rows} were written")
         total = value_sum(batches)
         error = abs(total - self.workload.value_sum) / max(abs(self.workload.value_sum), 1e-300)
         if error > 1e-6:
             raise AssertionError(f"sum of value read {total!r}, wrote {self.workload.value_sum!r}")
+
+    def write_only(self, command: WriteOnly) -> Done:
+        deployment = deserialize(command.deployment)
+        assert isinstance(deployment, ResultPartitionDeploymentDescriptor)
+        config = self.configuration(command.codec)
+        sink = DiscardSink(deployment.result_partition_id)
+        wait_until(command.start_at)
+        started, cpu = time.monotonic(), time.process_time()
+        writer = SortMergePartitionWriter(
+            sink,
+            deployment.number_of_subpartitions,
+            codec=command.codec,
+            memory_budget=config.get(SORT_BUFFER_SIZE),
+            target_batch_bytes=config.get(TARGET_BATCH_SIZE),
+        )
+        with writer:
+            for batch, indexes in zip(self.workload.batches, self.workload.indexes, strict=True):
+                writer.write(batch, indexes)
+            statistics = writer.finish()
+        ended, cpu = time.monotonic(), time.process_time() - cpu
+        if statistics.total_rows != self.workload.rows:
+            raise AssertionError(f"wrote {statistics.total_rows} rows of {self.workload.rows}")
+        return Done(started, ended, cpu, sink.data.written, statistics.total_rows)
+
+    def store_read(self, command: StoreRead) -> Done:
+        descriptor = deserialize(command.gate)
+        assert isinstance(descriptor, InputGateDeploymentDescriptor)
+        [partition] = [d.result_partition_id for d in descriptor.shuffle_descriptors]
+        batches: list[pa.RecordBatch] = []
+        rows = 0
+        wait_until(command.start_at)
+        started, cpu = time.monotonic(), time.process_time()
+        reader = PartitionFileReader(Store(command.store_url), partition)
+        for batch in reader.read(descriptor.consumed_subpartitions):
+            rows += batch.num_rows
+            batches.append(batch)
+        ended, cpu = time.monotonic(), time.process_time() - cpu
+        self.check(rows, batches)
         return Done(started, ended, cpu, 0, rows)
 
     def raw_push(self, command: RawPush) -> Done:
@@ -725,6 +843,14 @@ class Bench:
         writers, codec = cell.writers, cell.codec
         registered = self.register(writers)
         when = start_at()
+        write_only = self.clients.round(
+            [
+                WriteOnly(codec, serialize(ResultPartitionDeploymentDescriptor(p, d)), when)
+                for p, d in registered
+            ],
+            None,
+        )
+        when = start_at()
         push = self.clients.round(
             [
                 Push(codec, serialize(ResultPartitionDeploymentDescriptor(p, d)), when)
@@ -740,29 +866,31 @@ class Bench:
         runs = [manifest.statistics.total_bytes for manifest in manifests]
         if [done.nbytes for done in push.done] != runs:
             raise AssertionError("the writers' statistics differ from the committed manifests")
+        if [done.nbytes for done in write_only.done] != pushed:
+            raise AssertionError("the writer made other bytes when it did not push them")
         cell.add("push", push, sum(pushed))
+        cell.add("write_only", write_only, sum(pushed))
 
         everything = SubpartitionRange(0, self.args.subpartitions - 1)
-        when = start_at()
-        fetch = self.clients.round(
-            [
-                Fetch(
-                    codec,
-                    serialize(
-                        InputGateDeploymentDescriptor(
-                            d.result_partition_id.partition_id.result_id,
-                            ResultPartitionType.BLOCKING,
-                            everything,
-                            (d,),
-                        )
-                    ),
-                    when,
+        gates = [
+            serialize(
+                InputGateDeploymentDescriptor(
+                    d.result_partition_id.partition_id.result_id,
+                    ResultPartitionType.BLOCKING,
+                    everything,
+                    (d,),
                 )
-                for _, d in registered
-            ],
-            self.worker_pid,
-        )
+            )
+            for _, d in registered
+        ]
+        when = start_at()
+        fetch = self.clients.round([Fetch(codec, gate, when) for gate in gates], self.worker_pid)
         cell.add("fetch", fetch, sum(runs))
+        when = start_at()
+        store_read = self.clients.round(
+            [StoreRead(self.worker_store.url, gate, when) for gate in gates], None
+        )
+        cell.add("store_read", store_read, sum(runs))
         for _, descriptor in registered:
             self.master.release_partition_externally(descriptor)
 
@@ -777,8 +905,9 @@ class Bench:
         )
         cell.add("raw_fetch", raw_fetch, sum(runs))
         print(
-            f"  {codec} x{writers}: push {push.seconds:.2f} s (raw {raw_push.seconds:.2f} s),"
-            f" fetch {fetch.seconds:.2f} s (raw {raw_fetch.seconds:.2f} s);"
+            f"  {codec} x{writers}: push {push.seconds:.2f} s (raw {raw_push.seconds:.2f} s,"
+            f" writer alone {write_only.seconds:.2f} s), fetch {fetch.seconds:.2f} s (raw"
+            f" {raw_fetch.seconds:.2f} s, store read {store_read.seconds:.2f} s);"
             f" {sum(pushed) / MB:.0f} MB pushed, {sum(runs) / MB:.0f} MB fetched",
             file=sys.stderr,
             flush=True,
@@ -820,21 +949,31 @@ def render_table(summaries: Sequence[dict[str, Any]]) -> str:
     return format_rows(headers, rows)
 
 
-def render_cpu_table(summaries: Sequence[dict[str, Any]]) -> str:
-    headers = ("codec", "writers", *(f"{phase} client/server" for phase in PHASES))
+def render_breakdown(summaries: Sequence[dict[str, Any]]) -> str:
+    """Where the time goes: each side alone without transport, and CPU seconds per GB moved
+    (all clients together / the serving process: worker daemon or raw server)."""
+    headers = (
+        "codec",
+        "writers",
+        "writer alone MB/s",
+        "store read MB/s",
+        *(f"CPU s/GB {phase.replace('_', ' ')}" for phase in PHASES[:4]),
+    )
 
-    def cell(value: float | None) -> str:
-        return "?" if value is None else f"{value:.2f}"
+    def cpu(value: float | None) -> str:
+        return "?" if value is None else f"{value:.1f}"
 
     rows = [
         (
             summary["codec"],
             str(summary["writers"]),
+            f"{summary['phases']['write_only']['median_mb_per_s']:.0f}",
+            f"{summary['phases']['store_read']['median_mb_per_s']:.0f}",
             *(
-                cell(summary["phases"][phase]["client_cpu_seconds_per_gb"])
+                cpu(summary["phases"][phase]["client_cpu_seconds_per_gb"])
                 + " / "
-                + cell(summary["phases"][phase]["server_cpu_seconds_per_gb"])
-                for phase in PHASES
+                + cpu(summary["phases"][phase]["server_cpu_seconds_per_gb"])
+                for phase in PHASES[:4]
             ),
         )
         for summary in summaries
@@ -878,6 +1017,8 @@ class Namespace(argparse.Namespace):
     codecs: list[str]
     chunk_size: int
     max_message_size: int
+    client_options: list[tuple[str, str]]
+    worker_options: list[tuple[str, str]]
     directory: Path | None
     output: Path
 
@@ -906,6 +1047,13 @@ def int_list(text: str) -> list[int]:
     return values
 
 
+def key_value(text: str) -> tuple[str, str]:
+    key, equals, value = text.partition("=")
+    if not equals or not key.strip():
+        raise argparse.ArgumentTypeError("expected KEY=VALUE")
+    return key.strip(), value.strip()
+
+
 def codec_list(text: str) -> list[str]:
     codecs = [codec.strip() for codec in text.split(",") if codec.strip()]
     unknown = [codec for codec in codecs if codec not in ("none", "lz4", "zstd")]
@@ -930,7 +1078,9 @@ def parse_args(argv: list[str] | None) -> Namespace:
     )
     parser.add_argument("--subpartitions", type=positive, default=16, help="per partition")
     parser.add_argument("--repeat", type=positive, default=3, help="repetitions (median reported)")
-    parser.add_argument("--codecs", type=codec_list, default=["none"], help="e.g. none,lz4")
+    parser.add_argument(
+        "--codecs", type=codec_list, default=["none", "lz4"], help="e.g. none,lz4,zstd"
+    )
     parser.add_argument(
         "--chunk-size",
         type=positive,
@@ -942,6 +1092,24 @@ def parse_args(argv: list[str] | None) -> Namespace:
         type=positive,
         default=MAX_MESSAGE_SIZE.default,
         help="gRPC message limit on every channel and server (external-shuffle.max-message-size)",
+    )
+    parser.add_argument(
+        "--client-option",
+        dest="client_options",
+        metavar="KEY=VALUE",
+        type=key_value,
+        action="append",
+        default=[],
+        help="a pyshuffle option of the clients, e.g. external-shuffle.client.sort-buffer.size=16m",
+    )
+    parser.add_argument(
+        "--worker-option",
+        dest="worker_options",
+        metavar="KEY=VALUE",
+        type=key_value,
+        action="append",
+        default=[],
+        help="an option of the worker daemon, e.g. external-shuffle.worker.memory-budget=512m",
     )
     parser.add_argument(
         "--directory",
@@ -991,11 +1159,14 @@ def run(args: Namespace, directory: Path) -> tuple[list[dict[str, Any]], dict[st
     try:
         raw_target = f"127.0.0.1:{server_end.recv()}"
         assert raw_server.pid is not None
+        worker_settings = {**shared, **dict(args.worker_options)}
         with LocalCluster(
-            directory / "cluster", workers=1, store_shared=False, settings=shared
+            directory / "cluster", workers=1, store_shared=False, settings=worker_settings
         ) as cluster:
             config = cluster.client_config(
-                **shared, **{"external-shuffle.client.read-from-store": False}
+                **shared,
+                **dict(args.client_options),
+                **{"external-shuffle.client.read-from-store": False},
             )
             spec = ClientSpec(
                 config, str(data_path), args.subpartitions, raw_target, args.max_message_size
@@ -1050,8 +1221,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(render_table(summaries))
     print()
-    print("CPU seconds per GB moved, clients (all together) / serving process:")
-    print(render_cpu_table(summaries))
+    print(
+        "Breakdown: the writer into a discarding sink and a read straight from the worker's"
+        " store (no transport);\nCPU seconds per GB moved, all clients / serving process"
+        " (worker daemon or raw server):"
+    )
+    print(render_breakdown(summaries))
 
     document = {
         "benchmark": "external_throughput",
@@ -1065,6 +1240,8 @@ def main(argv: list[str] | None = None) -> int:
             "chunk_size": args.chunk_size,
             "effective_chunk_size": data["chunk_size"],
             "max_message_size": args.max_message_size,
+            "client_options": dict(args.client_options),
+            "worker_options": dict(args.worker_options),
             "batch_rows": BATCH_ROWS,
             "distinct_keys": DISTINCT_KEYS,
             "seed": SEED,

@@ -139,16 +139,22 @@ class _DataStream:
         self.closed = False
 
     def write(self, data: bytes) -> int:
-        self._buffer += data
         chunk = self._sink.settings.chunk_size
-        if len(self._buffer) >= chunk:
-            whole = len(self._buffer) - len(self._buffer) % chunk
-            view = memoryview(self._buffer)
-            for offset in range(0, whole, chunk):
-                self._sink.send(bytes(view[offset : offset + chunk]))
-            view.release()
-            del self._buffer[:whole]
-        return len(data)
+        view = memoryview(data).cast("B")
+        start = 0
+        if self._buffer:
+            start = min(len(view), chunk - len(self._buffer))
+            self._buffer += view[:start]
+            if len(self._buffer) < chunk:
+                return len(view)
+            self._sink.send(bytes(self._buffer))
+            self._buffer.clear()
+        # Whole chunks straight from the writer's buffer: one copy per byte, not two.
+        while len(view) - start >= chunk:
+            self._sink.send(bytes(view[start : start + chunk]))
+            start += chunk
+        self._buffer += view[start:]
+        return len(view)
 
     def flush(self) -> None:
         """Chunks go out when full; the rest on close."""

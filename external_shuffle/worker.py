@@ -271,9 +271,10 @@ class WorkerService(pb_grpc.WorkerServicer):
                     dropped += 1
                     self.metrics.duplicates_dropped.inc()
                     continue
-                with self._budget.reserve(len(message.data)):
-                    if upload.append(message.sequence, message.data):
-                        self.metrics.bytes_in.inc(len(message.data))
+                data = message.data  # each read of a bytes field copies it
+                with self._budget.reserve(len(data)):
+                    if upload.append(message.sequence, data):
+                        self.metrics.bytes_in.inc(len(data))
                     else:
                         self.metrics.duplicates_dropped.inc()
         finally:
