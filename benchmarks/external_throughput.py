@@ -81,9 +81,17 @@ from typing import Any
 import google.protobuf
 import grpc
 import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
+from arrow_data import (
+    BATCH_ROWS,
+    DISTINCT_KEYS,
+    MB,
+    ROW_BYTES,
+    Indexes,
+    random_batches,
+    subpartition_indexes,
+)
 
 import external_shuffle.descriptor  # noqa: F401 (registers the descriptor kind for deserialize)
 from external_shuffle.local_cluster import LocalCluster
@@ -115,12 +123,6 @@ from shuffle_api.serialization import deserialize, serialize
 from shuffle_api.store import Store
 
 SEED = 20240607
-BATCH_ROWS = 65_536
-DISTINCT_KEYS = 100_000
-TEXT_MIN_BYTES = 16
-TEXT_MAX_BYTES = 24  # inclusive: 20 bytes on average
-ROW_BYTES = 8 + 8 + 4 + 20  # key, value, text offset, text characters (on average)
-MB = 1_000_000
 GOAL_RATIO = 0.70
 HANDLER_THREADS = 64  # as the daemon's gRPC server (external_shuffle.daemon)
 MESSAGE_OVERHEAD = 64 << 10  # as ExternalShuffleEnvironment: room for a push message's fields
@@ -134,7 +136,6 @@ RAW_FETCH = f"/{RAW_SERVICE}/Fetch"
 _COUNT = struct.Struct("<Q")  # raw push answer: bytes received
 _FETCH_REQUEST = struct.Struct("<QQ")  # raw fetch request: bytes to send, message size
 
-Indexes = npt.NDArray[np.int64]
 PHASES = ("push", "raw_push", "fetch", "raw_fetch", "write_only", "store_read")
 
 
@@ -142,40 +143,14 @@ PHASES = ("push", "raw_push", "fetch", "raw_fetch", "write_only", "store_read")
 
 
 def generate(megabytes: float, seed: int = SEED) -> list[pa.RecordBatch]:
-    """Deterministic batches of at most :data:`BATCH_ROWS` rows, about ``megabytes`` MB of
-    uncompressed Arrow data in all."""
-    rows = max(1, int(megabytes * MB / ROW_BYTES))
-    rng = np.random.default_rng(seed)
-    batches: list[pa.RecordBatch] = []
-    for start in range(0, rows, BATCH_ROWS):
-        count = min(BATCH_ROWS, rows - start)
-        keys = rng.integers(0, DISTINCT_KEYS, size=count, dtype=np.int64)
-        values = rng.random(count)
-        lengths = rng.integers(TEXT_MIN_BYTES, TEXT_MAX_BYTES + 1, size=count, dtype=np.int32)
-        offsets = np.zeros(count + 1, dtype=np.int32)
-        np.cumsum(lengths, out=offsets[1:])
-        chars = rng.integers(ord("a"), ord("z") + 1, size=int(offsets[-1]), dtype=np.uint8)
-        text = pa.StringArray.from_buffers(
-            count, pa.py_buffer(offsets.tobytes()), pa.py_buffer(chars.tobytes())
-        )
-        batches.append(
-            pa.record_batch(
-                [pa.array(keys), pa.array(values), text], names=["key", "value", "text"]
-            )
-        )
-    return batches
+    """About ``megabytes`` MB of uncompressed Arrow data."""
+    return random_batches(max(1, int(megabytes * MB / ROW_BYTES)), seed)
 
 
 def save(batches: Sequence[pa.RecordBatch], path: Path) -> None:
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, batches[0].schema) as writer:
         for batch in batches:
             writer.write_batch(batch)
-
-
-def subpartition_indexes(keys: npt.NDArray[np.int64], subpartitions: int) -> Indexes:
-    """A cheap hash of the key (Fibonacci hashing: multiply, keep the high bits) mod n."""
-    mixed = keys.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-    return ((mixed >> np.uint64(32)) % np.uint64(subpartitions)).astype(np.int64)
 
 
 def value_sum(batches: Sequence[pa.RecordBatch]) -> float:

@@ -58,9 +58,9 @@ from typing import Any
 
 import fsspec
 import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
+from arrow_data import BATCH_ROWS, DISTINCT_KEYS, MB, Indexes, random_batches, subpartition_indexes
 from fsspec.implementations.local import LocalFileSystem
 
 from shuffle_api import (
@@ -83,15 +83,8 @@ from shuffle_api import (
 )
 
 SEED = 20240531
-BATCH_ROWS = 65_536
-DISTINCT_KEYS = 100_000
-TEXT_MIN_BYTES = 16
-TEXT_MAX_BYTES = 24  # inclusive: 20 bytes on average
-MB = 1_000_000
 GOAL_RATIO = 0.80
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "netty_throughput.json"
-
-Indexes = npt.NDArray[np.int64]
 
 
 # --- data ------------------------------------------------------------------------------------
@@ -108,37 +101,12 @@ class Dataset:
     value_sum: float
 
 
-def subpartition_indexes(keys: npt.NDArray[np.int64], subpartitions: int) -> Indexes:
-    """A cheap hash of the key (Fibonacci hashing: multiply, keep the high bits) mod n."""
-    mixed = keys.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-    return ((mixed >> np.uint64(32)) % np.uint64(subpartitions)).astype(np.int64)
-
-
 def generate(rows: int, subpartitions: int, seed: int = SEED) -> Dataset:
     """Deterministic batches of about :data:`BATCH_ROWS` rows: ``key`` (int64, 100k distinct
     values), ``value`` (float64), ``text`` (ASCII strings of 16-24 bytes, 20 on average)."""
-    rng = np.random.default_rng(seed)
-    batches: list[pa.RecordBatch] = []
-    indexes: list[Indexes] = []
-    value_sum = 0.0
-    for start in range(0, rows, BATCH_ROWS):
-        count = min(BATCH_ROWS, rows - start)
-        keys = rng.integers(0, DISTINCT_KEYS, size=count, dtype=np.int64)
-        values = rng.random(count)
-        lengths = rng.integers(TEXT_MIN_BYTES, TEXT_MAX_BYTES + 1, size=count, dtype=np.int32)
-        offsets = np.zeros(count + 1, dtype=np.int32)
-        np.cumsum(lengths, out=offsets[1:])
-        chars = rng.integers(ord("a"), ord("z") + 1, size=int(offsets[-1]), dtype=np.uint8)
-        text = pa.StringArray.from_buffers(
-            count, pa.py_buffer(offsets.tobytes()), pa.py_buffer(chars.tobytes())
-        )
-        batches.append(
-            pa.record_batch(
-                [pa.array(keys), pa.array(values), text], names=["key", "value", "text"]
-            )
-        )
-        indexes.append(subpartition_indexes(keys, subpartitions))
-        value_sum += float(values.sum())
+    batches = random_batches(rows, seed)
+    indexes = [subpartition_indexes(batch.column(0).to_numpy(), subpartitions) for batch in batches]
+    value_sum = sum(float(batch.column(1).to_numpy().sum()) for batch in batches)
     return Dataset(
         batches=batches,
         indexes=indexes,
