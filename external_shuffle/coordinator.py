@@ -80,6 +80,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         self.metrics = metrics
         self._workers: dict[str, _Worker] = {}
         self._partitions: dict[ResultPartitionID, _Partition] = {}
+        # Partitions per worker, kept as they are placed and dropped: placement reads it.
+        self._tracked_per_worker: dict[str, int] = defaultdict(int)
         self._applications: dict[str, _Application] = {}
         self._lock = threading.RLock()
         self._stop = threading.Event()
@@ -146,7 +148,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                     self._is_alive(replica) for replica in entry.replicas
                 ):
                     lost.append(entry)
-                    del self._partitions[entry.partition]
+                    self._untrack(entry)
                     application = self._applications.get(entry.application_id)
                     if application is not None:
                         application.lost.append((entry.job_id, entry.partition))
@@ -158,6 +160,11 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             extra={"worker_id": worker_id},
         )
 
+    def _untrack(self, entry: _Partition) -> None:
+        del self._partitions[entry.partition]
+        for worker_id in entry.replicas:
+            self._tracked_per_worker[worker_id] -= 1
+
     def _is_alive(self, worker_id: str) -> bool:
         worker = self._workers.get(worker_id)
         return worker is not None and worker.alive
@@ -168,8 +175,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         by_worker: dict[str, list[ResultPartitionID]] = defaultdict(list)
         with self._lock:
             for entry in entries:
-                if self._partitions.pop(entry.partition, None) is None:
+                if self._partitions.get(entry.partition) is not entry:
                     continue
+                self._untrack(entry)
                 for worker_id in entry.replicas:
                     by_worker[worker_id].append(entry.partition)
             self._update_gauges()
@@ -209,10 +217,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
     def _candidates(self) -> list[Candidate]:
         """Live workers that take partitions, with their load: committed bytes as last
         reported, plus partitions placed since, each counted at the cluster's mean size."""
-        tracked: dict[str, int] = defaultdict(int)
-        for entry in self._partitions.values():
-            for worker_id in entry.replicas:
-                tracked[worker_id] += 1
+        tracked = self._tracked_per_worker
         reported_bytes = sum(w.load.stored_bytes for w in self._workers.values())
         reported_partitions = sum(w.load.partitions for w in self._workers.values())
         mean = reported_bytes // reported_partitions if reported_partitions else 0
@@ -394,6 +399,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         chosen = self._placement.choose(candidates, request.producer_host, max(1, request.replicas))
         entry = _Partition(partition, tuple(chosen), time.monotonic())
         self._partitions[partition] = entry
+        for worker_id in entry.replicas:
+            self._tracked_per_worker[worker_id] += 1
         self._update_gauges()
         return entry
 

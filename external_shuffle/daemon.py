@@ -47,8 +47,9 @@ from external_shuffle.options import (
     WORKER_TIMEOUT,
 )
 from external_shuffle.placement import placement_strategy
+from external_shuffle.registration import heartbeat_loop
 from external_shuffle.security import TokenInterceptor, load_token, server_credentials
-from external_shuffle.worker import WorkerService, heartbeat_loop
+from external_shuffle.worker import WorkerService
 from shuffle_api import ConfigError, Configuration, ShuffleError
 from shuffle_api.options import CORE_OPTIONS
 from shuffle_api.store import Store

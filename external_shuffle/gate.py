@@ -53,6 +53,7 @@ class ExternalInputGate(SequentialInputGate):
         self._channels = channels
         self._settings = settings
         self._on_unreachable = on_unreachable
+        self._stores: dict[str, Store | None] = {}  # by URL: each checked once per gate
 
     def _read(self, descriptor: ShuffleDescriptor) -> Generator[pa.RecordBatch]:
         if not isinstance(descriptor, ExternalShuffleDescriptor):
@@ -63,7 +64,7 @@ class ExternalInputGate(SequentialInputGate):
         partition = descriptor.result_partition_id
         if self._settings.read_from_store:
             for replica in descriptor.replicas:
-                if replica.store_shared and (reader := _open_on_store(replica, partition)):
+                if replica.store_shared and (reader := self._open_on_store(replica, partition)):
                     yield from reader.read(self.subpartitions)
                     return
         runs_read = 0
@@ -83,6 +84,24 @@ class ExternalInputGate(SequentialInputGate):
             f"partition {partition} could not be read from any replica: " + "; ".join(failures),
             partition,
         )
+
+    def _open_on_store(
+        self, replica: WorkerAddress, partition: ResultPartitionID
+    ) -> PartitionFileReader | None:
+        """The partition's files on the replica's shared store, if this process sees them."""
+        if replica.store_url not in self._stores:
+            filesystem, root = fsspec.core.url_to_fs(replica.store_url)
+            # Not mounted here: no store (Store() would create the directory).
+            self._stores[replica.store_url] = (
+                Store(replica.store_url) if filesystem.exists(root) else None
+            )
+        store = self._stores[replica.store_url]
+        if store is None:
+            return None
+        try:
+            return PartitionFileReader(store, partition)
+        except PartitionNotFoundError:
+            return None
 
     def _fetch(
         self, worker: WorkerAddress, partition: ResultPartitionID, *, skip: int
@@ -119,16 +138,3 @@ class ExternalInputGate(SequentialInputGate):
             raise translate_rpc_error(error, what, partition) from error
         finally:
             stream.cancel()
-
-
-def _open_on_store(
-    replica: WorkerAddress, partition: ResultPartitionID
-) -> PartitionFileReader | None:
-    """The partition's files on the replica's shared store, if this process sees them."""
-    filesystem, root = fsspec.core.url_to_fs(replica.store_url)
-    if not filesystem.exists(root):
-        return None  # not mounted here (and Store() would create the directory)
-    try:
-        return PartitionFileReader(Store(replica.store_url), partition)
-    except PartitionNotFoundError:
-        return None

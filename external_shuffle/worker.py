@@ -50,7 +50,7 @@ from shuffle_api.format.manifest import MANIFEST_FILE
 from shuffle_api.ids import IntermediateResultPartitionID, new_id
 from shuffle_api.store import Store
 
-__all__ = ["MemoryBudget", "WorkerService", "heartbeat_loop"]
+__all__ = ["MemoryBudget", "WorkerService"]
 
 logger = logging.getLogger(__name__)
 
@@ -401,54 +401,3 @@ class WorkerService(pb_grpc.WorkerServicer):
         logger.info("decommissioning: no new partitions")
         with self._lock:
             return pb.DecommissionResponse(partitions_remaining=len(self._committed))
-
-
-def heartbeat_loop(
-    service: WorkerService,
-    coordinator: pb_grpc.CoordinatorStub,
-    interval: float,
-    stop: threading.Event,
-    timeout: float,
-) -> None:
-    """Register with the coordinator, then send heartbeats until ``stop``; re-register when the
-    coordinator forgot this worker. Partitions the coordinator calls obsolete are deleted."""
-    registered = False
-    while not stop.is_set():
-        try:
-            if not registered:
-                response = coordinator.RegisterWorker(
-                    pb.RegisterWorkerRequest(
-                        worker=service.address.to_pb(),
-                        load=service.load(),
-                        committed=[key_of(p) for p in service.committed_partitions()],
-                    ),
-                    timeout=timeout,
-                )
-                obsolete = [partition_of(key) for key in response.obsolete]
-                if obsolete:
-                    logger.info("deleting %d partitions nobody tracks", len(obsolete))
-                    service.release(obsolete)
-                registered = True
-                logger.info("registered with the coordinator", extra=_describe(service))
-            else:
-                beat = coordinator.WorkerHeartbeat(
-                    pb.WorkerHeartbeatRequest(
-                        worker_id=service.address.worker_id, load=service.load()
-                    ),
-                    timeout=timeout,
-                )
-                registered = beat.known
-                if beat.release:
-                    service.release([partition_of(key) for key in beat.release])
-        except grpc.RpcError as error:
-            registered = False
-            logger.warning(
-                "coordinator unreachable: %s",
-                error.details() if isinstance(error, grpc.Call) else error,
-            )
-        stop.wait(interval)
-
-
-def _describe(service: WorkerService) -> dict[str, object]:
-    address = service.address
-    return {"worker_id": address.worker_id, "target": address.target, "store": address.store_url}
