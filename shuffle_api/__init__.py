@@ -15,11 +15,14 @@ from shuffle_api.descriptors import (
     ResultPartitionDeploymentDescriptor,
     ResultPartitionType,
     ShuffleDescriptor,
+    ShuffleDescriptorGroup,
     SubpartitionRange,
     UnknownShuffleDescriptor,
 )
 from shuffle_api.environment import LOCAL_ONLY_PORT, ShuffleEnvironment, ShuffleIOOwner
 from shuffle_api.errors import (
+    BlobCorruptedError,
+    BlobNotFoundError,
     ChecksumMismatchError,
     ConfigError,
     DataTooLargeError,
@@ -60,6 +63,8 @@ __all__ = [
     "BROADCAST",
     "KNOWN_FACTORIES",
     "LOCAL_ONLY_PORT",
+    "BlobCorruptedError",
+    "BlobNotFoundError",
     "ChecksumMismatchError",
     "ConfigError",
     "ConfigOption",
@@ -90,6 +95,7 @@ __all__ = [
     "SchemaMismatchError",
     "SerializationError",
     "ShuffleDescriptor",
+    "ShuffleDescriptorGroup",
     "ShuffleEnvironment",
     "ShuffleEnvironmentContext",
     "ShuffleError",

@@ -22,6 +22,7 @@ __all__ = [
     "ResultPartitionDeploymentDescriptor",
     "ResultPartitionType",
     "ShuffleDescriptor",
+    "ShuffleDescriptorGroup",
     "SubpartitionRange",
     "UnknownShuffleDescriptor",
 ]
@@ -289,6 +290,14 @@ class InputGateDeploymentDescriptor:
                     f"input gate of result {self.result_id!r} holds a descriptor of"
                     f" {descriptor.result_partition_id}"
                 )
+
+
+@dataclass(frozen=True, slots=True)
+class ShuffleDescriptorGroup:
+    """The shuffle descriptors of the partitions one group of consumers reads: serialized once
+    and shared by all of them instead of copied into each consumer's deployment."""
+
+    shuffle_descriptors: tuple[ShuffleDescriptor, ...]
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,8 @@ pyarrow, protobuf) are translated at the boundary where they occur, naming what 
 from __future__ import annotations
 
 __all__ = [
+    "BlobCorruptedError",
+    "BlobNotFoundError",
     "ChecksumMismatchError",
     "ConfigError",
     "DataTooLargeError",
@@ -62,6 +64,15 @@ class DataTooLargeError(ShuffleError, ValueError):
 
 class StorageError(ShuffleError, OSError):
     """The store failed (full disk, permission, unreachable object store)."""
+
+
+class BlobNotFoundError(ShuffleError, LookupError):
+    """No blob with this key: never put, deleted, or its store is not the one the reader was
+    given."""
+
+
+class BlobCorruptedError(ShuffleError):
+    """The bytes read for a blob do not hash to its key."""
 
 
 class TransportError(ShuffleError, ConnectionError):

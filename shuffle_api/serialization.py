@@ -23,6 +23,7 @@ from shuffle_api.descriptors import (
     ResultPartitionDeploymentDescriptor,
     ResultPartitionType,
     ShuffleDescriptor,
+    ShuffleDescriptorGroup,
     SubpartitionRange,
     UnknownShuffleDescriptor,
 )
@@ -53,6 +54,7 @@ Descriptor = (
     | ResultPartitionDeploymentDescriptor
     | InputGateDeploymentDescriptor
     | PartitionInfo
+    | ShuffleDescriptorGroup
 )
 
 _registry: dict[str, type[ShuffleDescriptor]] = {"unknown": UnknownShuffleDescriptor}
@@ -171,6 +173,10 @@ def _to_envelope(value: Descriptor) -> pb.Envelope:
             envelope.partition_info.shuffle_descriptor.CopyFrom(
                 _shuffle_descriptor_to_pb(value.shuffle_descriptor)
             )
+        case ShuffleDescriptorGroup():
+            envelope.shuffle_descriptor_group.shuffle_descriptors.extend(
+                _shuffle_descriptor_to_pb(d) for d in value.shuffle_descriptors
+            )
         case _:
             raise SerializationError(f"cannot serialize {type(value).__name__}")
     return envelope
@@ -268,6 +274,13 @@ def _from_envelope(envelope: pb.Envelope) -> Descriptor:
             info = envelope.partition_info
             return PartitionInfo(
                 info.result_id, _shuffle_descriptor_from_pb(info.shuffle_descriptor)
+            )
+        case "shuffle_descriptor_group":
+            return ShuffleDescriptorGroup(
+                tuple(
+                    _shuffle_descriptor_from_pb(d)
+                    for d in envelope.shuffle_descriptor_group.shuffle_descriptors
+                )
             )
         case _:
             raise SerializationError("descriptor envelope holds no payload")

@@ -127,8 +127,14 @@ class PartitionInfo(_message.Message):
     shuffle_descriptor: ShuffleDescriptor
     def __init__(self, result_id: _Optional[str] = ..., shuffle_descriptor: _Optional[_Union[ShuffleDescriptor, _Mapping]] = ...) -> None: ...
 
+class ShuffleDescriptorGroup(_message.Message):
+    __slots__ = ("shuffle_descriptors",)
+    SHUFFLE_DESCRIPTORS_FIELD_NUMBER: _ClassVar[int]
+    shuffle_descriptors: _containers.RepeatedCompositeFieldContainer[ShuffleDescriptor]
+    def __init__(self, shuffle_descriptors: _Optional[_Iterable[_Union[ShuffleDescriptor, _Mapping]]] = ...) -> None: ...
+
 class Envelope(_message.Message):
-    __slots__ = ("format_version", "partition_descriptor", "producer_descriptor", "shuffle_descriptor", "result_partition_deployment_descriptor", "input_gate_deployment_descriptor", "partition_info")
+    __slots__ = ("format_version", "partition_descriptor", "producer_descriptor", "shuffle_descriptor", "result_partition_deployment_descriptor", "input_gate_deployment_descriptor", "partition_info", "shuffle_descriptor_group")
     FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
     PARTITION_DESCRIPTOR_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_DESCRIPTOR_FIELD_NUMBER: _ClassVar[int]
@@ -136,6 +142,7 @@ class Envelope(_message.Message):
     RESULT_PARTITION_DEPLOYMENT_DESCRIPTOR_FIELD_NUMBER: _ClassVar[int]
     INPUT_GATE_DEPLOYMENT_DESCRIPTOR_FIELD_NUMBER: _ClassVar[int]
     PARTITION_INFO_FIELD_NUMBER: _ClassVar[int]
+    SHUFFLE_DESCRIPTOR_GROUP_FIELD_NUMBER: _ClassVar[int]
     format_version: int
     partition_descriptor: PartitionDescriptor
     producer_descriptor: ProducerDescriptor
@@ -143,4 +150,5 @@ class Envelope(_message.Message):
     result_partition_deployment_descriptor: ResultPartitionDeploymentDescriptor
     input_gate_deployment_descriptor: InputGateDeploymentDescriptor
     partition_info: PartitionInfo
-    def __init__(self, format_version: _Optional[int] = ..., partition_descriptor: _Optional[_Union[PartitionDescriptor, _Mapping]] = ..., producer_descriptor: _Optional[_Union[ProducerDescriptor, _Mapping]] = ..., shuffle_descriptor: _Optional[_Union[ShuffleDescriptor, _Mapping]] = ..., result_partition_deployment_descriptor: _Optional[_Union[ResultPartitionDeploymentDescriptor, _Mapping]] = ..., input_gate_deployment_descriptor: _Optional[_Union[InputGateDeploymentDescriptor, _Mapping]] = ..., partition_info: _Optional[_Union[PartitionInfo, _Mapping]] = ...) -> None: ...
+    shuffle_descriptor_group: ShuffleDescriptorGroup
+    def __init__(self, format_version: _Optional[int] = ..., partition_descriptor: _Optional[_Union[PartitionDescriptor, _Mapping]] = ..., producer_descriptor: _Optional[_Union[ProducerDescriptor, _Mapping]] = ..., shuffle_descriptor: _Optional[_Union[ShuffleDescriptor, _Mapping]] = ..., result_partition_deployment_descriptor: _Optional[_Union[ResultPartitionDeploymentDescriptor, _Mapping]] = ..., input_gate_deployment_descriptor: _Optional[_Union[InputGateDeploymentDescriptor, _Mapping]] = ..., partition_info: _Optional[_Union[PartitionInfo, _Mapping]] = ..., shuffle_descriptor_group: _Optional[_Union[ShuffleDescriptorGroup, _Mapping]] = ...) -> None: ...
