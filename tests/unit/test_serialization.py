@@ -19,6 +19,7 @@ from shuffle_api import (
     ResultPartitionID,
     ResultPartitionType,
     SerializationError,
+    ShuffleDescriptorGroup,
     SubpartitionRange,
     UnknownShuffleDescriptor,
     UnsupportedFormatVersionError,
@@ -176,6 +177,17 @@ def test_input_gate_deployment_descriptor_round_trips_with_no_descriptors() -> N
     )
 
     assert round_trip(value) == value
+
+
+def test_shuffle_descriptor_group_round_trips_in_order() -> None:
+    value = ShuffleDescriptorGroup(
+        (netty_descriptor(2), UnknownShuffleDescriptor(rpid(0)), netty_descriptor(1))
+    )
+
+    decoded = round_trip(value)
+
+    assert decoded == value
+    assert isinstance(decoded, ShuffleDescriptorGroup)
 
 
 def test_partition_info_round_trips() -> None:
