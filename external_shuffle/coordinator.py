@@ -22,13 +22,13 @@ from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.channels import ChannelPool
 from external_shuffle.metrics import DaemonMetrics
-from external_shuffle.placement import Candidate, PlacementStrategy
 from external_shuffle.statuses import NotRegisteredError, UnavailableError, reports_errors
 from external_shuffle.wire import (
     WorkerAddress,
     key_of,
     partition_of,
 )
+from scheduling.placement import PlacementRequest, PlacementStrategy, PlacementTarget
 from shuffle_api import ResultPartitionID
 from shuffle_api.ids import validate_id
 
@@ -214,20 +214,23 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             )
         return application
 
-    def _candidates(self) -> list[Candidate]:
+    def _mean_partition_bytes(self) -> int:
+        """The cluster's mean committed partition size as the workers last reported it."""
+        reported_bytes = sum(w.load.stored_bytes for w in self._workers.values())
+        reported_partitions = sum(w.load.partitions for w in self._workers.values())
+        return reported_bytes // reported_partitions if reported_partitions else 0
+
+    def _placement_targets(self, mean: int) -> list[PlacementTarget]:
         """Live workers that take partitions, with their load: committed bytes as last
         reported, plus partitions placed since, each counted at the cluster's mean size."""
         tracked = self._tracked_per_worker
-        reported_bytes = sum(w.load.stored_bytes for w in self._workers.values())
-        reported_partitions = sum(w.load.partitions for w in self._workers.values())
-        mean = reported_bytes // reported_partitions if reported_partitions else 0
         return [
-            Candidate(
+            PlacementTarget(
                 worker_id,
                 worker.address.host,
-                worker.load.stored_bytes
+                load=worker.load.stored_bytes
                 + max(0, tracked[worker_id] - worker.load.partitions) * mean,
-                tracked[worker_id],
+                count=tracked[worker_id],
             )
             for worker_id, worker in self._workers.items()
             if worker.alive and not worker.load.decommissioning
@@ -391,13 +394,24 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
     def _place(
         self, partition: ResultPartitionID, request: pb.RegisterPartitionRequest
     ) -> _Partition:
-        candidates = self._candidates()
-        if not candidates:
+        mean = self._mean_partition_bytes()
+        targets = self._placement_targets(mean)
+        if not targets:
             raise UnavailableError(
                 "no live worker takes partitions: start a worker (pyshuffle daemon)"
             )
-        chosen = self._placement.choose(candidates, request.producer_host, max(1, request.replicas))
-        entry = _Partition(partition, tuple(chosen), time.monotonic())
+        # A batch of one: the partition's size is unknown until it is written, so it weighs
+        # the mean, as the partitions placed since the last heartbeat do in the targets' loads.
+        key = str(partition)
+        placed = self._placement.place(
+            [
+                PlacementRequest(
+                    key, request.producer_host, weight=mean, replicas=max(1, request.replicas)
+                )
+            ],
+            targets,
+        )
+        entry = _Partition(partition, placed[key], time.monotonic())
         self._partitions[partition] = entry
         for worker_id in entry.replicas:
             self._tracked_per_worker[worker_id] += 1

@@ -46,10 +46,10 @@ from external_shuffle.options import (
     WORKER_STORE_URL,
     WORKER_TIMEOUT,
 )
-from external_shuffle.placement import placement_strategy
 from external_shuffle.registration import heartbeat_loop
 from external_shuffle.security import TokenInterceptor, load_token, server_credentials
 from external_shuffle.worker import WorkerService
+from scheduling.placement import new_placement_strategy
 from shuffle_api import ConfigError, Configuration, ShuffleError
 from shuffle_api.options import CORE_OPTIONS
 from shuffle_api.store import Store
@@ -122,7 +122,7 @@ class Daemon:
         if self._role in ("coordinator", "all"):
             served = self._new_server(_port_of(config.get(COORDINATOR_ADDRESS)))
             self.coordinator = CoordinatorService(
-                placement=placement_strategy(config.get(PLACEMENT)),
+                placement=new_placement_strategy(config.get(PLACEMENT), config_key=PLACEMENT.key),
                 worker_timeout=config.get(WORKER_TIMEOUT),
                 application_timeout=config.get(APPLICATION_TIMEOUT),
                 peers=self._peers,

@@ -1,0 +1,1 @@
+"""Engine-agnostic job-master logic after Flink's scheduler."""
