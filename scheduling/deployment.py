@@ -1,0 +1,259 @@
+"""Consumers' deployment descriptors that carry a reference, never a copy, of their inputs'
+shuffle descriptors (after Flink's CachedShuffleDescriptors and blob offload).
+
+Per consumed group the shuffle descriptors are serialized (protobuf) and zstd-compressed once,
+and every consumer of the group shares that one ``bytes`` object. When ``len(group) x
+consumers`` reaches the offload threshold the compressed list goes to the blob store and the
+consumers carry only its key. A rerun producer or a released group makes the shared list stale:
+:meth:`DescriptorCache.invalidate` drops it and deletes its blob.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import zstandard
+
+from blob import BlobCache, BlobStore
+from scheduling.graph import ExecutionVertexID
+from scheduling.groups import ConsumedPartitionGroup, ExchangeGroups, PartitionGroups
+from scheduling.parallelism import split_evenly
+from scheduling.skew import ConsumerPlan, InputSlice, ProducerRange
+from shuffle_api import (
+    DistributionPattern,
+    InputGateDeploymentDescriptor,
+    InvalidOperationError,
+    ResultPartitionType,
+    SerializationError,
+    ShuffleDescriptor,
+    ShuffleDescriptorGroup,
+    SubpartitionRange,
+    deserialize,
+    serialize,
+)
+
+__all__ = [
+    "ConsumerDeploymentDescriptor",
+    "ConsumerReads",
+    "DescriptorCache",
+    "GateReference",
+    "InlineDescriptors",
+    "OffloadedDescriptors",
+    "SharedDescriptors",
+    "consumer_deployments",
+    "even_reads",
+    "planned_reads",
+    "resolve_gate",
+]
+
+# Flink's TaskManager keeps at most 100 decoded groups.
+_DECODED_GROUPS = 100
+
+
+@dataclass(frozen=True, slots=True)
+class InlineDescriptors:
+    """The compressed list itself; every consumer of the group holds the same object."""
+
+    compressed: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class OffloadedDescriptors:
+    """The compressed list lives in the blob store at ``blob_store_url`` under ``blob_key``."""
+
+    blob_key: str
+    blob_store_url: str
+
+
+SharedDescriptors = InlineDescriptors | OffloadedDescriptors
+
+
+@dataclass(frozen=True, slots=True)
+class GateReference:
+    """One input of a consumer: subpartitions ``subpartitions`` of the group's partitions
+    (only ``producers``, positions in the group's list, when a skewed subpartition is split
+    among consumers; ``None``: all of them)."""
+
+    result_id: str
+    partition_type: ResultPartitionType
+    subpartitions: SubpartitionRange
+    descriptors: SharedDescriptors
+    producers: ProducerRange | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerDeploymentDescriptor:
+    vertex: ExecutionVertexID
+    inputs: tuple[GateReference, ...]
+
+
+class DescriptorCache:
+    """Driver side: the shared compressed descriptor list of each consumed group."""
+
+    def __init__(
+        self,
+        *,
+        blob_store: BlobStore | None,
+        offload_threshold: int,
+        compression_level: int = 3,
+    ) -> None:
+        self._blob_store = blob_store
+        self._offload_threshold = offload_threshold
+        self._compressor = zstandard.ZstdCompressor(level=compression_level)
+        # Groups hash by identity: each is one object of the job's PartitionGroups.
+        self._shared: dict[ConsumedPartitionGroup, SharedDescriptors] = {}
+        self._lock = threading.Lock()
+
+    def shared(
+        self, group: ConsumedPartitionGroup, descriptors: Sequence[ShuffleDescriptor]
+    ) -> SharedDescriptors:
+        """The group's shared list, built on first use from ``descriptors`` (one per
+        partition of the group, in partition order)."""
+        with self._lock:
+            found = self._shared.get(group)
+            if found is not None:
+                return found
+            if len(descriptors) != len(group.partitions):
+                raise InvalidOperationError(
+                    f"group {group.key} has {len(group.partitions)} partitions but"
+                    f" {len(descriptors)} descriptors were given"
+                )
+            compressed = self._compressor.compress(
+                serialize(ShuffleDescriptorGroup(tuple(descriptors)))
+            )
+            shared: SharedDescriptors = InlineDescriptors(compressed)
+            if (
+                self._blob_store is not None
+                and len(group.partitions) * group.number_of_consumers >= self._offload_threshold
+            ):
+                shared = OffloadedDescriptors(
+                    self._blob_store.put(compressed), self._blob_store.url
+                )
+            self._shared[group] = shared
+            return shared
+
+    def invalidate(self, group: ConsumedPartitionGroup) -> None:
+        """Forget the group's list (released, or a producer of it rerun) and delete its blob."""
+        with self._lock:
+            found = self._shared.pop(group, None)
+            # Another group with the same descriptors shares the content-addressed blob.
+            still_used = found in self._shared.values()
+        if isinstance(found, OffloadedDescriptors) and not still_used:
+            assert self._blob_store is not None
+            self._blob_store.delete(found.blob_key)
+
+    def clear(self) -> None:
+        with self._lock:
+            groups = list(self._shared)
+        for group in groups:
+            self.invalidate(group)
+
+
+ConsumerReads = Callable[[int, int, ExchangeGroups], InputSlice]
+"""What consumer ``consumer`` reads of its input number ``input_index`` (``groups``: that
+input's exchange), producers counted within the group the consumer reads."""
+
+
+def even_reads(subpartitions: int) -> ConsumerReads:
+    """Flink's default over partitions of ``subpartitions`` subpartitions: all-to-all consumer
+    k of N reads ``[floor(kS/N), floor((k+1)S/N) - 1]`` of every partition; a pointwise
+    consumer reads all of each of its partitions or, where several consumers share one
+    partition, its share of the subpartitions."""
+
+    def reads(consumer: int, input_index: int, groups: ExchangeGroups) -> InputSlice:
+        group = groups.consumed_by(consumer)
+        producers = ProducerRange(0, len(group.partitions) - 1)
+        if groups.exchange.pattern is DistributionPattern.ALL_TO_ALL:
+            return InputSlice(split_evenly(subpartitions, groups.consumers)[consumer], producers)
+        readers = groups.consumers_of(group).consumers
+        if len(readers) == 1:
+            return InputSlice(SubpartitionRange(0, subpartitions - 1), producers)
+        share = split_evenly(subpartitions, len(readers))[consumer - readers.start]
+        return InputSlice(share, producers)
+
+    return reads
+
+
+def planned_reads(plan: ConsumerPlan) -> ConsumerReads:
+    """Consumer t reads what task t of an adaptive ``plan`` reads (all-to-all inputs)."""
+
+    def reads(consumer: int, input_index: int, groups: ExchangeGroups) -> InputSlice:
+        return plan.tasks[consumer].inputs[input_index]
+
+    return reads
+
+
+def consumer_deployments(
+    partition_groups: PartitionGroups,
+    stage: str,
+    cache: DescriptorCache,
+    descriptors_of: Callable[[ConsumedPartitionGroup], Sequence[ShuffleDescriptor]],
+    reads: ConsumerReads,
+) -> list[ConsumerDeploymentDescriptor]:
+    """Every consumer vertex of ``stage`` with one reference per input exchange. The shared
+    list of a group is built once, however many consumers read it."""
+    inputs = [
+        partition_groups.of_exchange(exchange)
+        for exchange in partition_groups.graph.inputs_of(stage)
+    ]
+    parallelism = partition_groups.graph.stage(stage).parallelism
+    deployments = []
+    for consumer in range(parallelism):
+        references = []
+        for input_index, groups in enumerate(inputs):
+            group = groups.consumed_by(consumer)
+            read = reads(consumer, input_index, groups)
+            whole = read.producers == ProducerRange(0, len(group.partitions) - 1)
+            references.append(
+                GateReference(
+                    groups.exchange.result_id,
+                    group.partition_type,
+                    read.subpartitions,
+                    cache.shared(group, descriptors_of(group)),
+                    None if whole else read.producers,
+                )
+            )
+        deployments.append(
+            ConsumerDeploymentDescriptor(ExecutionVertexID(stage, consumer), tuple(references))
+        )
+    return deployments
+
+
+@functools.lru_cache(maxsize=_DECODED_GROUPS)
+def _decode(compressed: bytes) -> tuple[ShuffleDescriptor, ...]:
+    try:
+        serialized = zstandard.ZstdDecompressor().decompress(compressed)
+    except zstandard.ZstdError as error:
+        raise SerializationError(
+            f"a shared descriptor list does not decompress: {error}"
+        ) from error
+    group = deserialize(serialized)
+    if not isinstance(group, ShuffleDescriptorGroup):
+        raise SerializationError(f"expected a shuffle descriptor group, got {type(group).__name__}")
+    return group.shuffle_descriptors
+
+
+def resolve_gate(
+    reference: GateReference, blobs: BlobCache | None
+) -> InputGateDeploymentDescriptor:
+    """Consumer side: the input gate a reference names. A process decodes each shared list
+    once (offloaded ones fetched once through ``blobs``, the process's blob cache)."""
+    shared = reference.descriptors
+    if isinstance(shared, InlineDescriptors):
+        compressed = shared.compressed
+    else:
+        if blobs is None:
+            raise InvalidOperationError(
+                f"the descriptors of {reference.result_id!r} are offloaded to the blob store"
+                f" {shared.blob_store_url}, but no blob cache was given"
+            )
+        compressed = blobs.get(shared.blob_key)
+    descriptors = _decode(compressed)
+    if reference.producers is not None:
+        descriptors = descriptors[reference.producers.start : reference.producers.end + 1]
+    return InputGateDeploymentDescriptor(
+        reference.result_id, reference.partition_type, reference.subpartitions, descriptors
+    )
