@@ -11,6 +11,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql import DataFrame, Row, SparkSession
@@ -18,24 +19,15 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark_shuffle.options import MAX_RECOVERY_ATTEMPTS, PROGRESS_INTERVAL
 from pyspark_shuffle.partitioners import Partitioner
 from pyspark_shuffle.progress import StageProgress
-from pyspark_shuffle.tasks import (
-    MAP_OUTPUT_SCHEMA,
-    GateInput,
-    MapStageSpec,
-    encode_gate,
-    run_map_task,
-)
+from pyspark_shuffle.tasks import MAP_OUTPUT_SCHEMA, MapStageSpec, run_map_task
 from shuffle_api import (
     Configuration,
-    InputGateDeploymentDescriptor,
     ProducerDescriptor,
     RecordingJobContext,
-    ResultPartitionType,
     SerializationError,
     ShuffleDescriptor,
     ShuffleMaster,
     StageFailedError,
-    SubpartitionRange,
     deserialize,
     new_id,
 )
@@ -209,15 +201,18 @@ class Exchange:
         """The Arrow schema the map tasks wrote (``fallback`` when they wrote no rows)."""
         return self._schema if self._schema is not None else fallback
 
-    def gate_input(self, fallback_schema: pa.Schema) -> GateInput:
+    def descriptors(self) -> tuple[ShuffleDescriptor, ...]:
+        """The registered attempt of every map task, by map index."""
         outputs = self.outputs
-        gate = InputGateDeploymentDescriptor(
-            self.result_id,
-            ResultPartitionType.BLOCKING,
-            SubpartitionRange(0, self.spec.partitioner.number_of_subpartitions - 1),
-            tuple(outputs[index].descriptor for index in sorted(outputs)),
-        )
-        return GateInput(encode_gate(gate), self.schema(fallback_schema))
+        return tuple(outputs[index].descriptor for index in range(self.number_of_maps))
+
+    def bytes_matrix(self) -> npt.NDArray[np.int64]:
+        """Bytes map task m wrote to subpartition s, at ``[m, s]``."""
+        outputs = self.outputs
+        return np.array(
+            [outputs[index].bytes_per_subpartition for index in range(self.number_of_maps)],
+            dtype=np.int64,
+        ).reshape(self.number_of_maps, self.spec.partitioner.number_of_subpartitions)
 
     def release(self) -> None:
         with self._lock:

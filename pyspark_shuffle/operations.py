@@ -62,6 +62,12 @@ class ReduceOperation(abc.ABC):
     ) -> Iterator[pa.RecordBatch]:
         """The reducer's output, from one batch iterator (and its schema) per shuffled input."""
 
+    def splittable_inputs(self, inputs: int) -> tuple[bool, ...]:
+        """Per input: may a skewed subpartition's producers be divided among reducers (each
+        reading the other inputs' rows of that subpartition whole)? Not by default: a group,
+        a sorted range or a repartition's key must stay in one reducer."""
+        return (False,) * inputs
+
 
 def _table(batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> pa.Table:
     collected = list(batches)
@@ -85,7 +91,13 @@ def _results_as_batches(result: pa.Table | Iterable[pa.RecordBatch]) -> Iterator
 
 @dataclass(frozen=True, slots=True)
 class PassThrough(ReduceOperation):
-    """Hash repartition: the shuffled batches as they come."""
+    """Hash repartition: the shuffled batches as they come. ``rebalance``: a skewed key may be
+    split among reducers (Spark's REBALANCE), so equal keys may land in different ones."""
+
+    rebalance: bool = False
+
+    def splittable_inputs(self, inputs: int) -> tuple[bool, ...]:
+        return (self.rebalance,) * inputs
 
     def apply(
         self, inputs: Sequence[Iterator[pa.RecordBatch]], schemas: Sequence[pa.Schema]
@@ -206,6 +218,14 @@ class Join(ReduceOperation):
             raise InvalidOperationError(
                 f"unknown join type {self.how!r}; known: {', '.join(JOIN_TYPES)}"
             )
+
+    def splittable_inputs(self, inputs: int) -> tuple[bool, ...]:
+        # A side may be split when each of its rows meets the other side's rows of the key
+        # once and the other side emits nothing unmatched: Spark's rule for skew joins.
+        return (
+            self.how in ("inner", "left", "semi", "anti"),
+            self.how in ("inner", "right"),
+        )
 
     def apply(
         self, inputs: Sequence[Iterator[pa.RecordBatch]], schemas: Sequence[pa.Schema]

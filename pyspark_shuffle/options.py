@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from blob import BLOB_OPTIONS
+from scheduling.options import SCHEDULING_OPTIONS
 from shuffle_api.config import ConfigOption, float_option, int_option, memory_option
 
 __all__ = [
@@ -15,6 +17,7 @@ __all__ = [
     "PROGRESS_INTERVAL",
     "PYSPARK_SHUFFLE_OPTIONS",
     "RANGE_SAMPLE_SIZE",
+    "REDUCER_MIN_COUNT",
     "REDUCER_TARGET_SIZE",
     "SPARK_CONF_PREFIX",
 ]
@@ -24,8 +27,8 @@ SPARK_CONF_PREFIX: Final = "spark.pyshuffle."
 MAX_SUBPARTITIONS = int_option(
     "pyspark-shuffle.max-subpartitions",
     64,
-    "Subpartitions each map task writes when the number of reducers is automatic (the most"
-    " reducers a shuffle can have).",
+    "Subpartitions each map task writes when the number of reducers is automatic: the most"
+    " reducers a shuffle can have, skew splits aside.",
     minimum=1,
 )
 REDUCER_TARGET_SIZE = memory_option(
@@ -34,6 +37,13 @@ REDUCER_TARGET_SIZE = memory_option(
     "Bytes a reducer should read when the number of reducers is automatic: neighbouring"
     " subpartitions are coalesced up to it.",
     minimum=1,
+)
+REDUCER_MIN_COUNT = int_option(
+    "pyspark-shuffle.reducer.min-count",
+    0,
+    "The fewest reducers when their number is automatic (when there are that many"
+    " subpartitions); 0: Spark's defaultParallelism, so every core gets a reducer.",
+    minimum=0,
 )
 RANGE_SAMPLE_SIZE = int_option(
     "pyspark-shuffle.range.sample-size",
@@ -57,7 +67,10 @@ MAX_RECOVERY_ATTEMPTS = int_option(
 PYSPARK_SHUFFLE_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
     MAX_SUBPARTITIONS,
     REDUCER_TARGET_SIZE,
+    REDUCER_MIN_COUNT,
     RANGE_SAMPLE_SIZE,
     PROGRESS_INTERVAL,
     MAX_RECOVERY_ATTEMPTS,
+    *SCHEDULING_OPTIONS,
+    *BLOB_OPTIONS,
 )

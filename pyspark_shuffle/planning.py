@@ -1,33 +1,64 @@
-"""How many reducers, and which subpartitions each reads."""
+"""How many reducers, and what each reads of every shuffled input: one per subpartition, or
+adaptive - chosen from the bytes each map task wrote per subpartition, with skewed
+subpartitions split among reducers where the operation allows."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from shuffle_api import SubpartitionRange
+import numpy as np
+import numpy.typing as npt
 
-__all__ = ["coalesce_subpartitions", "one_per_subpartition"]
+from pyspark_shuffle.options import REDUCER_MIN_COUNT, REDUCER_TARGET_SIZE
+from scheduling.options import SKEW_FACTOR, SKEW_THRESHOLD
+from scheduling.parallelism import ParallelismBounds
+from scheduling.skew import (
+    ConsumerPlan,
+    ConsumerTask,
+    InputSlice,
+    ProducerRange,
+    SkewOptions,
+    plan_consumers,
+)
+from shuffle_api import Configuration, SubpartitionRange
+
+__all__ = ["adaptive_plan", "one_reducer_per_subpartition"]
+
+BytesMatrix = npt.NDArray[np.int64]
+"""Bytes map task m wrote to subpartition s, at ``[m, s]``."""
 
 
-def one_per_subpartition(subpartitions: int) -> tuple[SubpartitionRange, ...]:
-    return tuple(SubpartitionRange.single(index) for index in range(subpartitions))
+def one_reducer_per_subpartition(inputs: Sequence[BytesMatrix]) -> ConsumerPlan:
+    """Reducer k reads subpartition k of every map task of every input."""
+    subpartitions = inputs[0].shape[1]
+    tasks = tuple(
+        ConsumerTask(
+            tuple(
+                InputSlice(SubpartitionRange.single(k), ProducerRange(0, matrix.shape[0] - 1))
+                for matrix in inputs
+            ),
+            int(sum(matrix[:, k].sum() for matrix in inputs)),
+        )
+        for k in range(subpartitions)
+    )
+    return ConsumerPlan(tasks, skewed=(), unsplittable=())
 
 
-def coalesce_subpartitions(
-    bytes_per_subpartition: Sequence[int], target_bytes: int, *, parallelism: int = 1
-) -> tuple[SubpartitionRange, ...]:
-    """Neighbouring subpartitions merged while a reducer stays within ``target_bytes``
-    (Spark AQE's coalescing), lowered so that there are about ``parallelism`` reducers when
-    the data allows (AQE's parallelism-first). Neighbours only, so range-partitioned data
-    stays in order; at least one reducer, even with no data."""
-    total = sum(bytes_per_subpartition)
-    target_bytes = max(1, min(target_bytes, -(-total // max(1, parallelism))))
-    ranges: list[SubpartitionRange] = []
-    start, size = 0, 0
-    for index, subpartition_bytes in enumerate(bytes_per_subpartition):
-        if index > start and size + subpartition_bytes > target_bytes:
-            ranges.append(SubpartitionRange(start, index - 1))
-            start, size = index, 0
-        size += subpartition_bytes
-    ranges.append(SubpartitionRange(start, max(start, len(bytes_per_subpartition) - 1)))
-    return tuple(ranges)
+def adaptive_plan(
+    configuration: Configuration,
+    inputs: Sequence[BytesMatrix],
+    splittable: Sequence[bool],
+    default_parallelism: int,
+) -> ConsumerPlan:
+    """Reducers of about ``pyspark-shuffle.reducer.target-size`` bytes each, at least
+    ``reducer.min-count`` of them (Spark's default parallelism when 0) and at most one per
+    subpartition; skewed subpartitions of splittable inputs divided by map task ranges."""
+    most = inputs[0].shape[1]  # the subpartitions the map tasks wrote
+    fewest = configuration.get(REDUCER_MIN_COUNT) or default_parallelism
+    bounds = ParallelismBounds(
+        min_parallelism=max(1, min(fewest, most)),
+        max_parallelism=most,
+        bytes_per_task=configuration.get(REDUCER_TARGET_SIZE),
+    )
+    skew = SkewOptions(configuration.get(SKEW_FACTOR), configuration.get(SKEW_THRESHOLD))
+    return plan_consumers(inputs, bounds, skew=skew, splittable=splittable)

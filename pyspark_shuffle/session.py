@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import inspect
+import sys
 import threading
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
@@ -18,6 +19,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import ArrayType, MapType, StructField, StructType
 
+from blob import BlobStore, blob_store_url
 from pyspark_shuffle.exchange import Exchange
 from pyspark_shuffle.operations import (
     JOIN_TYPES,
@@ -34,7 +36,6 @@ from pyspark_shuffle.options import (
     MAX_SUBPARTITIONS,
     PYSPARK_SHUFFLE_OPTIONS,
     RANGE_SAMPLE_SIZE,
-    REDUCER_TARGET_SIZE,
     SPARK_CONF_PREFIX,
 )
 from pyspark_shuffle.partitioners import (
@@ -43,16 +44,21 @@ from pyspark_shuffle.partitioners import (
     RangePartitioner,
     choose_boundaries,
 )
-from pyspark_shuffle.planning import coalesce_subpartitions, one_per_subpartition
+from pyspark_shuffle.planning import adaptive_plan, one_reducer_per_subpartition
 from pyspark_shuffle.sorting import sort_keys_of
 from pyspark_shuffle.tasks import ReduceStageSpec, run_reduce_task
+from scheduling.deployment import DescriptorCache, consumer_deployments, planned_reads
+from scheduling.graph import Stage, StageExchange, StageGraph
+from scheduling.groups import ConsumedPartitionGroup, build_groups
+from scheduling.options import DESCRIPTOR_OFFLOAD_THRESHOLD
+from scheduling.skew import ConsumerPlan
 from shuffle_api import (
     Configuration,
     InvalidOperationError,
     RecordingJobContext,
+    ShuffleDescriptor,
     ShuffleMasterContext,
     ShuffleServiceClosedError,
-    SubpartitionRange,
     load_shuffle_service_factory,
     new_id,
 )
@@ -78,7 +84,11 @@ def spark_configuration(
 
 @dataclass(frozen=True, slots=True)
 class ShuffleStatistics:
-    """What the shuffles behind one result wrote, and what its reducers read so far."""
+    """What the shuffles behind one result wrote, and what its reducers read so far.
+    ``bytes_per_reducer``: what each reducer reads by the map tasks' own counts;
+    ``skewed_subpartitions``: split among reducers; ``unsplittable_subpartitions``: skewed
+    but read whole by one reducer (the operation keeps a key in one reducer, or one map task
+    wrote it all)."""
 
     map_tasks: int
     map_seconds: float
@@ -87,6 +97,9 @@ class ShuffleStatistics:
     bytes_written: int
     rows_read: int
     bytes_read: int
+    bytes_per_reducer: tuple[int, ...]
+    skewed_subpartitions: tuple[int, ...]
+    unsplittable_subpartitions: tuple[int, ...]
 
 
 @dataclass
@@ -94,7 +107,8 @@ class _Result:
     exchanges: list[Exchange]
     operation: ReduceOperation
     schema: StructType | str
-    reducers: int
+    plan: ConsumerPlan
+    consumed_groups: list[ConsumedPartitionGroup]
     rows_read: Accumulator[int]
     bytes_read: Accumulator[int]
 
@@ -185,6 +199,10 @@ class SparkShuffle:
             self.configuration, extra_options=PYSPARK_SHUFFLE_OPTIONS
         )
         self._master = factory.create_shuffle_master(ShuffleMasterContext(self.configuration))
+        self._descriptors = DescriptorCache(
+            blob_store=BlobStore(blob_store_url(self.configuration)),
+            offload_threshold=self.configuration.get(DESCRIPTOR_OFFLOAD_THRESHOLD),
+        )
         self._master.start()
         self._job = RecordingJobContext(f"spark-{new_id()[:16]}")
         self._master.register_job(self._job)
@@ -217,6 +235,16 @@ class SparkShuffle:
         it, never back to the JVM and out again."""
         exchange = self.hash_exchange(frame, keys, num_partitions=num_partitions)
         return self._reduce([exchange], MapBatches(function), schema)
+
+    def rebalance(
+        self, frame: DataFrame, keys: str | Sequence[str], *, num_partitions: int | None = None
+    ) -> DataFrame:
+        """Spark's ``REBALANCE`` hint: rows hash-partitioned by ``keys`` into partitions of
+        about ``pyspark-shuffle.reducer.target-size`` bytes; with ``num_partitions`` automatic,
+        a skewed key's rows are split among several partitions (so, unlike
+        :meth:`repartition`, equal keys may land in different partitions)."""
+        exchange = self.hash_exchange(frame, keys, num_partitions=num_partitions)
+        return self._reduce([exchange], PassThrough(rebalance=True), exchange.frame_schema)
 
     def hash_exchange(
         self, frame: DataFrame, keys: str | Sequence[str], *, num_partitions: int | None = None
@@ -339,11 +367,14 @@ class SparkShuffle:
         return ShuffleStatistics(
             map_tasks=sum(exchange.number_of_maps for exchange in found.exchanges),
             map_seconds=sum(exchange.runs.seconds for exchange in found.exchanges),
-            reducers=found.reducers,
+            reducers=len(found.plan.tasks),
             rows_written=sum(sum(exchange.rows_per_subpartition) for exchange in found.exchanges),
             bytes_written=sum(sum(exchange.bytes_per_subpartition) for exchange in found.exchanges),
             rows_read=found.rows_read.value,
             bytes_read=found.bytes_read.value,
+            bytes_per_reducer=tuple(task.bytes for task in found.plan.tasks),
+            skewed_subpartitions=found.plan.skewed,
+            unsplittable_subpartitions=found.plan.unsplittable,
         )
 
     def release(self, result: DataFrame) -> None:
@@ -351,6 +382,8 @@ class SparkShuffle:
         with self._lock:
             entry = self._results.pop(id(result), None)
         if entry is not None:
+            for group in entry[1].consumed_groups:
+                self._descriptors.invalidate(group)
             for exchange in entry[1].exchanges:
                 exchange.release()
 
@@ -362,6 +395,7 @@ class SparkShuffle:
             self._closed = True
             exchanges, self._exchanges = self._exchanges, []
             self._results.clear()
+        self._descriptors.clear()
         for exchange in exchanges:
             exchange.release()
         self._master.unregister_job(self._job.job_id)
@@ -442,29 +476,32 @@ class SparkShuffle:
     ) -> DataFrame:
         for exchange in exchanges:
             exchange.recover()
-        subpartitions = exchanges[0].spec.partitioner.number_of_subpartitions
-        ranges: tuple[SubpartitionRange, ...]
-        if exchanges[0].automatic_reducers:
-            sizes = [
-                sum(each)
-                for each in zip(*(e.bytes_per_subpartition for e in exchanges), strict=False)
-            ]
-            ranges = coalesce_subpartitions(
-                sizes,
-                self.configuration.get(REDUCER_TARGET_SIZE),
-                parallelism=self._spark.sparkContext.defaultParallelism,
-            )
-        else:
-            ranges = one_per_subpartition(subpartitions)
+        plan = self._plan(exchanges, operation)
+        graph = StageGraph(
+            [
+                *(Stage(f"map-{i}", e.number_of_maps) for i, e in enumerate(exchanges)),
+                Stage("reduce", len(plan.tasks)),
+            ],
+            [StageExchange(e.result_id, f"map-{i}", "reduce") for i, e in enumerate(exchanges)],
+        )
+        groups = build_groups(graph)
+        by_result = {exchange.result_id: exchange for exchange in exchanges}
+
+        def descriptors_of(group: ConsumedPartitionGroup) -> Sequence[ShuffleDescriptor]:
+            return by_result[group.result_id].descriptors()
+
+        deployments = consumer_deployments(
+            groups, "reduce", self._descriptors, descriptors_of, planned_reads(plan)
+        )
         context = self._spark.sparkContext
         rows_read, bytes_read = context.accumulator(0), context.accumulator(0)
         spec = ReduceStageSpec(
             self.configuration,
+            tuple(deployments),
             tuple(
-                exchange.gate_input(_arrow_schema(self._spark, exchange.frame_schema))
+                exchange.schema(_arrow_schema(self._spark, exchange.frame_schema))
                 for exchange in exchanges
             ),
-            ranges,
             operation,
             rows_read,
             bytes_read,
@@ -475,11 +512,33 @@ class SparkShuffle:
                 for reducer in batch.column(0).to_pylist():
                     yield from run_reduce_task(spec, reducer)
 
-        reducers = self._spark.range(0, len(ranges), 1, len(ranges))
+        reducers = self._spark.range(0, len(plan.tasks), 1, len(plan.tasks))
         result = reducers.mapInArrow(reduce_partition, schema)
+        consumed = [group for each in groups.exchanges for group in each.consumed]
         with self._lock:
             self._results[id(result)] = (
                 weakref.ref(result),
-                _Result(list(exchanges), operation, schema, len(ranges), rows_read, bytes_read),
+                _Result(list(exchanges), operation, schema, plan, consumed, rows_read, bytes_read),
             )
         return result
+
+    def _plan(self, exchanges: Sequence[Exchange], operation: ReduceOperation) -> ConsumerPlan:
+        inputs = [exchange.bytes_matrix() for exchange in exchanges]
+        if not exchanges[0].automatic_reducers:
+            return one_reducer_per_subpartition(inputs)
+        plan = adaptive_plan(
+            self.configuration,
+            inputs,
+            operation.splittable_inputs(len(exchanges)),
+            self._spark.sparkContext.defaultParallelism,
+        )
+        if plan.unsplittable:
+            names = ", ".join(exchange.name for exchange in exchanges)
+            print(
+                f"pyshuffle: {names}: skewed subpartitions {list(plan.unsplittable)} are each"
+                " read whole by one reducer (the operation keeps a key in one reducer, or one"
+                " map task wrote the subpartition); reducers read"
+                f" {max(task.bytes for task in plan.tasks):,} bytes at most",
+                file=sys.stderr,
+            )
+        return plan

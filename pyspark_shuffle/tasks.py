@@ -6,8 +6,6 @@ stay served after the task that wrote them is gone.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import os
 import threading
 from collections.abc import Iterator, Sequence
@@ -15,26 +13,27 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 import pyarrow as pa
-import zstandard
 
+from blob import BLOB_CACHE_MAX_SIZE, blob_store_url, process_blob_cache
 from pyspark_shuffle.operations import ReduceOperation
 from pyspark_shuffle.options import PYSPARK_SHUFFLE_OPTIONS
 from pyspark_shuffle.partitioners import Partitioner
+from scheduling.deployment import (
+    ConsumerDeploymentDescriptor,
+    OffloadedDescriptors,
+    resolve_gate,
+)
 from shuffle_api import (
     Configuration,
-    InputGateDeploymentDescriptor,
     IntermediateResultPartitionID,
     PartitionDescriptor,
     ResultPartitionDeploymentDescriptor,
     ResultPartitionID,
     ResultPartitionType,
-    SerializationError,
     ShuffleEnvironment,
     ShuffleEnvironmentContext,
     ShuffleIOOwner,
-    SubpartitionRange,
     UnknownShuffleDescriptor,
-    deserialize,
     load_shuffle_service_factory,
     new_id,
     serialize,
@@ -45,10 +44,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAP_OUTPUT_SCHEMA",
-    "GateInput",
     "MapStageSpec",
     "ReduceStageSpec",
-    "encode_gate",
     "run_map_task",
     "run_reduce_task",
     "task_environment",
@@ -147,33 +144,15 @@ def run_map_task(
     )
 
 
-def encode_gate(gate: InputGateDeploymentDescriptor) -> bytes:
-    """Compressed once on the driver; every reducer of the gate gets the same bytes."""
-    return zstandard.ZstdCompressor(level=3).compress(serialize(gate))
-
-
-@functools.lru_cache(maxsize=16)
-def _decode_gate(encoded: bytes) -> InputGateDeploymentDescriptor:
-    gate = deserialize(zstandard.ZstdDecompressor().decompress(encoded))
-    if not isinstance(gate, InputGateDeploymentDescriptor):
-        raise SerializationError(f"expected an input gate descriptor, got {type(gate).__name__}")
-    return gate
-
-
-@dataclass(frozen=True, slots=True)
-class GateInput:
-    """One shuffled input of a reduce stage: its encoded gate (every producer partition) and
-    the Arrow schema its map side wrote."""
-
-    encoded_gate: bytes
-    schema: pa.Schema
-
-
 @dataclass(frozen=True, slots=True)
 class ReduceStageSpec:
+    """What every reduce task needs. The deployments of all reducers share each input's one
+    compressed descriptor list (pickled once) or name it by blob key, fetched once per Python
+    worker process through its blob cache."""
+
     configuration: Configuration
-    inputs: tuple[GateInput, ...]
-    reducer_ranges: tuple[SubpartitionRange, ...]
+    deployments: tuple[ConsumerDeploymentDescriptor, ...]
+    schemas: tuple[pa.Schema, ...]
     operation: ReduceOperation
     rows_read: Accumulator[int] | None = None
     bytes_read: Accumulator[int] | None = None
@@ -191,20 +170,22 @@ def _counted(batches: Iterator[pa.RecordBatch], spec: ReduceStageSpec) -> Iterat
 
 
 def run_reduce_task(spec: ReduceStageSpec, reducer: int) -> Iterator[pa.RecordBatch]:
-    """Read reducer ``reducer``'s subpartition range of every input; apply the operation."""
+    """Read what reducer ``reducer`` reads of every input; apply the operation."""
     environment = task_environment(spec.configuration)
     attempt = new_id()
     owner = ShuffleIOOwner(f"reducer {reducer}", attempt)
-    subpartitions = spec.reducer_ranges[reducer]
-    descriptors = [
-        dataclasses.replace(_decode_gate(each.encoded_gate), consumed_subpartitions=subpartitions)
-        for each in spec.inputs
-    ]
-    gates = environment.create_input_gates(owner, descriptors)
+    references = spec.deployments[reducer].inputs
+    blobs = None
+    if any(isinstance(each.descriptors, OffloadedDescriptors) for each in references):
+        blobs = process_blob_cache(
+            blob_store_url(spec.configuration), spec.configuration.get(BLOB_CACHE_MAX_SIZE)
+        )
+    gates = environment.create_input_gates(
+        owner, [resolve_gate(reference, blobs) for reference in references]
+    )
     try:
         yield from spec.operation.apply(
-            [_counted(iter(gate), spec) for gate in gates],
-            [each.schema for each in spec.inputs],
+            [_counted(iter(gate), spec) for gate in gates], spec.schemas
         )
     finally:
         for gate in gates:

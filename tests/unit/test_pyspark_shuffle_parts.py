@@ -18,9 +18,10 @@ import pytest
 from pyspark_shuffle.hashing import hash_keys
 from pyspark_shuffle.operations import GroupApply, Join, PassThrough, SortWithin, group_starts
 from pyspark_shuffle.partitioners import HashPartitioner, RangePartitioner, choose_boundaries
-from pyspark_shuffle.planning import coalesce_subpartitions, one_per_subpartition
+from pyspark_shuffle.planning import adaptive_plan, one_reducer_per_subpartition
 from pyspark_shuffle.sorting import SortKey, sort_indices, sort_keys_of
-from shuffle_api import InvalidOperationError, SubpartitionRange
+from scheduling.skew import InputSlice, ProducerRange
+from shuffle_api import Configuration, InvalidOperationError, SubpartitionRange
 
 NAN = float("nan")
 
@@ -290,40 +291,68 @@ def test_choose_boundaries_edge_cases() -> None:
 # -- planning -------------------------------------------------------------------------------
 
 
+def test_fixed_reducers_read_one_subpartition_of_every_map_task_each() -> None:
+    left = np.array([[1, 2, 3], [4, 5, 6]], dtype=np.int64)
+    right = np.array([[10, 0, 0]], dtype=np.int64)
+    plan = one_reducer_per_subpartition([left, right])
+    assert [task.bytes for task in plan.tasks] == [15, 7, 9]
+    assert plan.tasks[1].inputs == (
+        InputSlice(SubpartitionRange.single(1), ProducerRange(0, 1)),
+        InputSlice(SubpartitionRange.single(1), ProducerRange(0, 0)),
+    )
+    assert plan.skewed == plan.unsplittable == ()
+
+
+def test_adaptive_plan_takes_its_bounds_and_skew_limits_from_the_configuration() -> None:
+    # 4 map tasks x 8 subpartitions of 10 bytes, but subpartition 5 holds 400 (100 per map).
+    matrix = np.full((4, 8), 10, dtype=np.int64)
+    matrix[:, 5] = 100
+    configuration = Configuration.load(
+        {
+            "pyspark-shuffle.reducer.target-size": "100",
+            "pyspark-shuffle.reducer.min-count": "1",
+            "scheduling.skew.threshold": "200",
+        }
+    )
+    split = adaptive_plan(configuration, [matrix], [True], default_parallelism=2)
+    assert split.skewed == (5,) and split.unsplittable == ()
+    # Subpartition 5 read by 4 reducers, one map task each; the others coalesced.
+    assert sorted(t.inputs[0].producers.start for t in split.tasks if t.bytes == 100) == [
+        0, 1, 2, 3,
+    ]  # fmt: skip
+    assert max(task.bytes for task in split.tasks) == 100
+    whole = adaptive_plan(configuration, [matrix], [False], default_parallelism=2)
+    assert whole.unsplittable == (5,)
+    assert max(task.bytes for task in whole.tasks) == 400
+
+
+def test_adaptive_plan_gives_every_core_a_reducer_by_default() -> None:
+    matrix = np.full((2, 8), 10, dtype=np.int64)  # 160 bytes: one reducer by size alone
+    plan = adaptive_plan(Configuration.load({}), [matrix], [False], default_parallelism=4)
+    assert len(plan.tasks) == 4
+
+
 @pytest.mark.parametrize(
-    ("sizes", "target"),
+    ("how", "splittable"),
     [
-        ([10, 10, 10, 10], 25),
-        ([0] * 8, 100),
-        ([100, 1, 1, 100, 1], 50),
-        ([5] * 64, 16),
-        ([30, 30, 30], 30),
-        ([1], 1),
+        ("inner", (True, True)),
+        ("left", (True, False)),
+        ("semi", (True, False)),
+        ("anti", (True, False)),
+        ("right", (False, True)),
+        ("full", (False, False)),
     ],
 )
-def test_coalesce_subpartitions_covers_all_in_order(sizes: list[int], target: int) -> None:
-    ranges = coalesce_subpartitions(sizes, target)
-    assert ranges[0].start == 0
-    assert ranges[-1].end == len(sizes) - 1
-    for before, after in itertools.pairwise(ranges):
-        assert after.start == before.end + 1
-    for each in ranges:
-        total = sum(sizes[each.start : each.end + 1])
-        assert total <= target or len(each) == 1
-    # Greedy: a range and the next subpartition would exceed the target.
-    for before, after in itertools.pairwise(ranges):
-        assert sum(sizes[before.start : before.end + 1]) + sizes[after.start] > target
+def test_a_join_splits_only_sides_whose_rows_meet_the_other_side_once(
+    how: str, splittable: tuple[bool, bool]
+) -> None:
+    assert Join(("key",), how).splittable_inputs(2) == splittable
 
 
-def test_coalesce_subpartitions_counts() -> None:
-    assert coalesce_subpartitions([0] * 8, 1) == (SubpartitionRange(0, 7),)
-    assert coalesce_subpartitions([10, 10, 10, 10], 20) == (
-        SubpartitionRange(0, 1),
-        SubpartitionRange(2, 3),
-    )
-    assert len(coalesce_subpartitions([100] * 5, 10)) == 5
-    assert coalesce_subpartitions([], 10) == (SubpartitionRange(0, 0),)
-    assert one_per_subpartition(3) == tuple(SubpartitionRange.single(i) for i in range(3))
+def test_only_a_rebalance_splits_a_key_among_reducers() -> None:
+    assert PassThrough(rebalance=True).splittable_inputs(1) == (True,)
+    assert PassThrough().splittable_inputs(1) == (False,)
+    assert GroupApply(("key",), lambda table: table).splittable_inputs(1) == (False,)
 
 
 # -- sorting --------------------------------------------------------------------------------
