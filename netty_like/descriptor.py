@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -12,6 +13,22 @@ from shuffle_api import ResultPartitionID, SerializationError, ShuffleDescriptor
 from shuffle_api.serialization import register_shuffle_descriptor_kind
 
 __all__ = ["NettyShuffleDescriptor"]
+
+
+# A job's descriptors repeat the details of its few producer processes: a descriptor list of
+# 10,000 map tasks on 100 executors encodes 100 of them.
+@functools.lru_cache(maxsize=4096)
+def _details_bytes(
+    producer_location: str, host: str, data_port: int, connection_index: int, store_url: str
+) -> bytes:
+    details: bytes = pb.NettyShuffleDescriptorDetails(
+        producer_location=producer_location,
+        host=host,
+        data_port=data_port,
+        connection_index=connection_index,
+        store_url=store_url,
+    ).SerializeToString()
+    return details
 
 
 @register_shuffle_descriptor_kind
@@ -44,14 +61,9 @@ class NettyShuffleDescriptor(ShuffleDescriptor):
         return self.producer_location == resource_id
 
     def details_to_bytes(self) -> bytes:
-        details: bytes = pb.NettyShuffleDescriptorDetails(
-            producer_location=self.producer_location,
-            host=self.host,
-            data_port=self.data_port,
-            connection_index=self.connection_index,
-            store_url=self.store_url,
-        ).SerializeToString()
-        return details
+        return _details_bytes(
+            self.producer_location, self.host, self.data_port, self.connection_index, self.store_url
+        )
 
     @classmethod
     def from_details(

@@ -20,7 +20,7 @@ import zstandard
 from blob import BlobCache, BlobStore
 from scheduling.graph import ExecutionVertexID
 from scheduling.groups import ConsumedPartitionGroup, ExchangeGroups, PartitionGroups
-from scheduling.parallelism import split_evenly
+from scheduling.parallelism import even_share
 from scheduling.skew import ConsumerPlan, InputSlice, ProducerRange
 from shuffle_api import (
     DistributionPattern,
@@ -108,14 +108,17 @@ class DescriptorCache:
         self._lock = threading.Lock()
 
     def shared(
-        self, group: ConsumedPartitionGroup, descriptors: Sequence[ShuffleDescriptor]
+        self,
+        group: ConsumedPartitionGroup,
+        descriptors_of: Callable[[ConsumedPartitionGroup], Sequence[ShuffleDescriptor]],
     ) -> SharedDescriptors:
-        """The group's shared list, built on first use from ``descriptors`` (one per
-        partition of the group, in partition order)."""
+        """The group's shared list, built on first use from ``descriptors_of(group)`` (one
+        per partition of the group, in partition order)."""
         with self._lock:
             found = self._shared.get(group)
             if found is not None:
                 return found
+            descriptors = descriptors_of(group)
             if len(descriptors) != len(group.partitions):
                 raise InvalidOperationError(
                     f"group {group.key} has {len(group.partitions)} partitions but"
@@ -167,11 +170,11 @@ def even_reads(subpartitions: int) -> ConsumerReads:
         group = groups.consumed_by(consumer)
         producers = ProducerRange(0, len(group.partitions) - 1)
         if groups.exchange.pattern is DistributionPattern.ALL_TO_ALL:
-            return InputSlice(split_evenly(subpartitions, groups.consumers)[consumer], producers)
+            return InputSlice(even_share(consumer, subpartitions, groups.consumers), producers)
         readers = groups.consumers_of(group).consumers
         if len(readers) == 1:
             return InputSlice(SubpartitionRange(0, subpartitions - 1), producers)
-        share = split_evenly(subpartitions, len(readers))[consumer - readers.start]
+        share = even_share(consumer - readers.start, subpartitions, len(readers))
         return InputSlice(share, producers)
 
     return reads
@@ -212,7 +215,7 @@ def consumer_deployments(
                     groups.exchange.result_id,
                     group.partition_type,
                     read.subpartitions,
-                    cache.shared(group, descriptors_of(group)),
+                    cache.shared(group, descriptors_of),
                     None if whole else read.producers,
                 )
             )
