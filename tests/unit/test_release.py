@@ -12,7 +12,7 @@ from blob import BlobStore
 from scheduling.deployment import DescriptorCache, OffloadedDescriptors
 from scheduling.graph import ExecutionVertexID, Stage, StageExchange, StageGraph
 from scheduling.groups import build_groups
-from scheduling.regions import build_regions
+from scheduling.regions import RegionTopology, build_regions
 from scheduling.release import PartitionReleaser
 from shuffle_api import (
     Configuration,
@@ -47,6 +47,22 @@ def _graph(
     )
 
 
+def _tracked(
+    scenario: ShuffleScenario,
+    graph: StageGraph,
+    descriptors: list[ShuffleDescriptor],
+    cache: DescriptorCache | None = None,
+) -> tuple[RegionTopology, PartitionReleaser]:
+    """Regions of ``graph`` and a releaser tracking the produced ``descriptors``."""
+    regions = build_regions(graph)
+    releaser = PartitionReleaser(
+        build_groups(graph), regions, scenario.master, descriptor_cache=cache
+    )
+    for index, descriptor in enumerate(descriptors):
+        releaser.track(scenario.result_id, index, descriptor)
+    return regions, releaser
+
+
 def test_all_to_all_partitions_go_when_the_last_consumer_region_finishes(
     scenario: ShuffleScenario,
 ) -> None:
@@ -54,10 +70,7 @@ def test_all_to_all_partitions_go_when_the_last_consumer_region_finishes(
         make_batches(300, batch_rows=50), partitions=3, subpartitions=2
     )
     graph = _graph(scenario.result_id, 2, DistributionPattern.ALL_TO_ALL)
-    regions = build_regions(graph)
-    releaser = PartitionReleaser(build_groups(graph), regions, scenario.master)
-    for index, descriptor in enumerate(descriptors):
-        releaser.track(scenario.result_id, index, descriptor)
+    regions, releaser = _tracked(scenario, graph, descriptors)
     first, second = (regions.region_of(ExecutionVertexID("reduce", i)) for i in range(2))
     assert releaser.region_finished(first) == []
     assert _stored(scenario) == set(descriptors)
@@ -74,10 +87,7 @@ def test_pointwise_partitions_go_as_soon_as_their_own_consumer_finishes(
     )
     # 3 producers -> 2 consumers: consumer 0 reads partition 0, consumer 1 partitions 1 and 2.
     graph = _graph(scenario.result_id, 2, DistributionPattern.POINTWISE)
-    regions = build_regions(graph)
-    releaser = PartitionReleaser(build_groups(graph), regions, scenario.master)
-    for index, descriptor in enumerate(descriptors):
-        releaser.track(scenario.result_id, index, descriptor)
+    regions, releaser = _tracked(scenario, graph, descriptors)
     assert releaser.region_finished(regions.region_of(ExecutionVertexID("reduce", 1))) == [
         descriptors[1],
         descriptors[2],
@@ -92,10 +102,7 @@ def test_a_restarted_consumer_region_holds_its_partitions_again(
         make_batches(100, batch_rows=50), partitions=3, subpartitions=2
     )
     graph = _graph(scenario.result_id, 2, DistributionPattern.ALL_TO_ALL)
-    regions = build_regions(graph)
-    releaser = PartitionReleaser(build_groups(graph), regions, scenario.master)
-    for index, descriptor in enumerate(descriptors):
-        releaser.track(scenario.result_id, index, descriptor)
+    regions, releaser = _tracked(scenario, graph, descriptors)
     first, second = (regions.region_of(ExecutionVertexID("reduce", i)) for i in range(2))
     releaser.region_finished(first)
     releaser.region_restarted(first)  # failover: it must read them again
@@ -110,10 +117,7 @@ def test_persistent_partitions_are_kept(scenario: ShuffleScenario) -> None:
         make_batches(100, batch_rows=50), partitions=3, subpartitions=1, partition_type=persistent
     )
     graph = _graph(scenario.result_id, 1, DistributionPattern.ALL_TO_ALL, persistent)
-    regions = build_regions(graph)
-    releaser = PartitionReleaser(build_groups(graph), regions, scenario.master)
-    for index, descriptor in enumerate(descriptors):
-        releaser.track(scenario.result_id, index, descriptor)
+    regions, releaser = _tracked(scenario, graph, descriptors)
     assert releaser.region_finished(regions.region_of(ExecutionVertexID("reduce", 0))) == []
     assert _stored(scenario) == set(descriptors)
 
