@@ -58,11 +58,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
-import json
 import multiprocessing
 import multiprocessing.context
 import os
-import platform
 import shutil
 import statistics
 import struct
@@ -92,6 +90,7 @@ from arrow_data import (
     random_batches,
     subpartition_indexes,
 )
+from results_file import machine, save_results
 
 import external_shuffle.descriptor  # noqa: F401 (registers the descriptor kind for deserialize)
 from external_shuffle.local_cluster import LocalCluster
@@ -966,21 +965,6 @@ def format_rows(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def machine() -> dict[str, Any]:
-    return {
-        "python": platform.python_version(),
-        "grpcio": grpc.__version__,
-        "protobuf": google.protobuf.__version__,
-        "pyarrow": pa.__version__,
-        "numpy": np.__version__,
-        "machine": platform.machine(),
-        "processor": platform.processor(),
-        "cpu_count": os.cpu_count(),
-        "platform": platform.platform(),
-        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-    }
-
-
 # --- entry point -------------------------------------------------------------------------------
 
 
@@ -1180,7 +1164,12 @@ def main(argv: list[str] | None = None) -> int:
     directory = args.directory or temporary
     assert directory is not None
     directory.mkdir(parents=True, exist_ok=True)
-    environment = machine()
+    environment = machine(
+        grpcio=grpc.__version__,
+        protobuf=google.protobuf.__version__,
+        pyarrow=pa.__version__,
+        numpy=np.__version__,
+    )
     try:
         summaries, data = run(args, directory)
     finally:
@@ -1229,9 +1218,7 @@ def main(argv: list[str] | None = None) -> int:
         "goal_ratio": GOAL_RATIO,
         "results": summaries,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
-    print(f"\nsaved {args.output}")
+    save_results(args.output, document)
     return 0
 
 

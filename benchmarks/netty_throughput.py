@@ -42,9 +42,6 @@ import argparse
 import cProfile
 import datetime as dt
 import io
-import json
-import os
-import platform
 import pstats
 import shutil
 import statistics
@@ -62,6 +59,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from arrow_data import BATCH_ROWS, DISTINCT_KEYS, MB, Indexes, random_batches, subpartition_indexes
 from fsspec.implementations.local import LocalFileSystem
+from results_file import machine, save_results
 
 from shuffle_api import (
     Configuration,
@@ -601,20 +599,11 @@ def main(argv: list[str] | None = None) -> int:
             "seed": SEED,
         },
         "data": {"rows": data.rows, "batches": len(data.batches), "bytes": data.nbytes},
-        "environment": {
-            "python": platform.python_version(),
-            "pyarrow": pa.__version__,
-            "numpy": np.__version__,
-            "machine": platform.machine(),
-            "cpu_count": os.cpu_count(),
-            "platform": platform.platform(),
-        },
+        "environment": machine(pyarrow=pa.__version__, numpy=np.__version__),
         "goal_ratio": GOAL_RATIO,
         "results": summaries,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
-    print(f"\nsaved {args.output}")
+    save_results(args.output, document)
     return 0
 
 

@@ -23,8 +23,6 @@ Printed, and saved as JSON (``--output``, default ``benchmarks/results/pyspark_v
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -35,6 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as sf
+from results_file import machine, save_results
 
 from pyspark_shuffle import SparkShuffle
 from pyspark_shuffle.local_spark import local_spark_session
@@ -185,16 +184,14 @@ def main() -> None:
     document = {
         "benchmark": "pyspark_vs_spark",
         "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()}, {platform.python_version()}, Spark {spark.version}",
+        "environment": machine(spark=spark.version),
         "rows": args.rows,
         "keys": args.keys,
         "partitions": args.partitions,
         "repeat": args.repeat,
         "results": results,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
-    print(f"saved {args.output}")
+    save_results(args.output, document)
     spark.stop()
 
 

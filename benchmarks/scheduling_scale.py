@@ -34,9 +34,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import gc
-import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -48,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import zstandard
+from results_file import machine, save_results
 
 from blob import BlobStore
 from netty_like.descriptor import NettyShuffleDescriptor
@@ -276,18 +274,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "benchmark": "scheduling_scale",
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "parameters": {"n": n, "naive_n": naive_n, "repeat": args.repeat},
-        "environment": {
-            "python": platform.python_version(),
-            "machine": platform.machine(),
-            "cpu_count": os.cpu_count(),
-            "platform": platform.platform(),
-        },
+        "environment": machine(),
         "goals": GOALS,
         "results": results,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
-    print(f"\nsaved {args.output}")
+    save_results(args.output, document)
     return 0
 
 
