@@ -115,6 +115,23 @@ port_open() {
     (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }
 
+# workers_alive: how many workers the coordinator counts as alive (its metrics endpoint, read
+# with bash alone); 0 when it cannot be read yet.
+workers_alive() {
+    local line count=0
+    if exec 3<>"/dev/tcp/127.0.0.1/$COORDINATOR_METRICS_PORT"; then
+        printf 'GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3
+        while IFS= read -r line <&3; do
+            if [[ $line == "pyshuffle_workers_alive "* ]]; then
+                count=${line#* }
+                count=${count%%.*}
+            fi
+        done
+        exec 3<&-
+    fi 2>/dev/null
+    echo "$count"
+}
+
 toml_string() {
     local text=${1//\\/\\\\}
     printf '"%s"' "${text//\"/\\\"}"
@@ -273,6 +290,13 @@ cmd_start() {
                 sleep 0.2
             done
         done
+    done
+    # Ports open before workers register: wait until the coordinator can place partitions.
+    until (($(workers_alive) >= workers)); do
+        if ((SECONDS > deadline)); then
+            fail_start coordinator "the coordinator did not see $workers worker(s) alive within ${START_TIMEOUT}s"
+        fi
+        sleep 0.2
     done
     trap - INT TERM
 

@@ -610,11 +610,12 @@ def test_local_cluster_script_is_executable() -> None:
 
 
 # A stand-in for `pyshuffle daemon`: validates its config (and the PYSHUFFLE_* environment) as
-# the daemon does, listens on its gRPC and metrics ports, exits on SIGTERM. FAKE_DAEMON_MODE:
-# "ignore-term" ignores SIGTERM; "worker-fails" makes the workers die at start.
+# the daemon does, listens on its gRPC and metrics ports (the coordinator's reports every
+# configured worker alive, as a real one does once they registered), exits on SIGTERM.
+# FAKE_DAEMON_MODE: "ignore-term" ignores SIGTERM; "worker-fails" makes the workers die at start.
 # external_shuffle/options.py is loaded by path: the stand-in needs none of the gRPC imports.
 FAKE_DAEMON: Final = """\
-import argparse, importlib.util, os, signal, socket, sys, time
+import argparse, glob, importlib.util, os, signal, socket, sys, threading, time
 from shuffle_api.config import Configuration
 from shuffle_api.options import CORE_OPTIONS
 
@@ -644,6 +645,16 @@ for number in (port, config.get(options.METRICS_PORT)):
     listener.bind((config.get(options.BIND_HOST), number))
     listener.listen()
     sockets.append(listener)
+def serve_metrics(listener, workers):
+    while True:
+        connection, _ = listener.accept()
+        with connection:
+            connection.recv(4096)
+            body = f"pyshuffle_workers_alive {workers}.0\\n".encode()
+            connection.sendall(b"HTTP/1.0 200 OK\\r\\n\\r\\n" + body)
+if args.role == "coordinator":
+    workers = len(glob.glob(os.path.join(os.path.dirname(args.config), "worker-*.toml")))
+    threading.Thread(target=serve_metrics, args=(sockets[1], workers), daemon=True).start()
 print(args.role, "listening on", port, flush=True)
 signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "ignore-term" else lambda *_: sys.exit(0))
 while True:
