@@ -171,7 +171,6 @@ def as_future(
     call: grpc.Future[R],
     convert: Callable[[R], T],
     what: str,
-    partition: ResultPartitionID | None = None,
 ) -> Future[T]:
     """A ``concurrent.futures.Future`` of a gRPC call's converted answer (errors translated)."""
     future: Future[T] = Future()
@@ -180,7 +179,7 @@ def as_future(
         try:
             future.set_result(convert(finished.result()))
         except grpc.RpcError as error:
-            future.set_exception(translate_rpc_error(error, what, partition))
+            future.set_exception(translate_rpc_error(error, what))
         except Exception as error:  # a conversion error belongs to the caller
             future.set_exception(error)
 

@@ -36,7 +36,6 @@ from external_shuffle.options import (
     MAX_MESSAGE_SIZE,
     METRICS_PORT,
     PLACEMENT,
-    PUSH_CHUNK_SIZE,
     SHUTDOWN_GRACE,
     WORKER_ADVERTISED_HOST,
     WORKER_HEARTBEAT_INTERVAL,
@@ -45,6 +44,7 @@ from external_shuffle.options import (
     WORKER_STORE_SHARED,
     WORKER_STORE_URL,
     WORKER_TIMEOUT,
+    message_chunk_size,
 )
 from external_shuffle.registration import heartbeat_loop
 from external_shuffle.security import TokenInterceptor, load_token, server_credentials
@@ -140,7 +140,7 @@ class Daemon:
                 port=served.port,
                 store_shared=config.get(WORKER_STORE_SHARED),
                 memory_budget=config.get(WORKER_MEMORY_BUDGET),
-                chunk_size=config.get(PUSH_CHUNK_SIZE),
+                chunk_size=message_chunk_size(config),
                 metrics=self.metrics,
             )
             pb_grpc.add_WorkerServicer_to_server(self.worker, served.server)

@@ -18,11 +18,10 @@ from external_shuffle.options import (
     CLIENT_TIMEOUT,
     COORDINATOR_ADDRESS,
     MAX_IN_FLIGHT,
-    MAX_MESSAGE_SIZE,
-    PUSH_CHUNK_SIZE,
     READ_FROM_STORE,
     REPLICATION_FACTOR,
     SORT_BUFFER_SIZE,
+    message_chunk_size,
 )
 from external_shuffle.push import PushSettings, PushSink
 from external_shuffle.wire import WorkerAddress, key_of
@@ -59,8 +58,6 @@ SUPPORTED_PARTITION_TYPES = (
 )
 """Partitions the daemon stores whole; it does not stream partitions while they are produced."""
 
-_MESSAGE_OVERHEAD = 64 << 10  # room for a push message's other fields
-
 
 class ExternalShuffleEnvironment(ShuffleEnvironment):
     def __init__(self, context: ShuffleEnvironmentContext) -> None:
@@ -72,9 +69,7 @@ class ExternalShuffleEnvironment(ShuffleEnvironment):
         self._coordinator = config.get(COORDINATOR_ADDRESS)
         self._timeout = config.get(CLIENT_TIMEOUT)
         self._push = PushSettings(
-            chunk_size=min(
-                config.get(PUSH_CHUNK_SIZE), config.get(MAX_MESSAGE_SIZE) - _MESSAGE_OVERHEAD
-            ),
+            chunk_size=message_chunk_size(config),
             max_in_flight=config.get(MAX_IN_FLIGHT),
             timeout=self._timeout,
         )
@@ -149,7 +144,8 @@ class ExternalShuffleEnvironment(ShuffleEnvironment):
             replicas=self._config.get(REPLICATION_FACTOR),
             persistent=descriptor.partition_type.is_persistent,
         )
-        with calling(f"placing {partition} on coordinator {self._coordinator}", partition):
+        # NOT_FOUND here names an unknown application or job, never a lost partition.
+        with calling(f"placing {partition} on coordinator {self._coordinator}"):
             response = self._coordinator_stub().RegisterPartition(request, timeout=self._timeout)
         return tuple(WorkerAddress.from_pb(replica) for replica in response.location.replicas)
 

@@ -224,7 +224,8 @@ class ExternalShuffleMaster(ShuffleMaster):
                 self._registered[job_id][partition] = descriptor
             return descriptor
 
-        return as_future(call, registered, self._what(f"registering {partition}"), partition)
+        # NOT_FOUND here names an unknown application or job, never a lost partition.
+        return as_future(call, registered, self._what(f"registering {partition}"))
 
     def release_partition_externally(self, shuffle_descriptor: ShuffleDescriptor) -> None:
         partition = shuffle_descriptor.result_partition_id

@@ -7,6 +7,7 @@ from typing import Any, Final
 
 from shuffle_api.config import (
     ConfigOption,
+    Configuration,
     bool_option,
     choice_option,
     float_option,
@@ -45,6 +46,7 @@ __all__ = [
     "WORKER_STORE_SHARED",
     "WORKER_STORE_URL",
     "WORKER_TIMEOUT",
+    "message_chunk_size",
 ]
 
 # --- both sides ------------------------------------------------------------------------------
@@ -84,7 +86,7 @@ MAX_MESSAGE_SIZE = memory_option(
     "external-shuffle.max-message-size",
     16 << 20,
     "Largest gRPC message sent or accepted; larger ones are rejected (RESOURCE_EXHAUSTED).",
-    minimum=64 << 10,
+    minimum=128 << 10,
 )
 
 # --- client (driver and executors) -----------------------------------------------------------
@@ -123,7 +125,8 @@ READ_FROM_STORE = bool_option(
 CLIENT_TIMEOUT = float_option(
     "external-shuffle.client.timeout",
     30.0,
-    "Seconds a client waits for a coordinator or worker call (and for an unknown descriptor).",
+    "Seconds a client waits for a coordinator or worker call (and for an unknown descriptor);"
+    " the daemon's own calls (heartbeats, the coordinator's health checks of workers) too.",
     minimum=0.1,
 )
 CLIENT_HEARTBEAT_INTERVAL = float_option(
@@ -236,6 +239,7 @@ DAEMON_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
     TLS_CERT_FILE,
     TLS_KEY_FILE,
     PUSH_CHUNK_SIZE,
+    CLIENT_TIMEOUT,
     BIND_HOST,
     METRICS_PORT,
     SHUTDOWN_GRACE,
@@ -250,3 +254,14 @@ DAEMON_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
     APPLICATION_TIMEOUT,
     PLACEMENT,
 )
+
+
+_MESSAGE_OVERHEAD = 64 << 10  # room for a data message's other fields
+
+
+def message_chunk_size(configuration: Configuration) -> int:
+    """Data bytes per pushed or fetched message: ``client.chunk-size``, kept far enough below
+    ``max-message-size`` that a whole message fits (never 0: the size's minimum leaves room)."""
+    return min(
+        configuration.get(PUSH_CHUNK_SIZE), configuration.get(MAX_MESSAGE_SIZE) - _MESSAGE_OVERHEAD
+    )
