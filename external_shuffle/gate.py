@@ -8,7 +8,6 @@ import logging
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 
-import fsspec
 import grpc
 import pyarrow as pa
 
@@ -25,9 +24,8 @@ from shuffle_api import (
     ShuffleError,
     TransportError,
 )
-from shuffle_api.format import PartitionFileReader, PartitionManifest, decode_run, verify_checksum
+from shuffle_api.format import PartitionManifest, decode_run, verify_checksum
 from shuffle_api.gate import SequentialInputGate
-from shuffle_api.store import Store
 
 __all__ = ["ExternalInputGate", "GateSettings"]
 
@@ -53,7 +51,6 @@ class ExternalInputGate(SequentialInputGate):
         self._channels = channels
         self._settings = settings
         self._on_unreachable = on_unreachable
-        self._stores: dict[str, Store | None] = {}  # by URL: each checked once per gate
 
     def _read(self, descriptor: ShuffleDescriptor) -> Generator[pa.RecordBatch]:
         if not isinstance(descriptor, ExternalShuffleDescriptor):
@@ -64,7 +61,9 @@ class ExternalInputGate(SequentialInputGate):
         partition = descriptor.result_partition_id
         if self._settings.read_from_store:
             for replica in descriptor.replicas:
-                if replica.store_shared and (reader := self._open_on_store(replica, partition)):
+                if replica.store_shared and (
+                    reader := self._open_on_store(replica.store_url, partition)
+                ):
                     yield from reader.read(self.subpartitions)
                     return
         runs_read = 0
@@ -84,24 +83,6 @@ class ExternalInputGate(SequentialInputGate):
             f"partition {partition} could not be read from any replica: " + "; ".join(failures),
             partition,
         )
-
-    def _open_on_store(
-        self, replica: WorkerAddress, partition: ResultPartitionID
-    ) -> PartitionFileReader | None:
-        """The partition's files on the replica's shared store, if this process sees them."""
-        if replica.store_url not in self._stores:
-            filesystem, root = fsspec.core.url_to_fs(replica.store_url)
-            # Not mounted here: no store (Store() would create the directory).
-            self._stores[replica.store_url] = (
-                Store(replica.store_url) if filesystem.exists(root) else None
-            )
-        store = self._stores[replica.store_url]
-        if store is None:
-            return None
-        try:
-            return PartitionFileReader(store, partition)
-        except PartitionNotFoundError:
-            return None
 
     def _fetch(
         self, worker: WorkerAddress, partition: ResultPartitionID, *, skip: int

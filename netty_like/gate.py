@@ -20,9 +20,8 @@ from shuffle_api import (
     ShuffleError,
     TransportError,
 )
-from shuffle_api.format import PartitionFileReader, decode_run
+from shuffle_api.format import decode_run
 from shuffle_api.gate import SequentialInputGate
-from shuffle_api.store import Store
 
 __all__ = ["GateSettings", "NettyInputGate"]
 
@@ -64,7 +63,7 @@ class NettyInputGate(SequentialInputGate):
         if (
             not pipelined
             and self._settings.read_from_shared_store
-            and (reader := self._open_shared(descriptor)) is not None
+            and (reader := self._open_on_store(descriptor.store_url, partition)) is not None
         ):
             yield from reader.read(self.subpartitions)
             return
@@ -109,16 +108,6 @@ class NettyInputGate(SequentialInputGate):
                 " released, or its producer's process is gone",
                 partition,
             ) from error
-
-    @staticmethod
-    def _open_shared(descriptor: NettyShuffleDescriptor) -> PartitionFileReader | None:
-        """The partition's files where this process sees the producer's store (same host, or a
-        shared file system or object store): read straight from it, with no producer in the
-        path, so the data outlives the producer's process. ``None`` if they are not there."""
-        try:
-            return PartitionFileReader(Store(descriptor.store_url), descriptor.result_partition_id)
-        except PartitionNotFoundError:
-            return None
 
     def _read_local(
         self, partition: ResultPartitionID, pipelined: bool

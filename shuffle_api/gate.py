@@ -21,8 +21,12 @@ from shuffle_api.errors import (
     PartitionNotFoundError,
     ShuffleError,
     ShuffleServiceClosedError,
+    StorageError,
 )
+from shuffle_api.format import PartitionFileReader
+from shuffle_api.ids import ResultPartitionID
 from shuffle_api.io import InputGate
+from shuffle_api.store import Store
 
 __all__ = ["OpenGates", "SequentialInputGate"]
 
@@ -46,6 +50,7 @@ class SequentialInputGate(InputGate):
         self._condition = threading.Condition()
         self._closed = False
         self._reading: Generator[pa.RecordBatch] | None = None
+        self._stores: dict[str, Store | None] = {}  # by URL: each probed once per gate
 
     @property
     def result_id(self) -> str:
@@ -55,9 +60,21 @@ class SequentialInputGate(InputGate):
     def subpartitions(self) -> SubpartitionRange:
         return self._descriptor.consumed_subpartitions
 
-    @property
-    def deployment_descriptor(self) -> InputGateDeploymentDescriptor:
-        return self._descriptor
+    def _open_on_store(
+        self, store_url: str, partition: ResultPartitionID
+    ) -> PartitionFileReader | None:
+        """The partition's files on the store at ``store_url`` (a producer's or a worker's),
+        if this process sees that store and the partition is committed there; else ``None``,
+        and the caller reads over the network."""
+        if store_url not in self._stores:
+            self._stores[store_url] = Store.open_existing(store_url)
+        store = self._stores[store_url]
+        if store is None:
+            return None
+        try:
+            return PartitionFileReader(store, partition)
+        except (PartitionNotFoundError, StorageError):
+            return None
 
     def update(self, info: PartitionInfo) -> bool:
         """Replace the unknown descriptor of the same partition; False if there is none."""

@@ -97,6 +97,18 @@ class Store:
             with storage_errors(self._root):
                 os.makedirs(self._root, exist_ok=True)
 
+    @classmethod
+    def open_existing(cls, url: str) -> Store | None:
+        """The store at ``url`` if this process sees it, else ``None`` - never creating its
+        root (a consumer probing a producer's store must leave no directory behind)."""
+        try:
+            filesystem, root = fsspec.core.url_to_fs(url)
+            if not filesystem.exists(root):
+                return None
+        except (OSError, ValueError, ImportError):  # unreachable, unknown protocol, no driver
+            return None
+        return cls(url)
+
     @property
     def url(self) -> str:
         return self._url

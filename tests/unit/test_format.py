@@ -796,3 +796,13 @@ def test_delete_tree_tolerates_missing_paths(store: Store) -> None:
 
     store.delete_tree(missing)
     assert not store.exists(missing)
+
+
+def test_a_store_is_opened_only_where_it_exists_and_never_created(tmp_path: Path) -> None:
+    missing = tmp_path / "producer-store"
+    assert Store.open_existing(str(missing)) is None
+    assert not missing.exists()
+    assert Store.open_existing("no-such-protocol://bucket/store") is None
+    missing.mkdir()
+    found = Store.open_existing(str(missing))
+    assert found is not None and found.url == str(missing)
