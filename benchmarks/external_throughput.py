@@ -373,7 +373,7 @@ class Discard:
     def __init__(self) -> None:
         self.written = 0
 
-    def write(self, data: bytes, /) -> int:
+    def write(self, data: bytes | memoryview, /) -> int:
         self.written += len(data)
         return len(data)
 

@@ -138,7 +138,7 @@ class _DataStream:
         self._buffer = bytearray()
         self.closed = False
 
-    def write(self, data: bytes) -> int:
+    def write(self, data: bytes | memoryview) -> int:
         chunk = self._sink.settings.chunk_size
         view = memoryview(data).cast("B")
         start = 0

@@ -21,7 +21,7 @@ import pyarrow as pa
 import xxhash
 
 from shuffle_api.batches import coalesce
-from shuffle_api.errors import ShuffleError
+from shuffle_api.errors import ShuffleError, StorageError
 from shuffle_api.format.manifest import CODECS, INDEX_SCHEMA, PartitionManifest
 from shuffle_api.format.sink import DataStream, PartitionSink
 from shuffle_api.io import BROADCAST, PartitionStatistics
@@ -53,7 +53,13 @@ class _HashingSink:
 
     def write(self, data: bytes) -> int:
         self._hasher.update(data)
-        self._target.write(data)
+        # An unbuffered local file may take part of a buffer per call: write the rest too.
+        pending = memoryview(data)
+        while pending:
+            written = self._target.write(pending)
+            if not written:
+                raise StorageError(f"the store took no bytes of a {len(pending)}-byte write")
+            pending = pending[written:]
         self._position += len(data)
         return len(data)
 

@@ -59,7 +59,7 @@ class _Bytes:
     def __init__(self) -> None:
         self.content = bytearray()
 
-    def write(self, data: bytes, /) -> int:
+    def write(self, data: bytes | memoryview, /) -> int:
         self.content += data
         return len(data)
 

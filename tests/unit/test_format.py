@@ -806,3 +806,42 @@ def test_a_store_is_opened_only_where_it_exists_and_never_created(tmp_path: Path
     missing.mkdir()
     found = Store.open_existing(str(missing))
     assert found is not None and found.url == str(missing)
+
+
+class _ShortWritesStore(Store):
+    """A local store whose data files take at most 1000 bytes per write call, as an unbuffered
+    file may."""
+
+    def open_output(self, path: str) -> BinaryIO:
+        return cast(BinaryIO, _ShortWritesFile(super().open_output(path)))
+
+
+class _ShortWritesFile(io.RawIOBase):
+    def __init__(self, target: BinaryIO) -> None:
+        self._target = target
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        return self._target.write(memoryview(data)[:1000])
+
+    def close(self) -> None:
+        self._target.close()
+        super().close()
+
+
+def test_a_store_that_takes_part_of_each_write_still_gets_every_byte(
+    tmp_path: Path, partition: ResultPartitionID
+) -> None:
+    store = _ShortWritesStore(str(tmp_path / "store"))
+    writes = [(i % 3, make_batch(i * 500, 500)) for i in range(6)]
+    writer = PartitionFileWriter(
+        StoreSink(store, partition), 3, codec="none", memory_budget=1 << 20
+    )
+    for subpartition, batch in writes:
+        writer.add(subpartition, batch)
+    writer.commit()
+    reader = PartitionFileReader(store, partition)
+    for subpartition in range(3):
+        assert read_keys(reader, subpartition) == expected_keys(writes, subpartition)
