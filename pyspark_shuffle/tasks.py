@@ -14,13 +14,12 @@ from typing import TYPE_CHECKING, Final
 
 import pyarrow as pa
 
-from blob import BLOB_CACHE_MAX_SIZE, blob_store_url, process_blob_cache
+from blob import BLOB_CACHE_MAX_SIZE
 from pyspark_shuffle.operations import ReduceOperation
 from pyspark_shuffle.options import PYSPARK_SHUFFLE_OPTIONS
 from pyspark_shuffle.partitioners import Partitioner
 from scheduling.deployment import (
     ConsumerDeploymentDescriptor,
-    OffloadedDescriptors,
     resolve_gate,
 )
 from shuffle_api import (
@@ -175,13 +174,10 @@ def run_reduce_task(spec: ReduceStageSpec, reducer: int) -> Iterator[pa.RecordBa
     attempt = new_id()
     owner = ShuffleIOOwner(f"reducer {reducer}", attempt)
     references = spec.deployments[reducer].inputs
-    blobs = None
-    if any(isinstance(each.descriptors, OffloadedDescriptors) for each in references):
-        blobs = process_blob_cache(
-            blob_store_url(spec.configuration), spec.configuration.get(BLOB_CACHE_MAX_SIZE)
-        )
+    cache_bytes = spec.configuration.get(BLOB_CACHE_MAX_SIZE)
     gates = environment.create_input_gates(
-        owner, [resolve_gate(reference, blobs) for reference in references]
+        owner,
+        [resolve_gate(reference, blob_cache_bytes=cache_bytes) for reference in references],
     )
     try:
         yield from spec.operation.apply(

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import zstandard
 
-from blob import BlobCache, BlobStore
+from blob import BlobStore, process_blob_cache
 from scheduling.graph import ExecutionVertexID
 from scheduling.groups import ConsumedPartitionGroup, ExchangeGroups, PartitionGroups
 from scheduling.parallelism import even_share
@@ -98,13 +99,15 @@ class DescriptorCache:
         *,
         blob_store: BlobStore | None,
         offload_threshold: int,
-        compression_level: int = 3,
     ) -> None:
         self._blob_store = blob_store
         self._offload_threshold = offload_threshold
-        self._compressor = zstandard.ZstdCompressor(level=compression_level)
+        # Level 3: most of the ratio of the higher levels at a fraction of their time.
+        self._compressor = zstandard.ZstdCompressor(level=3)
         # Groups hash by identity: each is one object of the job's PartitionGroups.
         self._shared: dict[ConsumedPartitionGroup, SharedDescriptors] = {}
+        # Groups with the same descriptors share one content-addressed blob.
+        self._groups_per_blob: Counter[str] = Counter()
         self._lock = threading.Lock()
 
     def shared(
@@ -135,6 +138,7 @@ class DescriptorCache:
                 shared = OffloadedDescriptors(
                     self._blob_store.put(compressed), self._blob_store.url
                 )
+                self._groups_per_blob[shared.blob_key] += 1
             self._shared[group] = shared
             return shared
 
@@ -142,9 +146,13 @@ class DescriptorCache:
         """Forget the group's list (released, or a producer of it rerun) and delete its blob."""
         with self._lock:
             found = self._shared.pop(group, None)
-            # Another group with the same descriptors shares the content-addressed blob.
-            still_used = found in self._shared.values()
-        if isinstance(found, OffloadedDescriptors) and not still_used:
+            if not isinstance(found, OffloadedDescriptors):
+                return
+            self._groups_per_blob[found.blob_key] -= 1
+            unused = self._groups_per_blob[found.blob_key] == 0
+            if unused:
+                del self._groups_per_blob[found.blob_key]
+        if unused:
             assert self._blob_store is not None
             self._blob_store.delete(found.blob_key)
 
@@ -240,19 +248,16 @@ def _decode(compressed: bytes) -> tuple[ShuffleDescriptor, ...]:
 
 
 def resolve_gate(
-    reference: GateReference, blobs: BlobCache | None
+    reference: GateReference, *, blob_cache_bytes: int
 ) -> InputGateDeploymentDescriptor:
     """Consumer side: the input gate a reference names. A process decodes each shared list
-    once (offloaded ones fetched once through ``blobs``, the process's blob cache)."""
+    once; an offloaded one it reads once, from the store the driver put it in, through its
+    blob cache of ``blob_cache_bytes``."""
     shared = reference.descriptors
     if isinstance(shared, InlineDescriptors):
         compressed = shared.compressed
     else:
-        if blobs is None:
-            raise InvalidOperationError(
-                f"the descriptors of {reference.result_id!r} are offloaded to the blob store"
-                f" {shared.blob_store_url}, but no blob cache was given"
-            )
+        blobs = process_blob_cache(shared.blob_store_url, blob_cache_bytes)
         compressed = blobs.get(shared.blob_key)
     descriptors = _decode(compressed)
     if reference.producers is not None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from blob import BlobCache, BlobStore
+from blob import BlobStore, process_blob_cache
 from netty_like.descriptor import NettyShuffleDescriptor
 from scheduling.deployment import (
     DescriptorCache,
@@ -84,7 +84,7 @@ def test_every_consumer_of_a_group_shares_one_compressed_list(tmp_path: Path) ->
         SubpartitionRange(2, 3),
         SubpartitionRange(4, 5),
     ]
-    gate = resolve_gate(references[1], None)
+    gate = resolve_gate(references[1], blob_cache_bytes=1 << 20)
     assert gate.shuffle_descriptors == tuple(_descriptor("shuffled", i) for i in range(4))
     assert gate.consumed_subpartitions == SubpartitionRange(2, 3)
     assert not list(tmp_path.rglob("*"))  # nothing offloaded below the threshold
@@ -108,12 +108,10 @@ def test_a_big_group_is_offloaded_and_fetched_once_per_process(tmp_path: Path) -
     shared = references[0].descriptors
     assert isinstance(shared, OffloadedDescriptors)
     assert store.exists(shared.blob_key) and shared.blob_store_url == store.url
-    blobs = BlobCache(store, max_bytes=1 << 20)
-    gates = [resolve_gate(reference, blobs) for reference in references]
+    gates = [resolve_gate(reference, blob_cache_bytes=1 << 20) for reference in references]
+    blobs = process_blob_cache(store.url, 1 << 20)  # this process's cache of that store
     assert blobs.misses == 1 and blobs.hits == 3
     assert gates[3].shuffle_descriptors[7] == _descriptor("shuffled", 7)
-    with pytest.raises(InvalidOperationError, match="no blob cache"):
-        resolve_gate(references[0], None)
 
 
 def test_invalidating_a_group_deletes_its_blob_and_rebuilds_it(tmp_path: Path) -> None:
@@ -126,7 +124,7 @@ def test_invalidating_a_group_deletes_its_blob_and_rebuilds_it(tmp_path: Path) -
     cache.invalidate(groups.exchanges[0].consumed[0])
     assert not store.exists(shared.blob_key)
     with pytest.raises(BlobNotFoundError):
-        resolve_gate(reference, BlobCache(store, max_bytes=1 << 20))
+        resolve_gate(reference, blob_cache_bytes=1 << 20)
     # A rerun producer's new descriptor makes a different list.
     group = groups.exchanges[0].consumed[0]
     rerun = [*_descriptors_of(group)[:-1], _descriptor("shuffled-rerun", 7)]
@@ -144,7 +142,7 @@ def test_pointwise_consumers_sharing_a_partition_split_its_subpartitions() -> No
     ]
     assert references[0].descriptors is references[2].descriptors
     assert references[0].descriptors is not references[3].descriptors
-    gate = resolve_gate(references[4], None)
+    gate = resolve_gate(references[4], blob_cache_bytes=1 << 20)
     assert gate.shuffle_descriptors == (_descriptor("shuffled", 1),)
 
 
@@ -159,7 +157,7 @@ def test_a_reference_to_a_producer_range_resolves_to_those_producers_only() -> N
         whole.descriptors,
         ProducerRange(1, 2),
     )
-    gate = resolve_gate(sliced, None)
+    gate = resolve_gate(sliced, blob_cache_bytes=1 << 20)
     assert gate.shuffle_descriptors == (_descriptor("shuffled", 1), _descriptor("shuffled", 2))
 
 
@@ -168,3 +166,19 @@ def test_a_descriptor_count_that_does_not_match_the_group_is_refused() -> None:
     cache = DescriptorCache(blob_store=None, offload_threshold=1 << 62)
     with pytest.raises(InvalidOperationError, match="3 partitions but 2 descriptors"):
         cache.shared(groups.exchanges[0].consumed[0], lambda _: [_descriptor("shuffled", 0)] * 2)
+
+
+def test_a_blob_shared_by_two_groups_stays_until_both_are_invalidated(tmp_path: Path) -> None:
+    store = BlobStore(str(tmp_path))
+    cache = DescriptorCache(blob_store=store, offload_threshold=1)
+    # Two reads of the same result: two group objects, the same descriptors, one blob.
+    first, second = (
+        _groups(3, 2, DistributionPattern.ALL_TO_ALL).exchanges[0].consumed[0] for _ in range(2)
+    )
+    shared = cache.shared(first, _descriptors_of)
+    assert cache.shared(second, _descriptors_of) == shared
+    assert isinstance(shared, OffloadedDescriptors)
+    cache.invalidate(first)
+    assert store.exists(shared.blob_key)
+    cache.invalidate(second)
+    assert not store.exists(shared.blob_key)
