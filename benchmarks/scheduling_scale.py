@@ -44,7 +44,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import zstandard
 from results_file import machine, save_results
 
 from blob import BlobStore
@@ -225,11 +224,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         naive_n = args.naive_n
         naive_descriptors = descriptors[:naive_n]
         grouped_ms, _ = timed(lambda: deploy(naive_n, naive_descriptors, store), args.repeat)
-    assert isinstance(deployments, list) and len(deployments) == n
-    shared = deployments[0].inputs[0].descriptors
-    assert all(d.inputs[0].descriptors is shared for d in deployments)
+        assert isinstance(deployments, list) and len(deployments) == n
+        assert all(
+            d.inputs[0].descriptors is deployments[0].inputs[0].descriptors for d in deployments
+        )
+        # The list the cache shares, of the descriptors as they are now.
+        shared = deploy(n, descriptors, store)[0].inputs[0].descriptors
+        compressed = (
+            store.get(shared.blob_key)
+            if isinstance(shared, OffloadedDescriptors)
+            else shared.compressed
+        )
     serialized = serialize(ShuffleDescriptorGroup(tuple(descriptors)))
-    compressed = zstandard.ZstdCompressor(level=3).compress(serialized)
     results["descriptors"] = {
         "n": n,
         "milliseconds": round(milliseconds, 1),
