@@ -378,14 +378,23 @@ class SparkShuffle:
         )
 
     def release(self, result: DataFrame) -> None:
-        """Delete the shuffle data behind ``result``; reading it again then fails."""
+        """Delete the shuffle data behind ``result``; reading it again then fails. Data that
+        another live result reads too (one made by :meth:`recover`, or a second :meth:`read`
+        of the same exchange) stays until that one is released as well."""
         with self._lock:
             entry = self._results.pop(id(result), None)
+            still_read = {
+                id(exchange)
+                for frame, other in self._results.values()
+                if frame() is not None
+                for exchange in other.exchanges
+            }
         if entry is not None:
             for group in entry[1].consumed_groups:
                 self._descriptors.invalidate(group)
             for exchange in entry[1].exchanges:
-                exchange.release()
+                if id(exchange) not in still_read:
+                    exchange.release()
 
     def close(self) -> None:
         """Release every shuffle this object made and stop its master."""

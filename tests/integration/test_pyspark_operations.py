@@ -354,6 +354,18 @@ def test_release_makes_later_reads_fail_clearly(shuffle: SparkShuffle, data: Dat
         shuffle.statistics(result)
 
 
+def test_releasing_one_of_two_reads_of_an_exchange_keeps_the_other_readable(
+    shuffle: SparkShuffle, data: DataFrame
+) -> None:
+    exchange = shuffle.hash_exchange(data, "k", num_partitions=2)
+    first, second = shuffle.read(exchange), shuffle.read(exchange)
+    shuffle.release(first)
+    assert second.count() == ROWS
+    shuffle.release(second)
+    with pytest.raises(Exception, match=exchange.result_id):
+        second.collect()
+
+
 def test_close_leaves_no_partition_files(
     spark: SparkSession, data: DataFrame, service: ShuffleService
 ) -> None:
