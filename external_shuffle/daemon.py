@@ -174,10 +174,6 @@ class Daemon:
             return advertised
         return socket.gethostname() if self._bind in ("0.0.0.0", "::", "") else self._bind
 
-    @property
-    def ports(self) -> list[int]:
-        return [served.port for served in self._served]
-
     def stop(self) -> None:
         """Drain, then stop: in-flight streams get the shutdown grace to finish."""
         for served in self._served:

@@ -14,13 +14,10 @@ from scheduling.options import SKEW_FACTOR, SKEW_THRESHOLD
 from scheduling.parallelism import ParallelismBounds
 from scheduling.skew import (
     ConsumerPlan,
-    ConsumerTask,
-    InputSlice,
-    ProducerRange,
     SkewOptions,
     plan_consumers,
 )
-from shuffle_api import Configuration, SubpartitionRange
+from shuffle_api import Configuration
 
 __all__ = ["adaptive_plan", "one_reducer_per_subpartition"]
 
@@ -31,17 +28,9 @@ BytesMatrix = npt.NDArray[np.int64]
 def one_reducer_per_subpartition(inputs: Sequence[BytesMatrix]) -> ConsumerPlan:
     """Reducer k reads subpartition k of every map task of every input."""
     subpartitions = inputs[0].shape[1]
-    tasks = tuple(
-        ConsumerTask(
-            tuple(
-                InputSlice(SubpartitionRange.single(k), ProducerRange(0, matrix.shape[0] - 1))
-                for matrix in inputs
-            ),
-            int(sum(matrix[:, k].sum() for matrix in inputs)),
-        )
-        for k in range(subpartitions)
-    )
-    return ConsumerPlan(tasks, skewed=(), unsplittable=())
+    # min = max = S: one reducer per subpartition, empty ones too.
+    bounds = ParallelismBounds(subpartitions, subpartitions, bytes_per_task=1)
+    return plan_consumers(inputs, bounds, skew=None, splittable=(False,) * len(inputs))
 
 
 def adaptive_plan(

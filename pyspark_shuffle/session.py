@@ -22,7 +22,6 @@ from pyspark.sql.types import ArrayType, MapType, StructField, StructType
 from blob import BlobStore, blob_store_url
 from pyspark_shuffle.exchange import Exchange
 from pyspark_shuffle.operations import (
-    JOIN_TYPES,
     BatchFunction,
     GroupApply,
     GroupFunction,
@@ -333,10 +332,7 @@ class SparkShuffle:
         """Spark's ``left.join(right, on=keys, how=how)`` for ``how`` in inner, left, right,
         full, semi, anti: both sides hash-partitioned alike, joined per reducer in Arrow."""
         names = _column_names(on)
-        if how not in JOIN_TYPES:
-            raise InvalidOperationError(
-                f"unknown join type {how!r}; known: {', '.join(JOIN_TYPES)}"
-            )
+        operation = Join(names, how)  # refuses an unknown join type before any Spark job
         _check_keys(left, names, "join (left side)")
         _check_keys(right, names, "join (right side)")
         for key in names:
@@ -354,7 +350,7 @@ class SparkShuffle:
             self._exchange(left, partitioner, f"join-left{names}", automatic=automatic),
             self._exchange(right, partitioner, f"join-right{names}", automatic=automatic),
         ]
-        return self._reduce(exchanges, Join(names, how), schema)
+        return self._reduce(exchanges, operation, schema)
 
     # -- lifecycle ------------------------------------------------------------------------
 

@@ -122,6 +122,3 @@ class StageGraph:
 
     def inputs_of(self, stage: str) -> Sequence[StageExchange]:
         return tuple(self._inputs[stage])
-
-    def outputs_of(self, stage: str) -> Sequence[StageExchange]:
-        return tuple(self._outputs[stage])

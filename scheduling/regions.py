@@ -53,15 +53,6 @@ class PipelinedRegion:
     region_id: int
     vertex_ranges: tuple[VertexRange, ...]
 
-    @property
-    def vertices(self) -> tuple[ExecutionVertexID, ...]:
-        """Every execution vertex of the region (built on each call)."""
-        return tuple(
-            ExecutionVertexID(stage, index)
-            for stage, indexes in self.vertex_ranges
-            for index in indexes
-        )
-
     def __len__(self) -> int:
         return sum(len(indexes) for _, indexes in self.vertex_ranges)
 

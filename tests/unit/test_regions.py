@@ -40,7 +40,7 @@ def _graph(
 
 
 def _members(region: PipelinedRegion) -> set[Vertex]:
-    return {(vertex.stage, vertex.index) for vertex in region.vertices}
+    return {(vertex.stage, vertex.index) for vertex in region}
 
 
 def _regions(topology: RegionTopology) -> list[set[Vertex]]:
@@ -231,7 +231,7 @@ def test_region_of_returns_the_region_holding_each_vertex() -> None:
     )
 
     for region in topology.regions:
-        for vertex in region.vertices:
+        for vertex in region:
             assert topology.region_of(vertex) is region
     assert topology.region_of(ExecutionVertexID("a", 3)) is topology.region_of(
         ExecutionVertexID("b", 1)
@@ -280,8 +280,7 @@ def test_region_lists_its_vertices_as_runs_per_stage() -> None:
 
     assert region.vertex_ranges == (("a", range(3)), ("b", range(2)))
     assert len(region) == 5
-    assert list(region) == list(region.vertices)
-    assert region.vertices[3] == ExecutionVertexID("b", 0)
+    assert list(region)[3] == ExecutionVertexID("b", 0)
     assert ExecutionVertexID("b", 1) in region
     assert ExecutionVertexID("b", 2) not in region
     assert ("b", 1) not in region
@@ -411,14 +410,11 @@ def test_matches_a_direct_computation_on_random_small_graphs() -> None:
         assert len(topology.regions) == len(expected)
         # Numbered by first vertex in topological order.
         position = {stage.name: index for index, stage in enumerate(graph.stages)}
-        firsts = [
-            min((position[v.stage], v.index) for v in region.vertices)
-            for region in topology.regions
-        ]
+        firsts = [min((position[v.stage], v.index) for v in region) for region in topology.regions]
         assert firsts == sorted(firsts)
         assert [region.region_id for region in topology.regions] == list(range(len(firsts)))
         for region in topology.regions:
-            for vertex in region.vertices:
+            for vertex in region:
                 assert topology.region_of(vertex) is region
 
         without_blocking = StageGraph(
