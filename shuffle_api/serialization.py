@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import importlib
 import threading
+from collections.abc import Iterable, Sequence
 from typing import Final
 
+from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 from google.protobuf.message import DecodeError
 
 from shuffle_api._proto import descriptors_pb2 as pb
@@ -97,32 +99,49 @@ def _descriptor_class(kind: str) -> type[ShuffleDescriptor]:
 # --- value objects -> messages -------------------------------------------------------------
 
 
-def _partition_id_to_pb(value: IntermediateResultPartitionID) -> pb.IntermediateResultPartitionId:
-    return pb.IntermediateResultPartitionId(
-        result_id=value.result_id, partition_index=value.partition_index
-    )
+# Messages are filled in place (``add()`` / submessage fields): building each as its own
+# message and copying it in costs twice as much, which shows on groups of 10,000 descriptors.
 
 
-def _rpid_to_pb(value: ResultPartitionID) -> pb.ResultPartitionId:
-    return pb.ResultPartitionId(
-        partition_id=_partition_id_to_pb(value.partition_id),
-        producer_attempt_id=value.producer_attempt_id,
-    )
+def _fill_partition_id(
+    message: pb.IntermediateResultPartitionId, value: IntermediateResultPartitionID
+) -> None:
+    message.result_id = value.result_id
+    message.partition_index = value.partition_index
 
 
-def _shuffle_descriptor_to_pb(value: ShuffleDescriptor) -> pb.ShuffleDescriptor:
-    return pb.ShuffleDescriptor(
-        result_partition_id=_rpid_to_pb(value.result_partition_id),
-        kind=value.kind,
-        details=value.details_to_bytes(),
-    )
+def _fill_shuffle_descriptor(message: pb.ShuffleDescriptor, value: ShuffleDescriptor) -> None:
+    partition = value.result_partition_id
+    _fill_partition_id(message.result_partition_id.partition_id, partition.partition_id)
+    message.result_partition_id.producer_attempt_id = partition.producer_attempt_id
+    message.kind = value.kind
+    message.details = value.details_to_bytes()
+
+
+def _fill_shuffle_descriptors(
+    messages: RepeatedCompositeFieldContainer[pb.ShuffleDescriptor],
+    values: Iterable[ShuffleDescriptor],
+) -> None:
+    for value in values:
+        _fill_shuffle_descriptor(messages.add(), value)
+
+
+def _fill_group_columns(
+    message: pb.ShuffleDescriptorGroup, values: Sequence[ShuffleDescriptor]
+) -> None:
+    # Whole lists per column: protobuf copies each in C.
+    ids = [value.result_partition_id for value in values]
+    message.result_ids.extend([id_.partition_id.result_id for id_ in ids])
+    message.partition_indexes.extend([id_.partition_id.partition_index for id_ in ids])
+    message.producer_attempt_ids.extend([id_.producer_attempt_id for id_ in ids])
+    message.kinds.extend([value.kind for value in values])
+    message.details.extend([value.details_to_bytes() for value in values])
 
 
 def _partition_descriptor_to_pb(value: PartitionDescriptor) -> pb.PartitionDescriptor:
-    return pb.PartitionDescriptor(
+    message = pb.PartitionDescriptor(
         result_id=value.result_id,
         total_number_of_partitions=value.total_number_of_partitions,
-        partition_id=_partition_id_to_pb(value.partition_id),
         partition_type=value.partition_type.name,
         number_of_subpartitions=value.number_of_subpartitions,
         connection_index=value.connection_index,
@@ -130,6 +149,8 @@ def _partition_descriptor_to_pb(value: PartitionDescriptor) -> pb.PartitionDescr
         distribution_pattern=value.distribution_pattern.name,
         is_number_of_partition_consumers_undefined=value.is_number_of_partition_consumers_undefined,
     )
+    _fill_partition_id(message.partition_id, value.partition_id)
+    return message
 
 
 def _to_envelope(value: Descriptor) -> pb.Envelope:
@@ -138,24 +159,22 @@ def _to_envelope(value: Descriptor) -> pb.Envelope:
         case PartitionDescriptor():
             envelope.partition_descriptor.CopyFrom(_partition_descriptor_to_pb(value))
         case ProducerDescriptor():
-            envelope.producer_descriptor.CopyFrom(
-                pb.ProducerDescriptor(
-                    producer_location=value.producer_location,
-                    producer_execution_id=value.producer_execution_id,
-                    address=value.address,
-                    data_port=value.data_port,
-                )
-            )
+            producer = envelope.producer_descriptor
+            producer.producer_location = value.producer_location
+            producer.producer_execution_id = value.producer_execution_id
+            producer.address = value.address
+            producer.data_port = value.data_port
         case ShuffleDescriptor():
-            envelope.shuffle_descriptor.CopyFrom(_shuffle_descriptor_to_pb(value))
+            _fill_shuffle_descriptor(envelope.shuffle_descriptor, value)
         case ResultPartitionDeploymentDescriptor():
             message = envelope.result_partition_deployment_descriptor
             message.partition_descriptor.CopyFrom(
                 _partition_descriptor_to_pb(value.partition_descriptor)
             )
-            message.shuffle_descriptor.CopyFrom(_shuffle_descriptor_to_pb(value.shuffle_descriptor))
+            _fill_shuffle_descriptor(message.shuffle_descriptor, value.shuffle_descriptor)
         case InputGateDeploymentDescriptor():
-            envelope.input_gate_deployment_descriptor.CopyFrom(
+            gate = envelope.input_gate_deployment_descriptor
+            gate.CopyFrom(
                 pb.InputGateDeploymentDescriptor(
                     result_id=value.result_id,
                     consumed_partition_type=value.consumed_partition_type.name,
@@ -163,20 +182,16 @@ def _to_envelope(value: Descriptor) -> pb.Envelope:
                         start=value.consumed_subpartitions.start,
                         end=value.consumed_subpartitions.end,
                     ),
-                    shuffle_descriptors=[
-                        _shuffle_descriptor_to_pb(d) for d in value.shuffle_descriptors
-                    ],
                 )
             )
+            _fill_shuffle_descriptors(gate.shuffle_descriptors, value.shuffle_descriptors)
         case PartitionInfo():
             envelope.partition_info.result_id = value.result_id
-            envelope.partition_info.shuffle_descriptor.CopyFrom(
-                _shuffle_descriptor_to_pb(value.shuffle_descriptor)
+            _fill_shuffle_descriptor(
+                envelope.partition_info.shuffle_descriptor, value.shuffle_descriptor
             )
         case ShuffleDescriptorGroup():
-            envelope.shuffle_descriptor_group.shuffle_descriptors.extend(
-                _shuffle_descriptor_to_pb(d) for d in value.shuffle_descriptors
-            )
+            _fill_group_columns(envelope.shuffle_descriptor_group, value.shuffle_descriptors)
         case _:
             raise SerializationError(f"cannot serialize {type(value).__name__}")
     return envelope
@@ -237,6 +252,30 @@ def _partition_descriptor_from_pb(message: pb.PartitionDescriptor) -> PartitionD
     )
 
 
+def _group_from_pb(message: pb.ShuffleDescriptorGroup) -> ShuffleDescriptorGroup:
+    columns = (
+        message.result_ids,
+        message.partition_indexes,
+        message.producer_attempt_ids,
+        message.kinds,
+        message.details,
+    )
+    if len({len(column) for column in columns}) != 1:
+        raise SerializationError(
+            "a shuffle descriptor group's columns differ in length:"
+            f" {[len(column) for column in columns]}"
+        )
+    from_columns = (
+        _descriptor_class(kind).from_details(
+            ResultPartitionID(IntermediateResultPartitionID(result_id, index), attempt), details
+        )
+        for result_id, index, attempt, kind, details in zip(*columns, strict=True)
+    )
+    return ShuffleDescriptorGroup(
+        (*map(_shuffle_descriptor_from_pb, message.shuffle_descriptors), *from_columns)
+    )
+
+
 def _from_envelope(envelope: pb.Envelope) -> Descriptor:
     payload = envelope.WhichOneof("payload")
     match payload:
@@ -276,12 +315,7 @@ def _from_envelope(envelope: pb.Envelope) -> Descriptor:
                 info.result_id, _shuffle_descriptor_from_pb(info.shuffle_descriptor)
             )
         case "shuffle_descriptor_group":
-            return ShuffleDescriptorGroup(
-                tuple(
-                    _shuffle_descriptor_from_pb(d)
-                    for d in envelope.shuffle_descriptor_group.shuffle_descriptors
-                )
-            )
+            return _group_from_pb(envelope.shuffle_descriptor_group)
         case _:
             raise SerializationError("descriptor envelope holds no payload")
 

@@ -128,10 +128,20 @@ class PartitionInfo(_message.Message):
     def __init__(self, result_id: _Optional[str] = ..., shuffle_descriptor: _Optional[_Union[ShuffleDescriptor, _Mapping]] = ...) -> None: ...
 
 class ShuffleDescriptorGroup(_message.Message):
-    __slots__ = ("shuffle_descriptors",)
+    __slots__ = ("shuffle_descriptors", "result_ids", "partition_indexes", "producer_attempt_ids", "kinds", "details")
     SHUFFLE_DESCRIPTORS_FIELD_NUMBER: _ClassVar[int]
+    RESULT_IDS_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_INDEXES_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ATTEMPT_IDS_FIELD_NUMBER: _ClassVar[int]
+    KINDS_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
     shuffle_descriptors: _containers.RepeatedCompositeFieldContainer[ShuffleDescriptor]
-    def __init__(self, shuffle_descriptors: _Optional[_Iterable[_Union[ShuffleDescriptor, _Mapping]]] = ...) -> None: ...
+    result_ids: _containers.RepeatedScalarFieldContainer[str]
+    partition_indexes: _containers.RepeatedScalarFieldContainer[int]
+    producer_attempt_ids: _containers.RepeatedScalarFieldContainer[str]
+    kinds: _containers.RepeatedScalarFieldContainer[str]
+    details: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, shuffle_descriptors: _Optional[_Iterable[_Union[ShuffleDescriptor, _Mapping]]] = ..., result_ids: _Optional[_Iterable[str]] = ..., partition_indexes: _Optional[_Iterable[int]] = ..., producer_attempt_ids: _Optional[_Iterable[str]] = ..., kinds: _Optional[_Iterable[str]] = ..., details: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class Envelope(_message.Message):
     __slots__ = ("format_version", "partition_descriptor", "producer_descriptor", "shuffle_descriptor", "result_partition_deployment_descriptor", "input_gate_deployment_descriptor", "partition_info", "shuffle_descriptor_group")

@@ -190,6 +190,31 @@ def test_shuffle_descriptor_group_round_trips_in_order() -> None:
     assert isinstance(decoded, ShuffleDescriptorGroup)
 
 
+def test_a_group_is_written_as_columns_and_its_message_per_descriptor_form_still_reads() -> None:
+    descriptors = (netty_descriptor(2), UnknownShuffleDescriptor(rpid(0)))
+    written = pb.Envelope.FromString(serialize(ShuffleDescriptorGroup(descriptors)))
+    group = written.shuffle_descriptor_group
+    assert list(group.partition_indexes) == [2, 0]
+    assert list(group.kinds) == ["netty_like", "unknown"]
+    assert not group.shuffle_descriptors
+
+    # The form written before the columns: one ShuffleDescriptor message each.
+    older = pb.Envelope(format_version=FORMAT_VERSION)
+    for descriptor in descriptors:
+        older.shuffle_descriptor_group.shuffle_descriptors.append(
+            pb.Envelope.FromString(serialize(descriptor)).shuffle_descriptor
+        )
+    assert deserialize(older.SerializeToString()) == ShuffleDescriptorGroup(descriptors)
+
+
+def test_a_group_whose_columns_differ_in_length_is_refused_by_name() -> None:
+    envelope = pb.Envelope.FromString(serialize(ShuffleDescriptorGroup((netty_descriptor(1),))))
+    envelope.shuffle_descriptor_group.partition_indexes.append(7)
+
+    with pytest.raises(SerializationError, match="columns differ in length"):
+        deserialize(envelope.SerializeToString())
+
+
 def test_partition_info_round_trips() -> None:
     value = PartitionInfo(RESULT, netty_descriptor(3))
 
