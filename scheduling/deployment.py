@@ -21,10 +21,9 @@ import zstandard
 from blob import BlobStore, process_blob_cache
 from scheduling.graph import ExecutionVertexID
 from scheduling.groups import ConsumedPartitionGroup, ExchangeGroups, PartitionGroups
-from scheduling.parallelism import even_share
+from scheduling.parallelism import split_evenly
 from scheduling.skew import ConsumerPlan, InputSlice, ProducerRange
 from shuffle_api import (
-    DistributionPattern,
     InputGateDeploymentDescriptor,
     InvalidOperationError,
     ResultPartitionType,
@@ -163,9 +162,9 @@ class DescriptorCache:
             self.invalidate(group)
 
 
-ConsumerReads = Callable[[int, int, ExchangeGroups], InputSlice]
-"""What consumer ``consumer`` reads of its input number ``input_index`` (``groups``: that
-input's exchange), producers counted within the group the consumer reads."""
+ConsumerReads = Callable[[int, ExchangeGroups], Sequence[InputSlice]]
+"""What every consumer reads of its input number ``input_index`` (``groups``: that input's
+exchange), by consumer index; producers counted within the group the consumer reads."""
 
 
 def even_reads(subpartitions: int) -> ConsumerReads:
@@ -174,16 +173,15 @@ def even_reads(subpartitions: int) -> ConsumerReads:
     consumer reads all of each of its partitions or, where several consumers share one
     partition, its share of the subpartitions."""
 
-    def reads(consumer: int, input_index: int, groups: ExchangeGroups) -> InputSlice:
-        group = groups.consumed_by(consumer)
-        producers = ProducerRange(0, len(group.partitions) - 1)
-        if groups.exchange.pattern is DistributionPattern.ALL_TO_ALL:
-            return InputSlice(even_share(consumer, subpartitions, groups.consumers), producers)
-        readers = groups.consumers_of(group).consumers
-        if len(readers) == 1:
-            return InputSlice(SubpartitionRange(0, subpartitions - 1), producers)
-        share = even_share(consumer - readers.start, subpartitions, len(readers))
-        return InputSlice(share, producers)
+    def reads(input_index: int, groups: ExchangeGroups) -> Sequence[InputSlice]:
+        # The consumers of a group split its subpartitions among them: all of one
+        # exchange's consumers when all-to-all, one consumer or a few when pointwise.
+        slices: list[InputSlice] = []
+        for group, readers in zip(groups.consumed, groups.consumer_groups, strict=True):
+            producers = ProducerRange(0, len(group.partitions) - 1)
+            shares = split_evenly(subpartitions, len(readers.consumers))
+            slices += (InputSlice(share, producers) for share in shares)
+        return slices
 
     return reads
 
@@ -191,8 +189,8 @@ def even_reads(subpartitions: int) -> ConsumerReads:
 def planned_reads(plan: ConsumerPlan) -> ConsumerReads:
     """Consumer t reads what task t of an adaptive ``plan`` reads (all-to-all inputs)."""
 
-    def reads(consumer: int, input_index: int, groups: ExchangeGroups) -> InputSlice:
-        return plan.tasks[consumer].inputs[input_index]
+    def reads(input_index: int, groups: ExchangeGroups) -> Sequence[InputSlice]:
+        return [task.inputs[input_index] for task in plan.tasks]
 
     return reads
 
@@ -206,31 +204,38 @@ def consumer_deployments(
 ) -> list[ConsumerDeploymentDescriptor]:
     """Every consumer vertex of ``stage`` with one reference per input exchange. The shared
     list of a group is built once, however many consumers read it."""
-    inputs = [
-        partition_groups.of_exchange(exchange)
-        for exchange in partition_groups.graph.inputs_of(stage)
-    ]
     parallelism = partition_groups.graph.stage(stage).parallelism
-    deployments = []
-    for consumer in range(parallelism):
-        references = []
-        for input_index, groups in enumerate(inputs):
-            group = groups.consumed_by(consumer)
-            read = reads(consumer, input_index, groups)
-            whole = read.producers == ProducerRange(0, len(group.partitions) - 1)
-            references.append(
-                GateReference(
-                    groups.exchange.result_id,
-                    group.partition_type,
-                    read.subpartitions,
-                    cache.shared(group, descriptors_of),
-                    None if whole else read.producers,
-                )
+    references_per_input: list[list[GateReference]] = []
+    for input_index, exchange in enumerate(partition_groups.graph.inputs_of(stage)):
+        groups = partition_groups.of_exchange(exchange)
+        slices = reads(input_index, groups)
+        if len(slices) != parallelism:
+            raise InvalidOperationError(
+                f"{len(slices)} reads of input {exchange.result_id} for {parallelism} consumers"
             )
-        deployments.append(
-            ConsumerDeploymentDescriptor(ExecutionVertexID(stage, consumer), tuple(references))
-        )
-    return deployments
+        references: list[GateReference] = []
+        # Pairs come in consumer order, each over a run of consumers; walking them gives
+        # every consumer its group with no per-consumer lookup.
+        for group, readers in zip(groups.consumed, groups.consumer_groups, strict=True):
+            shared = cache.shared(group, descriptors_of)
+            last_producer = len(group.partitions) - 1
+            for consumer in readers.consumers:
+                read = slices[consumer]
+                whole = read.producers.start == 0 and read.producers.end == last_producer
+                references.append(
+                    GateReference(
+                        exchange.result_id,
+                        group.partition_type,
+                        read.subpartitions,
+                        shared,
+                        None if whole else read.producers,
+                    )
+                )
+        references_per_input.append(references)
+    return [
+        ConsumerDeploymentDescriptor(ExecutionVertexID(stage, consumer), inputs)
+        for consumer, inputs in enumerate(zip(*references_per_input, strict=True))
+    ]
 
 
 @functools.lru_cache(maxsize=_DECODED_GROUPS)

@@ -60,7 +60,8 @@ class ConsumerVertexGroup:
 
 @dataclass(frozen=True, slots=True)
 class ExchangeGroups:
-    """The group pairs of one exchange: ``consumed[i]`` is read by ``consumer_groups[i]``."""
+    """The group pairs of one exchange: ``consumed[i]`` is read by ``consumer_groups[i]``;
+    pairs in consumer order, each over a run of consumers."""
 
     exchange: StageExchange
     producers: int

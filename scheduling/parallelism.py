@@ -17,7 +17,6 @@ from shuffle_api import ConfigError, InvalidOperationError, SubpartitionRange
 
 __all__ = [
     "ParallelismBounds",
-    "even_share",
     "ranges_by_bytes",
     "ranges_by_bytes_in_runs",
     "split_evenly",
@@ -57,25 +56,14 @@ class ParallelismBounds:
 def split_evenly(subpartitions: int, consumers: int) -> tuple[SubpartitionRange, ...]:
     """Consumer ``k`` of ``N`` reads ``[floor(k*S/N), floor((k+1)*S/N) - 1]`` of ``S``
     subpartitions; needs ``1 <= N <= S`` so that no consumer reads nothing."""
-    _check_split(subpartitions, consumers)
-    return tuple(even_share(k, subpartitions, consumers) for k in range(consumers))
-
-
-def _check_split(subpartitions: int, consumers: int) -> None:
     if consumers < 1 or consumers > subpartitions:
         raise InvalidOperationError(
             f"cannot split {subpartitions} subpartitions evenly among {consumers} consumers: "
             "need 1 <= consumers <= subpartitions"
         )
-
-
-def even_share(consumer: int, subpartitions: int, consumers: int) -> SubpartitionRange:
-    """:func:`split_evenly`'s range of one consumer, in O(1)."""
-    _check_split(subpartitions, consumers)
-    if not 0 <= consumer < consumers:
-        raise InvalidOperationError(f"consumer {consumer} outside [0, {consumers})")
-    return SubpartitionRange(
-        consumer * subpartitions // consumers, (consumer + 1) * subpartitions // consumers - 1
+    return tuple(
+        SubpartitionRange(k * subpartitions // consumers, (k + 1) * subpartitions // consumers - 1)
+        for k in range(consumers)
     )
 
 

@@ -19,8 +19,13 @@ from scheduling.deployment import (
     resolve_gate,
 )
 from scheduling.graph import Stage, StageExchange, StageGraph
-from scheduling.groups import ConsumedPartitionGroup, PartitionGroups, build_groups
-from scheduling.skew import ProducerRange
+from scheduling.groups import (
+    ConsumedPartitionGroup,
+    ExchangeGroups,
+    PartitionGroups,
+    build_groups,
+)
+from scheduling.skew import InputSlice, ProducerRange
 from shuffle_api import (
     BlobNotFoundError,
     DistributionPattern,
@@ -182,3 +187,14 @@ def test_a_blob_shared_by_two_groups_stays_until_both_are_invalidated(tmp_path: 
     assert store.exists(shared.blob_key)
     cache.invalidate(second)
     assert not store.exists(shared.blob_key)
+
+
+def test_reads_that_do_not_cover_every_consumer_are_refused() -> None:
+    groups = _groups(4, 3, DistributionPattern.ALL_TO_ALL)
+    cache = DescriptorCache(blob_store=None, offload_threshold=1 << 62)
+
+    def reads(input_index: int, exchange_groups: ExchangeGroups) -> list[InputSlice]:
+        return [InputSlice(SubpartitionRange(0, 1), ProducerRange(0, 3))] * 2
+
+    with pytest.raises(InvalidOperationError, match="2 reads of input shuffled for 3 consumers"):
+        consumer_deployments(groups, "reduce", cache, _descriptors_of, reads)
