@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import gc
+import itertools
 import statistics
 import sys
 import tempfile
@@ -69,7 +70,6 @@ from shuffle_api import (
     ShuffleDescriptor,
     ShuffleDescriptorGroup,
     SubpartitionRange,
-    new_id,
     serialize,
 )
 
@@ -79,11 +79,14 @@ GOALS = {"descriptors_mib": 8.0, "descriptors_ms": 100.0, "regions_ms": 50.0, "s
 RESULT_ID = "shuffled"
 
 
-def producer_descriptors(n: int) -> list[ShuffleDescriptor]:
-    """What n map tasks on 100 executors registered: one attempt id each, like a real job."""
+def producer_descriptors(n: int, first_task: int = 0) -> list[ShuffleDescriptor]:
+    """What n map tasks on 100 executors registered. Attempt ids are as pyspark_shuffle makes
+    them: Spark's task attempt id, unique in the application (``first_task`` onwards)."""
     return [
         NettyShuffleDescriptor(
-            ResultPartitionID(IntermediateResultPartitionID(RESULT_ID, index), new_id()),
+            ResultPartitionID(
+                IntermediateResultPartitionID(RESULT_ID, index), f"task-{first_task + index}"
+            ),
             producer_location=f"executor-{index % 100}",
             host=f"10.0.{index % 100 // 250}.{index % 100}",
             data_port=40_000 + index % 100,
@@ -213,10 +216,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="pyshuffle-bench-blobs-") as blobs:
         store = BlobStore(blobs)
 
-        # Content-addressed: later runs find the blob there and skip the write, so every run
-        # gets a fresh attempt id for one producer to keep the write in the timing.
+        # Content-addressed: later runs would find the blob there and skip the write, so every
+        # run reruns producer 0 (a new attempt id) to keep the write in the timing.
+        reruns = itertools.count(n)
+
         def fresh_deploy() -> list[ConsumerDeploymentDescriptor]:
-            descriptors[0] = producer_descriptors(1)[0]
+            descriptors[0] = producer_descriptors(1, first_task=next(reruns))[0]
             return deploy(n, descriptors, store)
 
         milliseconds, deployments = timed(fresh_deploy, args.repeat)
