@@ -14,6 +14,7 @@ from types import TracebackType
 from typing import Self
 
 import pyarrow as pa
+from pyspark import Broadcast
 from pyspark.accumulators import Accumulator
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -46,7 +47,12 @@ from pyspark_shuffle.partitioners import (
 from pyspark_shuffle.planning import adaptive_plan, one_reducer_per_subpartition
 from pyspark_shuffle.sorting import sort_keys_of
 from pyspark_shuffle.tasks import ReduceStageSpec, run_reduce_task
-from scheduling.deployment import DescriptorCache, consumer_deployments, planned_reads
+from scheduling.deployment import (
+    ConsumerDeploymentDescriptor,
+    DescriptorCache,
+    consumer_deployments,
+    planned_reads,
+)
 from scheduling.graph import Stage, StageExchange, StageGraph
 from scheduling.groups import ConsumedPartitionGroup, build_groups
 from scheduling.options import DESCRIPTOR_OFFLOAD_THRESHOLD
@@ -110,6 +116,7 @@ class _Result:
     consumed_groups: list[ConsumedPartitionGroup]
     rows_read: Accumulator[int]
     bytes_read: Accumulator[int]
+    deployments: Broadcast[tuple[ConsumerDeploymentDescriptor, ...]]
 
 
 def _column_names(columns: str | Sequence[str]) -> tuple[str, ...]:
@@ -386,6 +393,11 @@ class SparkShuffle:
                 for exchange in other.exchanges
             }
         if entry is not None:
+            # Unpersisted, not destroyed: the executors' copies go now, and the driver's when
+            # Spark's cleaner sees the result gone. Reading the released result again still
+            # reaches the reduce tasks, which name the partitions they no longer find.
+            if self._spark_running():
+                entry[1].deployments.unpersist()
             for group in entry[1].consumed_groups:
                 self._descriptors.invalidate(group)
             for exchange in entry[1].exchanges:
@@ -393,13 +405,18 @@ class SparkShuffle:
                     exchange.release()
 
     def close(self) -> None:
-        """Release every shuffle this object made and stop its master."""
+        """Release every shuffle this object made and stop its master. Results it made can no
+        longer be read."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             exchanges, self._exchanges = self._exchanges, []
+            results = [result for _, result in self._results.values()]
             self._results.clear()
+        if self._spark_running():
+            for result in results:
+                result.deployments.destroy()
         self._descriptors.clear()
         for exchange in exchanges:
             exchange.release()
@@ -428,6 +445,11 @@ class SparkShuffle:
                 "this DataFrame was not made by this SparkShuffle, or it was released"
             )
         return entry[1]
+
+    def _spark_running(self) -> bool:
+        """False once the SparkContext is stopped (say, ``close`` at interpreter exit after
+        ``spark.stop()``): its broadcasts went with it."""
+        return self._spark.sparkContext._jsc is not None
 
     def _hash(self, keys: tuple[str, ...], num_partitions: int | None) -> HashPartitioner:
         return HashPartitioner(keys, num_partitions or self.configuration.get(MAX_SUBPARTITIONS))
@@ -495,14 +517,20 @@ class SparkShuffle:
         def descriptors_of(group: ConsumedPartitionGroup) -> Sequence[ShuffleDescriptor]:
             return by_result[group.result_id].descriptors()
 
-        deployments = consumer_deployments(
-            groups, "reduce", self._descriptors, descriptors_of, planned_reads(plan)
-        )
         context = self._spark.sparkContext
+        # A broadcast, not part of the task closure: every reduce task would otherwise carry
+        # (and unpickle) the deployments of all reducers.
+        deployments = context.broadcast(
+            tuple(
+                consumer_deployments(
+                    groups, "reduce", self._descriptors, descriptors_of, planned_reads(plan)
+                )
+            )
+        )
         rows_read, bytes_read = context.accumulator(0), context.accumulator(0)
         spec = ReduceStageSpec(
             self.configuration,
-            tuple(deployments),
+            deployments,
             tuple(
                 exchange.schema(_arrow_schema(self._spark, exchange.frame_schema))
                 for exchange in exchanges
@@ -523,7 +551,16 @@ class SparkShuffle:
         with self._lock:
             self._results[id(result)] = (
                 weakref.ref(result),
-                _Result(list(exchanges), operation, schema, plan, consumed, rows_read, bytes_read),
+                _Result(
+                    list(exchanges),
+                    operation,
+                    schema,
+                    plan,
+                    consumed,
+                    rows_read,
+                    bytes_read,
+                    deployments,
+                ),
             )
         return result
 

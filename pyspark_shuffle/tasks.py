@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 import pyarrow as pa
+from pyspark import TaskContext
 
 from blob import BLOB_CACHE_MAX_SIZE
 from pyspark_shuffle.operations import ReduceOperation
@@ -39,6 +40,7 @@ from shuffle_api import (
 )
 
 if TYPE_CHECKING:
+    from pyspark import Broadcast
     from pyspark.accumulators import Accumulator
 
 __all__ = [
@@ -101,6 +103,21 @@ class MapStageSpec:
         )
 
 
+def _task_attempt_id() -> str:
+    """The running Spark task attempt, as the attempt id of what it writes or reads.
+
+    Structured, not random (as Flink's ExecutionAttemptID): a producer's attempt id is in its
+    shuffle descriptor, and the shared list of thousands of descriptors compresses only if
+    the ids do. Unique where it must be: Spark numbers task attempts once per SparkContext,
+    so a retried or speculative attempt and a rerun of a lost producer (a new Spark job) each
+    get their own; the result id beside it in a partition id ends in a random per-exchange
+    suffix, so applications that share an external shuffle cluster never meet.
+    """
+    task = TaskContext.get()
+    assert task is not None, "Spark sets the TaskContext of every Python task"
+    return f"task-{task.taskAttemptId()}"
+
+
 def _int64_list(values: Sequence[int]) -> pa.Array:
     return pa.array([list(values)], pa.list_(pa.int64()))
 
@@ -108,10 +125,10 @@ def _int64_list(values: Sequence[int]) -> pa.Array:
 def run_map_task(
     spec: MapStageSpec, map_index: int, batches: Iterator[pa.RecordBatch]
 ) -> pa.RecordBatch:
-    """Write ``batches`` as partition ``map_index`` under a fresh attempt id; return the
+    """Write ``batches`` as partition ``map_index`` under this task attempt's id; return the
     metadata row. An error fails the writer, which leaves nothing behind."""
     environment = task_environment(spec.configuration)
-    attempt = new_id()
+    attempt = _task_attempt_id()
     descriptor = spec.partition_descriptor(map_index)
     # Placement is the environment's: the master learns of the partition when the driver
     # registers this attempt, which is also why a retried attempt is never read twice.
@@ -145,12 +162,14 @@ def run_map_task(
 
 @dataclass(frozen=True, slots=True)
 class ReduceStageSpec:
-    """What every reduce task needs. The deployments of all reducers share each input's one
+    """What every reduce task needs. The deployments of all reducers are one Spark broadcast:
+    a task carries only its handle, and each Python worker process loads the value once, so
+    R reducers cost O(R) bytes, not O(R^2). Within it, the deployments share each input's one
     compressed descriptor list (pickled once) or name it by blob key, fetched once per Python
     worker process through its blob cache."""
 
     configuration: Configuration
-    deployments: tuple[ConsumerDeploymentDescriptor, ...]
+    deployments: Broadcast[tuple[ConsumerDeploymentDescriptor, ...]]
     schemas: tuple[pa.Schema, ...]
     operation: ReduceOperation
     rows_read: Accumulator[int] | None = None
@@ -171,9 +190,8 @@ def _counted(batches: Iterator[pa.RecordBatch], spec: ReduceStageSpec) -> Iterat
 def run_reduce_task(spec: ReduceStageSpec, reducer: int) -> Iterator[pa.RecordBatch]:
     """Read what reducer ``reducer`` reads of every input; apply the operation."""
     environment = task_environment(spec.configuration)
-    attempt = new_id()
-    owner = ShuffleIOOwner(f"reducer {reducer}", attempt)
-    references = spec.deployments[reducer].inputs
+    owner = ShuffleIOOwner(f"reducer {reducer}", _task_attempt_id())
+    references = spec.deployments.value[reducer].inputs
     cache_bytes = spec.configuration.get(BLOB_CACHE_MAX_SIZE)
     gates = environment.create_input_gates(
         owner,
