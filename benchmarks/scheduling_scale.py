@@ -230,11 +230,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         naive_descriptors = descriptors[:naive_n]
         grouped_ms, _ = timed(lambda: deploy(naive_n, naive_descriptors, store), args.repeat)
         assert isinstance(deployments, list) and len(deployments) == n
-        assert all(
-            d.inputs[0].descriptors is deployments[0].inputs[0].descriptors for d in deployments
-        )
+        assert all(d.inputs[0].group is deployments[0].inputs[0].group for d in deployments)
         # The list the cache shares, of the descriptors as they are now.
-        shared = deploy(n, descriptors, store)[0].inputs[0].descriptors
+        shared = deploy(n, descriptors, store)[0].inputs[0].group.descriptors
         compressed = (
             store.get(shared.blob_key)
             if isinstance(shared, OffloadedDescriptors)

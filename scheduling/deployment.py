@@ -19,7 +19,6 @@ from dataclasses import dataclass
 import zstandard
 
 from blob import BlobStore, process_blob_cache
-from scheduling.graph import ExecutionVertexID
 from scheduling.groups import ConsumedPartitionGroup, ExchangeGroups, PartitionGroups
 from scheduling.parallelism import split_evenly
 from scheduling.skew import ConsumerPlan, InputSlice, ProducerRange
@@ -40,6 +39,7 @@ __all__ = [
     "ConsumerReads",
     "DescriptorCache",
     "GateReference",
+    "GroupInput",
     "InlineDescriptors",
     "OffloadedDescriptors",
     "SharedDescriptors",
@@ -72,21 +72,32 @@ SharedDescriptors = InlineDescriptors | OffloadedDescriptors
 
 
 @dataclass(frozen=True, slots=True)
-class GateReference:
-    """One input of a consumer: subpartitions ``subpartitions`` of the group's partitions
-    (only ``producers``, positions in the group's list, when a skewed subpartition is split
-    among consumers; ``None``: all of them)."""
+class GroupInput:
+    """What every consumer of one consumed group reads from: one object per group, shared by
+    the references of all its consumers."""
 
     result_id: str
     partition_type: ResultPartitionType
-    subpartitions: SubpartitionRange
     descriptors: SharedDescriptors
+
+
+@dataclass(frozen=True, slots=True)
+class GateReference:
+    """One input of a consumer: subpartitions ``subpartitions`` of ``group``'s partitions
+    (only ``producers``, positions in the group's list, when a skewed subpartition is split
+    among consumers; ``None``: all of them)."""
+
+    group: GroupInput
+    subpartitions: SubpartitionRange
     producers: ProducerRange | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class ConsumerDeploymentDescriptor:
-    vertex: ExecutionVertexID
+    """Consumer ``index`` of stage ``stage``: one reference per input, in input order."""
+
+    stage: str
+    index: int
     inputs: tuple[GateReference, ...]
 
 
@@ -217,23 +228,21 @@ def consumer_deployments(
         # Pairs come in consumer order, each over a run of consumers; walking them gives
         # every consumer its group with no per-consumer lookup.
         for group, readers in zip(groups.consumed, groups.consumer_groups, strict=True):
-            shared = cache.shared(group, descriptors_of)
-            last_producer = len(group.partitions) - 1
-            for consumer in readers.consumers:
-                read = slices[consumer]
-                whole = read.producers.start == 0 and read.producers.end == last_producer
-                references.append(
-                    GateReference(
-                        exchange.result_id,
-                        group.partition_type,
-                        read.subpartitions,
-                        shared,
-                        None if whole else read.producers,
-                    )
+            shared = GroupInput(
+                exchange.result_id, group.partition_type, cache.shared(group, descriptors_of)
+            )
+            whole = ProducerRange(0, len(group.partitions) - 1)
+            references += [
+                GateReference(
+                    shared,
+                    read.subpartitions,
+                    None if read.producers == whole else read.producers,
                 )
+                for read in slices[readers.consumers.start : readers.consumers.stop]
+            ]
         references_per_input.append(references)
     return [
-        ConsumerDeploymentDescriptor(ExecutionVertexID(stage, consumer), inputs)
+        ConsumerDeploymentDescriptor(stage, consumer, inputs)
         for consumer, inputs in enumerate(zip(*references_per_input, strict=True))
     ]
 
@@ -258,7 +267,8 @@ def resolve_gate(
     """Consumer side: the input gate a reference names. A process decodes each shared list
     once; an offloaded one it reads once, from the store the driver put it in, through its
     blob cache of ``blob_cache_bytes``."""
-    shared = reference.descriptors
+    group = reference.group
+    shared = group.descriptors
     if isinstance(shared, InlineDescriptors):
         compressed = shared.compressed
     else:
@@ -268,5 +278,5 @@ def resolve_gate(
     if reference.producers is not None:
         descriptors = descriptors[reference.producers.start : reference.producers.end + 1]
     return InputGateDeploymentDescriptor(
-        reference.result_id, reference.partition_type, reference.subpartitions, descriptors
+        group.result_id, group.partition_type, reference.subpartitions, descriptors
     )

@@ -81,8 +81,8 @@ def test_every_consumer_of_a_group_shares_one_compressed_list(tmp_path: Path) ->
     cache = DescriptorCache(blob_store=BlobStore(str(tmp_path)), offload_threshold=1_000)
     references = _deploy(groups, cache, subpartitions=6)
     assert len(references) == 3
-    assert all(ref.descriptors is references[0].descriptors for ref in references)
-    assert isinstance(references[0].descriptors, InlineDescriptors)
+    assert all(ref.group is references[0].group for ref in references)
+    assert isinstance(references[0].group.descriptors, InlineDescriptors)
     # Consumer k of 3 over 6 subpartitions reads [2k, 2k + 1].
     assert [ref.subpartitions for ref in references] == [
         SubpartitionRange(0, 1),
@@ -98,7 +98,7 @@ def test_every_consumer_of_a_group_shares_one_compressed_list(tmp_path: Path) ->
 def test_the_list_is_compressed_well_below_its_serialized_size() -> None:
     groups = _groups(2_000, 2, DistributionPattern.ALL_TO_ALL)
     cache = DescriptorCache(blob_store=None, offload_threshold=1 << 62)
-    shared = _deploy(groups, cache, subpartitions=2)[0].descriptors
+    shared = _deploy(groups, cache, subpartitions=2)[0].group.descriptors
     assert isinstance(shared, InlineDescriptors)
     group = groups.exchanges[0].consumed[0]
     serialized = serialize(ShuffleDescriptorGroup(tuple(_descriptors_of(group))))
@@ -110,7 +110,7 @@ def test_a_big_group_is_offloaded_and_fetched_once_per_process(tmp_path: Path) -
     groups = _groups(8, 4, DistributionPattern.ALL_TO_ALL)  # 8 x 4 = 32 >= 32
     cache = DescriptorCache(blob_store=store, offload_threshold=32)
     references = _deploy(groups, cache, subpartitions=4)
-    shared = references[0].descriptors
+    shared = references[0].group.descriptors
     assert isinstance(shared, OffloadedDescriptors)
     assert store.exists(shared.blob_key) and shared.blob_store_url == store.url
     gates = [resolve_gate(reference, blob_cache_bytes=1 << 20) for reference in references]
@@ -124,7 +124,7 @@ def test_invalidating_a_group_deletes_its_blob_and_rebuilds_it(tmp_path: Path) -
     groups = _groups(8, 4, DistributionPattern.ALL_TO_ALL)
     cache = DescriptorCache(blob_store=store, offload_threshold=1)
     [reference, *_] = _deploy(groups, cache, subpartitions=4)
-    shared = reference.descriptors
+    shared = reference.group.descriptors
     assert isinstance(shared, OffloadedDescriptors)
     cache.invalidate(groups.exchanges[0].consumed[0])
     assert not store.exists(shared.blob_key)
@@ -145,8 +145,8 @@ def test_pointwise_consumers_sharing_a_partition_split_its_subpartitions() -> No
         SubpartitionRange(2, 3),
         SubpartitionRange(4, 5),
     ]
-    assert references[0].descriptors is references[2].descriptors
-    assert references[0].descriptors is not references[3].descriptors
+    assert references[0].group.descriptors is references[2].group.descriptors
+    assert references[0].group.descriptors is not references[3].group.descriptors
     gate = resolve_gate(references[4], blob_cache_bytes=1 << 20)
     assert gate.shuffle_descriptors == (_descriptor("shuffled", 1),)
 
@@ -155,13 +155,7 @@ def test_a_reference_to_a_producer_range_resolves_to_those_producers_only() -> N
     groups = _groups(5, 1, DistributionPattern.ALL_TO_ALL)
     cache = DescriptorCache(blob_store=None, offload_threshold=1 << 62)
     [whole] = _deploy(groups, cache, subpartitions=1)
-    sliced = GateReference(
-        whole.result_id,
-        whole.partition_type,
-        whole.subpartitions,
-        whole.descriptors,
-        ProducerRange(1, 2),
-    )
+    sliced = GateReference(whole.group, whole.subpartitions, ProducerRange(1, 2))
     gate = resolve_gate(sliced, blob_cache_bytes=1 << 20)
     assert gate.shuffle_descriptors == (_descriptor("shuffled", 1), _descriptor("shuffled", 2))
 
