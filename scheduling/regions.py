@@ -14,11 +14,13 @@ How regions are built, all O(n) in execution vertices plus pointwise connections
    region of all its execution vertices, as in Flink: such an exchange links every raw region of
    its producer stage to every raw region of its consumer stage, so the raw regions nearly always
    end up merged anyway, and finding that out would cost a cycle search over S x T edges.
-3. Otherwise raw regions come from union-find over its execution vertices along its pipelined
+3. A logical region whose exchanges are all one-to-one (pointwise between stages of equal
+   parallelism, the common forward chain) makes region i of vertex i of every stage.
+4. Otherwise raw regions come from union-find over its execution vertices along its pipelined
    pointwise exchanges; its blocking and hybrid pointwise exchanges make a graph between raw
    regions in which every strongly connected component (iterative Tarjan) would deadlock if
    scheduled apart, so each becomes one region.
-4. Exchanges between two logical regions never merge anything.
+5. Exchanges between two logical regions never merge anything.
 
 Regions are numbered in the order of their first vertex (stages in topological order, then
 vertex index), so the numbering is deterministic and producers tend to come first.
@@ -29,6 +31,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 
 from scheduling.graph import ExecutionVertexID, Stage, StageExchange, StageGraph
 from scheduling.pointwise import consumers_of_partition, partitions_of_consumer
@@ -126,6 +129,12 @@ def _new_region(region_id: int, vertex_ranges: tuple[VertexRange, ...]) -> Pipel
     return region
 
 
+def _single_vertex_ranges(width: int) -> list[range]:
+    """``range(i, i + 1)`` for every vertex ``i`` of a stage, built in C: regions are made by
+    the ten thousand, and zip/map/repeat over these keep Python out of the loop."""
+    return list(map(range, range(width), range(1, width + 1)))
+
+
 _FIRST_ONLY = range(1)  # immutable, so every single-vertex run can share it
 
 # Stands in for the regions of a logical region until its last stage completes their runs.
@@ -135,13 +144,25 @@ _PENDING = PipelinedRegion(-1, ())
 class _LogicalRegion:
     """Scratch state of one logical region of several stages while regions are numbered."""
 
-    __slots__ = ("exchanges", "global_ids", "labels", "offsets", "runs", "stages", "whole")
+    __slots__ = (
+        "exchanges",
+        "global_ids",
+        "labels",
+        "lockstep",
+        "offsets",
+        "runs",
+        "stages",
+        "whole",
+    )
 
     def __init__(self) -> None:
         self.stages: list[Stage] = []
         self.exchanges: list[StageExchange] = []
         # An all-to-all exchange inside: one region of everything, no cycle search.
         self.whole = False
+        # Only one-to-one exchanges inside (every stage as wide as the next, the common forward
+        # chain): region i is vertex i of every stage, no union-find or cycle search.
+        self.lockstep = False
         # Otherwise the region label of each vertex (stages at offsets in one list), labels
         # numbered by first vertex, and per label the runs of vertices gathered so far.
         self.offsets: dict[str, int] = {}
@@ -276,6 +297,12 @@ def _split(logical: _LogicalRegion) -> None:
         offsets[stage.name] = total
         parallelism[stage.name] = stage.parallelism
         total += stage.parallelism
+    if all(
+        parallelism[exchange.producer] == parallelism[exchange.consumer]
+        for exchange in logical.exchanges
+    ):
+        logical.lockstep = True
+        return
 
     # Raw regions: union-find over vertices along the pipelined (pointwise) exchanges. The finds
     # are written out (path halving) rather than called: this loop runs once per connection.
@@ -428,12 +455,8 @@ def build_regions(graph: StageGraph) -> RegionTopology:
             if width == 1:  # a long chain of single-vertex stages: no list per stage
                 regions.append(_new_region(first, ((name, _FIRST_ONLY),)))
                 continue
-            regions.extend(
-                [
-                    _new_region(first + vertex, ((name, range(vertex, vertex + 1)),))
-                    for vertex in range(width)
-                ]
-            )
+            own_runs = zip(zip(repeat(name), _single_vertex_ranges(width)))
+            regions.extend(map(_new_region, range(first, first + width), own_runs))
             continue
         logical = merged[root]
         if logical.whole:
@@ -444,6 +467,17 @@ def build_regions(graph: StageGraph) -> RegionTopology:
                 regions.append(_new_region(first, ranges))
                 logical.global_ids = [first]
             region_index[name] = array("q", logical.global_ids) * width
+            continue
+        if logical.lockstep:
+            if stage is logical.stages[0]:
+                # Region i holds run (stage, [i, i]) of every stage.
+                singles = _single_vertex_ranges(width)
+                lockstep_runs = zip(
+                    *[zip(repeat(member.name), singles) for member in logical.stages], strict=True
+                )
+                regions.extend(map(_new_region, range(first, first + width), lockstep_runs))
+                logical.global_ids = [first]
+            region_index[name] = range(logical.global_ids[0], logical.global_ids[0] + width)
             continue
         _number_stage(logical, stage, regions, region_index)
         if stage is logical.stages[-1]:

@@ -138,6 +138,26 @@ def test_pipelined_pointwise_chain_of_three_stages_with_uneven_parallelism() -> 
     ]
 
 
+def test_one_to_one_exchanges_make_region_i_of_vertex_i_of_every_stage() -> None:
+    # A forward chain a -> b -> c, all as wide, with a blocking one-to-one shortcut a -> c
+    # inside the logical region (vertex i feeds vertex i: no cycle between regions).
+    topology = build_regions(
+        _graph(
+            {"a": 4, "b": 4, "c": 4},
+            [("a", "b", PW, PIPELINED), ("b", "c", PW, PIPELINED), ("a", "c", PW, BLOCKING)],
+        )
+    )
+
+    assert _regions(topology) == [{("a", i), ("b", i), ("c", i)} for i in range(4)]
+    assert [region.region_id for region in topology.regions] == [0, 1, 2, 3]
+    assert topology.region_of(ExecutionVertexID("c", 2)) is topology.regions[2]
+    assert topology.regions[1].vertex_ranges == (
+        ("a", range(1, 2)),
+        ("b", range(1, 2)),
+        ("c", range(1, 2)),
+    )
+
+
 # --- logical regions with blocking exchanges inside ------------------------------------------
 
 
