@@ -63,6 +63,13 @@ class _Runs:
     seconds: float = 0.0
 
 
+def _producer_of(row: Row) -> ProducerDescriptor:
+    producer = deserialize(bytes(row["producer"]))
+    if not isinstance(producer, ProducerDescriptor):
+        raise SerializationError(f"a map task returned a {type(producer).__name__}")
+    return producer
+
+
 class Exchange:
     """One DataFrame shuffled by one partitioner through the service's master."""
 
@@ -151,17 +158,33 @@ class Exchange:
         except Exception as error:  # Py4J and PySpark errors carry the task's error as text
             raise stage_failure(description, error) from error
         self.runs.seconds += time.perf_counter() - started
-        for row in rows:
-            self._register(row)
+        # All registrations in flight at once: with an external master each is a round trip
+        # to the coordinator, and thousands of map tasks must not wait for them one by one.
+        # Every one that succeeds is recorded (so released with the exchange) before the first
+        # failure is raised.
+        producers = [_producer_of(row) for row in rows]  # all checked before any is registered
+        registrations = [
+            (
+                row,
+                self._master.register_partition_with_producer(
+                    self._job.job_id,
+                    self.spec.partition_descriptor(int(row["map_index"])),
+                    producer,
+                ),
+            )
+            for row, producer in zip(rows, producers, strict=True)
+        ]
+        failure: BaseException | None = None
+        for row, registration in registrations:
+            try:
+                self._register(row, registration.result())
+            except Exception as error:
+                failure = failure or error
+        if failure is not None:
+            raise failure
 
-    def _register(self, row: Row) -> None:
-        producer = deserialize(bytes(row["producer"]))
-        if not isinstance(producer, ProducerDescriptor):
-            raise SerializationError(f"a map task returned a {type(producer).__name__}")
+    def _register(self, row: Row, descriptor: ShuffleDescriptor) -> None:
         map_index = int(row["map_index"])
-        descriptor = self._master.register_partition_with_producer(
-            self._job.job_id, self.spec.partition_descriptor(map_index), producer
-        ).result()
         if row["arrow_schema"] is not None and self._schema is None:
             self._schema = pa.ipc.read_schema(pa.py_buffer(bytes(row["arrow_schema"])))
         output = MapOutput(map_index, descriptor, tuple(row["rows"]), tuple(row["bytes"]))
