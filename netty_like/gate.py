@@ -77,10 +77,16 @@ class NettyInputGate(SequentialInputGate):
             )
         else:
             raise PartitionNotFoundError(
-                f"blocking partition {partition} is not on the store {descriptor.store_url!r} as"
-                " this process sees it, and its producer serves no data port",
+                f"blocking partition {partition} {self._not_on_store(descriptor)}, and its"
+                " producer serves no data port",
                 partition,
             )
+
+    def _not_on_store(self, descriptor: NettyShuffleDescriptor) -> str:
+        """Why the store did not serve a blocking partition, for an error message."""
+        if not self._settings.read_from_shared_store:
+            return "is not read from the store here (netty-like.read-from-shared-store = false)"
+        return f"is not on the store {descriptor.store_url!r} as this process sees it"
 
     def _read_remote(
         self, descriptor: NettyShuffleDescriptor, pipelined: bool
@@ -103,9 +109,9 @@ class NettyInputGate(SequentialInputGate):
                 raise
             # Not on the store and no producer to ask: the engine must rerun the producer.
             raise PartitionNotFoundError(
-                f"blocking partition {partition} is not on the store {descriptor.store_url!r} as"
-                f" this process sees it, and its producer does not answer ({error}): it was"
-                " released, or its producer's process is gone",
+                f"blocking partition {partition} {self._not_on_store(descriptor)}, and its"
+                f" producer does not answer ({error}): it was released, or its producer's process"
+                " is gone",
                 partition,
             ) from error
 

@@ -200,7 +200,11 @@ def test_a_killed_producer_read_only_through_its_data_port_is_not_found(tmp_path
         pipe.recv()
         process.kill()
         process.join(30)
-        with pytest.raises(PartitionNotFoundError, match="does not answer") as raised:
+        with pytest.raises(
+            PartitionNotFoundError,
+            match=r"is not read from the store here \(netty-like.read-from-shared-store = false\)"
+            ".*does not answer",
+        ) as raised:
             _read(
                 {**settings, "netty-like.read-from-shared-store": False},
                 descriptor,
