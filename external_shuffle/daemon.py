@@ -40,6 +40,7 @@ from external_shuffle.options import (
     WORKER_ADVERTISED_HOST,
     WORKER_HEARTBEAT_INTERVAL,
     WORKER_MEMORY_BUDGET,
+    WORKER_MEMORY_BUDGET_TIMEOUT,
     WORKER_PORT,
     WORKER_STORE_SHARED,
     WORKER_STORE_URL,
@@ -140,6 +141,7 @@ class Daemon:
                 port=served.port,
                 store_shared=config.get(WORKER_STORE_SHARED),
                 memory_budget=config.get(WORKER_MEMORY_BUDGET),
+                budget_timeout=config.get(WORKER_MEMORY_BUDGET_TIMEOUT),
                 chunk_size=message_chunk_size(config),
                 metrics=self.metrics,
             )

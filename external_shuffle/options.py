@@ -42,6 +42,7 @@ __all__ = [
     "WORKER_ADVERTISED_HOST",
     "WORKER_HEARTBEAT_INTERVAL",
     "WORKER_MEMORY_BUDGET",
+    "WORKER_MEMORY_BUDGET_TIMEOUT",
     "WORKER_PORT",
     "WORKER_STORE_SHARED",
     "WORKER_STORE_URL",
@@ -190,6 +191,13 @@ WORKER_MEMORY_BUDGET = memory_option(
     "Pushed bytes a worker holds in memory at once; pushes wait (backpressure) beyond it.",
     minimum=64 << 10,
 )
+WORKER_MEMORY_BUDGET_TIMEOUT = float_option(
+    "external-shuffle.worker.memory-budget-timeout",
+    60.0,
+    "Seconds a push waits for room in the memory budget before it fails with"
+    " RESOURCE_EXHAUSTED (the client then sees a DataTooLargeError).",
+    minimum=0.1,
+)
 WORKER_HEARTBEAT_INTERVAL = float_option(
     "external-shuffle.worker.heartbeat-interval",
     2.0,
@@ -249,6 +257,7 @@ DAEMON_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
     WORKER_STORE_URL,
     WORKER_STORE_SHARED,
     WORKER_MEMORY_BUDGET,
+    WORKER_MEMORY_BUDGET_TIMEOUT,
     WORKER_HEARTBEAT_INTERVAL,
     WORKER_TIMEOUT,
     APPLICATION_TIMEOUT,

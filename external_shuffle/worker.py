@@ -145,9 +145,9 @@ class WorkerService(pb_grpc.WorkerServicer):
         port: int,
         store_shared: bool,
         memory_budget: int,
+        budget_timeout: float,
         chunk_size: int,
         metrics: DaemonMetrics,
-        budget_timeout: float = 60.0,
     ) -> None:
         self._store = store
         self._chunk_size = chunk_size
