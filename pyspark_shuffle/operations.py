@@ -5,6 +5,7 @@ alone."""
 from __future__ import annotations
 
 import abc
+import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -16,7 +17,7 @@ import pyarrow.compute as pc
 
 from pyspark_shuffle.sorting import SortKey, sort_indices
 from shuffle_api import InvalidOperationError, SchemaMismatchError
-from shuffle_api.batches import coalesce
+from shuffle_api.batches import chop, split_by_subpartition
 
 __all__ = [
     "JOIN_TYPES",
@@ -28,7 +29,7 @@ __all__ = [
     "PassThrough",
     "ReduceOperation",
     "SortWithin",
-    "group_starts",
+    "group_ids",
 ]
 
 GroupFunction = Callable[..., pa.Table | Iterable[pa.RecordBatch]]
@@ -131,34 +132,59 @@ class SortWithin(ReduceOperation):
         yield from table.take(sort_indices(table, self.keys)).to_batches(_OUTPUT_BATCH_ROWS)
 
 
-def _differs_from_previous(column: pa.ChunkedArray) -> npt.NDArray[np.bool_]:
-    """For rows 1..n-1: is the value unlike the row before? Null equals null; NaN equals NaN."""
+def _value_codes(column: pa.ChunkedArray) -> tuple[npt.NDArray[np.int32], int]:
+    """Per row, a number for its value (equal values alike: null with null, every NaN with
+    every NaN, -0.0 with 0.0, as Spark groups them), and how many distinct values there are."""
     values = column.combine_chunks()
     if pa.types.is_dictionary(values.type):
         values = values.dictionary_decode()
-    before, after = values.slice(0, len(values) - 1), values.slice(1)
-    differs = pc.fill_null(pc.not_equal(before, after), False).to_numpy(zero_copy_only=False)
-    valid_before = pc.is_valid(before).to_numpy(zero_copy_only=False)
-    valid_after = pc.is_valid(after).to_numpy(zero_copy_only=False)
-    differs = differs | (valid_before != valid_after)
     if pa.types.is_floating(values.type):
-        both_nan = pc.fill_null(pc.and_(pc.is_nan(before), pc.is_nan(after)), False)
-        differs &= ~both_nan.to_numpy(zero_copy_only=False)
-    result: npt.NDArray[np.bool_] = differs
-    return result
+        # Arrow's hashing tells NaN payloads and the sign of zero apart; Spark does not.
+        values = pc.if_else(pc.is_nan(values), pa.scalar(math.nan, values.type), values)
+        values = pc.if_else(pc.equal(values, 0), pa.scalar(0, values.type), values)
+    encoded = pc.dictionary_encode(values, null_encoding="encode")
+    codes: npt.NDArray[np.int32] = encoded.indices.to_numpy()
+    return codes, len(encoded.dictionary)
 
 
-def group_starts(table: pa.Table, keys: Sequence[str]) -> npt.NDArray[np.int64]:
-    """First row of each run of equal keys in ``table`` (sorted by ``keys``), then its length."""
-    if table.num_rows == 0:
-        return np.zeros(1, dtype=np.int64)
-    changed = np.zeros(table.num_rows - 1, dtype=bool)
+def group_ids(table: pa.Table, keys: Sequence[str]) -> tuple[npt.NDArray[np.int64], int]:
+    """Per row of ``table``, the number of its group of equal ``keys`` (numbered in order of
+    first appearance), and the number of groups. Hashing, not sorting: no order is needed."""
+    ids, groups = np.zeros(table.num_rows, dtype=np.int64), 1
     for key in keys:
-        changed |= _differs_from_previous(table.column(key))
-    starts: npt.NDArray[np.int64] = np.concatenate(
-        ([0], np.flatnonzero(changed) + 1, [table.num_rows])
-    ).astype(np.int64)
-    return starts
+        codes, count = _value_codes(table.column(key))
+        if groups == 1:
+            ids, groups = codes.astype(np.int64), count
+            continue
+        # Below rows * rows < 2**63; numbered again so that the next key cannot overflow it.
+        pairs = pc.dictionary_encode(pa.array(ids * count + codes))
+        ids, groups = pairs.indices.to_numpy().astype(np.int64), len(pairs.dictionary)
+    return ids, groups
+
+
+def _gathered(results: Iterable[pa.Table | Iterable[pa.RecordBatch]]) -> Iterator[pa.RecordBatch]:
+    """The rows of many small results as few large batches: pieces are counted by rows (a
+    byte count of each would cost more than the small function itself), concatenated once
+    per ``_OUTPUT_BATCH_ROWS`` and only then cut to ``_OUTPUT_BATCH_BYTES``."""
+    pending: list[pa.RecordBatch] = []
+    rows = 0
+    for result in results:
+        for piece in _results_as_batches(result):
+            pending.append(piece)
+            rows += piece.num_rows
+        if rows >= _OUTPUT_BATCH_ROWS:
+            yield from _concatenated(pending)
+            pending, rows = [], 0
+    if pending:
+        yield from _concatenated(pending)
+
+
+def _concatenated(pieces: list[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    if not any(piece.num_rows for piece in pieces):
+        return
+    combined = pa.Table.from_batches(pieces).combine_chunks()
+    for batch in combined.to_batches():
+        yield from chop(batch, _OUTPUT_BATCH_BYTES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,21 +203,23 @@ class GroupApply(ReduceOperation):
         table = _table(inputs[0], schemas[0])
         if table.num_rows == 0:
             return
-        table = table.take(sort_indices(table, [SortKey(key) for key in self.keys]))
         if self.whole_partition:
+            table = table.take(sort_indices(table, [SortKey(key) for key in self.keys]))
             yield from _results_as_batches(self.function(table))
             return
-        yield from coalesce(self._per_group(table), _OUTPUT_BATCH_BYTES)
+        yield from _gathered(self._per_group(table))
 
-    def _per_group(self, table: pa.Table) -> Iterator[pa.RecordBatch]:
-        starts = group_starts(table, self.keys)
-        for start, end in zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True):
-            group = table.slice(start, end - start)
+    def _per_group(self, table: pa.Table) -> Iterator[pa.Table | Iterable[pa.RecordBatch]]:
+        ids, groups = group_ids(table, self.keys)
+        # One stable gather brings each group's rows together, in the order they came.
+        [whole] = table.combine_chunks().to_batches()
+        for _, rows in split_by_subpartition(whole, ids, groups):
+            group = pa.Table.from_batches([rows])
             if self.pass_key:
                 key = tuple(group.column(name)[0] for name in self.keys)
-                yield from _results_as_batches(self.function(key, group))
+                yield self.function(key, group)
             else:
-                yield from _results_as_batches(self.function(group))
+                yield self.function(group)
 
 
 def _join_keys(table: pa.Table, keys: Sequence[str]) -> pa.Table:

@@ -41,13 +41,30 @@ def adaptive_plan(
 ) -> ConsumerPlan:
     """Reducers of about ``pyspark-shuffle.reducer.target-size`` bytes each, at least
     ``reducer.min-count`` of them (Spark's default parallelism when 0) and at most one per
-    subpartition; skewed subpartitions of splittable inputs divided by map task ranges."""
+    subpartition; skewed subpartitions of splittable inputs divided by map task ranges.
+
+    Without skew, their number is rounded up to whole waves of ``default_parallelism`` (where
+    there are subpartitions enough) and the bytes are shared out evenly among them: 3 reducers
+    on 2 cores take two reducers' time with one core idle in the second wave, where 4 smaller
+    ones take the time of two. (Cut by the target size, more reducers than it gives would be
+    as large as before but one, left nearly empty.)
+    """
     most = inputs[0].shape[1]  # the subpartitions the map tasks wrote
     fewest = configuration.get(REDUCER_MIN_COUNT) or default_parallelism
-    bounds = ParallelismBounds(
-        min_parallelism=max(1, min(fewest, most)),
-        max_parallelism=most,
-        bytes_per_task=configuration.get(REDUCER_TARGET_SIZE),
-    )
     skew = SkewOptions(configuration.get(SKEW_FACTOR), configuration.get(SKEW_THRESHOLD))
-    return plan_consumers(inputs, bounds, skew=skew, splittable=splittable)
+
+    def plan(least: int, greatest: int, bytes_per_task: int) -> ConsumerPlan:
+        bounds = ParallelismBounds(least, greatest, bytes_per_task)
+        return plan_consumers(inputs, bounds, skew=skew, splittable=splittable)
+
+    target = configuration.get(REDUCER_TARGET_SIZE)
+    least = max(1, min(fewest, most))
+    by_size = plan(1, most, target)
+    if by_size.skewed or by_size.unsplittable:
+        return plan(least, most, target)
+    wanted = -(-max(len(by_size.tasks), least) // default_parallelism) * default_parallelism
+    wanted = min(wanted, most)
+    if wanted == len(by_size.tasks):
+        return by_size
+    total = sum(int(matrix.sum()) for matrix in inputs)
+    return plan(wanted, wanted, max(1, -(-total // wanted)))

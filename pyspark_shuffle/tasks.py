@@ -38,6 +38,8 @@ from shuffle_api import (
     new_id,
     serialize,
 )
+from shuffle_api.batches import coalesce
+from shuffle_api.options import TARGET_BATCH_SIZE
 
 if TYPE_CHECKING:
     from pyspark import Broadcast
@@ -138,10 +140,12 @@ def run_map_task(
         [ResultPartitionDeploymentDescriptor(descriptor, placeholder)],
     )
     schema: pa.Schema | None = None
+    # Spark hands over batches of spark.sql.execution.arrow.maxRecordsPerBatch rows (10k by
+    # default), which split into tiny pieces per subpartition; each piece costs the writer a
+    # fixed overhead, so write batches of the size the writer aims for instead (one copy).
+    nonempty = (batch for batch in batches if batch.num_rows)
     with writer:
-        for batch in batches:
-            if batch.num_rows == 0:
-                continue
+        for batch in coalesce(nonempty, spec.configuration.get(TARGET_BATCH_SIZE)):
             schema = schema or batch.schema
             writer.write(batch, spec.partitioner.subpartitions(batch))
         statistics = writer.finish()

@@ -7,6 +7,7 @@ import decimal
 import itertools
 import math
 import random
+import struct
 from collections import Counter
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from typing import Any
@@ -16,7 +17,7 @@ import pyarrow as pa
 import pytest
 
 from pyspark_shuffle.hashing import hash_keys
-from pyspark_shuffle.operations import GroupApply, Join, PassThrough, SortWithin, group_starts
+from pyspark_shuffle.operations import GroupApply, Join, PassThrough, SortWithin, group_ids
 from pyspark_shuffle.partitioners import HashPartitioner, RangePartitioner, choose_boundaries
 from pyspark_shuffle.planning import adaptive_plan, one_reducer_per_subpartition
 from pyspark_shuffle.sorting import SortKey, sort_indices, sort_keys_of
@@ -332,6 +333,16 @@ def test_adaptive_plan_gives_every_core_a_reducer_by_default() -> None:
     assert len(plan.tasks) == 4
 
 
+def test_adaptive_plan_rounds_reducers_up_to_whole_waves_of_cores_sharing_bytes_evenly() -> None:
+    configuration = Configuration.load({"pyspark-shuffle.reducer.target-size": "100"})
+    matrix = np.full((1, 8), 30, dtype=np.int64)  # 240 bytes: 3 reducers by size alone
+    assert len(adaptive_plan(configuration, [matrix], [False], default_parallelism=1).tasks) == 3
+    waves = adaptive_plan(configuration, [matrix], [False], default_parallelism=2)
+    assert [task.bytes for task in waves.tasks] == [60, 60, 60, 60]  # even, not 90 90 30 30
+    few = np.full((1, 3), 80, dtype=np.int64)  # no fourth subpartition to make a reducer of
+    assert len(adaptive_plan(configuration, [few], [False], default_parallelism=2).tasks) == 3
+
+
 @pytest.mark.parametrize(
     ("how", "splittable"),
     [
@@ -502,11 +513,20 @@ def test_group_apply_whole_partition_gets_all_rows_sorted_by_key() -> None:
     assert list(GroupApply(("k",), whole).apply([_batches(empty)], [empty.schema])) == []
 
 
-def test_group_starts_runs_of_equal_keys() -> None:
-    table = pa.table({"a": [None, None, 1, 1, 1, 2], "b": ["x", "x", "x", "y", "y", "y"]})
-    assert group_starts(table, ["a"]).tolist() == [0, 2, 5, 6]
-    assert group_starts(table, ["a", "b"]).tolist() == [0, 2, 3, 5, 6]
-    assert group_starts(table.slice(0, 0), ["a"]).tolist() == [0]
+def test_group_ids_number_groups_of_equal_keys_in_order_of_appearance() -> None:
+    table = pa.table({"a": [None, 1, None, 1, 1, 2], "b": ["x", "x", "x", "y", "y", "y"]})
+    ids, groups = group_ids(table, ["a"])
+    assert (ids.tolist(), groups) == ([0, 1, 0, 1, 1, 2], 3)
+    ids, groups = group_ids(table, ["a", "b"])
+    assert (ids.tolist(), groups) == ([0, 1, 0, 2, 2, 3], 4)
+    assert group_ids(table.slice(0, 0), ["a"])[0].tolist() == []
+
+
+def test_group_ids_hold_every_nan_together_and_zero_with_minus_zero() -> None:
+    other_nan = struct.unpack("<d", struct.pack("<Q", 0x7FF8000000000001))[0]
+    table = pa.table({"k": pa.array([NAN, other_nan, -NAN, -0.0, 0.0, None], pa.float64())})
+    ids, groups = group_ids(table, ["k"])
+    assert (ids.tolist(), groups) == ([0, 0, 0, 1, 1, 2], 3)
 
 
 def _spark_equal(left: object, right: object) -> bool:
