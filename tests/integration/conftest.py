@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from external_shuffle.local_cluster import LocalCluster
+from pyspark_shuffle import SparkShuffle
 from pyspark_shuffle.local_spark import local_spark_session
 from pyspark_shuffle.options import SPARK_CONF_PREFIX
 from tests.integration.services import ShuffleService, external_service, netty_service
@@ -46,3 +47,10 @@ def service(
         return
     with LocalCluster(tmp_path_factory.mktemp("cluster"), workers=2) as cluster:
         yield external_service(cluster)
+
+
+@pytest.fixture(scope="module")
+def shuffle(spark: SparkSession, service: ShuffleService) -> Iterator[SparkShuffle]:
+    """A SparkShuffle on the module's service, closed after the module."""
+    with SparkShuffle(spark, config=service.config()) as made:
+        yield made

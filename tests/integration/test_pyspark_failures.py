@@ -26,12 +26,6 @@ ROWS = 12_000
 
 
 @pytest.fixture(scope="module")
-def shuffle(spark: SparkSession, service: ShuffleService) -> Iterator[SparkShuffle]:
-    with SparkShuffle(spark, config=service.config()) as made:
-        yield made
-
-
-@pytest.fixture(scope="module")
 def data(spark: SparkSession) -> DataFrame:
     frame: DataFrame = spark.range(0, ROWS, 1, 4).selectExpr(
         "id",

@@ -27,12 +27,6 @@ SPARK_JOIN_NAMES = {"semi": "left_semi", "anti": "left_anti"}
 
 
 @pytest.fixture(scope="module")
-def shuffle(spark: SparkSession, service: ShuffleService) -> Iterator[SparkShuffle]:
-    with SparkShuffle(spark, config=service.config()) as made:
-        yield made
-
-
-@pytest.fixture(scope="module")
 def small_reducers(spark: SparkSession, service: ShuffleService) -> Iterator[SparkShuffle]:
     """Automatic reducers that read ~48 kB each: several reducers even for small data."""
     config = service.config(**{"pyspark-shuffle.reducer.target-size": "48k"})

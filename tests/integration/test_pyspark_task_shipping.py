@@ -6,7 +6,6 @@ partitions by Spark's task attempt id, not by a random one."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -18,12 +17,6 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 ROWS = 2_000
-
-
-@pytest.fixture(scope="module")
-def shuffle(spark: SparkSession, service: ShuffleService) -> Iterator[SparkShuffle]:
-    with SparkShuffle(spark, config=service.config()) as made:
-        yield made
 
 
 @pytest.fixture(scope="module")
