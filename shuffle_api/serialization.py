@@ -10,9 +10,8 @@ from __future__ import annotations
 import importlib
 import threading
 from collections.abc import Iterable, Sequence
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 from google.protobuf.message import DecodeError
 
 from shuffle_api._proto import descriptors_pb2 as pb
@@ -32,6 +31,9 @@ from shuffle_api.descriptors import (
 from shuffle_api.errors import SerializationError, ShuffleError, UnsupportedFormatVersionError
 from shuffle_api.ids import IntermediateResultPartitionID, ResultPartitionID
 
+if TYPE_CHECKING:
+    from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
+
 __all__ = [
     "FORMAT_VERSION",
     "KNOWN_DESCRIPTOR_KINDS",
@@ -41,7 +43,12 @@ __all__ = [
     "serialize",
 ]
 
-FORMAT_VERSION: Final = 1
+FORMAT_VERSION: Final = 2
+"""The newest envelope version this pyshuffle reads. Version 2 carries descriptor groups as
+columns, which a version-1 reader would take for an empty group, so group envelopes say 2;
+every other payload is unchanged and still says 1, so older readers keep reading them."""
+
+_UNCHANGED_SINCE_VERSION: Final = 1
 
 # kind -> "module:Class" of implementations that ship with pyshuffle, imported on first use.
 KNOWN_DESCRIPTOR_KINDS: Final[dict[str, str]] = {
@@ -154,7 +161,7 @@ def _partition_descriptor_to_pb(value: PartitionDescriptor) -> pb.PartitionDescr
 
 
 def _to_envelope(value: Descriptor) -> pb.Envelope:
-    envelope = pb.Envelope(format_version=FORMAT_VERSION)
+    envelope = pb.Envelope(format_version=_UNCHANGED_SINCE_VERSION)
     match value:
         case PartitionDescriptor():
             envelope.partition_descriptor.CopyFrom(_partition_descriptor_to_pb(value))
@@ -191,6 +198,7 @@ def _to_envelope(value: Descriptor) -> pb.Envelope:
                 envelope.partition_info.shuffle_descriptor, value.shuffle_descriptor
             )
         case ShuffleDescriptorGroup():
+            envelope.format_version = FORMAT_VERSION
             _fill_group_columns(envelope.shuffle_descriptor_group, value.shuffle_descriptors)
         case _:
             raise SerializationError(f"cannot serialize {type(value).__name__}")
@@ -260,6 +268,10 @@ def _group_from_pb(message: pb.ShuffleDescriptorGroup) -> ShuffleDescriptorGroup
         message.kinds,
         message.details,
     )
+    if message.shuffle_descriptors and message.result_ids:
+        raise SerializationError(
+            "a shuffle descriptor group holds both one message per descriptor and columns"
+        )
     if len({len(column) for column in columns}) != 1:
         raise SerializationError(
             "a shuffle descriptor group's columns differ in length:"

@@ -193,18 +193,30 @@ def test_shuffle_descriptor_group_round_trips_in_order() -> None:
 def test_a_group_is_written_as_columns_and_its_message_per_descriptor_form_still_reads() -> None:
     descriptors = (netty_descriptor(2), UnknownShuffleDescriptor(rpid(0)))
     written = pb.Envelope.FromString(serialize(ShuffleDescriptorGroup(descriptors)))
+    # A version 1 reader would take the columns for an empty group: it must refuse instead.
+    assert written.format_version == FORMAT_VERSION == 2
     group = written.shuffle_descriptor_group
     assert list(group.partition_indexes) == [2, 0]
     assert list(group.kinds) == ["netty_like", "unknown"]
     assert not group.shuffle_descriptors
 
     # The form written before the columns: one ShuffleDescriptor message each.
-    older = pb.Envelope(format_version=FORMAT_VERSION)
+    older = pb.Envelope(format_version=1)
     for descriptor in descriptors:
         older.shuffle_descriptor_group.shuffle_descriptors.append(
             pb.Envelope.FromString(serialize(descriptor)).shuffle_descriptor
         )
     assert deserialize(older.SerializeToString()) == ShuffleDescriptorGroup(descriptors)
+
+
+def test_a_group_with_both_forms_is_refused() -> None:
+    envelope = pb.Envelope.FromString(serialize(ShuffleDescriptorGroup((netty_descriptor(1),))))
+    envelope.shuffle_descriptor_group.shuffle_descriptors.append(
+        pb.Envelope.FromString(serialize(netty_descriptor(2))).shuffle_descriptor
+    )
+
+    with pytest.raises(SerializationError, match="both one message per descriptor and columns"):
+        deserialize(envelope.SerializeToString())
 
 
 def test_a_group_whose_columns_differ_in_length_is_refused_by_name() -> None:
@@ -244,7 +256,8 @@ def test_serialized_bytes_are_a_versioned_protobuf_envelope_not_pickle(
     with pytest.raises(pickle.UnpicklingError):
         pickle.loads(data)
     envelope = pb.Envelope.FromString(data)
-    assert envelope.format_version == FORMAT_VERSION
+    # Version 1: these payloads are what version 1 readers know.
+    assert envelope.format_version == 1
     assert envelope.WhichOneof("payload") == payload
 
 
