@@ -42,7 +42,8 @@ REDUCER_MIN_COUNT = int_option(
     "pyspark-shuffle.reducer.min-count",
     0,
     "The fewest reducers when their number is automatic (when there are that many"
-    " subpartitions); 0: Spark's defaultParallelism, so every core gets a reducer.",
+    " subpartitions); 0: Spark's defaultParallelism, so every core gets a reducer, and the"
+    " count rounded up to whole waves of it.",
     minimum=0,
 )
 RANGE_SAMPLE_SIZE = int_option(

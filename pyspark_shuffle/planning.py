@@ -43,14 +43,16 @@ def adaptive_plan(
     ``reducer.min-count`` of them (Spark's default parallelism when 0) and at most one per
     subpartition; skewed subpartitions of splittable inputs divided by map task ranges.
 
-    Without skew, their number is rounded up to whole waves of ``default_parallelism`` (where
-    there are subpartitions enough) and the bytes are shared out evenly among them: 3 reducers
-    on 2 cores take two reducers' time with one core idle in the second wave, where 4 smaller
-    ones take the time of two. (Cut by the target size, more reducers than it gives would be
-    as large as before but one, left nearly empty.)
+    When ``reducer.min-count`` is 0 (automatic) and nothing is skewed, their number is rounded
+    up to whole waves of ``default_parallelism`` (where there are subpartitions enough) and the
+    bytes are shared out as evenly as the subpartitions allow: 3 reducers on 2 cores take two
+    reducers' time with one core idle in the second wave, where 4 smaller ones take the time of
+    two. (Cut by the target size, more reducers than it gives would be as large as before but
+    one, left nearly empty.) A min-count the user set is kept as it is.
     """
     most = inputs[0].shape[1]  # the subpartitions the map tasks wrote
-    fewest = configuration.get(REDUCER_MIN_COUNT) or default_parallelism
+    chosen_minimum = configuration.get(REDUCER_MIN_COUNT)
+    fewest = chosen_minimum or default_parallelism
     skew = SkewOptions(configuration.get(SKEW_FACTOR), configuration.get(SKEW_THRESHOLD))
 
     def plan(least: int, greatest: int, bytes_per_task: int) -> ConsumerPlan:
@@ -60,7 +62,7 @@ def adaptive_plan(
     target = configuration.get(REDUCER_TARGET_SIZE)
     least = max(1, min(fewest, most))
     by_size = plan(1, most, target)
-    if by_size.skewed or by_size.unsplittable:
+    if chosen_minimum or by_size.skewed or by_size.unsplittable:
         return plan(least, most, target)
     wanted = -(-max(len(by_size.tasks), least) // default_parallelism) * default_parallelism
     wanted = min(wanted, most)

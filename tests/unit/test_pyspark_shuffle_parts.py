@@ -343,6 +343,14 @@ def test_adaptive_plan_rounds_reducers_up_to_whole_waves_of_cores_sharing_bytes_
     assert len(adaptive_plan(configuration, [few], [False], default_parallelism=2).tasks) == 3
 
 
+def test_adaptive_plan_keeps_a_min_count_the_user_set_without_rounding_to_waves() -> None:
+    configuration = Configuration.load(
+        {"pyspark-shuffle.reducer.target-size": "100", "pyspark-shuffle.reducer.min-count": "1"}
+    )
+    tiny = np.full((1, 64), 1, dtype=np.int64)  # 64 bytes: one reducer by size
+    assert len(adaptive_plan(configuration, [tiny], [False], default_parallelism=8).tasks) == 1
+
+
 @pytest.mark.parametrize(
     ("how", "splittable"),
     [
