@@ -8,6 +8,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -163,25 +164,31 @@ class Exchange:
         # Every one that succeeds is recorded (so released with the exchange) before the first
         # failure is raised.
         producers = [_producer_of(row) for row in rows]  # all checked before any is registered
-        registrations = [
-            (
-                row,
-                self._master.register_partition_with_producer(
-                    self._job.job_id,
-                    self.spec.partition_descriptor(int(row["map_index"])),
-                    producer,
-                ),
-            )
-            for row, producer in zip(rows, producers, strict=True)
-        ]
-        failure: BaseException | None = None
+        registrations: list[tuple[Row, Future[ShuffleDescriptor] | Exception]] = []
+        for row, producer in zip(rows, producers, strict=True):
+            try:
+                registrations.append((row, self._submit_registration(row, producer)))
+            except Exception as error:
+                registrations.append((row, error))
+        failures: list[Exception] = []
         for row, registration in registrations:
             try:
+                if isinstance(registration, Exception):
+                    raise registration
                 self._register(row, registration.result())
             except Exception as error:
-                failure = failure or error
-        if failure is not None:
-            raise failure
+                failures.append(error)
+        if failures:
+            if len(failures) > 1:
+                failures[0].add_note(f"{len(failures) - 1} more map outputs failed to register")
+            raise failures[0]
+
+    def _submit_registration(
+        self, row: Row, producer: ProducerDescriptor
+    ) -> Future[ShuffleDescriptor]:
+        return self._master.register_partition_with_producer(
+            self._job.job_id, self.spec.partition_descriptor(int(row["map_index"])), producer
+        )
 
     def _register(self, row: Row, descriptor: ShuffleDescriptor) -> None:
         map_index = int(row["map_index"])

@@ -414,15 +414,16 @@ class SparkShuffle:
             exchanges, self._exchanges = self._exchanges, []
             results = [result for _, result in self._results.values()]
             self._results.clear()
-        if self._spark_running():
-            for result in results:
-                result.deployments.destroy()
         self._descriptors.clear()
         for exchange in exchanges:
             exchange.release()
         self._master.unregister_job(self._job.job_id)
         self._master.close()
         atexit.unregister(self.close)
+        # Last: the data is gone already whatever Spark answers here.
+        if self._spark_running():
+            for result in results:
+                result.deployments.destroy()
 
     def __enter__(self) -> Self:
         return self

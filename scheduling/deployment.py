@@ -241,6 +241,10 @@ def consumer_deployments(
                 for read in slices[readers.consumers.start : readers.consumers.stop]
             ]
         references_per_input.append(references)
+    if not references_per_input:  # a stage that reads no exchange
+        return [
+            ConsumerDeploymentDescriptor(stage, consumer, ()) for consumer in range(parallelism)
+        ]
     return [
         ConsumerDeploymentDescriptor(stage, consumer, inputs)
         for consumer, inputs in enumerate(zip(*references_per_input, strict=True))

@@ -192,3 +192,14 @@ def test_reads_that_do_not_cover_every_consumer_are_refused() -> None:
 
     with pytest.raises(InvalidOperationError, match="2 reads of input shuffled for 3 consumers"):
         consumer_deployments(groups, "reduce", cache, _descriptors_of, reads)
+
+
+def test_a_stage_that_reads_no_exchange_gets_a_deployment_per_vertex_with_no_inputs() -> None:
+    groups = _groups(3, 2, DistributionPattern.ALL_TO_ALL)
+    cache = DescriptorCache(blob_store=None, offload_threshold=1 << 62)
+    deployments = consumer_deployments(groups, "map", cache, _descriptors_of, even_reads(2))
+    assert [(d.stage, d.index, d.inputs) for d in deployments] == [
+        ("map", 0, ()),
+        ("map", 1, ()),
+        ("map", 2, ()),
+    ]
