@@ -304,6 +304,14 @@ def _split(logical: _LogicalRegion) -> None:
         logical.lockstep = True
         return
 
+    def connections(exchange: StageExchange) -> Iterable[tuple[int, int]]:
+        return _pointwise_pairs(
+            parallelism[exchange.producer],
+            parallelism[exchange.consumer],
+            offsets[exchange.producer],
+            offsets[exchange.consumer],
+        )
+
     # Raw regions: union-find over vertices along the pipelined (pointwise) exchanges. The finds
     # are written out (path halving) rather than called: this loop runs once per connection.
     parent = list(range(total))
@@ -313,12 +321,7 @@ def _split(logical: _LogicalRegion) -> None:
         if exchange.partition_type not in _MUST_BE_PIPELINED:
             later.append(exchange)
             continue
-        pairs = _pointwise_pairs(
-            parallelism[exchange.producer],
-            parallelism[exchange.consumer],
-            offsets[exchange.producer],
-            offsets[exchange.consumer],
-        )
+        pairs = connections(exchange)
         for producer, consumer in pairs:
             a = producer
             while parent[a] != a:
@@ -353,12 +356,7 @@ def _split(logical: _LogicalRegion) -> None:
     # loops (a blocking exchange within one region cannot deadlock it).
     edges: set[tuple[int, int]] = set()
     for exchange in later:
-        pairs = _pointwise_pairs(
-            parallelism[exchange.producer],
-            parallelism[exchange.consumer],
-            offsets[exchange.producer],
-            offsets[exchange.consumer],
-        )
+        pairs = connections(exchange)
         for producer, consumer in pairs:
             source = labels[producer]
             target = labels[consumer]
