@@ -94,9 +94,6 @@ class ExchangeGroups:
             raise InvalidOperationError(f"partition {partition} outside [0, {self.producers})")
         return self.consumed[self._pair_of_partition(partition)]
 
-    def consumers_of(self, group: ConsumedPartitionGroup) -> ConsumerVertexGroup:
-        return self.consumer_groups[self._pair_of_partition(group.partitions.start)]
-
 
 def _exchange_groups(exchange: StageExchange, producers: int, consumers: int) -> ExchangeGroups:
     def pair(

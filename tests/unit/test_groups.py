@@ -87,7 +87,8 @@ def test_lookups_agree_with_the_pairs() -> None:
         [groups] = build_groups(_two_stages(producers, consumers, POINTWISE)).exchanges
         for consumer in range(consumers):
             group = groups.consumed_by(consumer)
-            assert consumer in groups.consumers_of(group).consumers
+            readers = groups.consumer_groups[groups.consumed.index(group)]
+            assert consumer in readers.consumers
             for partition in group.partitions:
                 assert groups.group_of_partition(partition) is group
 
