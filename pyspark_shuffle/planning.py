@@ -61,12 +61,14 @@ def adaptive_plan(
 
     target = configuration.get(REDUCER_TARGET_SIZE)
     least = max(1, min(fewest, most))
+    if chosen_minimum:
+        return plan(least, most, target)
     by_size = plan(1, most, target)
-    if chosen_minimum or by_size.skewed or by_size.unsplittable:
+    if by_size.skewed or by_size.unsplittable:
         return plan(least, most, target)
     wanted = -(-max(len(by_size.tasks), least) // default_parallelism) * default_parallelism
     wanted = min(wanted, most)
     if wanted == len(by_size.tasks):
         return by_size
-    total = sum(int(matrix.sum()) for matrix in inputs)
+    total = sum(task.bytes for task in by_size.tasks)  # nothing split: each byte read once
     return plan(wanted, wanted, max(1, -(-total // wanted)))
