@@ -28,7 +28,12 @@ from external_shuffle.wire import (
     key_of,
     partition_of,
 )
-from scheduling.placement import PlacementRequest, PlacementStrategy, PlacementTarget
+from scheduling.placement import (
+    NoPlacementTargetError,
+    PlacementRequest,
+    PlacementStrategy,
+    PlacementTarget,
+)
 from shuffle_api import ResultPartitionID
 from shuffle_api.ids import validate_id
 
@@ -395,22 +400,22 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         self, partition: ResultPartitionID, request: pb.RegisterPartitionRequest
     ) -> _Partition:
         mean = self._mean_partition_bytes()
-        targets = self._placement_targets(mean)
-        if not targets:
-            raise UnavailableError(
-                "no live worker takes partitions: start a worker (pyshuffle daemon)"
-            )
         # A batch of one: the partition's size is unknown until it is written, so it weighs
         # the mean, as the partitions placed since the last heartbeat do in the targets' loads.
         key = str(partition)
-        placed = self._placement.place(
-            [
-                PlacementRequest(
-                    key, request.producer_host, weight=mean, replicas=max(1, request.replicas)
-                )
-            ],
-            targets,
-        )
+        try:
+            placed = self._placement.place(
+                [
+                    PlacementRequest(
+                        key, request.producer_host, weight=mean, replicas=max(1, request.replicas)
+                    )
+                ],
+                self._placement_targets(mean),
+            )
+        except NoPlacementTargetError:
+            raise UnavailableError(
+                "no live worker takes partitions: start a worker (pyshuffle daemon)"
+            ) from None
         entry = _Partition(partition, placed[key], time.monotonic())
         self._partitions[partition] = entry
         for worker_id in entry.replicas:

@@ -10,7 +10,7 @@ import pytest
 
 from external_shuffle.descriptor import ExternalShuffleDescriptor
 from external_shuffle.local_cluster import LocalCluster
-from shuffle_api import Configuration, ShuffleDescriptor
+from shuffle_api import Configuration, ShuffleDescriptor, ShuffleError
 from shuffle_api.testing import ConformanceHarness, ShuffleScenario
 
 WORKERS = 3
@@ -55,3 +55,13 @@ def test_coordinator_places_two_replicas_on_distinct_workers_20_on_each(
     held = Counter(worker for d in descriptors for worker in replica_worker_ids(d))
     assert len(held) == WORKERS, f"placed on {sorted(held)}"
     assert sorted(held.values()) == [20, 20, 20]
+
+
+def test_a_coordinator_without_workers_refuses_to_place_and_says_why(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    with (
+        LocalCluster(tmp_path_factory.mktemp("no-workers"), workers=0) as empty,
+        pytest.raises(ShuffleError, match="no live worker takes partitions"),
+    ):
+        register_partitions(empty)
