@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 
 from pyspark_shuffle.sorting import SortKey, sort_indices
 from shuffle_api import InvalidOperationError, SchemaMismatchError
-from shuffle_api.batches import chop, split_by_subpartition
+from shuffle_api.batches import chop, coalesce, split_by_subpartition
 
 __all__ = [
     "JOIN_TYPES",
@@ -164,26 +164,12 @@ def group_ids(table: pa.Table, keys: Sequence[str]) -> tuple[npt.NDArray[np.int6
 
 def _gathered(results: Iterable[pa.Table | Iterable[pa.RecordBatch]]) -> Iterator[pa.RecordBatch]:
     """The rows of many small results as few large batches: pieces are counted by rows (a
-    byte count of each would cost more than the small function itself), concatenated once
-    per ``_OUTPUT_BATCH_ROWS`` and only then cut to ``_OUTPUT_BATCH_BYTES``."""
-    pending: list[pa.RecordBatch] = []
-    rows = 0
-    for result in results:
-        for piece in _results_as_batches(result):
-            pending.append(piece)
-            rows += piece.num_rows
-        if rows >= _OUTPUT_BATCH_ROWS:
-            yield from _concatenated(pending)
-            pending, rows = [], 0
-    if pending:
-        yield from _concatenated(pending)
-
-
-def _concatenated(pieces: list[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    if not any(piece.num_rows for piece in pieces):
-        return
-    combined = pa.Table.from_batches(pieces).combine_chunks()
-    for batch in combined.to_batches():
+    byte count of each would cost more than the small function itself), concatenated per
+    ``_OUTPUT_BATCH_ROWS`` and only then cut to ``_OUTPUT_BATCH_BYTES``."""
+    pieces = (
+        piece for result in results for piece in _results_as_batches(result) if piece.num_rows
+    )
+    for batch in coalesce(pieces, _OUTPUT_BATCH_ROWS, size=lambda piece: piece.num_rows):
         yield from chop(batch, _OUTPUT_BATCH_BYTES)
 
 

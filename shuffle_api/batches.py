@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TypeAlias
 
 import numpy as np
@@ -89,17 +89,23 @@ def chop(batch: pa.RecordBatch, target_bytes: int) -> Iterator[pa.RecordBatch]:
         yield batch.slice(offset, rows_per_slice)
 
 
-def coalesce(pieces: Iterable[pa.RecordBatch], target_bytes: int) -> Iterator[pa.RecordBatch]:
-    """The rows of ``pieces``, in order, in as few batches of at most ``target_bytes`` as
-    consecutive pieces fill (one copy each); a piece larger than that passes as it is."""
+def coalesce(
+    pieces: Iterable[pa.RecordBatch],
+    target: int,
+    size: Callable[[pa.RecordBatch], int] = lambda piece: piece.nbytes,
+) -> Iterator[pa.RecordBatch]:
+    """The rows of ``pieces``, in order, in as few batches of at most ``target`` (by ``size``:
+    bytes unless told otherwise) as consecutive pieces fill (one copy each); a piece larger
+    than that passes as it is."""
     group: list[pa.RecordBatch] = []
-    group_bytes = 0
+    group_size = 0
     for piece in pieces:
-        if group and group_bytes + piece.nbytes > target_bytes:
+        piece_size = size(piece)
+        if group and group_size + piece_size > target:
             yield _concatenate(group)
-            group, group_bytes = [], 0
+            group, group_size = [], 0
         group.append(piece)
-        group_bytes += piece.nbytes
+        group_size += piece_size
     if group:
         yield _concatenate(group)
 
