@@ -10,7 +10,7 @@ from shuffle_api.format.reader import (
     verify_checksum,
     verify_run,
 )
-from shuffle_api.format.sink import DataStream, PartitionSink, StoreSink
+from shuffle_api.format.sink import DataStream, PartitionSink, StoreSink, write_all
 from shuffle_api.format.writer import PartitionFileWriter, ipc_write_options
 
 __all__ = [
@@ -28,4 +28,5 @@ __all__ = [
     "partition_directory",
     "verify_checksum",
     "verify_run",
+    "write_all",
 ]

@@ -10,13 +10,13 @@ from __future__ import annotations
 import abc
 from typing import Protocol
 
-from shuffle_api.errors import ShuffleError
+from shuffle_api.errors import ShuffleError, StorageError
 from shuffle_api.format.layout import partition_directory
 from shuffle_api.format.manifest import DATA_FILE, INDEX_FILE, MANIFEST_FILE
 from shuffle_api.ids import ResultPartitionID
 from shuffle_api.store import Store
 
-__all__ = ["DataStream", "PartitionSink", "StoreSink"]
+__all__ = ["DataStream", "PartitionSink", "StoreSink", "write_all"]
 
 
 class DataStream(Protocol):
@@ -27,6 +27,16 @@ class DataStream(Protocol):
     def flush(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+def write_all(stream: DataStream, data: bytes | bytearray | memoryview) -> None:
+    """Write all of ``data``: an unbuffered local file may take part of a buffer per call."""
+    pending = memoryview(data).cast("B")
+    while pending:
+        written = stream.write(pending)
+        if not written:
+            raise StorageError(f"the store took no bytes of a {len(pending)}-byte write")
+        pending = pending[written:]
 
 
 class PartitionSink(abc.ABC):

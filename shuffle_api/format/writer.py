@@ -21,9 +21,9 @@ import pyarrow as pa
 import xxhash
 
 from shuffle_api.batches import coalesce
-from shuffle_api.errors import ShuffleError, StorageError
+from shuffle_api.errors import ShuffleError
 from shuffle_api.format.manifest import CODECS, INDEX_SCHEMA, PartitionManifest
-from shuffle_api.format.sink import DataStream, PartitionSink
+from shuffle_api.format.sink import DataStream, PartitionSink, write_all
 from shuffle_api.io import BROADCAST, PartitionStatistics
 from shuffle_api.options import TARGET_BATCH_SIZE
 from shuffle_api.store import storage_errors
@@ -53,13 +53,7 @@ class _HashingSink:
 
     def write(self, data: bytes) -> int:
         self._hasher.update(data)
-        # An unbuffered local file may take part of a buffer per call: write the rest too.
-        pending = memoryview(data)
-        while pending:
-            written = self._target.write(pending)
-            if not written:
-                raise StorageError(f"the store took no bytes of a {len(pending)}-byte write")
-            pending = pending[written:]
+        write_all(self._target, data)
         self._position += len(data)
         return len(data)
 
