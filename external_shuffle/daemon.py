@@ -25,6 +25,7 @@ from grpc_health.v1 import health, health_pb2_grpc
 from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.channels import ChannelPool, ClientSettings, channel_options
 from external_shuffle.coordinator import CoordinatorService
+from external_shuffle.framing import worker_rpc_handler
 from external_shuffle.logs import configure_logging
 from external_shuffle.metrics import DaemonMetrics
 from external_shuffle.options import (
@@ -145,7 +146,7 @@ class Daemon:
                 chunk_size=message_chunk_size(config),
                 metrics=self.metrics,
             )
-            pb_grpc.add_WorkerServicer_to_server(self.worker, served.server)
+            served.server.add_generic_rpc_handlers((worker_rpc_handler(self.worker),))
             served.server.start()
             coordinator = pb_grpc.CoordinatorStub(self._peers.get(config.get(COORDINATOR_ADDRESS)))
             self._heartbeats = threading.Thread(

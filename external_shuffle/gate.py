@@ -12,9 +12,9 @@ import grpc
 import pyarrow as pa
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
-from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.channels import ChannelPool, translate_rpc_error
 from external_shuffle.descriptor import ExternalShuffleDescriptor
+from external_shuffle.framing import fetch_data_call
 from external_shuffle.wire import WorkerAddress, key_of
 from shuffle_api import (
     InputGateDeploymentDescriptor,
@@ -89,7 +89,7 @@ class ExternalInputGate(SequentialInputGate):
     ) -> Iterator[list[pa.RecordBatch]]:
         """The batches of each run of the gate's subpartitions, run by run, after ``skip``."""
         what = f"fetch of {partition} from worker {worker.target}"
-        stream = pb_grpc.WorkerStub(self._channels.get(worker.target)).FetchData(
+        stream = fetch_data_call(self._channels.get(worker.target))(
             pb.FetchDataRequest(
                 partition=key_of(partition),
                 first_subpartition=self.subpartitions.start,
@@ -97,16 +97,18 @@ class ExternalInputGate(SequentialInputGate):
             )
         )
         schema: pa.Schema | None = None
-        pieces: list[bytes] = []
+        pieces: list[memoryview] = []
         run = 0
         try:
-            for message in stream:
+            for chunk in stream:
+                message = chunk.header
                 if message.manifest:
                     schema = PartitionManifest.from_json(message.manifest, what).schema
                     continue
-                pieces.append(message.data)
+                pieces.append(chunk.data)
                 if not message.end_of_run:
                     continue
+                # A run in one message is decoded where it arrived, with no copy.
                 data = pa.py_buffer(pieces[0] if len(pieces) == 1 else b"".join(pieces))
                 pieces = []
                 run += 1

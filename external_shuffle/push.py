@@ -13,14 +13,16 @@ import contextlib
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import grpc
+import pyarrow as pa
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.channels import ChannelPool, translate_rpc_error
+from external_shuffle.framing import frame_push, push_data_call
 from external_shuffle.wire import WorkerAddress, key_of
 from shuffle_api import ResultPartitionID, ShuffleError, TransportError
 from shuffle_api.format import PartitionSink
@@ -38,42 +40,39 @@ class PushSettings:
 
 
 class _ReplicaPush:
-    """One worker's client stream for one partition attempt."""
+    """One worker's client stream for one partition attempt: framed messages queue here."""
 
     def __init__(
         self,
         worker: WorkerAddress,
-        stub: pb_grpc.WorkerStub,
+        channel: grpc.Channel,
         partition: ResultPartitionID,
         settings: PushSettings,
     ) -> None:
         self.worker = worker
-        self._key = key_of(partition)
         self._partition = partition
         self._settings = settings
         self._queue: deque[bytes | None] = deque()
         self._in_flight = 0
         self._condition = threading.Condition()
         self.sent = 0
-        self._call = stub.PushData.future(self._requests())
+        self._call = push_data_call(channel).future(self._requests())
         self._call.add_done_callback(lambda _: self._wake())
 
     def _wake(self) -> None:
         with self._condition:
             self._condition.notify_all()
 
-    def _requests(self) -> Iterator[pb.PushDataRequest]:
-        sequence = 0
+    def _requests(self) -> Iterator[bytes]:
         while True:
             with self._condition:
                 self._condition.wait_for(lambda: bool(self._queue))
-                chunk = self._queue.popleft()
-            if chunk is None:
+                message = self._queue.popleft()
+            if message is None:
                 return
-            yield pb.PushDataRequest(partition=self._key, sequence=sequence, data=chunk)
-            sequence += 1
+            yield message
             with self._condition:
-                self._in_flight -= len(chunk)
+                self._in_flight -= len(message)
                 self._condition.notify_all()
 
     def error(self) -> ShuffleError | None:
@@ -88,22 +87,23 @@ class _ReplicaPush:
             )
         return ShuffleError(f"push of {self._partition} to {self.worker.target}: {failure}")
 
-    def send(self, chunk: bytes) -> None:
+    def send(self, message: bytes, data_bytes: int) -> None:
+        """Queue a framed message carrying ``data_bytes`` of the data file."""
         with self._condition:
             self._condition.wait_for(
                 lambda: (
                     self._call.done()
                     or self._in_flight == 0
-                    or self._in_flight + len(chunk) <= self._settings.max_in_flight
+                    or self._in_flight + len(message) <= self._settings.max_in_flight
                 )
             )
             if self._call.done():
                 raise self.error() or TransportError(
                     f"push of {self._partition} to {self.worker.target} ended early"
                 )
-            self._queue.append(chunk)
-            self._in_flight += len(chunk)
-            self.sent += len(chunk)
+            self._queue.append(message)
+            self._in_flight += len(message)
+            self.sent += data_bytes
             self._condition.notify_all()
 
     def finish(self) -> None:
@@ -131,30 +131,37 @@ class _ReplicaPush:
 
 
 class _DataStream:
-    """The data file as the partition writer sees it: a write-only stream, cut into chunks."""
+    """The data file as the partition writer sees it: a write-only stream, cut into chunks.
+
+    A chunk is a list of views of what was written, framed (copied) once when it is full:
+    pyarrow hands its writes over as bytes or Arrow buffers, which never change, so they are
+    kept as they are; anything else is copied first, as its owner may reuse it.
+    """
 
     def __init__(self, sink: PushSink) -> None:
         self._sink = sink
-        self._buffer = bytearray()
+        self._pending: list[memoryview] = []
+        self._pending_bytes = 0
         self.closed = False
 
     def write(self, data: bytes | memoryview) -> int:
-        chunk = self._sink.settings.chunk_size
         view = memoryview(data).cast("B")
-        start = 0
-        if self._buffer:
-            start = min(len(view), chunk - len(self._buffer))
-            self._buffer += view[:start]
-            if len(self._buffer) < chunk:
-                return len(view)
-            self._sink.send(bytes(self._buffer))
-            self._buffer.clear()
-        # Whole chunks straight from the writer's buffer: one copy per byte, not two.
-        while len(view) - start >= chunk:
-            self._sink.send(bytes(view[start : start + chunk]))
-            start += chunk
-        self._buffer += view[start:]
-        return len(view)
+        size = len(view)
+        if not (view.readonly and isinstance(view.obj, bytes | pa.Buffer)):
+            view = memoryview(bytes(view))
+        chunk = self._sink.settings.chunk_size
+        while view:
+            taken = view[: chunk - self._pending_bytes]
+            self._pending.append(taken)
+            self._pending_bytes += len(taken)
+            view = view[len(taken) :]
+            if self._pending_bytes == chunk:
+                self._send_pending()
+        return size
+
+    def _send_pending(self) -> None:
+        self._sink.send(self._pending, self._pending_bytes)
+        self._pending, self._pending_bytes = [], 0
 
     def flush(self) -> None:
         """Chunks go out when full; the rest on close."""
@@ -163,9 +170,8 @@ class _DataStream:
         if self.closed:
             return
         self.closed = True
-        if self._buffer:
-            self._sink.send(bytes(self._buffer))
-            self._buffer.clear()
+        if self._pending:
+            self._send_pending()
         self._sink.finish_pushes()
 
 
@@ -185,6 +191,8 @@ class PushSink(PartitionSink):
         self._channels = channels
         self.settings = settings
         self._on_unreachable = on_unreachable
+        self._key = key_of(partition)
+        self._sequence = 0
         self._pushes: list[_ReplicaPush] = []
         self._live = list(replicas)
 
@@ -201,7 +209,7 @@ class PushSink(PartitionSink):
 
     def open_data(self) -> _DataStream:
         self._pushes = [
-            _ReplicaPush(worker, self._stub(worker), self._partition, self.settings)
+            _ReplicaPush(worker, self._channels.get(worker.target), self._partition, self.settings)
             for worker in self._live
         ]
         return _DataStream(self)
@@ -216,10 +224,14 @@ class PushSink(PartitionSink):
             raise error
         logger.warning("replica %s of %s dropped: %s", worker.target, self._partition, error)
 
-    def send(self, chunk: bytes) -> None:
+    def send(self, parts: Sequence[memoryview], size: int) -> None:
+        """Frame the chunk made of ``parts`` (``size`` bytes) and queue it for every replica;
+        each gets the same messages, so the same sequence numbers."""
+        message = frame_push(self._key, self._sequence, parts, size)
+        self._sequence += 1
         for push in list(self._pushes):
             try:
-                push.send(chunk)
+                push.send(message, size)
             except ShuffleError as error:
                 self._drop(push.worker, error)
 

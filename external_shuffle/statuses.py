@@ -16,6 +16,7 @@ from shuffle_api import (
     InvalidIdentifierError,
     PartitionCorruptedError,
     PartitionNotFoundError,
+    SerializationError,
     ShuffleError,
     StorageError,
 )
@@ -37,7 +38,7 @@ class UnavailableError(ShuffleError):
 
 def status_for(error: ShuffleError) -> grpc.StatusCode:
     """The gRPC status a ShuffleError is reported with."""
-    if isinstance(error, InvalidIdentifierError):
+    if isinstance(error, (InvalidIdentifierError, SerializationError)):
         return grpc.StatusCode.INVALID_ARGUMENT
     if isinstance(error, (PartitionNotFoundError, NotRegisteredError)):
         return grpc.StatusCode.NOT_FOUND

@@ -21,6 +21,7 @@ import xxhash
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
+from external_shuffle.framing import PushChunk, frame_fetch
 from external_shuffle.metrics import DaemonMetrics
 from external_shuffle.statuses import UnavailableError, reports_errors
 from external_shuffle.wire import (
@@ -36,6 +37,7 @@ from shuffle_api import (
     PartitionNotFoundError,
     PartitionStatistics,
     ResultPartitionID,
+    SerializationError,
     ShuffleError,
     SubpartitionRange,
 )
@@ -45,6 +47,7 @@ from shuffle_api.format import (
     PartitionManifest,
     StoreSink,
     partition_directory,
+    write_all,
 )
 from shuffle_api.format.manifest import MANIFEST_FILE
 from shuffle_api.ids import IntermediateResultPartitionID, new_id
@@ -104,7 +107,7 @@ class _Upload:
     streams: int = 0  # push streams open on it now (under the service's lock)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def append(self, sequence: int, data: bytes) -> bool:
+    def append(self, sequence: int, data: memoryview) -> bool:
         """Write the message's bytes; False if its sequence number was already received."""
         with self.lock:
             if sequence < self.next_sequence:
@@ -117,7 +120,7 @@ class _Upload:
                 )
             if self.data is None:
                 self.data = self.sink.open_data()
-            self.data.write(data)
+            write_all(self.data, data)
             self.next_sequence += 1
             self.size += len(data)
             return True
@@ -252,13 +255,18 @@ class WorkerService(pb_grpc.WorkerServicer):
 
     @reports_errors
     def PushData(  # noqa: N802 (gRPC's method names)
-        self, request_iterator: Iterator[pb.PushDataRequest], context: grpc.ServicerContext
+        self,
+        request_iterator: Iterator[PushChunk | SerializationError],
+        context: grpc.ServicerContext,
     ) -> pb.PushDataResponse:
         first: pb.PartitionKey | None = None
         upload: _Upload | None = None
         dropped = 0
         try:
-            for message in request_iterator:
+            for chunk in request_iterator:
+                if isinstance(chunk, SerializationError):
+                    raise chunk
+                message = chunk.header
                 if first is None:
                     first = message.partition
                     upload = self._open_upload(partition_of(first))
@@ -271,10 +279,9 @@ class WorkerService(pb_grpc.WorkerServicer):
                     dropped += 1
                     self.metrics.duplicates_dropped.inc()
                     continue
-                data = message.data  # each read of a bytes field copies it
-                with self._budget.reserve(len(data)):
-                    if upload.append(message.sequence, data):
-                        self.metrics.bytes_in.inc(len(data))
+                with self._budget.reserve(len(chunk.data)):
+                    if upload.append(message.sequence, chunk.data):
+                        self.metrics.bytes_in.inc(len(chunk.data))
                     else:
                         self.metrics.duplicates_dropped.inc()
         finally:
@@ -334,7 +341,8 @@ class WorkerService(pb_grpc.WorkerServicer):
     @reports_errors
     def FetchData(  # noqa: N802
         self, request: pb.FetchDataRequest, context: grpc.ServicerContext
-    ) -> Iterator[pb.FetchDataResponse]:
+    ) -> Iterator[bytes]:
+        """The manifest, then each run in chunks framed by hand (see ``framing``)."""
         partition = partition_of(request.partition)
         if request.last_subpartition < request.first_subpartition:
             raise InvalidIdentifierError(
@@ -348,17 +356,18 @@ class WorkerService(pb_grpc.WorkerServicer):
                 f"subpartitions {subpartitions.start}..{subpartitions.end} out of range:"
                 f" {partition} has {reader.manifest.number_of_subpartitions}"
             )
-        yield pb.FetchDataResponse(manifest=reader.manifest.to_json())
+        yield pb.FetchDataResponse(manifest=reader.manifest.to_json()).SerializeToString()
         for run in reader.runs(subpartitions):
-            data = reader.read_run(run, verify=False)  # the client verifies the checksum
-            for offset in range(0, max(data.size, 1), self._chunk_size):
-                last = offset + self._chunk_size >= data.size
-                yield pb.FetchDataResponse(
-                    data=data[offset : offset + self._chunk_size].to_pybytes(),
+            # A view of the (memory-mapped, when local) run: framing copies it once.
+            data = memoryview(reader.read_run(run, verify=False))  # the client verifies it
+            for offset in range(0, max(len(data), 1), self._chunk_size):
+                last = offset + self._chunk_size >= len(data)
+                yield frame_fetch(
+                    data[offset : offset + self._chunk_size],
                     end_of_run=last,
                     run_checksum=run.checksum if last else 0,
                 )
-            self.metrics.bytes_out.inc(data.size)
+            self.metrics.bytes_out.inc(len(data))
 
     @reports_errors
     def ReleasePartitions(  # noqa: N802

@@ -6,6 +6,7 @@ carries a real shuffle and refuses plaintext; a daemon without a token does not 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import subprocess
 import sys
@@ -21,8 +22,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
+from external_shuffle.channels import ChannelPool, ClientSettings
 from external_shuffle.local_cluster import LocalCluster, free_port
-from external_shuffle.wire import key_of
+from external_shuffle.push import PushSettings, PushSink
+from external_shuffle.wire import WorkerAddress, key_of
 from shuffle_api import (
     Configuration,
     IntermediateResultPartitionID,
@@ -452,6 +455,30 @@ def test_oversize_push_is_resource_exhausted_and_writes_nothing(
     assert not partition_exists(cluster, partition)
 
 
+@pytest.mark.parametrize(
+    "message",
+    [
+        b"\x1a\x05abc",  # the data field announces 5 bytes, 3 follow
+        b"\x0a\x02\xff\xff",  # the partition key is not a message
+        b"\x0e",  # wire type 6 does not exist
+    ],
+)
+def test_malformed_push_is_invalid_argument_and_writes_nothing(
+    cluster: LocalCluster, message: bytes
+) -> None:
+    """The worker reads pushed messages by hand (see external_shuffle.framing): bytes that are
+    not a PushDataRequest are refused as such, not as an internal error."""
+    before = tree(cluster.worker_store(0))
+    channel = grpc.insecure_channel(cluster.worker_target(0))
+    push = channel.stream_unary(f"/{pb.DESCRIPTOR.services_by_name['Worker'].full_name}/PushData")
+    try:
+        call = lambda: push(iter([message]), metadata=auth(cluster), timeout=30)  # noqa: E731
+        assert code_of(call) == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        channel.close()
+    assert tree(cluster.worker_store(0)) == before
+
+
 def test_oversize_commit_is_resource_exhausted_and_commits_nothing(
     cluster: LocalCluster, worker: pb_grpc.WorkerStub
 ) -> None:
@@ -565,6 +592,53 @@ def fetch_range(
             for batch in decode_run(pa.py_buffer(data), schema, built.partition):
                 rows.extend(batch.column("row").to_pylist())
     return rows
+
+
+def test_the_push_stream_sends_every_write_once_whatever_its_buffer_does_after(
+    cluster: LocalCluster, coordinator: pb_grpc.CoordinatorStub, worker: pb_grpc.WorkerStub
+) -> None:
+    """A client's data stream keeps views of immutable writes (bytes, Arrow buffers) until a
+    chunk is framed, and copies the others: a bytearray its owner clears right after the
+    write still arrives as written. Chunks are cut across writes at the chunk size."""
+    built = build_partition(rows=600)
+    answer = coordinator.ListWorkers(pb.ListWorkersRequest(), metadata=auth(cluster), timeout=10)
+    [entry] = answer.workers
+    channels = ChannelPool(
+        ClientSettings(cluster.token_file.read_text().strip(), None, 16 << 20, 30.0)
+    )
+    settings = PushSettings(chunk_size=4 << 10, max_in_flight=64 << 10, timeout=30.0)
+    unreachable: list[WorkerAddress] = []
+    sink = PushSink(
+        built.partition,
+        (WorkerAddress.from_pb(entry.worker),),
+        channels,
+        settings,
+        lambda address, _: unreachable.append(address),
+    )
+    stream = sink.open_data()
+    data = memoryview(built.data)
+    cuts = [0, 100, 5_000, 5_001, 12_000, 20_000, len(data)]
+    assert cuts[-2] < len(data), "the partition is larger than the pieces written"
+    for number, (start, end) in enumerate(itertools.pairwise(cuts)):
+        piece = data[start:end]
+        if number % 3 == 0:
+            reused = bytearray(piece)
+            stream.write(reused)
+            reused[:] = b"\0" * len(reused)  # the owner reuses its buffer
+        elif number % 3 == 1:
+            stream.write(pa.py_buffer(bytes(piece)))
+        else:
+            stream.write(bytes(piece))
+    stream.close()
+    sink.commit(built.index, built.manifest)
+    channels.close()
+    assert not unreachable
+
+    store = Store(str(cluster.worker_store(0)))
+    directory = Path(partition_directory(store, built.partition))
+    assert (directory / DATA_FILE).read_bytes() == built.data
+    release = pb.WorkerReleasePartitionsRequest(partitions=[built.key])
+    worker.ReleasePartitions(release, metadata=auth(cluster), timeout=10)
 
 
 def _wrong_data_bytes(built: BuiltPartition) -> tuple[bytes, bytes]:
