@@ -112,6 +112,17 @@ class ExternalShuffleEnvironment(ShuffleEnvironment):
         return [self._new_writer(descriptor) for descriptor in descriptors]
 
     def _new_writer(self, descriptor: ResultPartitionDeploymentDescriptor) -> ResultPartitionWriter:
+        return SortMergePartitionWriter(
+            self.partition_sink(descriptor),
+            descriptor.number_of_subpartitions,
+            codec=self._config.get(COMPRESSION_CODEC),
+            memory_budget=self._config.get(SORT_BUFFER_SIZE),
+            target_batch_bytes=self._config.get(TARGET_BATCH_SIZE),
+        )
+
+    def partition_sink(self, descriptor: ResultPartitionDeploymentDescriptor) -> PushSink:
+        """Where a writer of ``descriptor``'s partition sends its files: its workers (placed
+        now if the descriptor does not name them yet)."""
         partition = descriptor.result_partition_id
         shuffle_descriptor = descriptor.shuffle_descriptor
         if isinstance(shuffle_descriptor, ExternalShuffleDescriptor):
@@ -123,14 +134,7 @@ class ExternalShuffleEnvironment(ShuffleEnvironment):
                 f"external_shuffle cannot write {partition}: its descriptor is a"
                 f" {type(shuffle_descriptor).__name__}"
             )
-        sink = PushSink(partition, replicas, self._channels, self._push, self.report_unreachable)
-        return SortMergePartitionWriter(
-            sink,
-            descriptor.number_of_subpartitions,
-            codec=self._config.get(COMPRESSION_CODEC),
-            memory_budget=self._config.get(SORT_BUFFER_SIZE),
-            target_batch_bytes=self._config.get(TARGET_BATCH_SIZE),
-        )
+        return PushSink(partition, replicas, self._channels, self._push, self.report_unreachable)
 
     def _place(
         self, descriptor: PartitionDescriptor, partition: ResultPartitionID
