@@ -43,6 +43,15 @@ def _as_indexes(
     return indexes_array
 
 
+# A gather reads its source at random: from a source larger than the CPU caches, at the speed
+# of memory. A batch of more than _CACHED_BYTES is therefore reordered in two passes: first
+# into at most _MAX_RUNS runs of consecutive subpartitions (the pass reads each run's rows in
+# order, a stream the CPU prefetches; it follows only a few streams at once), then each run,
+# from a source within the caches (in passes again, should a run still be too large).
+_CACHED_BYTES = 4 << 20
+_MAX_RUNS = 16
+
+
 def _stable_order(indexes: npt.NDArray[np.int64], subpartitions: int) -> pa.Array:
     """Row numbers in stable order of subpartition, as the narrowest index type ``take`` gets."""
     # The narrowest key makes numpy's stable sort a radix sort with the fewest passes.
@@ -58,24 +67,45 @@ def split_by_subpartition(
 ) -> Iterator[tuple[int, pa.RecordBatch]]:
     """Yield ``(subpartition, rows of batch for it)`` for each non-empty subpartition.
 
-    One stable reorder of the batch, then zero-copy slices: rows keep their order within each
-    subpartition. (Reordering batch by batch beats one reorder of many batches: a batch-sized
-    gather stays in the CPU caches.)
+    A stable reorder of the batch (in two passes when it is large, see ``_CACHED_BYTES``), then
+    zero-copy slices: rows keep their order within each subpartition. (Reordering batch by
+    batch beats one reorder of many batches: a batch-sized gather stays in the CPU caches.)
     """
     array = _as_indexes(indexes, batch.num_rows, subpartitions)
-    if batch.num_rows == 0:
-        return
+    if batch.num_rows:
+        yield from _split(batch, array, subpartitions)
+
+
+def _split(
+    batch: pa.RecordBatch, array: npt.NDArray[np.int64], subpartitions: int
+) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """``split_by_subpartition`` of a non-empty batch by indexes already checked."""
     first = int(array[0])
     if (array == first).all():
         yield first, batch
         return
-    counts = np.bincount(array, minlength=subpartitions)
-    ordered = batch.take(_stable_order(array, subpartitions))
+    runs = min(subpartitions, batch.nbytes // _CACHED_BYTES, _MAX_RUNS)
+    if runs < 2:
+        counts = np.bincount(array, minlength=subpartitions)
+        ordered = batch.take(_stable_order(array, subpartitions))
+        offset = 0
+        for subpartition in np.flatnonzero(counts):
+            count = int(counts[subpartition])
+            yield int(subpartition), ordered.slice(offset, count)
+            offset += count
+        return
+    # Run r: subpartitions [ceil(r * subpartitions / runs), ceil((r + 1) * subpartitions / runs)).
+    run_of = array * runs // subpartitions
+    order = _stable_order(run_of, runs)
+    ordered, array = batch.take(order), array[order.to_numpy()]
     offset = 0
-    for subpartition in np.flatnonzero(counts):
-        count = int(counts[subpartition])
-        yield int(subpartition), ordered.slice(offset, count)
-        offset += count
+    for run, count in enumerate(np.bincount(run_of, minlength=runs).tolist()):
+        if count:
+            start, end = -(-run * subpartitions // runs), -(-(run + 1) * subpartitions // runs)
+            run_rows, run_indexes = ordered.slice(offset, count), array[offset : offset + count]
+            for within, piece in _split(run_rows, run_indexes - start, end - start):
+                yield start + within, piece
+            offset += count
 
 
 def chop(batch: pa.RecordBatch, target_bytes: int) -> Iterator[pa.RecordBatch]:

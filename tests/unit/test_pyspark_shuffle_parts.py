@@ -480,6 +480,32 @@ def test_group_apply_sees_every_group_once_including_null_and_nan() -> None:
     assert sorted(seen, key=repr) == sorted(totals, key=repr)
 
 
+@pytest.mark.parametrize("cached_bytes", [4 << 20, 64], ids=["one-pass", "passes"])
+def test_group_apply_hands_each_group_all_its_rows_in_arrival_order(
+    monkeypatch: pytest.MonkeyPatch, cached_bytes: int
+) -> None:
+    # Tiny caches make the reducer gather its rows by group in passes.
+    monkeypatch.setattr("shuffle_api.batches._CACHED_BYTES", cached_bytes)
+    rng = random.Random(3)
+    choices = [NAN, -NAN, -0.0, 0.0, None, 2.5, *map(float, range(40))]
+    keys = [rng.choice(choices) for _ in range(3000)]
+    table = pa.table({"k": pa.array(keys, pa.float64()), "v": pa.array(range(3000), pa.int64())})
+    seen: dict[Hashable, list[int]] = {}
+
+    def per_group(group: pa.Table) -> pa.Table:
+        key = _canonical(group.column("k")[0].as_py())
+        assert key not in seen
+        seen[key] = group.column("v").to_pylist()
+        return group.slice(0, 1)
+
+    result = _run(GroupApply(("k",), per_group), table)
+    expected: dict[Hashable, list[int]] = {}
+    for row in table.to_pylist():
+        expected.setdefault(_canonical(row["k"]), []).append(row["v"])
+    assert seen == expected
+    assert result.num_rows == len(expected)
+
+
 def test_group_apply_function_may_return_batches_or_nothing() -> None:
     table = pa.table({"k": [1, 1, 2, 3, 3, 3], "v": [1, 2, 3, 4, 5, 6]})
 
