@@ -100,6 +100,7 @@ from arrow_data import (
 from results_file import machine, save_results
 
 import external_shuffle.descriptor  # noqa: F401 (registers the descriptor kind for deserialize)
+from external_shuffle.allocator import keep_message_buffers
 from external_shuffle.environment import ExternalShuffleEnvironment
 from external_shuffle.local_cluster import LocalCluster
 from external_shuffle.options import MAX_MESSAGE_SIZE, PUSH_CHUNK_SIZE, SORT_BUFFER_SIZE
@@ -249,7 +250,9 @@ def raw_messages(total: int, full: bytes, last: bytes) -> Iterator[bytes]:
 
 def raw_server_main(conn: Connection, max_message_size: int, chunk_size: int) -> None:
     """Serve ``Push`` (client stream, counted and discarded) and ``Fetch`` (a server stream of
-    pre-built messages) until anything arrives on ``conn``."""
+    pre-built messages) until anything arrives on ``conn``. With malloc set as in the worker
+    daemon and the clients (``external_shuffle.allocator``): the same process setup."""
+    keep_message_buffers(max_message_size)
     sources = {chunk_size: message_source(chunk_size)}
     lock = threading.Lock()
 

@@ -23,6 +23,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 
 from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
+from external_shuffle.allocator import keep_message_buffers
 from external_shuffle.channels import ChannelPool, ClientSettings, channel_options
 from external_shuffle.coordinator import CoordinatorService
 from external_shuffle.framing import worker_rpc_handler
@@ -121,6 +122,7 @@ class Daemon:
 
     def start(self) -> None:
         config = self._config
+        keep_message_buffers(config.get(MAX_MESSAGE_SIZE))
         if self._role in ("coordinator", "all"):
             served = self._new_server(_port_of(config.get(COORDINATOR_ADDRESS)))
             self.coordinator = CoordinatorService(

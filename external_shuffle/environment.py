@@ -11,6 +11,7 @@ import grpc
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
+from external_shuffle.allocator import keep_message_buffers
 from external_shuffle.channels import ChannelPool, ClientSettings, calling
 from external_shuffle.descriptor import ExternalShuffleDescriptor
 from external_shuffle.gate import ExternalInputGate, GateSettings
@@ -65,7 +66,9 @@ class ExternalShuffleEnvironment(ShuffleEnvironment):
         self._config = config
         self._resource_id = context.resource_id
         self._host = context.host
-        self._channels = ChannelPool(ClientSettings.from_configuration(config))
+        settings = ClientSettings.from_configuration(config)
+        keep_message_buffers(settings.max_message_size)
+        self._channels = ChannelPool(settings)
         self._coordinator = config.get(COORDINATOR_ADDRESS)
         self._timeout = config.get(CLIENT_TIMEOUT)
         self._push = PushSettings(
