@@ -9,7 +9,12 @@ region consuming it has finished.
 How regions are built, all O(n) in execution vertices plus pointwise connections:
 
 1. Logical regions: union-find (by size) over stages, merging the two ends of every exchange whose
-   partition type must be pipelined. Blocking and hybrid exchanges never merge.
+   partition type must be pipelined. Then logical regions that wait for each other in a cycle
+   through the exchanges between them (a -> c pipelined, a -> b and b -> c blocking: the
+   region of a and c needs b's output, b needs a's) merge, each strongly connected set into
+   one, as Flink's mergeRegionsOnCycles does; scheduled apart they would wait forever. Only
+   a logical region of several stages can be on such a cycle (stages are topologically
+   ordered), so a graph without one skips the search.
 2. A logical region holding an all-to-all exchange between two of its own stages becomes one
    region of all its execution vertices, as in Flink: such an exchange links every raw region of
    its producer stage to every raw region of its consumer stage, so the raw regions nearly always
@@ -20,7 +25,7 @@ How regions are built, all O(n) in execution vertices plus pointwise connections
    pointwise exchanges; its blocking and hybrid pointwise exchanges make a graph between raw
    regions in which every strongly connected component (iterative Tarjan) would deadlock if
    scheduled apart, so each becomes one region.
-5. Exchanges between two logical regions never merge anything.
+5. Exchanges between two (merged) logical regions never merge anything.
 
 Regions are numbered in the order of their first vertex (stages in topological order, then
 vertex index), so the numbering is deterministic and producers tend to come first.
@@ -404,6 +409,24 @@ def _number_stage(
     runs[current].append((name, range(start, width)))
 
 
+def _merge_cycles(
+    graph: StageGraph, position: dict[str, int], parent: list[int], size: list[int]
+) -> None:
+    """Union the logical regions of every strongly connected set of the graph that the
+    exchanges between logical regions make (nodes: the logical regions' root stages)."""
+    roots = [_find(parent, index) for index in range(len(position))]
+    successors: list[list[int]] = [[] for _ in roots]
+    for exchange in graph.exchanges:
+        source, target = roots[position[exchange.producer]], roots[position[exchange.consumer]]
+        if source != target:
+            successors[source].append(target)
+    component = _strongly_connected(successors)
+    first_root_of: dict[int, int] = {}
+    for index, root in enumerate(roots):
+        if root == index:
+            _union(parent, size, first_root_of.setdefault(component[root], root), root)
+
+
 def build_regions(graph: StageGraph) -> RegionTopology:
     """The pipelined regions of ``graph`` (see the module docstring for the rules)."""
     stages = graph.stages
@@ -415,6 +438,8 @@ def build_regions(graph: StageGraph) -> RegionTopology:
     for exchange in graph.exchanges:
         if exchange.partition_type in _MUST_BE_PIPELINED:
             _union(parent, size, position[exchange.producer], position[exchange.consumer])
+    if any(size[_find(parent, index)] > 1 for index in range(len(stages))):
+        _merge_cycles(graph, position, parent, size)
     root_of = [_find(parent, index) for index in range(len(stages))]
     # Only logical regions of several stages get scratch state: a blocking graph of 10,000
     # stages is 10,000 single-stage logical regions and must not pay for them.

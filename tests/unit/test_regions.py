@@ -239,6 +239,56 @@ def test_all_to_all_between_logical_regions_merges_nothing() -> None:
     ]
 
 
+def test_logical_regions_that_wait_for_each_other_in_a_cycle_merge() -> None:
+    """a -> c pipelined, a -> b and b -> c blocking: the region of a and c needs b's output and
+    b needs a's. Apart they would wait forever; vertex i of each stage runs together."""
+    topology = build_regions(
+        _graph(
+            {"a": 2, "b": 2, "c": 2},
+            [("a", "c", PW, PIPELINED), ("a", "b", PW, BLOCKING), ("b", "c", PW, BLOCKING)],
+        )
+    )
+
+    assert _regions(topology) == [
+        {("a", 0), ("b", 0), ("c", 0)},
+        {("a", 1), ("b", 1), ("c", 1)},
+    ]
+
+
+def test_a_cycle_of_logical_regions_through_an_all_to_all_makes_one_region() -> None:
+    topology = build_regions(
+        _graph(
+            {"a": 2, "b": 3, "c": 2, "d": 2},
+            [
+                ("a", "c", PW, PIPELINED),
+                ("a", "b", A2A, BLOCKING),
+                ("b", "c", A2A, BLOCKING),
+                ("c", "d", PW, BLOCKING),  # after the cycle: stays apart
+            ],
+        )
+    )
+
+    everything = _vertices("a", 0, 1) | _vertices("b", 0, 1, 2) | _vertices("c", 0, 1)
+    assert _regions(topology) == [everything, {("d", 0)}, {("d", 1)}]
+
+
+def test_logical_regions_one_after_the_other_do_not_merge() -> None:
+    # b reads a's region, and nothing of that region waits for b.
+    topology = build_regions(
+        _graph(
+            {"a": 2, "b": 2, "c": 2},
+            [("a", "c", PW, PIPELINED), ("a", "b", PW, BLOCKING), ("c", "b", PW, BLOCKING)],
+        )
+    )
+
+    assert _regions(topology) == [
+        {("a", 0), ("c", 0)},
+        {("a", 1), ("c", 1)},
+        {("b", 0)},
+        {("b", 1)},
+    ]
+
+
 # --- the topology ----------------------------------------------------------------------------
 
 
@@ -326,7 +376,8 @@ def test_regions_do_not_depend_on_the_order_of_exchanges() -> None:
 
 def _reference(graph: StageGraph) -> set[frozenset[Vertex]]:
     """The regions by definition, computed the slow way: explicit vertex edges, connected
-    components by search, and raw regions merged when each can reach the other."""
+    components by search, and logical regions, then raw regions, merged when each can reach
+    the other."""
 
     def pairs(exchange: StageExchange) -> list[tuple[Vertex, Vertex]]:
         producers = graph.stage(exchange.producer).parallelism
@@ -361,9 +412,32 @@ def _reference(graph: StageGraph) -> set[frozenset[Vertex]]:
                         todo.append(other)
         return label
 
+    def reachable(start: int, waits: dict[int, set[int]]) -> set[int]:
+        seen = {start}
+        todo = [start]
+        while todo:
+            for other in waits[todo.pop()]:
+                if other not in seen:
+                    seen.add(other)
+                    todo.append(other)
+        return seen
+
+    def mutually_reachable(waits: dict[int, set[int]]) -> dict[int, set[int]]:
+        reach = {label: reachable(label, waits) for label in waits}
+        return {
+            label: {other for other in reach[label] if label in reach[other]} for label in waits
+        }
+
     pipelined = [e for e in graph.exchanges if e.partition_type.must_be_pipelined]
     stage_nodes = [(stage.name, 0) for stage in graph.stages]
     logical = components(stage_nodes, [((e.producer, 0), (e.consumer, 0)) for e in pipelined])
+    # Logical regions that can each reach the other through the exchanges between them merge.
+    between: dict[int, set[int]] = {label: set() for label in logical.values()}
+    for e in graph.exchanges:
+        if logical[(e.producer, 0)] != logical[(e.consumer, 0)]:
+            between[logical[(e.producer, 0)]].add(logical[(e.consumer, 0)])
+    cycles = mutually_reachable(between)
+    logical = {node: min(cycles[label]) for node, label in logical.items()}
     result: set[frozenset[Vertex]] = set()
     for group in set(logical.values()):
         names = {name for (name, _), label in logical.items() if label == group}
@@ -384,19 +458,7 @@ def _reference(graph: StageGraph) -> set[frozenset[Vertex]]:
                 for producer, consumer in pairs(e):
                     waits[raw[producer]].add(raw[consumer])
 
-        def reachable(start: int, waits: dict[int, set[int]] = waits) -> set[int]:
-            seen = {start}
-            todo = [start]
-            while todo:
-                for other in waits[todo.pop()]:
-                    if other not in seen:
-                        seen.add(other)
-                        todo.append(other)
-            return seen
-
-        reach = {label: reachable(label) for label in waits}
-        for label in waits:
-            together = {other for other in reach[label] if label in reach[other]}
+        for together in mutually_reachable(waits).values():
             result.add(frozenset(v for v in vertices if raw[v] in together))
     return result
 
@@ -404,7 +466,7 @@ def _reference(graph: StageGraph) -> set[frozenset[Vertex]]:
 def test_matches_a_direct_computation_on_random_small_graphs() -> None:
     rng = random.Random(20241122)
     kinds = list(ResultPartitionType)
-    merged_a_cycle = False
+    merged_a_cycle = merged_logical_regions = False
     for _ in range(400):
         count = rng.randint(1, 6)
         names = [f"s{index}" for index in range(count)]
@@ -440,12 +502,25 @@ def test_matches_a_direct_computation_on_random_small_graphs() -> None:
         without_blocking = StageGraph(
             stages, [e for e in exchanges if e.partition_type.must_be_pipelined]
         )
+        # Logical regions by union-find over the pipelined exchanges.
+        logical = {name: name for name in names}
+
+        def find(name: str, logical: dict[str, str] = logical) -> str:
+            while logical[name] != name:
+                name = logical[name]
+            return name
+
+        for e in without_blocking.exchanges:
+            logical[find(e.producer)] = find(e.consumer)
+        if any(len({find(stage) for stage, _ in r.vertex_ranges}) > 1 for r in topology.regions):
+            merged_logical_regions = True
         if len(build_regions(without_blocking).regions) > len(topology.regions) and not any(
             e.pattern is A2A for e in exchanges
         ):
             merged_a_cycle = True
     # The random graphs did exercise the cycle search, not only the simple paths.
     assert merged_a_cycle
+    assert merged_logical_regions
 
 
 # --- the cycle search on its own ---------------------------------------------------------------
