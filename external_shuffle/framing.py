@@ -43,6 +43,9 @@ _FETCH_DATA_FIELD = pb.FetchDataResponse.DESCRIPTOR.fields_by_name["data"].numbe
 # Protobuf wire types (https://protobuf.dev/programming-guides/encoding/).
 _VARINT, _FIXED64, _LENGTH_DELIMITED, _FIXED32 = 0, 1, 2, 5
 _MAX_VARINT_BYTES = 10
+# The messages framed here have four fields at most; a few unknown ones from a newer peer are
+# fine, but walking millions of tiny fields in Python is not.
+_MAX_FIELDS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,8 +100,11 @@ def _split(message: bytes, field_number: int) -> tuple[bytes, memoryview]:
     view = memoryview(message)
     others: list[memoryview] = []
     data = view[0:0]
-    position = 0
+    position = fields = 0
     while position < len(view):
+        fields += 1
+        if fields > _MAX_FIELDS:
+            raise SerializationError(f"malformed message: more than {_MAX_FIELDS} fields")
         start = position
         tag, position = _read_varint(view, position)
         wire_type = tag & 0x7

@@ -81,6 +81,7 @@ def test_the_last_data_field_wins_as_protobuf_parses_it() -> None:
         (b"\x0b", "wire type 3"),  # a group (proto2's, unsupported)
         (b"\x0e", "wire type 6"),  # no such wire type
         (b"\x0a\x02\xff\xff", "PushDataRequest"),  # the partition key: not a message
+        (b"\x10\x01" * 65, "more than 64 fields"),  # a flood of fields to walk
     ],
 )
 def test_malformed_bytes_raise_a_serialization_error_naming_the_fault(
