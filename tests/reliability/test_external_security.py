@@ -470,9 +470,11 @@ def test_malformed_push_is_invalid_argument_and_writes_nothing(
     not a PushDataRequest are refused as such, not as an internal error."""
     before = tree(cluster.worker_store(0))
     channel = grpc.insecure_channel(cluster.worker_target(0))
-    push = channel.stream_unary(f"/{pb.DESCRIPTOR.services_by_name['Worker'].full_name}/PushData")
+    path = f"/{pb.DESCRIPTOR.services_by_name['Worker'].full_name}/PushData"
+    push: grpc.StreamUnaryMultiCallable[bytes, bytes] = channel.stream_unary(path)
+    metadata = tuple(auth(cluster))
     try:
-        call = lambda: push(iter([message]), metadata=auth(cluster), timeout=30)  # noqa: E731
+        call = lambda: push(iter([message]), metadata=metadata, timeout=30)  # noqa: E731
         assert code_of(call) == grpc.StatusCode.INVALID_ARGUMENT
     finally:
         channel.close()
@@ -623,7 +625,7 @@ def test_the_push_stream_sends_every_write_once_whatever_its_buffer_does_after(
         piece = data[start:end]
         if number % 3 == 0:
             reused = bytearray(piece)
-            stream.write(reused)
+            stream.write(memoryview(reused))
             reused[:] = b"\0" * len(reused)  # the owner reuses its buffer
         elif number % 3 == 1:
             stream.write(pa.py_buffer(bytes(piece)))
