@@ -34,11 +34,18 @@ __all__ = [
 ]
 
 
+_MAX_RECONNECT_BACKOFF_MS = 1000
+
+
 def channel_options(max_message_size: int) -> list[tuple[str, int]]:
-    """Message limits for channels and servers (gRPC's defaults are 4 MiB in, unlimited out)."""
+    """Message limits for channels and servers (gRPC's defaults are 4 MiB in, unlimited out),
+    and reconnects to a peer found down at least every second: gRPC's backoff otherwise grows
+    to two minutes, and a channel waiting it out fails every call at once although a restarted
+    worker is back."""
     return [
         ("grpc.max_send_message_length", max_message_size),
         ("grpc.max_receive_message_length", max_message_size),
+        ("grpc.max_reconnect_backoff_ms", _MAX_RECONNECT_BACKOFF_MS),
     ]
 
 

@@ -39,6 +39,11 @@ from shuffle_api.ids import validate_id
 
 __all__ = ["CoordinatorService"]
 
+# A channel that found a worker down fails calls at once until it reconnects (gRPC's backoff,
+# at most a second with channel_options): a worker back up is waited for this long before
+# its partitions read as lost.
+_RECONNECT_WAIT = 3.0
+
 logger = logging.getLogger(__name__)
 
 
@@ -473,6 +478,26 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             ]
         )
 
+    def _worker_status(
+        self, worker: WorkerAddress, request: pb.WorkerPartitionStatusRequest
+    ) -> pb.WorkerPartitionStatusResponse:
+        """The worker's answer; an UNAVAILABLE one is asked again, waiting (briefly) for the
+        channel to reconnect: the worker may be back while the channel still backs off."""
+        stub = pb_grpc.WorkerStub(self._peers.get(worker.target))
+        timeout = self._peers.settings.timeout
+        try:
+            answer: pb.WorkerPartitionStatusResponse = stub.GetPartitionStatus(
+                request, timeout=timeout
+            )
+            return answer
+        except grpc.RpcError as error:
+            if not isinstance(error, grpc.Call) or error.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+        answer = stub.GetPartitionStatus(
+            request, timeout=min(timeout, _RECONNECT_WAIT), wait_for_ready=True
+        )
+        return answer
+
     def _committed_statistics(
         self, entries: list[_Partition], live: dict[str, WorkerAddress]
     ) -> dict[ResultPartitionID, pb.PartitionStatistics]:
@@ -484,13 +509,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                     by_worker[worker_id].append(entry.partition)
         found: dict[ResultPartitionID, pb.PartitionStatistics] = {}
         for worker_id, partitions in by_worker.items():
+            request = pb.WorkerPartitionStatusRequest(partitions=[key_of(p) for p in partitions])
             try:
-                answer = pb_grpc.WorkerStub(
-                    self._peers.get(live[worker_id].target)
-                ).GetPartitionStatus(
-                    pb.WorkerPartitionStatusRequest(partitions=[key_of(p) for p in partitions]),
-                    timeout=self._peers.settings.timeout,
-                )
+                answer = self._worker_status(live[worker_id], request)
             except grpc.RpcError as error:
                 logger.warning("status of %s unknown: %s", worker_id, error)
                 continue

@@ -439,3 +439,32 @@ def test_sigterm_lets_the_push_in_flight_commit_and_exits_cleanly(
         cluster.start_worker(target)
         table = scenario.read(scenario.consumer, [shuffle_descriptor], ALL)
         assert rows_of(table) == list(range(8_000))
+
+
+def test_a_worker_back_from_an_outage_has_its_new_partitions_available_at_once(
+    crash_cluster: LocalCluster,
+) -> None:
+    """The coordinator's channel to a worker it found down backs off between reconnects; once
+    the worker is back, partitions committed on it must read as available, not as lost
+    because that channel would still fail a call at once."""
+    cluster = crash_cluster
+    with scenario_on(cluster, **{"external-shuffle.client.heartbeat-interval": 600.0}) as scenario:
+        before, _ = scenario.produce(batches(), partitions=PARTITIONS, subpartitions=SUBPARTITIONS)
+        assert any(placed_on(cluster, d) == {0} for d in before), "worker 0 holds some"
+        cluster.kill_worker(0)
+        try:
+            # Asked before the worker timeout, the coordinator calls the dead worker.
+            metrics = scenario.master.partitions_with_metrics(scenario.job.job_id).result()
+            assert not all(m.available for m in metrics)
+            cluster.wait_for_workers({cluster.worker_target(0)}, alive=False)
+            time.sleep(4.0)  # reconnects that fail grow the channel's backoff
+        finally:
+            cluster.start_worker(0)
+        cluster.wait_for_workers({cluster.worker_target(0)})
+        lost = set(scenario.job.lost)
+        after, _ = scenario.produce(batches(), partitions=PARTITIONS, subpartitions=SUBPARTITIONS)
+        assert any(placed_on(cluster, d) == {0} for d in after), "worker 0 holds some again"
+        metrics = scenario.master.partitions_with_metrics(scenario.job.job_id).result()
+        available = {m.shuffle_descriptor.result_partition_id for m in metrics if m.available}
+        assert set(ids(after)) <= available
+        assert set(scenario.job.lost) == lost
