@@ -438,7 +438,7 @@ def build_regions(graph: StageGraph) -> RegionTopology:
     for exchange in graph.exchanges:
         if exchange.partition_type in _MUST_BE_PIPELINED:
             _union(parent, size, position[exchange.producer], position[exchange.consumer])
-    if any(size[_find(parent, index)] > 1 for index in range(len(stages))):
+    if max(size, default=1) > 1:  # some exchange merged two stages
         _merge_cycles(graph, position, parent, size)
     root_of = [_find(parent, index) for index in range(len(stages))]
     # Only logical regions of several stages get scratch state: a blocking graph of 10,000
