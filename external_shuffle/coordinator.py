@@ -485,17 +485,15 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         channel to reconnect: the worker may be back while the channel still backs off."""
         stub = pb_grpc.WorkerStub(self._peers.get(worker.target))
         timeout = self._peers.settings.timeout
+        answer: pb.WorkerPartitionStatusResponse
         try:
-            answer: pb.WorkerPartitionStatusResponse = stub.GetPartitionStatus(
-                request, timeout=timeout
-            )
-            return answer
+            answer = stub.GetPartitionStatus(request, timeout=timeout)
         except grpc.RpcError as error:
             if not isinstance(error, grpc.Call) or error.code() != grpc.StatusCode.UNAVAILABLE:
                 raise
-        answer = stub.GetPartitionStatus(
-            request, timeout=min(timeout, _RECONNECT_WAIT), wait_for_ready=True
-        )
+            answer = stub.GetPartitionStatus(
+                request, timeout=min(timeout, _RECONNECT_WAIT), wait_for_ready=True
+            )
         return answer
 
     def _committed_statistics(
