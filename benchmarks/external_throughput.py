@@ -433,6 +433,9 @@ class Keep(Discard):
 
 
 class DiscardSink(PartitionSink):
+    """Where a writer's partition goes nowhere: the data file counted (a :class:`Discard`) or
+    kept as its writes (a :class:`Keep`), the index and manifest held."""
+
     def __init__(self, partition: ResultPartitionID, data: Discard | None = None) -> None:
         self._partition = partition
         self.data = Discard() if data is None else data
