@@ -24,15 +24,21 @@ Hashes = npt.NDArray[np.uint64]
 _NULL_HASH = np.uint64(0x9E3779B97F4A7C15)
 _COMBINE = np.uint64(0x100000001B3)
 _BYTE_BASE = np.uint64(0x100000001B3)
+_SHIFT = np.uint64(33)
+_MULTIPLIERS = (np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53))
 
 
 def _finalize(values: Hashes) -> Hashes:
-    """MurmurHash3's 64-bit finalizer: every input bit affects every output bit."""
-    mixed = values ^ (values >> np.uint64(33))
-    mixed = mixed * np.uint64(0xFF51AFD7ED558CCD)
-    mixed ^= mixed >> np.uint64(33)
-    mixed = mixed * np.uint64(0xC4CEB9FE1A85EC53)
-    mixed ^= mixed >> np.uint64(33)
+    """MurmurHash3's 64-bit finalizer: every input bit affects every output bit. Computed in
+    place in two arrays: a batch's temporaries are large enough that allocating each anew (and
+    faulting its pages in) would cost more than the arithmetic."""
+    mixed = values >> _SHIFT
+    np.bitwise_xor(mixed, values, out=mixed)
+    shifted = np.empty_like(mixed)
+    for multiplier in _MULTIPLIERS:
+        np.multiply(mixed, multiplier, out=mixed)
+        np.right_shift(mixed, _SHIFT, out=shifted)
+        np.bitwise_xor(mixed, shifted, out=mixed)
     return mixed
 
 

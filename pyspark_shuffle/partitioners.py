@@ -16,6 +16,10 @@ from shuffle_api import InvalidOperationError
 
 __all__ = ["HashPartitioner", "Partitioner", "RangePartitioner", "choose_boundaries"]
 
+_HALF = np.uint64(32)
+# The high half of a hash times the count must fit in 64 bits.
+_MAX_HASH_SUBPARTITIONS = 1 << 32
+
 
 def _key_columns(batch: pa.RecordBatch, columns: Sequence[str]) -> list[pa.Array]:
     missing = [column for column in columns if column not in batch.schema.names]
@@ -41,11 +45,21 @@ class HashPartitioner(Partitioner):
     keys: tuple[str, ...]
     number_of_subpartitions: int
 
+    def __post_init__(self) -> None:
+        if not 1 <= self.number_of_subpartitions <= _MAX_HASH_SUBPARTITIONS:
+            raise InvalidOperationError(
+                f"a hash shuffle needs 1 to {_MAX_HASH_SUBPARTITIONS} partitions,"
+                f" got {self.number_of_subpartitions}"
+            )
+
     def subpartitions(self, batch: pa.RecordBatch) -> npt.NDArray[np.int64]:
         hashes = hash_keys(_key_columns(batch, self.keys))
-        indexes: npt.NDArray[np.int64] = (hashes % np.uint64(self.number_of_subpartitions)).astype(
-            np.int64
-        )
+        # floor(high 32 bits * n / 2**32): as even as a modulo of a well-mixed hash, and a
+        # multiply and shift in place where a 64-bit modulo divides (several times slower).
+        hashes >>= _HALF
+        hashes *= np.uint64(self.number_of_subpartitions)
+        hashes >>= _HALF
+        indexes: npt.NDArray[np.int64] = hashes.view(np.int64)
         return indexes
 
 

@@ -183,6 +183,16 @@ def test_hash_partitioner_keeps_equal_keys_together_in_range() -> None:
     assert partitioner.subpartitions(other).tolist() == indexes[:100].tolist()
 
 
+def test_hash_partitioner_names_a_count_of_partitions_it_cannot_hash_into() -> None:
+    for count in (0, -1, (1 << 32) + 1):
+        with pytest.raises(InvalidOperationError, match=f"got {count}"):
+            HashPartitioner(("k",), count)
+    # The most it can: every index still below the count.
+    indexes = HashPartitioner(("k",), 1 << 32).subpartitions(pa.record_batch({"k": range(1000)}))
+    assert 0 <= indexes.min() and indexes.max() < 1 << 32
+    assert len(set(indexes.tolist())) == 1000
+
+
 def test_partitioners_name_a_missing_key_column() -> None:
     batch = pa.record_batch({"k": [1, 2]})
     with pytest.raises(InvalidOperationError, match="'nope'"):
