@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 
 from pyspark_shuffle.sorting import SortKey, sort_indices
 from shuffle_api import InvalidOperationError, SchemaMismatchError
-from shuffle_api.batches import chop, coalesce, split_by_subpartition
+from shuffle_api.batches import chop, coalesce, reorder_by_subpartition
 
 __all__ = [
     "JOIN_TYPES",
@@ -197,10 +197,15 @@ class GroupApply(ReduceOperation):
 
     def _per_group(self, table: pa.Table) -> Iterator[pa.Table | Iterable[pa.RecordBatch]]:
         ids, groups = group_ids(table, self.keys)
-        # One stable gather brings each group's rows together, in the order they came.
+        # One stable gather brings each group's rows together, in the order they came; each
+        # group is then a slice of the gathered table (every group has rows).
         [whole] = table.combine_chunks().to_batches()
-        for _, rows in split_by_subpartition(whole, ids, groups):
-            group = pa.Table.from_batches([rows])
+        ordered, sizes = reorder_by_subpartition(whole, ids, groups)
+        gathered = pa.Table.from_batches(ordered, schema=table.schema)
+        offset = 0
+        for size in sizes.tolist():
+            group = gathered.slice(offset, size)
+            offset += size
             if self.pass_key:
                 key = tuple(group.column(name)[0] for name in self.keys)
                 yield self.function(key, group)

@@ -11,7 +11,13 @@ import pyarrow as pa
 
 from shuffle_api.errors import ShuffleError
 
-__all__ = ["SubpartitionIndexes", "chop", "coalesce", "split_by_subpartition"]
+__all__ = [
+    "SubpartitionIndexes",
+    "chop",
+    "coalesce",
+    "reorder_by_subpartition",
+    "split_by_subpartition",
+]
 
 SubpartitionIndexes: TypeAlias = "pa.Array | pa.ChunkedArray | npt.ArrayLike"
 
@@ -65,47 +71,57 @@ def _stable_order(indexes: npt.NDArray[np.int64], subpartitions: int) -> pa.Arra
 def split_by_subpartition(
     batch: pa.RecordBatch, indexes: SubpartitionIndexes, subpartitions: int
 ) -> Iterator[tuple[int, pa.RecordBatch]]:
-    """Yield ``(subpartition, rows of batch for it)`` for each non-empty subpartition.
+    """Yield ``(subpartition, rows of batch for it)`` for each non-empty subpartition: zero-copy
+    slices of :func:`reorder_by_subpartition`'s batches, so rows keep their order within each
+    subpartition."""
+    ordered, counts = reorder_by_subpartition(batch, indexes, subpartitions)
+    nonempty = np.flatnonzero(counts)
+    pieces = zip(nonempty.tolist(), counts[nonempty].tolist(), strict=True)
+    # A subpartition never spans two of the reordered batches (runs hold whole subpartitions).
+    for part in ordered:
+        offset = 0
+        while offset < part.num_rows:
+            subpartition, count = next(pieces)
+            yield subpartition, part.slice(offset, count)
+            offset += count
 
-    A stable reorder of the batch (in two passes when it is large, see ``_CACHED_BYTES``), then
-    zero-copy slices: rows keep their order within each subpartition. (Reordering batch by
-    batch beats one reorder of many batches: a batch-sized gather stays in the CPU caches.)
+
+def reorder_by_subpartition(
+    batch: pa.RecordBatch, indexes: SubpartitionIndexes, subpartitions: int
+) -> tuple[list[pa.RecordBatch], npt.NDArray[np.int64]]:
+    """The rows of ``batch`` in stable order of subpartition, as consecutive batches (one, or
+    a few when the batch is large, see ``_CACHED_BYTES``), and the rows of each subpartition.
+
+    Reordering batch by batch beats one reorder of many batches: a batch-sized gather stays in
+    the CPU caches.
     """
     array = _as_indexes(indexes, batch.num_rows, subpartitions)
-    if batch.num_rows:
-        yield from _split(batch, array, subpartitions)
+    counts: npt.NDArray[np.int64] = np.bincount(array, minlength=subpartitions)
+    return (_reorder(batch, array, subpartitions) if batch.num_rows else []), counts
 
 
-def _split(
+def _reorder(
     batch: pa.RecordBatch, array: npt.NDArray[np.int64], subpartitions: int
-) -> Iterator[tuple[int, pa.RecordBatch]]:
-    """``split_by_subpartition`` of a non-empty batch by indexes already checked."""
-    first = int(array[0])
-    if (array == first).all():
-        yield first, batch
-        return
+) -> list[pa.RecordBatch]:
+    """``reorder_by_subpartition`` of a non-empty batch by indexes already checked."""
+    if (array == array[0]).all():
+        return [batch]
     runs = min(subpartitions, batch.nbytes // _CACHED_BYTES, _MAX_RUNS)
     if runs < 2:
-        counts = np.bincount(array, minlength=subpartitions)
-        ordered = batch.take(_stable_order(array, subpartitions))
-        offset = 0
-        for subpartition in np.flatnonzero(counts):
-            count = int(counts[subpartition])
-            yield int(subpartition), ordered.slice(offset, count)
-            offset += count
-        return
+        return [batch.take(_stable_order(array, subpartitions))]
     # Run r: subpartitions [ceil(r * subpartitions / runs), ceil((r + 1) * subpartitions / runs)).
     run_of = array * runs // subpartitions
     order = _stable_order(run_of, runs)
     ordered, array = batch.take(order), array[order.to_numpy()]
+    reordered: list[pa.RecordBatch] = []
     offset = 0
     for run, count in enumerate(np.bincount(run_of, minlength=runs).tolist()):
         if count:
             start, end = -(-run * subpartitions // runs), -(-(run + 1) * subpartitions // runs)
             run_rows, run_indexes = ordered.slice(offset, count), array[offset : offset + count]
-            for within, piece in _split(run_rows, run_indexes - start, end - start):
-                yield start + within, piece
+            reordered += _reorder(run_rows, run_indexes - start, end - start)
             offset += count
+    return reordered
 
 
 def chop(batch: pa.RecordBatch, target_bytes: int) -> Iterator[pa.RecordBatch]:

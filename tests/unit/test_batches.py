@@ -1,4 +1,5 @@
-"""split_by_subpartition, chop and coalesce: the vectorized routing and sizing writers share."""
+"""split_by_subpartition, reorder_by_subpartition, chop and coalesce: the vectorized routing
+and sizing writers share."""
 
 from __future__ import annotations
 
@@ -9,7 +10,13 @@ import pyarrow as pa
 import pytest
 
 from shuffle_api import ShuffleError
-from shuffle_api.batches import SubpartitionIndexes, chop, coalesce, split_by_subpartition
+from shuffle_api.batches import (
+    SubpartitionIndexes,
+    chop,
+    coalesce,
+    reorder_by_subpartition,
+    split_by_subpartition,
+)
 
 
 def numbered_batch(rows: int) -> pa.RecordBatch:
@@ -197,6 +204,24 @@ def test_a_skewed_batch_larger_than_the_caches_splits_alike_in_passes(
 
     assert result == expected_split(indexes.tolist())
     assert list(result) == sorted(result)
+
+
+def test_reorder_gives_the_rows_in_stable_order_of_subpartition_and_the_counts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("shuffle_api.batches._CACHED_BYTES", 256)
+    rng = np.random.default_rng(4)
+    indexes = rng.integers(0, 40, size=3000)
+    indexes[indexes == 13] = 12  # an empty subpartition
+
+    ordered, counts = reorder_by_subpartition(numbered_batch(3000), indexes, 40)
+
+    assert len(ordered) > 1  # in passes: one batch per run of subpartitions
+    rows = [row for part in ordered for row in part.column("row").to_pylist()]
+    assert rows == np.argsort(indexes, kind="stable").tolist()
+    assert counts.tolist() == np.bincount(indexes, minlength=40).tolist()
+    empty = reorder_by_subpartition(numbered_batch(0), [], 40)
+    assert empty[0] == [] and empty[1].tolist() == [0] * 40
 
 
 # --- chop ----------------------------------------------------------------------------------
