@@ -70,10 +70,16 @@ def _as_int64(column: pa.Array) -> npt.NDArray[np.int64]:
     if pa.types.is_temporal(column.type):
         width = column.type.bit_width
         column = column.view(pa.int64() if width == 64 else pa.int32())
-    values: npt.NDArray[np.int64] = (
-        pc.cast(column, pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
+    values: npt.NDArray[np.int64] = _without_nulls(pc.cast(column, pa.int64()), 0).to_numpy(
+        zero_copy_only=False
     )
     return values
+
+
+def _without_nulls(column: pa.Array, fill: float) -> pa.Array:
+    """``column`` with nulls as ``fill`` (their hash is set apart later); copied only if it
+    has any."""
+    return column.fill_null(fill) if column.null_count else column
 
 
 def _hash_values(column: pa.Array) -> Hashes:
@@ -83,7 +89,7 @@ def _hash_values(column: pa.Array) -> Hashes:
     if kind == pa.int64():
         return _as_int64(column).view(np.uint64)
     if kind == pa.float64():
-        floats = pc.cast(column, pa.float64()).fill_null(0.0).to_numpy(zero_copy_only=False)
+        floats = _without_nulls(pc.cast(column, pa.float64()), 0.0).to_numpy(zero_copy_only=False)
         floats = np.where(floats == 0.0, 0.0, floats)  # -0.0 == 0.0
         floats = np.where(np.isnan(floats), np.nan, floats)  # one NaN bit pattern
         return np.ascontiguousarray(floats).view(np.uint64)
