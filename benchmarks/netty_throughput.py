@@ -13,6 +13,12 @@ What it compares, once per codec (``none``, ``lz4``, ``zstd`` by default):
   - **read (remote)**: gates of a second environment in this process, so every byte goes through
     the producer's data port over 127.0.0.1 TCP (server and client share one interpreter).
 
+* **gather alone** (a reference, not a side of the comparison): every batch's rows brought
+  together by subpartition in memory, as the service's writer does it, with no I/O. Any shuffle
+  does this work and a raw file write does not, so the printed *ceiling* (raw total over raw
+  total plus the gather, or over the larger of the two when both overlap perfectly on two
+  cores) bounds the total ratio any service can reach on this machine and data.
+
 The subpartition index of every row (a cheap hash of ``key`` modulo ``--subpartitions``) is the
 engine's work, so it is computed before any timing. Data generation is not timed either.
 
@@ -79,6 +85,7 @@ from shuffle_api import (
     load_shuffle_service_factory,
     new_id,
 )
+from shuffle_api.batches import reorder_by_subpartition
 
 SEED = 20240531
 GOAL_RATIO = 0.80
@@ -311,6 +318,7 @@ PHASES = (
     "raw_write",
     "raw_read",
     "raw_total",
+    "gather",
     "service_write",
     "service_read_local",
     "service_read_remote",
@@ -345,6 +353,7 @@ def measure_codec(args: Namespace, data: Dataset, store_url: str, codec: str) ->
             raw_read = raw.read(path, consumed)
             run.batches_read["raw"] = consumed.check(data, f"raw read ({codec})")
             raw.remove(path)
+            gather = gather_alone(data, args.subpartitions)
 
             write, descriptors, stored = service.write(data, args.producers, args.subpartitions)
             run.service_stored_bytes = stored
@@ -368,6 +377,7 @@ def measure_codec(args: Namespace, data: Dataset, store_url: str, codec: str) ->
                 ("raw_write", raw_write),
                 ("raw_read", raw_read),
                 ("raw_total", raw_write + raw_read),
+                ("gather", gather),
                 ("service_write", write),
                 ("service_read_local", local),
                 ("service_read_remote", remote),
@@ -383,6 +393,15 @@ def measure_codec(args: Namespace, data: Dataset, store_url: str, codec: str) ->
     finally:
         service.close()
     return run
+
+
+def gather_alone(data: Dataset, subpartitions: int) -> float:
+    """Seconds to bring every batch's rows together by subpartition, in memory: the gather
+    any shuffle does and a raw file write does not (the service's own, no I/O)."""
+    started = time.perf_counter()
+    for batch, indexes in zip(data.batches, data.indexes, strict=True):
+        reorder_by_subpartition(batch, indexes, subpartitions)
+    return time.perf_counter() - started
 
 
 def throughput(nbytes: int, seconds: float) -> float:
@@ -411,6 +430,13 @@ def summarize(run: CodecRun, data: Dataset) -> dict[str, Any]:
             "read_local": ratio("service_read_local", "raw_read"),
             "read_remote": ratio("service_read_remote", "raw_read"),
         },
+        # The best total ratio a service that gathers can reach: doing raw's work plus the
+        # gather on one core, or overlapping the two perfectly on two.
+        "ceilings": {
+            "one_core": run.median("raw_total") / (run.median("raw_total") + run.median("gather")),
+            "two_cores": run.median("raw_total")
+            / max(run.median("raw_total"), run.median("gather")),
+        },
         "raw_file_bytes": run.raw_file_bytes,
         "service_stored_bytes": run.service_stored_bytes,
         "batches_read": run.batches_read,
@@ -423,6 +449,7 @@ def render_table(summaries: Sequence[dict[str, Any]]) -> str:
         "raw write",
         "raw read",
         "raw total",
+        "gather alone",
         "service write",
         "service read (local)",
         "service read (remote)",
@@ -581,6 +608,12 @@ def main(argv: list[str] | None = None) -> int:
             f" {summary['raw_file_bytes'] / MB:.1f} MB; batches read: raw"
             f" {summary['batches_read'].get('raw', 0):,}, service"
             f" {summary['batches_read'].get('service_local', 0):,}"
+        )
+        ceilings = summary["ceilings"]
+        print(
+            f"{summary['codec']}: ceiling of the total ratio for any service that gathers (raw"
+            f" total + gather alone): {ceilings['one_core']:.0%} on one core,"
+            f" {ceilings['two_cores']:.0%} with both overlapped on two"
         )
 
     document = {
