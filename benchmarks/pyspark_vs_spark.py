@@ -13,6 +13,12 @@ factory (default: the in-process netty_like service).
    ``mapInArrow``. Goal: 1.5x faster.
 3. join with a ``--keys``-row dimension, and a global sort by ``value`` (ratios only).
 
+References, measured in the same run: the **input pass** (``mapInArrow`` of the cached data
+into Python, counting rows: the JVM's conversion that any Python-side shuffle's map stage pays)
+and the **per-group function** alone (seconds a call, times ``--keys`` calls, over the cores).
+The printed *ceilings* are the speed-ups of a shuffle costing nothing beyond them: Spark's
+time over the input pass (repartition), or over the input pass plus the function (group-apply).
+
 Each figure is the median of ``--repeat`` runs (applyInPandas: one run, it takes minutes).
 Printed, and saved as JSON (``--output``, default ``benchmarks/results/pyspark_vs_spark.json``)::
 
@@ -97,6 +103,24 @@ def warm_up(data: DataFrame) -> None:
     noop(data.mapInArrow(count_rows, "rows long"))
 
 
+def function_seconds_per_call(keys: int, rows_per_group: int, calls: int = 10_000) -> float:
+    """Seconds of one call of ``summarize_arrow`` on a group of ``rows_per_group`` rows, in this
+    process: its cost is mostly per call, which every implementation pays once per group."""
+    rows = rows_per_group * calls
+    groups = pa.table(
+        {
+            "key": pa.array([index % keys for index in range(rows)], pa.int64()),
+            "value": pa.array([float(index) for index in range(rows)]),
+            "text": pa.array([f"item-{index:015d}" for index in range(rows)]),
+        }
+    )
+    tables = [groups.slice(call * rows_per_group, rows_per_group) for call in range(calls)]
+    started = time.perf_counter()
+    for table in tables:
+        summarize_arrow(table)
+    return (time.perf_counter() - started) / calls
+
+
 def timed(runs: int, make: Callable[[], DataFrame], after: Callable[[DataFrame], None]) -> float:
     """Median seconds of building ``make()`` (pyshuffle runs its map stage there) and
     writing it out; ``after`` releases what a run left."""
@@ -150,8 +174,26 @@ def main() -> None:
     def nothing(_: DataFrame) -> None:
         pass
 
+    # What no implementation avoids, as a reference: the JVM turning the cached rows into
+    # Arrow for Python (any Python-side shuffle's map stage does it), and the per-group
+    # function's own cost (one call per key, on ``cores`` cores).
+    runs = args.repeat
+    input_pass = timed(runs, lambda: data.mapInArrow(count_rows, "rows long"), lambda _: None)
+    per_call = function_seconds_per_call(args.keys, max(1, args.rows // args.keys))
+    cores = spark.sparkContext.defaultParallelism
+    function_floor = per_call * args.keys / cores
+    print(
+        f"reference: input pass {input_pass:.2f} s; per-group function {per_call * 1e6:.0f} us"
+        f" a call, {function_floor:.2f} s for {args.keys:,} groups on {cores} cores",
+        flush=True,
+    )
+    references = {
+        "input_pass_seconds": round(input_pass, 3),
+        "function_seconds_per_call": round(per_call, 7),
+        "function_seconds_on_all_cores": round(function_floor, 3),
+    }
+
     with SparkShuffle(spark, {"pyspark-shuffle.progress.interval": 0}) as shuffle:
-        runs = args.repeat
         ours = timed(
             runs,
             lambda: shuffle.group_apply(data, "key", summarize_arrow, SUMMARY_SCHEMA),
@@ -171,6 +213,9 @@ def main() -> None:
                 nothing,
             )
         record("group-apply", ours, theirs)
+        results["group-apply"]["ceiling_vs_applyInArrow"] = round(
+            theirs["applyInArrow"] / (input_pass + function_floor), 2
+        )
 
         ours = timed(
             runs,
@@ -185,6 +230,13 @@ def main() -> None:
             nothing,
         )
         record("repartition", ours, {"spark": spark_repartition})
+        results["repartition"]["ceiling_vs_spark"] = round(spark_repartition / input_pass, 2)
+        print(
+            "ceilings (a shuffle costing nothing beyond the references):"
+            f" group-apply {results['group-apply']['ceiling_vs_applyInArrow']:.2f}x,"
+            f" repartition {results['repartition']['ceiling_vs_spark']:.2f}x",
+            flush=True,
+        )
 
         ours = timed(runs, lambda: shuffle.join(data, dimension, "key"), shuffle.release)
         record("join", ours, {"spark": timed(runs, lambda: data.join(dimension, "key"), nothing)})
@@ -200,6 +252,7 @@ def main() -> None:
         "keys": args.keys,
         "partitions": args.partitions,
         "repeat": args.repeat,
+        "references": references,
         "results": results,
     }
     save_results(args.output, document)
