@@ -189,7 +189,7 @@ def test_hash_partitioner_names_a_count_of_partitions_it_cannot_hash_into() -> N
             HashPartitioner(("k",), count)
     # The most it can: every index still below the count.
     indexes = HashPartitioner(("k",), 1 << 32).subpartitions(pa.record_batch({"k": range(1000)}))
-    assert 0 <= indexes.min() and indexes.max() < 1 << 32
+    assert indexes.min() >= 0 and indexes.max() < 1 << 32
     assert len(set(indexes.tolist())) == 1000
 
 
