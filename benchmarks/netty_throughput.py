@@ -15,9 +15,10 @@ What it compares, once per codec (``none``, ``lz4``, ``zstd`` by default):
 
 * **gather alone** (a reference, not a side of the comparison): every batch's rows brought
   together by subpartition in memory, as the service's writer does it, with no I/O. Any shuffle
-  does this work and a raw file write does not, so the printed *ceiling* (raw total over raw
-  total plus the gather, or over the larger of the two when both overlap perfectly on two
-  cores) bounds the total ratio any service can reach on this machine and data.
+  does this work and a raw file write does not, so the printed *ceiling* bounds the total
+  ratio any service can reach on this machine and data: raw total over raw total plus the
+  gather on one core, twice that with all of the work spread perfectly over two cores (above
+  100 %: parallel work could beat the single-threaded raw baseline).
 
 The subpartition index of every row (a cheap hash of ``key`` modulo ``--subpartitions``) is the
 engine's work, so it is computed before any timing. Data generation is not timed either.
@@ -421,6 +422,8 @@ def summarize(run: CodecRun, data: Dataset) -> dict[str, Any]:
     def ratio(service: str, raw: str) -> float:
         return run.median(raw) / run.median(service)
 
+    raw_total = run.median("raw_total")
+    one_core_ceiling = raw_total / (raw_total + run.median("gather"))
     return {
         "codec": run.codec,
         "phases": phases,
@@ -431,12 +434,8 @@ def summarize(run: CodecRun, data: Dataset) -> dict[str, Any]:
             "read_remote": ratio("service_read_remote", "raw_read"),
         },
         # The best total ratio a service that gathers can reach: doing raw's work plus the
-        # gather on one core, or overlapping the two perfectly on two.
-        "ceilings": {
-            "one_core": run.median("raw_total") / (run.median("raw_total") + run.median("gather")),
-            "two_cores": run.median("raw_total")
-            / max(run.median("raw_total"), run.median("gather")),
-        },
+        # gather on one core, or both spread perfectly over two (raw itself uses one).
+        "ceilings": {"one_core": one_core_ceiling, "two_cores": 2 * one_core_ceiling},
         "raw_file_bytes": run.raw_file_bytes,
         "service_stored_bytes": run.service_stored_bytes,
         "batches_read": run.batches_read,
@@ -613,7 +612,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{summary['codec']}: ceiling of the total ratio for any service that gathers (raw"
             f" total + gather alone): {ceilings['one_core']:.0%} on one core,"
-            f" {ceilings['two_cores']:.0%} with both overlapped on two"
+            f" {ceilings['two_cores']:.0%} with all of it spread over two"
         )
 
     document = {
