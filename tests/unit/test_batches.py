@@ -178,29 +178,21 @@ def test_split_with_random_indexes_above_65536_subpartitions() -> None:
     assert result == expected_split(indexes.tolist())
 
 
-@pytest.mark.parametrize("subpartitions", [3, 300, 70_000])
+@pytest.mark.parametrize(
+    ("subpartitions", "skewed"), [(3, False), (300, False), (70_000, False), (300, True)]
+)
 def test_a_batch_larger_than_the_caches_splits_alike_in_passes(
-    monkeypatch: pytest.MonkeyPatch, subpartitions: int
+    monkeypatch: pytest.MonkeyPatch, subpartitions: int, skewed: bool
 ) -> None:
-    # Caches of 256 bytes: runs of subpartitions, runs within runs, and runs of one.
+    # Caches of 256 bytes: runs of subpartitions, runs within runs, and runs of one; skewed,
+    # 90 % of the rows in one subpartition.
     monkeypatch.setattr("shuffle_api.batches._CACHED_BYTES", 256)
     rng = np.random.default_rng(subpartitions)
     indexes = rng.integers(0, subpartitions, size=5000)
+    if skewed:
+        indexes = np.where(rng.random(5000) < 0.9, 7, indexes)
 
     result = split(numbered_batch(5000), indexes, subpartitions)
-
-    assert result == expected_split(indexes.tolist())
-    assert list(result) == sorted(result)
-
-
-def test_a_skewed_batch_larger_than_the_caches_splits_alike_in_passes(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr("shuffle_api.batches._CACHED_BYTES", 256)
-    rng = np.random.default_rng(9)
-    indexes = np.where(rng.random(5000) < 0.9, 7, rng.integers(0, 300, size=5000))
-
-    result = split(numbered_batch(5000), indexes, 300)
 
     assert result == expected_split(indexes.tolist())
     assert list(result) == sorted(result)
