@@ -121,6 +121,10 @@ def function_seconds_per_call(keys: int, rows_per_group: int, calls: int = 10_00
     return (time.perf_counter() - started) / calls
 
 
+def nothing(_: DataFrame) -> None:
+    """What a Spark run leaves to release: nothing."""
+
+
 def timed(runs: int, make: Callable[[], DataFrame], after: Callable[[DataFrame], None]) -> float:
     """Median seconds of building ``make()`` (pyshuffle runs its map stage there) and
     writing it out; ``after`` releases what a run left."""
@@ -171,14 +175,11 @@ def main() -> None:
         )
         print(f"{workload:<14} pyshuffle {ours:.2f} s | {shown}", flush=True)
 
-    def nothing(_: DataFrame) -> None:
-        pass
-
     # What no implementation avoids, as a reference: the JVM turning the cached rows into
     # Arrow for Python (any Python-side shuffle's map stage does it), and the per-group
     # function's own cost (one call per key, on ``cores`` cores).
     runs = args.repeat
-    input_pass = timed(runs, lambda: data.mapInArrow(count_rows, "rows long"), lambda _: None)
+    input_pass = timed(runs, lambda: data.mapInArrow(count_rows, "rows long"), nothing)
     per_call = function_seconds_per_call(args.keys, max(1, args.rows // args.keys))
     cores = spark.sparkContext.defaultParallelism
     function_floor = per_call * args.keys / cores
