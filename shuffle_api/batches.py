@@ -49,12 +49,15 @@ def _as_indexes(
     return indexes_array
 
 
-# A gather reads its source at random: from a source larger than the CPU caches, at the speed
-# of memory. A batch of more than _CACHED_BYTES is therefore reordered in two passes: first
-# into at most _MAX_RUNS runs of consecutive subpartitions (the pass reads each run's rows in
-# order, a stream the CPU prefetches; it follows only a few streams at once), then each run,
-# from a source within the caches (in passes again, should a run still be too large).
+# A gather into n subpartitions reads its source as n streams, each in order. The CPU
+# prefetches a few dozen streams; more than that, and a source larger than the CPU caches is
+# read at random, at the speed of memory. A batch of more than _CACHED_BYTES into more than
+# _PREFETCHED_STREAMS subpartitions is therefore reordered in two passes: first into at most
+# _MAX_RUNS runs of consecutive subpartitions, then each run, from a source within the caches
+# (in passes again, should a run still be too large). Into fewer subpartitions, one pass is
+# faster (a 47 MiB batch into 16: 103 ms, against 161 ms in two passes).
 _CACHED_BYTES = 4 << 20
+_PREFETCHED_STREAMS = 64
 _MAX_RUNS = 16
 
 
@@ -107,7 +110,7 @@ def _reorder(
     if (array == array[0]).all():
         return [batch]
     runs = min(subpartitions, batch.nbytes // _CACHED_BYTES, _MAX_RUNS)
-    if runs < 2:
+    if runs < 2 or subpartitions <= _PREFETCHED_STREAMS:
         return [batch.take(_stable_order(array, subpartitions))]
     # Run r: subpartitions [ceil(r * subpartitions / runs), ceil((r + 1) * subpartitions / runs)).
     run_of = array * runs // subpartitions

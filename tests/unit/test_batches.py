@@ -203,17 +203,29 @@ def test_reorder_gives_the_rows_in_stable_order_of_subpartition_and_the_counts(
 ) -> None:
     monkeypatch.setattr("shuffle_api.batches._CACHED_BYTES", 256)
     rng = np.random.default_rng(4)
-    indexes = rng.integers(0, 40, size=3000)
+    indexes = rng.integers(0, 100, size=3000)
     indexes[indexes == 13] = 12  # an empty subpartition
 
-    ordered, counts = reorder_by_subpartition(numbered_batch(3000), indexes, 40)
+    ordered, counts = reorder_by_subpartition(numbered_batch(3000), indexes, 100)
 
     assert len(ordered) > 1  # in passes: one batch per run of subpartitions
     rows = [row for part in ordered for row in part.column("row").to_pylist()]
     assert rows == np.argsort(indexes, kind="stable").tolist()
-    assert counts.tolist() == np.bincount(indexes, minlength=40).tolist()
-    empty = reorder_by_subpartition(numbered_batch(0), [], 40)
-    assert empty[0] == [] and empty[1].tolist() == [0] * 40
+    assert counts.tolist() == np.bincount(indexes, minlength=100).tolist()
+    empty = reorder_by_subpartition(numbered_batch(0), [], 100)
+    assert empty[0] == [] and empty[1].tolist() == [0] * 100
+
+
+def test_a_large_batch_into_few_subpartitions_is_reordered_in_one_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("shuffle_api.batches._CACHED_BYTES", 256)
+    indexes = np.random.default_rng(6).integers(0, 16, size=3000)
+
+    ordered, _ = reorder_by_subpartition(numbered_batch(3000), indexes, 16)
+
+    assert len(ordered) == 1
+    assert ordered[0].column("row").to_pylist() == np.argsort(indexes, kind="stable").tolist()
 
 
 # --- chop ----------------------------------------------------------------------------------
