@@ -14,10 +14,16 @@ factory (default: the in-process netty_like service).
 3. join with a ``--keys``-row dimension, and a global sort by ``value`` (ratios only).
 
 References, measured in the same run: the **input pass** (``mapInArrow`` of the cached data
-into Python, counting rows: the JVM's conversion that any Python-side shuffle's map stage pays)
-and the **per-group function** alone (seconds a call, times ``--keys`` calls, over the cores).
-The printed *ceilings* are the speed-ups of a shuffle costing nothing beyond them: Spark's
-time over the input pass (repartition), or over the input pass plus the function (group-apply).
+into Python, counting rows: the JVM's conversion that any Python-side shuffle's map stage pays),
+the **per-group function** alone (seconds a call, times ``--keys`` calls, over the cores) and
+the **gathers** no hash shuffle of Arrow data skips, timed in this process on one map task's
+share of rows and scaled to all of them, over the cores: the map side's (hash the key, bring
+each partition's rows together) and group-apply's reduce side (bring each key's rows
+together). The printed *ceilings* are the speed-ups of a shuffle costing nothing beyond them:
+Spark's time over the input pass plus the map gather (repartition), or over the input pass,
+the function and both gathers (group-apply). Writing, compressing and reading the shuffled
+data, and Spark's scheduling of a second stage, are left out: the ceilings are above what
+any implementation can reach.
 
 Each figure is the median of ``--repeat`` runs (applyInPandas: one run, it takes minutes).
 Printed, and saved as JSON (``--output``, default ``benchmarks/results/pyspark_vs_spark.json``)::
@@ -34,6 +40,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -43,6 +50,10 @@ from results_file import machine, save_results
 
 from pyspark_shuffle import SparkShuffle
 from pyspark_shuffle.local_spark import local_spark_session
+from pyspark_shuffle.operations import group_ids
+from pyspark_shuffle.partitioners import HashPartitioner
+from shuffle_api.batches import chop, reorder_by_subpartition
+from shuffle_api.options import TARGET_BATCH_SIZE
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "pyspark_vs_spark.json"
 SUMMARY_SCHEMA = "key long, total double, rows long"
@@ -103,22 +114,47 @@ def warm_up(data: DataFrame) -> None:
     noop(data.mapInArrow(count_rows, "rows long"))
 
 
-def function_seconds_per_call(keys: int, rows_per_group: int, calls: int = 10_000) -> float:
-    """Seconds of one call of ``summarize_arrow`` on a group of ``rows_per_group`` rows, in this
-    process: its cost is mostly per call, which every implementation pays once per group."""
-    rows = rows_per_group * calls
-    groups = pa.table(
+def sample_table(rows: int, keys: int) -> pa.Table:
+    """``rows`` rows shaped as the generated data (keys drawn at random from ``keys``), built
+    in this process."""
+    return pa.table(
         {
-            "key": pa.array([index % keys for index in range(rows)], pa.int64()),
+            "key": pa.array(np.random.default_rng(rows).integers(0, keys, rows)),
             "value": pa.array([float(index) for index in range(rows)]),
             "text": pa.array([f"item-{index:015d}" for index in range(rows)]),
         }
     )
+
+
+def function_seconds_per_call(keys: int, rows_per_group: int, calls: int = 10_000) -> float:
+    """Seconds of one call of ``summarize_arrow`` on a group of ``rows_per_group`` rows, in this
+    process: its cost is mostly per call, which every implementation pays once per group."""
+    groups = sample_table(rows_per_group * calls, keys)
     tables = [groups.slice(call * rows_per_group, rows_per_group) for call in range(calls)]
     started = time.perf_counter()
     for table in tables:
         summarize_arrow(table)
     return (time.perf_counter() - started) / calls
+
+
+def gather_seconds(rows: int, keys: int, partitions: int) -> tuple[float, float]:
+    """Seconds, in this process, of the map side's gather of ``rows`` rows (hash each key, bring
+    each of ``partitions`` partitions' rows together, batch by batch as a map task does) and
+    of the reduce side's (bring each key's rows together, reducer by reducer): timed on one
+    map task's share, a reducer's share of the keys, and scaled to ``rows``."""
+    share = max(1, rows // partitions)
+    table = sample_table(share, max(1, keys // partitions))
+    [whole] = table.combine_chunks().to_batches()
+    partitioner = HashPartitioner(("key",), partitions)
+    started = time.perf_counter()
+    for batch in chop(whole, TARGET_BATCH_SIZE.default):
+        reorder_by_subpartition(batch, partitioner.subpartitions(batch), partitions)
+    map_side = time.perf_counter() - started
+    started = time.perf_counter()
+    ids, groups = group_ids(table, ["key"])
+    reorder_by_subpartition(whole, ids, groups)
+    reduce_side = time.perf_counter() - started
+    return map_side * rows / share, reduce_side * rows / share
 
 
 def nothing(_: DataFrame) -> None:
@@ -176,23 +212,29 @@ def main() -> None:
         print(f"{workload:<14} pyshuffle {ours:.2f} s | {shown}", flush=True)
 
     # What no implementation avoids, as a reference: the JVM turning the cached rows into
-    # Arrow for Python (any Python-side shuffle's map stage does it), and the per-group
-    # function's own cost (one call per key, on ``cores`` cores).
+    # Arrow for Python (any Python-side shuffle's map stage does it), the per-group function's
+    # own cost (one call per key) and the gathers of a hash shuffle, on ``cores`` cores.
     runs = args.repeat
     input_pass = timed(runs, lambda: data.mapInArrow(count_rows, "rows long"), nothing)
     per_call = function_seconds_per_call(args.keys, max(1, args.rows // args.keys))
+    map_gather, group_gather = gather_seconds(args.rows, args.keys, args.partitions)
     cores = spark.sparkContext.defaultParallelism
     function_floor = per_call * args.keys / cores
     print(
         f"reference: input pass {input_pass:.2f} s; per-group function {per_call * 1e6:.0f} us"
-        f" a call, {function_floor:.2f} s for {args.keys:,} groups on {cores} cores",
+        f" a call, {function_floor:.2f} s for {args.keys:,} groups on {cores} cores;"
+        f" gathers {map_gather / cores:.2f} s map side, {group_gather / cores:.2f} s by key",
         flush=True,
     )
     references = {
         "input_pass_seconds": round(input_pass, 3),
         "function_seconds_per_call": round(per_call, 7),
         "function_seconds_on_all_cores": round(function_floor, 3),
+        "map_gather_seconds_on_all_cores": round(map_gather / cores, 3),
+        "group_gather_seconds_on_all_cores": round(group_gather / cores, 3),
     }
+    group_apply_floor = input_pass + function_floor + (map_gather + group_gather) / cores
+    repartition_floor = input_pass + map_gather / cores
 
     with SparkShuffle(spark, {"pyspark-shuffle.progress.interval": 0}) as shuffle:
         ours = timed(
@@ -215,7 +257,7 @@ def main() -> None:
             )
         record("group-apply", ours, theirs)
         results["group-apply"]["ceiling_vs_applyInArrow"] = round(
-            theirs["applyInArrow"] / (input_pass + function_floor), 2
+            theirs["applyInArrow"] / group_apply_floor, 2
         )
 
         ours = timed(
@@ -231,7 +273,7 @@ def main() -> None:
             nothing,
         )
         record("repartition", ours, {"spark": spark_repartition})
-        results["repartition"]["ceiling_vs_spark"] = round(spark_repartition / input_pass, 2)
+        results["repartition"]["ceiling_vs_spark"] = round(spark_repartition / repartition_floor, 2)
         print(
             "ceilings (a shuffle costing nothing beyond the references):"
             f" group-apply {results['group-apply']['ceiling_vs_applyInArrow']:.2f}x,"
