@@ -93,7 +93,8 @@ def reorder_by_subpartition(
     batch: pa.RecordBatch, indexes: SubpartitionIndexes, subpartitions: int
 ) -> tuple[list[pa.RecordBatch], npt.NDArray[np.int64]]:
     """The rows of ``batch`` in stable order of subpartition, as consecutive batches (one, or
-    a few when the batch is large, see ``_CACHED_BYTES``), and the rows of each subpartition.
+    a few when a large batch goes to many subpartitions, see ``_CACHED_BYTES``), and the rows
+    of each subpartition.
 
     Reordering batch by batch beats one reorder of many batches: a batch-sized gather stays in
     the CPU caches.
@@ -109,7 +110,9 @@ def _reorder(
     """``reorder_by_subpartition`` of a non-empty batch by indexes already checked."""
     if (array == array[0]).all():
         return [batch]
-    runs = min(subpartitions, batch.nbytes // _CACHED_BYTES, _MAX_RUNS)
+    # Two passes only into more than _PREFETCHED_STREAMS > _MAX_RUNS subpartitions: every run
+    # of them gets some.
+    runs = min(batch.nbytes // _CACHED_BYTES, _MAX_RUNS)
     if runs < 2 or subpartitions <= _PREFETCHED_STREAMS:
         return [batch.take(_stable_order(array, subpartitions))]
     # Run r: subpartitions [ceil(r * subpartitions / runs), ceil((r + 1) * subpartitions / runs)).
