@@ -48,6 +48,7 @@ from external_shuffle.options import (
     WORKER_STORE_URL,
     WORKER_TIMEOUT,
     message_chunk_size,
+    message_data_limit,
 )
 from external_shuffle.registration import heartbeat_loop
 from external_shuffle.security import TokenInterceptor, load_token, server_credentials
@@ -146,6 +147,7 @@ class Daemon:
                 memory_budget=config.get(WORKER_MEMORY_BUDGET),
                 budget_timeout=config.get(WORKER_MEMORY_BUDGET_TIMEOUT),
                 chunk_size=message_chunk_size(config),
+                message_data_limit=message_data_limit(config),
                 metrics=self.metrics,
             )
             served.server.add_generic_rpc_handlers((worker_rpc_handler(self.worker),))

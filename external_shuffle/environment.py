@@ -23,6 +23,7 @@ from external_shuffle.options import (
     REPLICATION_FACTOR,
     SORT_BUFFER_SIZE,
     message_chunk_size,
+    message_data_limit,
 )
 from external_shuffle.push import PushSettings, PushSink
 from external_shuffle.wire import WorkerAddress, key_of
@@ -77,7 +78,9 @@ class ExternalShuffleEnvironment(ShuffleEnvironment):
             timeout=self._timeout,
         )
         self._gate_settings = GateSettings(
-            read_from_store=config.get(READ_FROM_STORE), unknown_timeout=self._timeout
+            read_from_store=config.get(READ_FROM_STORE),
+            unknown_timeout=self._timeout,
+            max_chunk_bytes=message_data_limit(config),
         )
         self._gates = OpenGates()
         self._closed = False

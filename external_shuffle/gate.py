@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 class GateSettings:
     read_from_store: bool
     unknown_timeout: float
+    max_chunk_bytes: int  # the most data bytes a fetched message may carry
 
 
 class ExternalInputGate(SequentialInputGate):
@@ -94,6 +95,7 @@ class ExternalInputGate(SequentialInputGate):
                 partition=key_of(partition),
                 first_subpartition=self.subpartitions.start,
                 last_subpartition=self.subpartitions.end,
+                max_chunk_bytes=self._settings.max_chunk_bytes,
             )
         )
         schema: pa.Schema | None = None

@@ -30,6 +30,7 @@ __all__ = [
     "MAX_IN_FLIGHT",
     "MAX_MESSAGE_SIZE",
     "METRICS_PORT",
+    "MIN_CHUNK_SIZE",
     "PLACEMENT",
     "PUSH_CHUNK_SIZE",
     "READ_FROM_STORE",
@@ -48,6 +49,7 @@ __all__ = [
     "WORKER_STORE_URL",
     "WORKER_TIMEOUT",
     "message_chunk_size",
+    "message_data_limit",
 ]
 
 # --- both sides ------------------------------------------------------------------------------
@@ -99,11 +101,14 @@ SORT_BUFFER_SIZE = memory_option(
     " pushed in the background while the next fills: up to about twice this per writer).",
     minimum=1,
 )
+MIN_CHUNK_SIZE: Final = 4 << 10
+"""The smallest chunk of data a message carries (pushed, or fetched when a client asks)."""
 PUSH_CHUNK_SIZE = memory_option(
     "external-shuffle.client.chunk-size",
     4 << 20,
-    "Bytes per pushed or fetched message (kept below max-message-size).",
-    minimum=4 << 10,
+    "Bytes per pushed message (kept below max-message-size). A fetch sends each run in one"
+    " message when it fits below max-message-size, and longer runs in chunks of that size.",
+    minimum=MIN_CHUNK_SIZE,
 )
 MAX_IN_FLIGHT = memory_option(
     "external-shuffle.client.max-in-flight",
@@ -268,9 +273,13 @@ DAEMON_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
 _MESSAGE_OVERHEAD = 64 << 10  # room for a data message's other fields
 
 
+def message_data_limit(configuration: Configuration) -> int:
+    """The most data bytes one message carries: ``max-message-size`` less room for the
+    message's other fields (never 0: the size's minimum leaves room)."""
+    return configuration.get(MAX_MESSAGE_SIZE) - _MESSAGE_OVERHEAD
+
+
 def message_chunk_size(configuration: Configuration) -> int:
-    """Data bytes per pushed or fetched message: ``client.chunk-size``, kept far enough below
-    ``max-message-size`` that a whole message fits (never 0: the size's minimum leaves room)."""
-    return min(
-        configuration.get(PUSH_CHUNK_SIZE), configuration.get(MAX_MESSAGE_SIZE) - _MESSAGE_OVERHEAD
-    )
+    """Data bytes per pushed message: ``client.chunk-size``, kept within
+    :func:`message_data_limit`."""
+    return min(configuration.get(PUSH_CHUNK_SIZE), message_data_limit(configuration))

@@ -23,6 +23,7 @@ from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.framing import PushChunk, frame_fetch
 from external_shuffle.metrics import DaemonMetrics
+from external_shuffle.options import MIN_CHUNK_SIZE
 from external_shuffle.statuses import UnavailableError, reports_errors
 from external_shuffle.wire import (
     WorkerAddress,
@@ -150,10 +151,12 @@ class WorkerService(pb_grpc.WorkerServicer):
         memory_budget: int,
         budget_timeout: float,
         chunk_size: int,
+        message_data_limit: int,
         metrics: DaemonMetrics,
     ) -> None:
         self._store = store
         self._chunk_size = chunk_size
+        self._message_data_limit = message_data_limit
         self.metrics = metrics
         self._budget = MemoryBudget(memory_budget, budget_timeout)
         self._uploads: dict[ResultPartitionID, _Upload] = {}
@@ -356,18 +359,26 @@ class WorkerService(pb_grpc.WorkerServicer):
                 f"subpartitions {subpartitions.start}..{subpartitions.end} out of range:"
                 f" {partition} has {reader.manifest.number_of_subpartitions}"
             )
+        chunk_size = self._fetch_chunk_size(request.max_chunk_bytes)
         yield pb.FetchDataResponse(manifest=reader.manifest.to_json()).SerializeToString()
         for run in reader.runs(subpartitions):
             # A view of the (memory-mapped, when local) run: framing copies it once.
             data = memoryview(reader.read_run(run, verify=False))  # the client verifies it
-            for offset in range(0, max(len(data), 1), self._chunk_size):
-                last = offset + self._chunk_size >= len(data)
+            for offset in range(0, max(len(data), 1), chunk_size):
+                last = offset + chunk_size >= len(data)
                 yield frame_fetch(
-                    data[offset : offset + self._chunk_size],
+                    data[offset : offset + chunk_size],
                     end_of_run=last,
                     run_checksum=run.checksum if last else 0,
                 )
             self.metrics.bytes_out.inc(len(data))
+
+    def _fetch_chunk_size(self, requested: int) -> int:
+        """Data bytes per fetched message: as many as the client takes, within this worker's
+        message limit (a client that does not say gets the push chunk size)."""
+        if not requested:
+            return self._chunk_size
+        return max(MIN_CHUNK_SIZE, min(requested, self._message_data_limit))
 
     @reports_errors
     def ReleasePartitions(  # noqa: N802

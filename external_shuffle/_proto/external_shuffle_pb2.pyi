@@ -294,14 +294,16 @@ class CommitPartitionResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class FetchDataRequest(_message.Message):
-    __slots__ = ("partition", "first_subpartition", "last_subpartition")
+    __slots__ = ("partition", "first_subpartition", "last_subpartition", "max_chunk_bytes")
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     FIRST_SUBPARTITION_FIELD_NUMBER: _ClassVar[int]
     LAST_SUBPARTITION_FIELD_NUMBER: _ClassVar[int]
+    MAX_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
     partition: PartitionKey
     first_subpartition: int
     last_subpartition: int
-    def __init__(self, partition: _Optional[_Union[PartitionKey, _Mapping]] = ..., first_subpartition: _Optional[int] = ..., last_subpartition: _Optional[int] = ...) -> None: ...
+    max_chunk_bytes: int
+    def __init__(self, partition: _Optional[_Union[PartitionKey, _Mapping]] = ..., first_subpartition: _Optional[int] = ..., last_subpartition: _Optional[int] = ..., max_chunk_bytes: _Optional[int] = ...) -> None: ...
 
 class FetchDataResponse(_message.Message):
     __slots__ = ("manifest", "data", "run_checksum", "end_of_run")

@@ -644,7 +644,8 @@ class WorkerServicer:
 
     def FetchData(self, request, context):
         """Runs of a subpartition range: first a message with the manifest, then each run's bytes in
-        chunks (the last chunk of a run has end_of_run).
+        one message, or in chunks when it is longer than the client takes (the last chunk of a run
+        has end_of_run).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

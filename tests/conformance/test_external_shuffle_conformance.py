@@ -73,5 +73,7 @@ class TestExternalShuffleFetchingFromReplicas(ShuffleServiceConformance):
                 "external-shuffle.replication-factor": 2,
                 "shuffle.compression.codec": "zstd",
                 "external-shuffle.client.chunk-size": "64k",
+                # Runs longer than a message: the worker cuts them, the gate joins them.
+                "external-shuffle.max-message-size": "128k",
             },
         )

@@ -24,6 +24,7 @@ from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.channels import ChannelPool, ClientSettings
 from external_shuffle.local_cluster import LocalCluster, free_port
+from external_shuffle.options import MIN_CHUNK_SIZE
 from external_shuffle.push import PushSettings, PushSink
 from external_shuffle.wire import WorkerAddress, key_of
 from shuffle_api import (
@@ -123,11 +124,12 @@ def new_partition() -> ResultPartitionID:
     )
 
 
-def build_partition(rows: int = 4_000) -> BuiltPartition:
-    """A real partition (several regions, every subpartition) in the on-store format."""
+def build_partition(rows: int = 4_000, memory_budget: int = 64 << 10) -> BuiltPartition:
+    """A real partition (several regions, every subpartition) in the on-store format; a run
+    holds at most about ``memory_budget / SUBPARTITIONS`` bytes."""
     partition = new_partition()
     sink = CapturingSink(partition)
-    writer = PartitionFileWriter(sink, SUBPARTITIONS, codec="none", memory_budget=64 << 10)
+    writer = PartitionFileWriter(sink, SUBPARTITIONS, codec="none", memory_budget=memory_budget)
     batches = make_batches(rows, batch_rows=250)
     for number, batch in enumerate(batches):
         writer.add(number % SUBPARTITIONS, batch)
@@ -164,28 +166,50 @@ def push_requests(
         yield pb.PushDataRequest(partition=key, sequence=sequence, data=chunks[sequence])
 
 
+def fetch_messages(
+    stub: pb_grpc.WorkerStub,
+    key: pb.PartitionKey,
+    metadata: list[tuple[str, str]],
+    max_chunk_bytes: int = 0,
+) -> list[pb.FetchDataResponse]:
+    """Every message of a fetch of all subpartitions."""
+    return list(
+        stub.FetchData(
+            pb.FetchDataRequest(
+                partition=key,
+                first_subpartition=0,
+                last_subpartition=SUBPARTITIONS - 1,
+                max_chunk_bytes=max_chunk_bytes,
+            ),
+            metadata=metadata,
+            timeout=30,
+        )
+    )
+
+
+def runs_in(messages: Sequence[pb.FetchDataResponse]) -> list[list[pb.FetchDataResponse]]:
+    """A fetch's data messages, run by run (each run ends with an end_of_run message)."""
+    runs: list[list[pb.FetchDataResponse]] = [[]]
+    for message in messages:
+        if message.manifest:
+            continue
+        runs[-1].append(message)
+        if message.end_of_run:
+            runs.append([])
+    assert runs.pop() == [], "the last run ended"
+    return runs
+
+
 def fetch_all(
     stub: pb_grpc.WorkerStub, key: pb.PartitionKey, metadata: list[tuple[str, str]]
 ) -> tuple[bytes, list[tuple[bytes, int]]]:
     """The manifest and each run's bytes with the checksum the worker sent for it."""
-    manifest = b""
-    runs: list[tuple[bytes, int]] = []
-    pieces: list[bytes] = []
-    for message in stub.FetchData(
-        pb.FetchDataRequest(
-            partition=key, first_subpartition=0, last_subpartition=SUBPARTITIONS - 1
-        ),
-        metadata=metadata,
-        timeout=30,
-    ):
-        if message.manifest:
-            manifest = message.manifest
-            continue
-        pieces.append(message.data)
-        if message.end_of_run:
-            runs.append((b"".join(pieces), message.run_checksum))
-            pieces = []
-    assert not pieces, "the last run ended"
+    messages = fetch_messages(stub, key, metadata)
+    manifest = next(message.manifest for message in messages if message.manifest)
+    runs = [
+        (b"".join(message.data for message in run), run[-1].run_checksum)
+        for run in runs_in(messages)
+    ]
     return manifest, runs
 
 
@@ -503,6 +527,85 @@ def test_oversize_commit_is_resource_exhausted_and_commits_nothing(
     release = pb.WorkerReleasePartitionsRequest(partitions=[built.key])
     assert worker.ReleasePartitions(release, metadata=auth(cluster), timeout=10).released == 1
     assert not partition_exists(cluster, built.partition)
+
+
+def run_ranges(built: BuiltPartition) -> list[tuple[int, int]]:
+    """Each run's (offset, length) in the data file, in the order a fetch of every
+    subpartition sends them."""
+    index = pa.ipc.open_file(pa.py_buffer(built.index)).read_all().to_pydict()
+    runs = zip(
+        index["subpartition"], index["region"], index["offset"], index["length"], strict=True
+    )
+    return [(offset, length) for _, _, offset, length in sorted(runs)]
+
+
+def assert_runs_in_chunks(
+    messages: Sequence[pb.FetchDataResponse], built: BuiltPartition, chunk: int
+) -> None:
+    """Each run arrived whole, with its checksum, cut into messages of ``chunk`` data bytes
+    (the last one of a run may be shorter)."""
+    runs = runs_in(messages)
+    ranges = run_ranges(built)
+    assert len(runs) == len(ranges)
+    for run, (offset, length) in zip(runs, ranges, strict=True):
+        assert [len(m.data) for m in run[:-1]] == [chunk] * (len(run) - 1)
+        assert 0 < len(run[-1].data) <= chunk
+        data = b"".join(message.data for message in run)
+        assert data == built.data[offset : offset + length]
+        assert xxhash.xxh3_64_intdigest(data) == run[-1].run_checksum
+
+
+@pytest.mark.parametrize(
+    ("asked", "chunk"),
+    [
+        (0, None),  # the worker's chunk size (4 MiB): each run in one message
+        (1 << 20, None),  # a run fits: one message each
+        (5_000, 5_000),
+        (1, MIN_CHUNK_SIZE),  # never smaller than this
+    ],
+)
+def test_a_fetch_sends_each_run_whole_or_in_chunks_of_what_the_client_takes(
+    cluster: LocalCluster,
+    worker: pb_grpc.WorkerStub,
+    committed: BuiltPartition,
+    asked: int,
+    chunk: int | None,
+) -> None:
+    messages = fetch_messages(worker, committed.key, auth(cluster), max_chunk_bytes=asked)
+    longest = max(length for _, length in run_ranges(committed))
+    assert chunk is None or longest > 2 * chunk, "the runs are long enough to be cut"
+    assert_runs_in_chunks(messages, committed, longest if chunk is None else chunk)
+    if chunk is None:
+        assert all(len(run) == 1 for run in runs_in(messages))
+
+
+def test_a_fetch_never_sends_more_than_the_worker_limit_whatever_the_client_asks(
+    tmp_path: Path,
+) -> None:
+    settings = {"external-shuffle.max-message-size": "128k"}  # 64 KiB of data a message
+    built = build_partition(rows=20_000, memory_budget=4 << 20)
+    assert max(length for _, length in run_ranges(built)) > 3 * (64 << 10)
+    with LocalCluster(tmp_path / "cluster", workers=1, settings=settings) as small:
+        channel = grpc.insecure_channel(small.worker_target(0), options=BIG_CHANNEL)
+        try:
+            stub = pb_grpc.WorkerStub(channel)
+            chunks = [built.data[i : i + CHUNK] for i in range(0, len(built.data), CHUNK)]
+            stub.PushData(
+                push_requests(built.key, chunks, range(len(chunks))),
+                metadata=auth(small),
+                timeout=30,
+            )
+            stub.CommitPartition(
+                pb.CommitPartitionRequest(
+                    partition=built.key, index=built.index, manifest=built.manifest
+                ),
+                metadata=auth(small),
+                timeout=30,
+            )
+            messages = fetch_messages(stub, built.key, auth(small), max_chunk_bytes=1 << 40)
+        finally:
+            channel.close()
+    assert_runs_in_chunks(messages, built, 64 << 10)
 
 
 # --- duplicates and commits ---------------------------------------------------------------------
