@@ -10,7 +10,9 @@ of one writer does not slow another). Arrow record batches (int64 ``key``, float
 that every client loads into memory before any timing. The subpartition of every row (a cheap
 hash of ``key``) is computed before timing too: it is the engine's work.
 
-For each codec (``--codecs``) and each number of writers W (``--writers``), ``--repeat`` times:
+For each codec (``--codecs``) and each number of writers W (``--writers``), ``--repeat`` times
+(in the order push encoded, raw push, writer alone, push, fetch, raw fetch, store read: each raw
+phase right after the one it is compared with):
 
 * **push**: W clients at once each write the whole dataset as one partition of
   ``--subpartitions`` subpartitions through ``ExternalShuffleEnvironment``'s writer (split by
@@ -25,15 +27,19 @@ For each codec (``--codecs``) and each number of writers W (``--writers``), ``--
   the same bytes, already made. Bytes: the same data files.
 * **fetch**: W clients at once each read one of those partitions (all subpartitions) through an
   input gate with ``external-shuffle.client.read-from-store = false`` (``Worker.FetchData``
-  server stream, checksum verification, IPC decoding); every batch is iterated and counted and,
-  after the clock stops, the row count and sum of ``value`` are checked. Bytes: the runs read
-  (the partitions' ``PartitionStatistics`` total: exactly the bytes the worker streams).
+  server stream, checksum verification, IPC decoding); each batch's rows are counted and its
+  ``value`` summed as it arrives, and both are checked after the clock stops. No batch is kept,
+  as the raw fetch keeps no message: kept, every message would need fresh memory, which the
+  raw client never pays for. Bytes: the runs read (the partitions' ``PartitionStatistics``
+  total: exactly the bytes the worker streams).
 * **raw push / raw fetch**: the same W client processes stream the same byte counts to a minimal
   grpcio server in its own process (no pyshuffle code: a generic handler, bytes passthrough
   serializers, the same thread pool size and message limits as the daemon): client-streaming
   messages of the same size (the server only counts them), and server-streaming pre-built
-  messages of that size back (the client only counts them). pyshuffle's fetch cuts messages at
-  run boundaries too (a run is at most about 8 MiB), so some of its messages are smaller.
+  messages of that size back (the client only counts them). pyshuffle's fetch sends each run in
+  one message, since the client takes up to ``max-message-size`` (a run is about
+  ``sort-buffer.size / subpartitions``: 4 MiB and a little more here). The raw fetch keeps the
+  push's message size, where raw grpcio is fastest (8 and 16 MB messages were slower).
 * **breakdown** (no transport, not part of the comparison): **writer alone**, the same writer
   (``SortMergePartitionWriter``, same options) into a sink that discards the bytes, and
   **store read**, the same partitions read straight from the worker's store directory with
@@ -170,6 +176,19 @@ def value_sum(batches: Sequence[pa.RecordBatch]) -> float:
         part = pc.sum(batch.column(1)).as_py()
         total += 0.0 if part is None else float(part)
     return total
+
+
+@dataclass(slots=True)
+class Tally:
+    """What a reader checks as batches go by: their rows and the sum of ``value``. It keeps no
+    batch, so its memory is reused as the raw fetch's messages are."""
+
+    rows: int = 0
+    value_sum: float = 0.0
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        self.rows += batch.num_rows
+        self.value_sum += value_sum([batch])
 
 
 @dataclass(frozen=True, slots=True)
@@ -555,27 +574,24 @@ class Client:
         assert isinstance(descriptor, InputGateDeploymentDescriptor)
         environment = self.environment(command.codec)
         owner = ShuffleIOOwner(f"reader-{self.index}", "reader-" + new_id())
-        batches: list[pa.RecordBatch] = []
-        rows = 0
+        read = Tally()
         wait_until(command.start_at)
         started, cpu = time.monotonic(), time.process_time()
         [gate] = environment.create_input_gates(owner, [descriptor])
         with gate:
             for batch in gate:
-                rows += batch.num_rows
-                batches.append(batch)
+                read.add(batch)
         ended, cpu = time.monotonic(), time.process_time() - cpu
-        self.check(rows, batches)
-        return Done(started, ended, cpu, 0, rows)
+        self.check(read)
+        return Done(started, ended, cpu, 0, read.rows)
 
-    def check(self, rows: int, batches: Sequence[pa.RecordBatch]) -> None:
+    def check(self, read: Tally) -> None:
         """Fail unless every row came back with the right values."""
-        if rows != self.workload.rows:
-            raise AssertionError(f"read {rows} rows, {self.workload.rows} were written")
-        total = value_sum(batches)
-        error = abs(total - self.workload.value_sum) / max(abs(self.workload.value_sum), 1e-300)
-        if error > 1e-6:
-            raise AssertionError(f"sum of value read {total!r}, wrote {self.workload.value_sum!r}")
+        if read.rows != self.workload.rows:
+            raise AssertionError(f"read {read.rows} rows, {self.workload.rows} were written")
+        expected = self.workload.value_sum
+        if abs(read.value_sum - expected) / max(abs(expected), 1e-300) > 1e-6:
+            raise AssertionError(f"sum of value read {read.value_sum!r}, wrote {expected!r}")
 
     def write_only(self, command: WriteOnly) -> Done:
         deployment = deserialize(command.deployment)
@@ -640,17 +656,15 @@ class Client:
         descriptor = deserialize(command.gate)
         assert isinstance(descriptor, InputGateDeploymentDescriptor)
         [partition] = [d.result_partition_id for d in descriptor.shuffle_descriptors]
-        batches: list[pa.RecordBatch] = []
-        rows = 0
+        read = Tally()
         wait_until(command.start_at)
         started, cpu = time.monotonic(), time.process_time()
         reader = PartitionFileReader(Store(command.store_url), partition)
         for batch in reader.read(descriptor.consumed_subpartitions):
-            rows += batch.num_rows
-            batches.append(batch)
+            read.add(batch)
         ended, cpu = time.monotonic(), time.process_time() - cpu
-        self.check(rows, batches)
-        return Done(started, ended, cpu, 0, rows)
+        self.check(read)
+        return Done(started, ended, cpu, 0, read.rows)
 
     def raw_push(self, command: RawPush) -> Done:
         full = self.source(command.message_size)
@@ -908,7 +922,8 @@ class Bench:
         return registered
 
     def repetition(self, cell: Cell) -> None:
-        """Push, fetch, raw push, raw fetch with ``cell.writers`` clients."""
+        """Every phase once with ``cell.writers`` clients; each raw phase right after the
+        pyshuffle phase it is compared with, so both meet the machine in the same state."""
         writers, codec = cell.writers, cell.codec
         registered = self.register(writers)
         registered_encoded = self.register(writers)
@@ -921,6 +936,13 @@ class Bench:
         push_encoded = self.clients.round(
             [PushEncoded(codec, deployment, when) for deployment in encoded], self.worker_pid
         )
+        pushed = [done.nbytes for done in push_encoded.done]  # the data files' sizes
+        cell.add("push_encoded", push_encoded, sum(pushed))
+        when = start_at()
+        raw_push = self.clients.round(
+            [RawPush(nbytes, self.chunk_size, when) for nbytes in pushed], self.raw_server_pid
+        )
+        cell.add("raw_push", raw_push, sum(pushed))
         when = start_at()
         write_only = self.clients.round(
             [
@@ -941,16 +963,14 @@ class Bench:
             PartitionFileReader(self.worker_store, d.result_partition_id).manifest
             for _, d in registered
         ]
-        pushed = [manifest.data_bytes for manifest in manifests]
         runs = [manifest.statistics.total_bytes for manifest in manifests]
         if [done.nbytes for done in push.done] != runs:
             raise AssertionError("the writers' statistics differ from the committed manifests")
+        if [manifest.data_bytes for manifest in manifests] != pushed:
+            raise AssertionError("the encoded push moved other bytes than the writer's push")
         if [done.nbytes for done in write_only.done] != pushed:
             raise AssertionError("the writer made other bytes when it did not push them")
-        if [done.nbytes for done in push_encoded.done] != pushed:
-            raise AssertionError("the encoded push moved other bytes than the writer's push")
         cell.add("push", push, sum(pushed))
-        cell.add("push_encoded", push_encoded, sum(pushed))
         cell.add("write_only", write_only, sum(pushed))
 
         everything = SubpartitionRange(0, self.args.subpartitions - 1)
@@ -969,23 +989,17 @@ class Bench:
         fetch = self.clients.round([Fetch(codec, gate, when) for gate in gates], self.worker_pid)
         cell.add("fetch", fetch, sum(runs))
         when = start_at()
+        raw_fetch = self.clients.round(
+            [RawFetch(nbytes, self.chunk_size, when) for nbytes in runs], self.raw_server_pid
+        )
+        cell.add("raw_fetch", raw_fetch, sum(runs))
+        when = start_at()
         store_read = self.clients.round(
             [StoreRead(self.worker_store.url, gate, when) for gate in gates], None
         )
         cell.add("store_read", store_read, sum(runs))
         for _, descriptor in registered + registered_encoded:
             self.master.release_partition_externally(descriptor)
-
-        when = start_at()
-        raw_push = self.clients.round(
-            [RawPush(nbytes, self.chunk_size, when) for nbytes in pushed], self.raw_server_pid
-        )
-        cell.add("raw_push", raw_push, sum(pushed))
-        when = start_at()
-        raw_fetch = self.clients.round(
-            [RawFetch(nbytes, self.chunk_size, when) for nbytes in runs], self.raw_server_pid
-        )
-        cell.add("raw_fetch", raw_fetch, sum(runs))
         print(
             f"  {codec} x{writers}: push {push.seconds:.2f} s (encoded"
             f" {push_encoded.seconds:.2f} s, raw {raw_push.seconds:.2f} s, writer alone"
