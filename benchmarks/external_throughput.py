@@ -11,8 +11,8 @@ that every client loads into memory before any timing. The subpartition of every
 hash of ``key``) is computed before timing too: it is the engine's work.
 
 For each codec (``--codecs``) and each number of writers W (``--writers``), ``--repeat`` times
-(in the order push encoded, raw push, writer alone, push, fetch, raw fetch, store read: each raw
-phase right after the one it is compared with):
+(in the order push encoded, raw push, raw push into a file, writer alone, push, fetch, raw
+fetch, store read: each raw phase right after the one it is compared with):
 
 * **push**: W clients at once each write the whole dataset as one partition of
   ``--subpartitions`` subpartitions through ``ExternalShuffleEnvironment``'s writer (split by
@@ -40,6 +40,12 @@ phase right after the one it is compared with):
   one message, since the client takes up to ``max-message-size`` (a run is about
   ``sort-buffer.size / subpartitions``: 4 MiB and a little more here). The raw fetch keeps the
   push's message size, where raw grpcio is fastest (8 and 16 MB messages were slower).
+* **raw push into a file**: the raw push, with the raw server writing each message to a new
+  file (unbuffered, as the worker writes its data files) in a directory beside the worker's
+  store, on the same file system; the files are deleted after the round, as the worker's
+  partitions are released after theirs. This is raw grpcio plus the one thing a shuffle
+  service cannot leave out, storing the bytes: on a machine where every side shares a few
+  cores, the ceiling of any service's push, shown as its own % of the raw push.
 * **breakdown** (no transport, not part of the comparison): **writer alone**, the same writer
   (``SortMergePartitionWriter``, same options) into a sink that discards the bytes, and
   **store read**, the same partitions read straight from the worker's store directory with
@@ -56,7 +62,7 @@ per GB are what the throughput ratios follow.
 
 Run from the repository root::
 
-    python benchmarks/external_throughput.py                    # default: about 1.5 minutes
+    python benchmarks/external_throughput.py                    # default: about 5 minutes
     python benchmarks/external_throughput.py --megabytes 16 --repeat 1
     python benchmarks/external_throughput.py --codecs none --writers 1,4
     python benchmarks/external_throughput.py \
@@ -131,7 +137,12 @@ from shuffle_api import (
     load_shuffle_service_factory,
     new_id,
 )
-from shuffle_api.format import PartitionFileReader, PartitionSink, SortMergePartitionWriter
+from shuffle_api.format import (
+    PartitionFileReader,
+    PartitionSink,
+    SortMergePartitionWriter,
+    write_all,
+)
 from shuffle_api.options import COMPRESSION_CODEC, TARGET_BATCH_SIZE
 from shuffle_api.serialization import deserialize, serialize
 from shuffle_api.store import Store
@@ -146,6 +157,7 @@ DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "external_through
 
 RAW_SERVICE = "pyshuffle.bench.RawStream"
 RAW_PUSH = f"/{RAW_SERVICE}/Push"
+RAW_PUSH_TO_FILE = f"/{RAW_SERVICE}/PushToFile"
 RAW_FETCH = f"/{RAW_SERVICE}/Fetch"
 _COUNT = struct.Struct("<Q")  # raw push answer: bytes received
 _FETCH_REQUEST = struct.Struct("<QQ")  # raw fetch request: bytes to send, message size
@@ -153,7 +165,17 @@ _FETCH_REQUEST = struct.Struct("<QQ")  # raw fetch request: bytes to send, messa
 # The goal compares the transport with raw grpcio: the encoded push and the fetch. The push
 # with the writer is reported beside it (its encoding is the writer's cost, as "writer alone").
 GOAL_PHASES = ("push_encoded", "fetch")
-PHASES = ("push", "raw_push", "fetch", "raw_fetch", "push_encoded", "write_only", "store_read")
+PHASES = (
+    "push",
+    "raw_push",
+    "raw_push_to_file",
+    "fetch",
+    "raw_fetch",
+    "push_encoded",
+    "write_only",
+    "store_read",
+)
+CPU_PHASES = ("push", "push_encoded", "raw_push", "raw_push_to_file", "fetch", "raw_fetch")
 
 
 # --- data ------------------------------------------------------------------------------------
@@ -267,10 +289,12 @@ def raw_messages(total: int, full: bytes, last: bytes) -> Iterator[bytes]:
         yield last
 
 
-def raw_server_main(conn: Connection, max_message_size: int, chunk_size: int) -> None:
-    """Serve ``Push`` (client stream, counted and discarded) and ``Fetch`` (a server stream of
-    pre-built messages) until anything arrives on ``conn``. With malloc set as in the worker
-    daemon and the clients (``external_shuffle.allocator``): the same process setup."""
+def raw_server_main(conn: Connection, max_message_size: int, chunk_size: int, store: Path) -> None:
+    """Serve ``Push`` (client stream, counted and discarded), ``PushToFile`` (the same, each
+    message written to a new file under ``store`` as the worker writes its data files) and
+    ``Fetch`` (a server stream of pre-built messages). On ``conn``: ``"clear"`` deletes the
+    files (answered when done), anything else stops the server. With malloc set as in the
+    worker daemon and the clients (``external_shuffle.allocator``): the same process setup."""
     keep_message_buffers(max_message_size)
     sources = {chunk_size: message_source(chunk_size)}
     lock = threading.Lock()
@@ -287,6 +311,14 @@ def raw_server_main(conn: Connection, max_message_size: int, chunk_size: int) ->
             received += len(message)
         return _COUNT.pack(received)
 
+    def push_to_file(requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
+        received = 0
+        with open(store / f"{new_id()}.data", "wb", buffering=0) as file:  # as Store's files
+            for message in requests:
+                write_all(file, message)
+                received += len(message)
+        return _COUNT.pack(received)
+
     def fetch(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
         total, size = _FETCH_REQUEST.unpack(request)
         full = source(size)
@@ -296,6 +328,7 @@ def raw_server_main(conn: Connection, max_message_size: int, chunk_size: int) ->
         RAW_SERVICE,
         {
             "Push": grpc.stream_unary_rpc_method_handler(push),
+            "PushToFile": grpc.stream_unary_rpc_method_handler(push_to_file),
             "Fetch": grpc.unary_stream_rpc_method_handler(fetch),
         },
     )
@@ -307,8 +340,47 @@ def raw_server_main(conn: Connection, max_message_size: int, chunk_size: int) ->
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     conn.send(port)
-    conn.recv()
+    while conn.recv() == "clear":
+        for path in store.iterdir():
+            path.unlink()
+        conn.send("cleared")
     server.stop(None).wait()
+
+
+class RawServer:
+    """The raw server's process (:func:`raw_server_main`) and the pipe that drives it."""
+
+    def __init__(
+        self,
+        context: multiprocessing.context.SpawnContext,
+        max_message_size: int,
+        chunk_size: int,
+        store: Path,
+    ) -> None:
+        self._connection, child_end = context.Pipe()
+        self._process = context.Process(
+            target=raw_server_main,
+            args=(child_end, max_message_size, chunk_size, store),
+            name="bench-raw-server",
+            daemon=True,
+        )
+        self._process.start()
+        child_end.close()
+        self.target = f"127.0.0.1:{self._connection.recv()}"
+        assert self._process.pid is not None
+        self.pid: int = self._process.pid
+
+    def clear_store(self) -> None:
+        """Delete the files ``PushToFile`` wrote (as the worker's partitions are released)."""
+        self._connection.send("clear")
+        self._connection.recv()
+
+    def stop(self) -> None:
+        self._connection.send("stop")
+        self._process.join(timeout=30)
+        if self._process.is_alive():
+            self._process.terminate()
+        self._connection.close()
 
 
 # --- client processes --------------------------------------------------------------------------
@@ -380,6 +452,7 @@ class RawPush:
     nbytes: int
     message_size: int
     start_at: float
+    to_file: bool = False  # PushToFile: the raw server writes what it receives to a file
 
 
 @dataclass(frozen=True, slots=True)
@@ -502,6 +575,9 @@ class Client:
         )
         self._raw_push: grpc.StreamUnaryMultiCallable[bytes, bytes] = self._channel.stream_unary(
             RAW_PUSH
+        )
+        self._raw_push_to_file: grpc.StreamUnaryMultiCallable[bytes, bytes] = (
+            self._channel.stream_unary(RAW_PUSH_TO_FILE)
         )
         self._raw_fetch: grpc.UnaryStreamMultiCallable[bytes, bytes] = self._channel.unary_stream(
             RAW_FETCH
@@ -671,9 +747,8 @@ class Client:
         last = full[: command.nbytes % command.message_size]
         wait_until(command.start_at)
         started, cpu = time.monotonic(), time.process_time()
-        answer: bytes = self._raw_push(
-            raw_messages(command.nbytes, full, last), timeout=CALL_TIMEOUT
-        )
+        call = self._raw_push_to_file if command.to_file else self._raw_push
+        answer: bytes = call(raw_messages(command.nbytes, full, last), timeout=CALL_TIMEOUT)
         ended, cpu = time.monotonic(), time.process_time() - cpu
         (received,) = _COUNT.unpack(answer)
         if received != command.nbytes:
@@ -831,7 +906,7 @@ class Cell:
 
     def ratio(self, phase: str) -> float:
         """Of raw: both pushes are compared with the raw push."""
-        raw = "raw_push" if phase.startswith("push") else f"raw_{phase}"
+        raw = "raw_fetch" if phase == "fetch" else "raw_push"
         return self.median_mb_per_s(phase) / self.median_mb_per_s(raw)
 
     def cpu_per_gb(self, phase: str, side: str) -> float | None:
@@ -859,7 +934,10 @@ class Cell:
             }
             for phase in PHASES
         }
-        ratios = {phase: self.ratio(phase) for phase in ("push", "push_encoded", "fetch")}
+        ratios = {
+            phase: self.ratio(phase)
+            for phase in ("push", "push_encoded", "raw_push_to_file", "fetch")
+        }
         return {
             "codec": self.codec,
             "writers": self.writers,
@@ -878,13 +956,13 @@ class Bench:
         args: Namespace,
         cluster: LocalCluster,
         clients: Clients,
-        raw_server_pid: int,
+        raw_server: RawServer,
         chunk_size: int,
     ) -> None:
         self.args = args
         self.cluster = cluster
         self.clients = clients
-        self.raw_server_pid = raw_server_pid
+        self.raw_server = raw_server
         self.chunk_size = chunk_size
         self.worker_pid = find_daemon_pid(cluster.directory / "worker-0.toml")
         self.worker_store = Store(str(cluster.worker_store(0)))
@@ -940,9 +1018,16 @@ class Bench:
         cell.add("push_encoded", push_encoded, sum(pushed))
         when = start_at()
         raw_push = self.clients.round(
-            [RawPush(nbytes, self.chunk_size, when) for nbytes in pushed], self.raw_server_pid
+            [RawPush(nbytes, self.chunk_size, when) for nbytes in pushed], self.raw_server.pid
         )
         cell.add("raw_push", raw_push, sum(pushed))
+        when = start_at()
+        raw_push_to_file = self.clients.round(
+            [RawPush(nbytes, self.chunk_size, when, to_file=True) for nbytes in pushed],
+            self.raw_server.pid,
+        )
+        cell.add("raw_push_to_file", raw_push_to_file, sum(pushed))
+        self.raw_server.clear_store()
         when = start_at()
         write_only = self.clients.round(
             [
@@ -990,7 +1075,7 @@ class Bench:
         cell.add("fetch", fetch, sum(runs))
         when = start_at()
         raw_fetch = self.clients.round(
-            [RawFetch(nbytes, self.chunk_size, when) for nbytes in runs], self.raw_server_pid
+            [RawFetch(nbytes, self.chunk_size, when) for nbytes in runs], self.raw_server.pid
         )
         cell.add("raw_fetch", raw_fetch, sum(runs))
         when = start_at()
@@ -1002,7 +1087,8 @@ class Bench:
             self.master.release_partition_externally(descriptor)
         print(
             f"  {codec} x{writers}: push {push.seconds:.2f} s (encoded"
-            f" {push_encoded.seconds:.2f} s, raw {raw_push.seconds:.2f} s, writer alone"
+            f" {push_encoded.seconds:.2f} s, raw {raw_push.seconds:.2f} s, raw into a file"
+            f" {raw_push_to_file.seconds:.2f} s, writer alone"
             f" {write_only.seconds:.2f} s), fetch {fetch.seconds:.2f} s (raw"
             f" {raw_fetch.seconds:.2f} s, store read {store_read.seconds:.2f} s);"
             f" {sum(pushed) / MB:.0f} MB pushed, {sum(runs) / MB:.0f} MB fetched",
@@ -1019,8 +1105,8 @@ def render_table(summaries: Sequence[dict[str, Any]]) -> str:
         "codec",
         "writers",
         "push MB/s (encoded / with writer)",
-        "raw push MB/s",
-        "push % of raw (encoded / with writer)",
+        "raw push MB/s (discarded / into a file)",
+        "push % of raw (encoded / with writer / raw into a file)",
         "fetch MB/s",
         "raw fetch MB/s",
         "fetch % of raw",
@@ -1036,8 +1122,10 @@ def render_table(summaries: Sequence[dict[str, Any]]) -> str:
                 str(summary["writers"]),
                 f"{phases['push_encoded']['median_mb_per_s']:.0f}"
                 f" / {phases['push']['median_mb_per_s']:.0f}",
-                f"{phases['raw_push']['median_mb_per_s']:.0f}",
-                f"{ratios['push_encoded']:.0%} / {ratios['push']:.0%}",
+                f"{phases['raw_push']['median_mb_per_s']:.0f}"
+                f" / {phases['raw_push_to_file']['median_mb_per_s']:.0f}",
+                f"{ratios['push_encoded']:.0%} / {ratios['push']:.0%}"
+                f" / {ratios['raw_push_to_file']:.0%}",
                 f"{phases['fetch']['median_mb_per_s']:.0f}",
                 f"{phases['raw_fetch']['median_mb_per_s']:.0f}",
                 f"{ratios['fetch']:.0%}",
@@ -1055,7 +1143,7 @@ def render_breakdown(summaries: Sequence[dict[str, Any]]) -> str:
         "writers",
         "writer alone MB/s",
         "store read MB/s",
-        *(f"CPU s/GB {phase.replace('_', ' ')}" for phase in PHASES[:5]),
+        *(f"CPU s/GB {phase.replace('_', ' ')}" for phase in CPU_PHASES),
     )
 
     def cpu(value: float | None) -> str:
@@ -1071,7 +1159,7 @@ def render_breakdown(summaries: Sequence[dict[str, Any]]) -> str:
                 cpu(summary["phases"][phase]["client_cpu_seconds_per_gb"])
                 + " / "
                 + cpu(summary["phases"][phase]["server_cpu_seconds_per_gb"])
-                for phase in PHASES[:5]
+                for phase in CPU_PHASES
             ),
         )
         for summary in summaries
@@ -1153,7 +1241,7 @@ def parse_args(argv: list[str] | None) -> Namespace:
     parser.add_argument(
         "--megabytes",
         type=positive_float,
-        default=100.0,
+        default=400.0,  # 100 MB made rounds of 0.1-0.3 s, short enough for noise to rule
         help="uncompressed Arrow data each writer pushes (10**6 bytes)",
     )
     parser.add_argument(
@@ -1230,18 +1318,10 @@ def run(args: Namespace, directory: Path) -> tuple[list[dict[str, Any]], dict[st
         "external-shuffle.max-message-size": args.max_message_size,
     }
     context = multiprocessing.get_context("spawn")
-    server_end, child_end = context.Pipe()
-    raw_server = context.Process(
-        target=raw_server_main,
-        args=(child_end, args.max_message_size, chunk_size),
-        name="bench-raw-server",
-        daemon=True,
-    )
-    raw_server.start()
-    child_end.close()
+    raw_store = directory / "raw-store"  # beside the worker's store: the same file system
+    raw_store.mkdir()
+    raw_server = RawServer(context, args.max_message_size, chunk_size, raw_store)
     try:
-        raw_target = f"127.0.0.1:{server_end.recv()}"
-        assert raw_server.pid is not None
         worker_settings = {**shared, **dict(args.worker_options)}
         with LocalCluster(
             directory / "cluster", workers=1, store_shared=False, settings=worker_settings
@@ -1252,11 +1332,11 @@ def run(args: Namespace, directory: Path) -> tuple[list[dict[str, Any]], dict[st
                 **{"external-shuffle.client.read-from-store": False},
             )
             spec = ClientSpec(
-                config, str(data_path), args.subpartitions, raw_target, args.max_message_size
+                config, str(data_path), args.subpartitions, raw_server.target, args.max_message_size
             )
             clients = Clients(context, max(args.writers), spec)
             try:
-                bench = Bench(args, cluster, clients, raw_server.pid, chunk_size)
+                bench = Bench(args, cluster, clients, raw_server, chunk_size)
                 cells: list[Cell] = []
                 try:
                     for codec in args.codecs:
@@ -1270,11 +1350,7 @@ def run(args: Namespace, directory: Path) -> tuple[list[dict[str, Any]], dict[st
             finally:
                 clients.close()
     finally:
-        server_end.send("stop")
-        raw_server.join(timeout=30)
-        if raw_server.is_alive():
-            raw_server.terminate()
-        server_end.close()
+        raw_server.stop()
     data["chunk_size"] = chunk_size
     data["worker_pid_found"] = bench.worker_pid is not None
     return [cell.summary() for cell in cells], data
