@@ -90,7 +90,7 @@ import time
 import traceback
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -393,7 +393,7 @@ class Push:
 
     codec: str
     deployment: bytes
-    start_at: float
+    start_at: float = 0.0  # the round's start instant, set by Clients.round
 
 
 @dataclass(frozen=True, slots=True)
@@ -402,7 +402,7 @@ class Fetch:
 
     codec: str
     gate: bytes
-    start_at: float
+    start_at: float = 0.0  # the round's start instant, set by Clients.round
 
 
 @dataclass(frozen=True, slots=True)
@@ -412,7 +412,7 @@ class WriteOnly:
 
     codec: str
     deployment: bytes
-    start_at: float
+    start_at: float = 0.0  # the round's start instant, set by Clients.round
 
 
 @dataclass(frozen=True, slots=True)
@@ -423,7 +423,7 @@ class Encode:
 
     codec: str
     deployment: bytes
-    start_at: float
+    start_at: float = 0.0  # the round's start instant, set by Clients.round
 
 
 @dataclass(frozen=True, slots=True)
@@ -434,7 +434,7 @@ class PushEncoded:
 
     codec: str
     deployment: bytes
-    start_at: float
+    start_at: float = 0.0  # the round's start instant, set by Clients.round
 
 
 @dataclass(frozen=True, slots=True)
@@ -444,14 +444,14 @@ class StoreRead:
 
     store_url: str
     gate: bytes
-    start_at: float
+    start_at: float = 0.0  # the round's start instant, set by Clients.round
 
 
 @dataclass(frozen=True, slots=True)
 class RawPush:
     nbytes: int
     message_size: int
-    start_at: float
+    start_at: float = 0.0  # the round's start instant, set by Clients.round
     to_file: bool = False  # PushToFile: the raw server writes what it receives to a file
 
 
@@ -459,7 +459,7 @@ class RawPush:
 class RawFetch:
     nbytes: int
     message_size: int
-    start_at: float
+    start_at: float = 0.0  # the round's start instant, set by Clients.round
 
 
 Command = Push | Fetch | RawPush | RawFetch | WriteOnly | StoreRead | Encode | PushEncoded
@@ -825,14 +825,14 @@ class Clients:
         if len(commands) > len(self._connections):
             raise ValueError(f"{len(commands)} commands for {len(self._connections)} clients")
         server_cpu = None if server_pid is None else cpu_seconds(server_pid)
+        start = start_at()
         for connection, command in zip(self._connections, commands, strict=False):
-            connection.send(command)
+            connection.send(replace(command, start_at=start))
         replies = [connection.recv() for connection in self._connections[: len(commands)]]
         failures = [reply.error for reply in replies if isinstance(reply, Failed)]
         if failures:
             raise RuntimeError("\n".join(failures))
         done = [reply for reply in replies if isinstance(reply, Done)]
-        start = commands[0].start_at
         server_after = None if server_pid is None else cpu_seconds(server_pid)
         return Round(
             seconds=max(reply.ended for reply in done) - start,
@@ -1008,38 +1008,32 @@ class Bench:
         encoded = [
             serialize(ResultPartitionDeploymentDescriptor(p, d)) for p, d in registered_encoded
         ]
-        when = start_at()
-        self.clients.round([Encode(codec, deployment, when) for deployment in encoded], None)
-        when = start_at()
+        self.clients.round([Encode(codec, deployment) for deployment in encoded], None)
         push_encoded = self.clients.round(
-            [PushEncoded(codec, deployment, when) for deployment in encoded], self.worker_pid
+            [PushEncoded(codec, deployment) for deployment in encoded], self.worker_pid
         )
         pushed = [done.nbytes for done in push_encoded.done]  # the data files' sizes
         cell.add("push_encoded", push_encoded, sum(pushed))
-        when = start_at()
         raw_push = self.clients.round(
-            [RawPush(nbytes, self.chunk_size, when) for nbytes in pushed], self.raw_server.pid
+            [RawPush(nbytes, self.chunk_size) for nbytes in pushed], self.raw_server.pid
         )
         cell.add("raw_push", raw_push, sum(pushed))
-        when = start_at()
         raw_push_to_file = self.clients.round(
-            [RawPush(nbytes, self.chunk_size, when, to_file=True) for nbytes in pushed],
+            [RawPush(nbytes, self.chunk_size, to_file=True) for nbytes in pushed],
             self.raw_server.pid,
         )
         cell.add("raw_push_to_file", raw_push_to_file, sum(pushed))
         self.raw_server.clear_store()
-        when = start_at()
         write_only = self.clients.round(
             [
-                WriteOnly(codec, serialize(ResultPartitionDeploymentDescriptor(p, d)), when)
+                WriteOnly(codec, serialize(ResultPartitionDeploymentDescriptor(p, d)))
                 for p, d in registered
             ],
             None,
         )
-        when = start_at()
         push = self.clients.round(
             [
-                Push(codec, serialize(ResultPartitionDeploymentDescriptor(p, d)), when)
+                Push(codec, serialize(ResultPartitionDeploymentDescriptor(p, d)))
                 for p, d in registered
             ],
             self.worker_pid,
@@ -1070,17 +1064,14 @@ class Bench:
             )
             for _, d in registered
         ]
-        when = start_at()
-        fetch = self.clients.round([Fetch(codec, gate, when) for gate in gates], self.worker_pid)
+        fetch = self.clients.round([Fetch(codec, gate) for gate in gates], self.worker_pid)
         cell.add("fetch", fetch, sum(runs))
-        when = start_at()
         raw_fetch = self.clients.round(
-            [RawFetch(nbytes, self.chunk_size, when) for nbytes in runs], self.raw_server.pid
+            [RawFetch(nbytes, self.chunk_size) for nbytes in runs], self.raw_server.pid
         )
         cell.add("raw_fetch", raw_fetch, sum(runs))
-        when = start_at()
         store_read = self.clients.round(
-            [StoreRead(self.worker_store.url, gate, when) for gate in gates], None
+            [StoreRead(self.worker_store.url, gate) for gate in gates], None
         )
         cell.add("store_read", store_read, sum(runs))
         for _, descriptor in registered + registered_encoded:
