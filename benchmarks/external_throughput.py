@@ -44,8 +44,9 @@ fetch, store read: each raw phase right after the one it is compared with):
   file (unbuffered, as the worker writes its data files) in a directory beside the worker's
   store, on the same file system; the files are deleted after the round, as the worker's
   partitions are released after theirs. This is raw grpcio plus the one thing a shuffle
-  service cannot leave out, storing the bytes: on a machine where every side shares a few
-  cores, the ceiling of any service's push, shown as its own % of the raw push.
+  service cannot leave out, storing the bytes, shown as its own % of the raw push: a
+  reference for what storing costs, not a strict bound (how much a write costs depends on
+  the state of the page cache, which differs from round to round).
 * **breakdown** (no transport, not part of the comparison): **writer alone**, the same writer
   (``SortMergePartitionWriter``, same options) into a sink that discards the bytes, and
   **store read**, the same partitions read straight from the worker's store directory with
@@ -905,7 +906,8 @@ class Cell:
         return float(statistics.median(self.mb_per_s(phase)))
 
     def ratio(self, phase: str) -> float:
-        """Of raw: both pushes are compared with the raw push."""
+        """Of raw: the fetch is compared with the raw fetch, every push (the raw push into a
+        file too) with the raw push."""
         raw = "raw_fetch" if phase == "fetch" else "raw_push"
         return self.median_mb_per_s(phase) / self.median_mb_per_s(raw)
 
