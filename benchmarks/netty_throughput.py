@@ -221,12 +221,15 @@ class Service:
             {"netty-like.storage.url": store_url, "shuffle.compression.codec": codec}, environ={}
         )
         factory = load_shuffle_service_factory(config)
-        master = factory.create_shuffle_master(ShuffleMasterContext(config))
+        master_context = ShuffleMasterContext(config)
+        master = factory.create_shuffle_master(master_context)
         master.start()
         job = RecordingJobContext(f"bench-{new_id()}")
         master.register_job(job)
         producer_env = factory.create_shuffle_environment(
-            ShuffleEnvironmentContext(config, resource_id=f"producer-{new_id()}")
+            ShuffleEnvironmentContext(
+                config, resource_id=f"producer-{new_id()}", secret=master_context.secret
+            )
         )
         producer_env.start()
         # It sees the producer's store too; made to read through the data port all the same.
@@ -234,6 +237,7 @@ class Service:
             ShuffleEnvironmentContext(
                 config.with_values({"netty-like.read-from-shared-store": False}),
                 resource_id=f"consumer-{new_id()}",
+                secret=master_context.secret,
             )
         )
         remote_env.start()

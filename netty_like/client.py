@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from netty_like.handshake import open_handshake
 from netty_like.protocol import (
     BufferHeader,
     FrameType,
@@ -19,6 +20,7 @@ from netty_like.protocol import (
     write_frame,
 )
 from shuffle_api import (
+    AuthenticationError,
     PartitionError,
     ResultPartitionID,
     ShuffleError,
@@ -46,6 +48,7 @@ def read_remote(
     *,
     pipelined: bool,
     settings: CreditSettings,
+    secret: bytes,
 ) -> Iterator[pa.RecordBatch]:
     """Yield the batches; closing the iterator early closes the connection, and the producer
     frees what it had queued for us."""
@@ -57,15 +60,16 @@ def read_remote(
             f"cannot connect to the data port {address} of the producer of {partition}: {error}"
         ) from error
     try:
-        sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        open_handshake(sock, secret, address)
+        sock.settimeout(None)
         yield from _stream(sock, partition, subpartitions, pipelined, settings)
+    except (PartitionError, AuthenticationError):
+        raise
     except OSError as error:
         raise TransportError(
             f"data connection to {address} failed while reading {partition}: {error}"
         ) from error
-    except PartitionError:
-        raise
     except ShuffleError as error:
         raise TransportError(f"reading {partition} from {address} failed: {error}") from error
     finally:

@@ -1,11 +1,20 @@
-"""netty_like's ShuffleEnvironment: writers, gates, the partition registry and the data port."""
+"""netty_like's ShuffleEnvironment: writers, gates, the partition registry and the data port.
+
+Given an executor process (``ShuffleEnvironmentContext.executor_pid``) and a local store, the
+blocking partitions it writes are handed to that executor's host process
+(:mod:`netty_like.hosting`), which serves them after this process is gone; otherwise this
+process serves them itself.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+import functools
+import logging
+from collections.abc import Callable, Collection, Sequence
 
 from netty_like.client import CreditSettings
 from netty_like.gate import GateSettings, NettyInputGate
+from netty_like.hosting import ExecutorHost, HostSettings
 from netty_like.options import (
     DATA_PORT_ENABLED,
     DATA_PORT_HOST,
@@ -20,12 +29,14 @@ from netty_like.options import (
     STORAGE_URL,
 )
 from netty_like.partition_manager import ResultPartitionManager
-from netty_like.server import DataServer
+from netty_like.protocol import HostedState
+from netty_like.server import DataServer, ServerLimits
 from netty_like.writers import PipelinedPartitionWriter
 from shuffle_api import (
     LOCAL_ONLY_PORT,
     InputGate,
     InputGateDeploymentDescriptor,
+    InvalidOperationError,
     PartitionInfo,
     ProducerDescriptor,
     ResultPartitionDeploymentDescriptor,
@@ -43,16 +54,24 @@ from shuffle_api.store import Store
 
 __all__ = ["NettyShuffleEnvironment"]
 
+_LOG = logging.getLogger(__name__)
+
 
 class NettyShuffleEnvironment(ShuffleEnvironment):
     def __init__(self, context: ShuffleEnvironmentContext) -> None:
         config = context.configuration
         self._config = config
         self._resource_id = context.resource_id
-        self._store = Store(config.get(STORAGE_URL))
+        self._secret = context.secret
+        self._executor_pid = context.executor_pid
+        default_store = (
+            "" if context.local_directory is None else f"{context.local_directory}/pyshuffle"
+        )
+        self._store = Store(config.get(STORAGE_URL) or default_store)
         self._manager = ResultPartitionManager(self._store, config.get(PARTITION_REQUEST_TIMEOUT))
-        self._host = config.get(DATA_PORT_HOST)
+        self._host = config.get(DATA_PORT_HOST) or context.host
         self._server: DataServer | None = None
+        self._executor_host: ExecutorHost | None = None
         self._port = LOCAL_ONLY_PORT
         self._gates = OpenGates()
         self._closed = False
@@ -65,6 +84,8 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
                 connect_timeout=config.get(PARTITION_REQUEST_TIMEOUT),
             ),
             unknown_timeout=config.get(PARTITION_REQUEST_TIMEOUT),
+            secret=self._secret,
+            store_url=self._store.url,
             read_from_shared_store=config.get(READ_FROM_SHARED_STORE),
         )
 
@@ -81,18 +102,54 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
         return self._server
 
     def start(self) -> int:
-        if self._server is None and self._config.get(DATA_PORT_ENABLED):
-            self._server = DataServer(
-                self._manager,
-                self._host,
-                self._config.get(DATA_PORT_PORT),
-                self._config.get(MAX_FRAME_SIZE),
+        if self._port != LOCAL_ONLY_PORT or not self._config.get(DATA_PORT_ENABLED):
+            return self._port
+        if self._executor_pid is not None and self._store.is_local:
+            self._executor_host = ExecutorHost(
+                HostSettings(
+                    owner_pid=self._executor_pid,
+                    secret=self._secret,
+                    store_url=self._store.url,
+                    bind_host=self._host,
+                    advertised_host=self._advertised_host(),
+                    max_frame_size=self._config.get(MAX_FRAME_SIZE),
+                    request_timeout=self._config.get(PARTITION_REQUEST_TIMEOUT),
+                )
             )
-            self._port = self._server.start()
+            self._port = self._executor_host.port
+            return self._port
+        if self._executor_pid is not None:
+            _LOG.warning(
+                "store %s is not a local directory that another process of this executor"
+                " could serve: this process serves its partitions itself, and they are lost"
+                " when it exits",
+                self._store.url,
+            )
+        self._server = DataServer(
+            self._manager,
+            self._host,
+            self._config.get(DATA_PORT_PORT),
+            secret=self._secret,
+            limits=ServerLimits(max_frame_size=self._config.get(MAX_FRAME_SIZE)),
+        )
+        self._port = self._server.start()
         return self._port
 
+    def _advertised_host(self) -> str:
+        """Where consumers reach the data port: its bind address, unless that is a wildcard."""
+        return self._host if self._host not in ("", "0.0.0.0", "::") else "127.0.0.1"
+
     def producer_descriptor(self, producer_execution_id: str) -> ProducerDescriptor:
-        return ProducerDescriptor(self._resource_id, producer_execution_id, self._host, self._port)
+        if self._executor_host is not None:
+            return ProducerDescriptor(
+                self._executor_host.resource_id,
+                producer_execution_id,
+                self._executor_host.address,
+                self._port,
+            )
+        return ProducerDescriptor(
+            self._resource_id, producer_execution_id, self._advertised_host(), self._port
+        )
 
     def _check_open(self) -> None:
         if self._closed:
@@ -108,6 +165,12 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
         target = self._config.get(TARGET_BATCH_SIZE)
         partition = descriptor.result_partition_id
         if descriptor.partition_type.must_be_pipelined:
+            if self._executor_host is not None:
+                raise InvalidOperationError(
+                    f"{descriptor.partition_type.name} partitions live in the memory of the"
+                    " process that writes them; with an executor host this environment writes"
+                    " blocking partitions only"
+                )
             pipelined = self._manager.new_pipelined(
                 partition,
                 descriptor.number_of_subpartitions,
@@ -116,6 +179,12 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
             return PipelinedPartitionWriter(
                 pipelined, target_batch_bytes=target, on_fail=self._manager.mark_failed
             )
+        on_commit: Callable[[ResultPartitionID], None] = self._manager.register_blocking
+        if self._executor_host is not None:
+            # Told first, so the host deletes the files if this process dies before the commit.
+            self._executor_host.hand_over(HostedState.WRITING, partition)
+            on_commit = functools.partial(self._executor_host.hand_over, HostedState.COMMITTED)
+
         # BLOCKING, BLOCKING_PERSISTENT and HYBRID_FULL are written in full to the store.
         return SortMergePartitionWriter(
             StoreSink(self._store, partition),
@@ -123,7 +192,7 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
             codec=self._config.get(COMPRESSION_CODEC),
             memory_budget=self._config.get(SORT_BUFFER_SIZE),
             target_batch_bytes=target,
-            on_commit=self._manager.register_blocking,
+            on_commit=on_commit,
         )
 
     def create_input_gates(
@@ -150,6 +219,7 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
         return self._manager.queued_bytes()
 
     def partitions_occupying_local_resources(self) -> frozenset[ResultPartitionID]:
+        # With an executor host, nothing: the host holds what this process wrote.
         return self._manager.occupying()
 
     def close(self) -> None:
@@ -158,5 +228,7 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
         self._closed = True
         if self._server is not None:
             self._server.stop()
+        if self._executor_host is not None:
+            self._executor_host.close()
         self._gates.close_all()
         self._manager.release(self._manager.occupying())

@@ -1,5 +1,6 @@
-"""netty_like's input gate: local partitions from memory, blocking ones from a store this
-process shares with the producer, the rest over the producer's data port."""
+"""netty_like's input gate: local partitions from memory, blocking ones from this process's
+store when the producer wrote them there (the same executor, or a store the executors share),
+the rest over the producer's data port."""
 
 from __future__ import annotations
 
@@ -31,6 +32,10 @@ class GateSettings:
     resource_id: str
     credit: CreditSettings
     unknown_timeout: float
+    secret: bytes
+    store_url: str
+    """This process's store: a producer that wrote to the same store URL may have left its
+    files where this process sees them."""
     read_from_shared_store: bool = True
 
 
@@ -63,7 +68,7 @@ class NettyInputGate(SequentialInputGate):
         if (
             not pipelined
             and self._settings.read_from_shared_store
-            and (reader := self._open_on_store(descriptor.store_url, partition)) is not None
+            and (reader := self._open_on_store(self._settings.store_url, partition)) is not None
         ):
             yield from reader.read(self.subpartitions)
             return
@@ -77,16 +82,16 @@ class NettyInputGate(SequentialInputGate):
             )
         else:
             raise PartitionNotFoundError(
-                f"blocking partition {partition} {self._not_on_store(descriptor)}, and its"
+                f"blocking partition {partition} {self._not_on_store()}, and its"
                 " producer serves no data port",
                 partition,
             )
 
-    def _not_on_store(self, descriptor: NettyShuffleDescriptor) -> str:
+    def _not_on_store(self) -> str:
         """Why the store did not serve a blocking partition, for an error message."""
         if not self._settings.read_from_shared_store:
             return "is not read from the store here (netty-like.read-from-shared-store = false)"
-        return f"is not on the store {descriptor.store_url!r} as this process sees it"
+        return f"is not on this process's store {self._settings.store_url!r}"
 
     def _read_remote(
         self, descriptor: NettyShuffleDescriptor, pipelined: bool
@@ -101,6 +106,7 @@ class NettyInputGate(SequentialInputGate):
                 self.subpartitions,
                 pipelined=pipelined,
                 settings=self._settings.credit,
+                secret=self._settings.secret,
             ):
                 received = True
                 yield batch
@@ -109,7 +115,7 @@ class NettyInputGate(SequentialInputGate):
                 raise
             # Not on the store and no producer to ask: the engine must rerun the producer.
             raise PartitionNotFoundError(
-                f"blocking partition {partition} {self._not_on_store(descriptor)}, and its"
+                f"blocking partition {partition} {self._not_on_store()}, and its"
                 f" producer does not answer ({error}): it was released, or its producer's process"
                 " is gone",
                 partition,

@@ -1,22 +1,33 @@
-"""netty_like's ShuffleMaster: descriptors point at the producer's process and data port.
+"""netty_like's ShuffleMaster: descriptors point at the producer's data port, and what exists is
+learnt from there.
 
-Blocking partitions live on the configured store, so the master can check and delete them
-itself wherever that store is shared with the producers (local disk on one host, object stores).
+Each producer's data port (an executor's host, or the producing process itself) answers which
+of its partitions it still holds and releases them; a data port that no longer answers took its
+partitions with it. Only partitions of producers that serve no data port are checked and
+deleted on the master's own view of the store.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections import defaultdict
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from operator import methodcaller
+from typing import TypeVar
 
+from netty_like.control import ControlConnection
 from netty_like.descriptor import NettyShuffleDescriptor
-from netty_like.options import STORAGE_URL
+from netty_like.options import MAX_FRAME_SIZE, PARTITION_REQUEST_TIMEOUT, STORAGE_URL
 from shuffle_api import (
+    LOCAL_ONLY_PORT,
     JobShuffleContext,
     PartitionCorruptedError,
     PartitionDescriptor,
     PartitionNotFoundError,
+    PartitionStatistics,
     PartitionWithMetrics,
     ProducerDescriptor,
     ResultPartitionID,
@@ -32,6 +43,13 @@ from shuffle_api.store import Store
 
 __all__ = ["NettyShuffleMaster"]
 
+_LOG = logging.getLogger(__name__)
+# A host being shut down that does not answer within this is gone or going.
+_SHUTDOWN_TIMEOUT = 5.0
+
+T = TypeVar("T")
+_Endpoint = tuple[str, int]
+
 
 @dataclass
 class _Job:
@@ -44,8 +62,14 @@ class _Job:
 class NettyShuffleMaster(ShuffleMaster):
     def __init__(self, context: ShuffleMasterContext) -> None:
         self._context = context
-        self._store = Store(context.configuration.get(STORAGE_URL))
+        config = context.configuration
+        self._store = Store(config.get(STORAGE_URL))
+        self._secret = context.secret
+        self._timeout = config.get(PARTITION_REQUEST_TIMEOUT)
+        self._max_frame_size = config.get(MAX_FRAME_SIZE)
         self._jobs: dict[str, _Job] = {}
+        self._controls: dict[_Endpoint, ControlConnection] = {}
+        self._endpoints: set[_Endpoint] = set()
         self._lock = threading.Lock()
         self._started = False
         self._closed = False
@@ -61,6 +85,24 @@ class NettyShuffleMaster(ShuffleMaster):
         for job_id in job_ids:
             self.unregister_job(job_id)
         self._closed = True
+        with self._lock:
+            controls, self._controls = list(self._controls.values()), {}
+            endpoints = sorted(self._endpoints)
+        for control in controls:
+            control.close()
+        # Executor hosts exit now rather than with their executors; other data ports refuse.
+        for host, port in endpoints:
+            try:
+                with ControlConnection(
+                    host,
+                    port,
+                    self._secret,
+                    timeout=_SHUTDOWN_TIMEOUT,
+                    max_frame_size=self._max_frame_size,
+                ) as control:
+                    control.shutdown()
+            except ShuffleError as error:
+                _LOG.debug("data port %s:%d not shut down: %s", host, port, error)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -78,9 +120,11 @@ class NettyShuffleMaster(ShuffleMaster):
             job = self._jobs.pop(job_id, None)
         if job is None:
             return
-        for partition_descriptor, descriptor in job.partitions.values():
-            if not partition_descriptor.partition_type.is_persistent:
-                self._delete(descriptor)
+        self._release(
+            descriptor
+            for partition_descriptor, descriptor in job.partitions.values()
+            if not partition_descriptor.partition_type.is_persistent
+        )
 
     def _job(self, job_id: str) -> _Job:
         with self._lock:
@@ -110,6 +154,8 @@ class NettyShuffleMaster(ShuffleMaster):
         )
         with self._lock:
             job.partitions[partition] = (partition_descriptor, descriptor)
+            if descriptor.data_port != LOCAL_ONLY_PORT:
+                self._endpoints.add((descriptor.host, descriptor.data_port))
         return completed(descriptor)
 
     def release_partition_externally(self, shuffle_descriptor: ShuffleDescriptor) -> None:
@@ -117,9 +163,23 @@ class NettyShuffleMaster(ShuffleMaster):
             for job in self._jobs.values():
                 job.partitions.pop(shuffle_descriptor.result_partition_id, None)
         if isinstance(shuffle_descriptor, NettyShuffleDescriptor):
-            self._delete(shuffle_descriptor)
+            self._release([shuffle_descriptor])
 
-    def _delete(self, descriptor: NettyShuffleDescriptor) -> None:
+    def _release(self, descriptors: Iterable[NettyShuffleDescriptor]) -> None:
+        """Released where the files are: by the data port that serves them (one that does not
+        answer took them with it), else on the store."""
+        for endpoint, group in _by_endpoint(descriptors).items():
+            if endpoint is None:
+                for descriptor in group:
+                    self._delete_from_store(descriptor)
+                continue
+            partitions = [descriptor.result_partition_id for descriptor in group]
+            try:
+                self._ask(endpoint, methodcaller("release", partitions))
+            except ShuffleError as error:
+                _LOG.info("%d partitions not released on %s:%d: %s", len(group), *endpoint, error)
+
+    def _delete_from_store(self, descriptor: NettyShuffleDescriptor) -> None:
         store = (
             self._store if descriptor.store_url == self._store.url else Store(descriptor.store_url)
         )
@@ -128,27 +188,88 @@ class NettyShuffleMaster(ShuffleMaster):
             partition_directory(store, descriptor.result_partition_id), empty_parents=2
         )
 
+    def _ask(self, endpoint: _Endpoint, request: Callable[[ControlConnection], T]) -> T:
+        """``request`` on a connection to ``endpoint``; a kept connection that fails (the peer
+        closed it while idle) is replaced once."""
+        for attempt in range(2):
+            with self._lock:
+                control = self._controls.pop(endpoint, None)
+            if control is None:
+                control = ControlConnection(
+                    *endpoint,
+                    self._secret,
+                    timeout=self._timeout,
+                    max_frame_size=self._max_frame_size,
+                )
+            try:
+                answer = request(control)
+            except ShuffleError:
+                control.close()
+                if attempt == 1:
+                    raise
+                continue
+            with self._lock:
+                if self._closed:
+                    control.close()
+                else:
+                    self._controls[endpoint] = control
+            return answer
+        raise AssertionError("unreachable")
+
     def partitions_with_metrics(self, job_id: str) -> Future[list[PartitionWithMetrics]]:
-        """Blocking partitions with their manifest's statistics; ones whose files are gone are
-        reported lost to the job's context."""
+        """Blocking partitions with their statistics as their data ports report them; ones no
+        longer held (or whose data port is gone) are reported lost to the job's context."""
         job = self._job(job_id)
         with self._lock:
-            tracked = list(job.partitions.values())
-        result: list[PartitionWithMetrics] = []
-        lost: list[ResultPartitionID] = []
-        for partition_descriptor, descriptor in tracked:
-            if not partition_descriptor.partition_type.is_reconsumable:
+            tracked = [
+                descriptor
+                for partition_descriptor, descriptor in job.partitions.values()
+                if partition_descriptor.partition_type.is_reconsumable
+            ]
+        statistics: dict[ResultPartitionID, PartitionStatistics | None] = {}
+        for endpoint, group in _by_endpoint(tracked).items():
+            partitions = [descriptor.result_partition_id for descriptor in group]
+            if endpoint is None:
+                statistics.update(zip(partitions, map(self._on_store, partitions), strict=True))
                 continue
             try:
-                reader = PartitionFileReader(self._store, descriptor.result_partition_id)
-            except (PartitionNotFoundError, PartitionCorruptedError):
+                held = self._ask(endpoint, methodcaller("statuses", partitions))
+            except ShuffleError as error:
+                _LOG.warning(
+                    "data port %s:%d does not answer (%s): its %d partitions are lost",
+                    *endpoint,
+                    error,
+                    len(partitions),
+                )
+                held = [None] * len(partitions)
+            statistics.update(zip(partitions, held, strict=True))
+        result: list[PartitionWithMetrics] = []
+        lost: list[ResultPartitionID] = []
+        for descriptor in tracked:
+            found = statistics[descriptor.result_partition_id]
+            if found is None:
                 lost.append(descriptor.result_partition_id)
-                result.append(PartitionWithMetrics(descriptor, False, None))
-                continue
-            result.append(PartitionWithMetrics(descriptor, True, reader.manifest.statistics))
+            result.append(PartitionWithMetrics(descriptor, found is not None, found))
         if lost:
             with self._lock:
                 for partition in lost:
                     job.partitions.pop(partition, None)
             job.context.stop_tracking_and_release_partitions(lost)
         return completed(result)
+
+    def _on_store(self, partition: ResultPartitionID) -> PartitionStatistics | None:
+        try:
+            return PartitionFileReader(self._store, partition).manifest.statistics
+        except (PartitionNotFoundError, PartitionCorruptedError):
+            return None
+
+
+def _by_endpoint(
+    descriptors: Iterable[NettyShuffleDescriptor],
+) -> dict[_Endpoint | None, list[NettyShuffleDescriptor]]:
+    """Descriptors by the data port that serves them (``None``: none does)."""
+    grouped: dict[_Endpoint | None, list[NettyShuffleDescriptor]] = defaultdict(list)
+    for descriptor in descriptors:
+        served = descriptor.data_port != LOCAL_ONLY_PORT
+        grouped[(descriptor.host, descriptor.data_port) if served else None].append(descriptor)
+    return grouped

@@ -8,6 +8,7 @@ from shuffle_api.config import (
     ConfigOption,
     bool_option,
     float_option,
+    host_local,
     int_option,
     memory_option,
     str_option,
@@ -28,34 +29,46 @@ __all__ = [
     "STORAGE_URL",
 ]
 
-STORAGE_URL = str_option(
-    "netty-like.storage.url",
-    "",
-    "fsspec URL under which blocking partitions are written; empty: a directory in the temp dir.",
+STORAGE_URL = host_local(
+    str_option(
+        "netty-like.storage.url",
+        "",
+        "fsspec URL under which blocking partitions are written; empty: a directory in the"
+        " temp dir (under PySpark, the executor's Spark local directory). Host-local.",
+    )
 )
-SORT_BUFFER_SIZE = memory_option(
-    "netty-like.sort-buffer.size",
-    64 << 20,
-    "Memory a blocking-partition writer buffers before it spills a region to the store. A"
-    " region is written in the background while the next one fills, so a writer holds up to"
-    " about twice this.",
-    minimum=1,
+SORT_BUFFER_SIZE = host_local(
+    memory_option(
+        "netty-like.sort-buffer.size",
+        64 << 20,
+        "Memory a blocking-partition writer buffers before it spills a region to the store. A"
+        " region is written in the background while the next one fills, so a writer holds up"
+        " to about twice this. Host-local.",
+        minimum=1,
+    )
 )
-PIPELINED_SUBPARTITION_BUFFER = memory_option(
-    "netty-like.pipelined.subpartition-buffer",
-    8 << 20,
-    "Bytes queued per pipelined subpartition before the producer blocks (backpressure).",
-    minimum=1,
+PIPELINED_SUBPARTITION_BUFFER = host_local(
+    memory_option(
+        "netty-like.pipelined.subpartition-buffer",
+        8 << 20,
+        "Bytes queued per pipelined subpartition before the producer blocks (backpressure)."
+        " Host-local.",
+        minimum=1,
+    )
 )
 DATA_PORT_ENABLED = bool_option(
     "netty-like.data-port.enabled",
     True,
     "Serve partitions to other processes over TCP; false: local consumers only.",
 )
-DATA_PORT_HOST = str_option(
-    "netty-like.data-port.host",
-    "127.0.0.1",
-    "Address the data port binds to and advertises to consumers.",
+DATA_PORT_HOST = host_local(
+    str_option(
+        "netty-like.data-port.host",
+        "",
+        "Address the data port binds to and advertises to consumers; empty: the host the"
+        " environment runs on (under PySpark, the address Spark uses for the executor)."
+        " Host-local.",
+    )
 )
 DATA_PORT_PORT = int_option(
     "netty-like.data-port.port", 0, "TCP port of the data port; 0 picks a free one.", minimum=0

@@ -8,6 +8,7 @@ and the data server sends stored bytes as they are.
 from __future__ import annotations
 
 import abc
+import contextlib
 import threading
 from collections import OrderedDict
 from collections.abc import Collection
@@ -18,7 +19,9 @@ import pyarrow as pa
 from netty_like.pipelined import PipelinedPartition, PipelinedSubpartition
 from shuffle_api import (
     PartitionAlreadyConsumedError,
+    PartitionCorruptedError,
     PartitionNotFoundError,
+    PartitionStatistics,
     ProducerFailedError,
     ResultPartitionID,
     SubpartitionRange,
@@ -114,6 +117,8 @@ class ResultPartitionManager:
         self._store = store
         self._request_timeout = request_timeout
         self._blocking: set[ResultPartitionID] = set()
+        # Being written by another process of this executor: deleted with the rest.
+        self._writing: set[ResultPartitionID] = set()
         self._pipelined: dict[ResultPartitionID, PipelinedPartition] = {}
         self._ended: OrderedDict[ResultPartitionID, str] = OrderedDict()
         self._condition = threading.Condition()
@@ -124,7 +129,36 @@ class ResultPartitionManager:
 
     def register_blocking(self, partition: ResultPartitionID) -> None:
         with self._condition:
+            self._writing.discard(partition)
             self._blocking.add(partition)
+
+    def register_writing(self, partition: ResultPartitionID) -> None:
+        """Another process of this executor is writing ``partition`` to the store: delete it
+        with the rest unless it is committed."""
+        with self._condition:
+            self._writing.add(partition)
+
+    def adopt_committed(self, partition: ResultPartitionID) -> None:
+        """Serve a partition another process of this executor committed to the store (its
+        files are checked first)."""
+        PartitionFileReader(self._store, partition)
+        self.register_blocking(partition)
+
+    def statuses(
+        self, partitions: Collection[ResultPartitionID]
+    ) -> list[PartitionStatistics | None]:
+        """Each blocking partition's statistics while it is held and its files read, else
+        ``None``."""
+        with self._condition:
+            held = [partition in self._blocking for partition in partitions]
+        statuses: list[PartitionStatistics | None] = []
+        for partition, is_held in zip(partitions, held, strict=True):
+            statistics = None
+            if is_held:
+                with contextlib.suppress(PartitionNotFoundError, PartitionCorruptedError):
+                    statistics = PartitionFileReader(self._store, partition).manifest.statistics
+            statuses.append(statistics)
+        return statuses
 
     def register_pipelined(self, partition: PipelinedPartition) -> None:
         with self._condition:
@@ -205,14 +239,18 @@ class ResultPartitionManager:
         for partition in partitions:
             with self._condition:
                 pipelined = self._pipelined.pop(partition, None)
-                blocking = partition in self._blocking
+                stored = partition in self._blocking or partition in self._writing
                 self._blocking.discard(partition)
+                self._writing.discard(partition)
                 if pipelined is not None:
                     self._remember(partition, "released")
             if pipelined is not None:
                 pipelined.release()
-            if blocking:
-                self._store.delete_tree(partition_directory(self._store, partition))
+            if stored:
+                # <result>/<index>/ too when this was their last attempt: nothing stays behind.
+                self._store.delete_tree(
+                    partition_directory(self._store, partition), empty_parents=2
+                )
 
     def queued_bytes(self) -> int:
         """Bytes waiting in pipelined queues for their consumers."""
@@ -222,4 +260,4 @@ class ResultPartitionManager:
 
     def occupying(self) -> frozenset[ResultPartitionID]:
         with self._condition:
-            return frozenset(self._blocking | self._pipelined.keys())
+            return frozenset(self._blocking | self._writing | self._pipelined.keys())

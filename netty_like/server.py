@@ -1,8 +1,14 @@
-"""The data port: serves this process's partitions to consumers in other processes.
+"""The data port: serves partitions to consumers in other processes, and answers the control
+requests of the driver (status, release) and, on an executor's host, of its writers.
 
 One thread accepts; one thread per connection reads control frames; one thread per requested
 channel sends, one BUFFER per credit. A consumer that disconnects releases its view, which frees
 the producer's queued buffers.
+
+Every connection first proves it holds the application's secret (:mod:`netty_like.handshake`).
+Everything a peer can make this process hold is bounded: connections, channels per connection
+and in all, the size of a frame read (allocated only as its bytes arrive), and time: the
+handshake, an idle connection and a half-sent frame each time out.
 """
 
 from __future__ import annotations
@@ -11,34 +17,72 @@ import contextlib
 import logging
 import socket
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import pyarrow as pa
 
+from netty_like.handshake import accept_handshake
 from netty_like.partition_manager import EncodedRun, ResultPartitionManager, SubpartitionView
 from netty_like.protocol import (
     BUFFER_HEADER_SIZE,
     BufferHeader,
     FrameType,
+    HostedState,
     Request,
     decode_channel,
     decode_credit,
+    decode_hosted,
+    decode_partitions,
     encode_channel,
     encode_error,
+    encode_statuses,
     read_frame,
     write_frame,
 )
-from shuffle_api import DataTooLargeError, ShuffleError
+from shuffle_api import (
+    AuthenticationError,
+    DataTooLargeError,
+    InvalidOperationError,
+    ShuffleError,
+    TransportError,
+)
 
-__all__ = ["DataServer"]
+__all__ = ["DataServer", "ServerLimits"]
 
 _LOG = logging.getLogger(__name__)
 # How often a waiting sender looks whether its channel was cancelled.
 _POLL_SECONDS = 0.2
+# Requests and partition lists; a STATUS of 10,000 partitions is about 700 kB.
+_MAX_REQUEST = 8 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLimits:
+    """What one data port lets its peers hold."""
+
+    max_frame_size: int
+    """Largest frame sent (a run of data); frames read from peers (requests and partition
+    lists) are smaller still: see :attr:`max_request_size`."""
+    max_connections: int = 256
+    max_channels: int = 512
+    """Channels (one sending thread each) open at once, over all connections."""
+    max_channels_per_connection: int = 64
+    handshake_timeout: float = 10.0
+    idle_timeout: float = 120.0
+    """A connection with no open channel that sends nothing for this long is closed; so is one
+    that stops in the middle of a frame for this long."""
+
+    @property
+    def max_request_size(self) -> int:
+        """Largest frame read from a peer."""
+        return min(self.max_frame_size, _MAX_REQUEST)
 
 
 class _Connection:
-    def __init__(self, sock: socket.socket, server: DataServer) -> None:
+    def __init__(self, sock: socket.socket, peer: str, server: DataServer) -> None:
         self.sock = sock
+        self.peer = peer
         self.server = server
         self.send_lock = threading.Lock()
         self.channels: dict[int, _Channel] = {}
@@ -49,41 +93,107 @@ class _Connection:
             write_frame(self.sock, frame_type, header, payload)
 
     def serve(self) -> None:
+        limits = self.server.limits
         try:
+            self.sock.settimeout(limits.handshake_timeout)
+            accept_handshake(self.sock, self.server.secret)
+            self.sock.settimeout(limits.idle_timeout)
             while not self.closed.is_set():
-                frame = read_frame(self.sock, self.server.max_frame_size)
+                try:
+                    frame = read_frame(self.sock, limits.max_request_size)
+                except TimeoutError:
+                    if self._open_channels():
+                        continue  # a consumer waiting for data has nothing to say
+                    _LOG.info("closing idle data connection from %s", self.peer)
+                    break
                 if frame is None:
                     break
-                frame_type, body = frame
-                if frame_type is FrameType.REQUEST:
-                    self._open_channel(body)
-                elif frame_type is FrameType.CREDIT:
-                    channel_id, credits = decode_credit(body)
-                    channel = self.channels.get(channel_id)
-                    if channel is not None:
-                        channel.add_credit(credits)
-                elif frame_type is FrameType.CANCEL:
-                    channel = self.channels.get(decode_channel(body))
-                    if channel is not None:
-                        channel.cancel()
-                else:
-                    raise ShuffleError(f"unexpected {frame_type.name} frame from a consumer")
+                self._handle(*frame)
+        except AuthenticationError as error:
+            _LOG.warning("data port: connection from %s refused: %s", self.peer, error)
         except (OSError, ShuffleError) as error:
-            _LOG.debug("data connection ended: %s", error)
+            _LOG.info("data connection from %s ended: %s", self.peer, error)
         finally:
             self.close()
 
+    def _open_channels(self) -> bool:
+        return any(not channel.finished.is_set() for channel in list(self.channels.values()))
+
+    def _handle(self, frame_type: FrameType, body: memoryview) -> None:
+        if frame_type is FrameType.REQUEST:
+            self._open_channel(body)
+        elif frame_type is FrameType.CREDIT:
+            channel_id, credits = decode_credit(body)
+            channel = self.channels.get(channel_id)
+            if channel is not None:
+                channel.add_credit(credits)
+        elif frame_type is FrameType.CANCEL:
+            channel = self.channels.get(decode_channel(body))
+            if channel is not None:
+                channel.cancel()
+        elif frame_type in _CONTROL:
+            self._control(frame_type, body)
+        else:
+            raise TransportError(f"unexpected {frame_type.name} frame from a peer")
+
+    def _control(self, frame_type: FrameType, body: memoryview) -> None:
+        """Answer a control request in order: ACK, STATUS_REPLY or ERROR."""
+        manager = self.server.manager
+        try:
+            if frame_type is FrameType.STATUS:
+                statuses = manager.statuses(decode_partitions(body))
+                self.send(FrameType.STATUS_REPLY, encode_statuses(statuses))
+                return
+            if frame_type is FrameType.RELEASE:
+                manager.release(decode_partitions(body))
+            elif frame_type is FrameType.HOST:
+                if not self.server.hosts_partitions:
+                    raise InvalidOperationError(
+                        "this data port hosts no other process's partitions"
+                    )
+                state, partition = decode_hosted(body)
+                if state is HostedState.WRITING:
+                    manager.register_writing(partition)
+                else:
+                    manager.adopt_committed(partition)
+            elif frame_type is FrameType.SHUTDOWN:
+                if self.server.on_shutdown is None:
+                    raise InvalidOperationError("this data port does not shut down on request")
+                self.server.on_shutdown()
+            self.send(FrameType.ACK, b"")
+        except ShuffleError as error:
+            _LOG.warning("data port: %s from %s refused: %s", frame_type.name, self.peer, error)
+            self.send(FrameType.ERROR, encode_error(0, error))
+
     def _open_channel(self, body: memoryview) -> None:
+        limits = self.server.limits
         try:
             request = Request.decode(body)
         except ShuffleError as error:
             self.send(FrameType.ERROR, encode_error(0, error))
+            return
+        refusal: str | None = None
+        if request.channel in self.channels:
+            refusal = f"channel {request.channel} is already open on this connection"
+        elif len(self.channels) >= limits.max_channels_per_connection:
+            refusal = (
+                f"a connection may have {limits.max_channels_per_connection} channels open at once"
+            )
+        elif not self.server.take_channel():
+            refusal = f"the data port serves {limits.max_channels} channels at once; try again"
+        if refusal is not None:
+            _LOG.warning("data port: request from %s refused: %s", self.peer, refusal)
+            self.send(FrameType.ERROR, encode_error(request.channel, TransportError(refusal)))
             return
         channel = _Channel(self, request)
         self.channels[request.channel] = channel
         threading.Thread(
             target=channel.run, name=f"pyshuffle-send-{request.partition}", daemon=True
         ).start()
+
+    def forget_channel(self, channel_id: int) -> None:
+        self.channels.pop(channel_id, None)
+        self.server.return_channel()
 
     def close(self) -> None:
         self.closed.set()
@@ -95,6 +205,9 @@ class _Connection:
         self.server.forget(self)
 
 
+_CONTROL = frozenset({FrameType.STATUS, FrameType.RELEASE, FrameType.HOST, FrameType.SHUTDOWN})
+
+
 class _Channel:
     def __init__(self, connection: _Connection, request: Request) -> None:
         self._connection = connection
@@ -102,6 +215,7 @@ class _Channel:
         self._credit = request.initial_credit
         self._condition = threading.Condition()
         self._cancelled = False
+        self.finished = threading.Event()
 
     def add_credit(self, credits: int) -> None:
         with self._condition:
@@ -136,11 +250,13 @@ class _Channel:
         finally:
             if view is not None:
                 view.release()
+            self.finished.set()
+            self._connection.forget_channel(request.channel)
 
     def _stream(self, view: SubpartitionView) -> None:
         channel = self._request.channel
         schema_sent = False
-        max_payload = self._connection.server.max_frame_size - BUFFER_HEADER_SIZE
+        max_payload = self._connection.server.limits.max_frame_size - BUFFER_HEADER_SIZE
         while self._take_credit():
             item = view.poll(_POLL_SECONDS)
             while item is False:
@@ -175,15 +291,29 @@ class _Channel:
 
 
 class DataServer:
-    """Listens on ``host:port`` (0: any free port) until :meth:`stop`."""
+    """Listens on ``host:port`` (0: any free port) until :meth:`stop`; serves peers that hold
+    ``secret``. ``hosts_partitions``: other processes of this executor may hand it their
+    partitions (HOST frames); ``on_shutdown``: what a SHUTDOWN request runs (none: refused)."""
 
     def __init__(
-        self, manager: ResultPartitionManager, host: str, port: int, max_frame_size: int
+        self,
+        manager: ResultPartitionManager,
+        host: str,
+        port: int,
+        *,
+        secret: bytes,
+        limits: ServerLimits,
+        hosts_partitions: bool = False,
+        on_shutdown: Callable[[], None] | None = None,
     ) -> None:
         self.manager = manager
-        self.max_frame_size = max_frame_size
+        self.secret = secret
+        self.limits = limits
+        self.hosts_partitions = hosts_partitions
+        self.on_shutdown = on_shutdown
         self._listener = socket.create_server((host, port))
         self._connections: set[_Connection] = set()
+        self._channels = 0
         self._lock = threading.Lock()
         self._accepting = threading.Thread(
             target=self._accept, name="pyshuffle-accept", daemon=True
@@ -200,16 +330,45 @@ class DataServer:
     def _accept(self) -> None:
         while True:
             try:
-                sock, _ = self._listener.accept()
+                sock, address = self._listener.accept()
             except OSError:
                 return  # listener closed by stop()
+            peer = f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
+            with self._lock:
+                full = len(self._connections) >= self.limits.max_connections
+            if full:
+                _LOG.warning(
+                    "data port: connection from %s refused: %d connections are open already",
+                    peer,
+                    self.limits.max_connections,
+                )
+                with contextlib.suppress(OSError):
+                    refusal = TransportError(
+                        f"the data port serves {self.limits.max_connections} connections at"
+                        " once; try again"
+                    )
+                    sock.settimeout(1.0)
+                    write_frame(sock, FrameType.ERROR, encode_error(0, refusal))
+                sock.close()
+                continue
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            connection = _Connection(sock, self)
+            connection = _Connection(sock, peer, self)
             with self._lock:
                 self._connections.add(connection)
             threading.Thread(
                 target=connection.serve, name="pyshuffle-connection", daemon=True
             ).start()
+
+    def take_channel(self) -> bool:
+        with self._lock:
+            if self._channels >= self.limits.max_channels:
+                return False
+            self._channels += 1
+            return True
+
+    def return_channel(self) -> None:
+        with self._lock:
+            self._channels -= 1
 
     def forget(self, connection: _Connection) -> None:
         with self._lock:

@@ -81,6 +81,7 @@ class Exchange:
         master: ShuffleMaster,
         job: RecordingJobContext,
         configuration: Configuration,
+        secret: bytes,
         frame: DataFrame,
         partitioner: Partitioner,
         name: str,
@@ -97,7 +98,7 @@ class Exchange:
         self.automatic_reducers = automatic_reducers
         self.result_id = f"{re.sub(r'[^A-Za-z0-9_.-]', '-', name)[:60]}-{new_id()[:12]}"
         number_of_maps = frame.rdd.getNumPartitions()
-        self.spec = MapStageSpec(configuration, self.result_id, number_of_maps, partitioner)
+        self.spec = MapStageSpec(configuration, self.result_id, number_of_maps, partitioner, secret)
         self._outputs: dict[int, MapOutput] = {}
         self._schema: pa.Schema | None = None
         self._lock = threading.Lock()

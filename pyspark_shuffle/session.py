@@ -204,7 +204,10 @@ class SparkShuffle:
         factory = load_shuffle_service_factory(
             self.configuration, extra_options=PYSPARK_SHUFFLE_OPTIONS
         )
-        self._master = factory.create_shuffle_master(ShuffleMasterContext(self.configuration))
+        master_context = ShuffleMasterContext(self.configuration)
+        # The application's secret: shipped with the tasks, never in descriptors.
+        self._secret = master_context.secret
+        self._master = factory.create_shuffle_master(master_context)
         self._descriptors = DescriptorCache(
             blob_store=BlobStore(blob_store_url(self.configuration)),
             offload_threshold=self.configuration.get(DESCRIPTOR_OFFLOAD_THRESHOLD),
@@ -476,6 +479,7 @@ class SparkShuffle:
             master=self._master,
             job=self._job,
             configuration=self.configuration,
+            secret=self._secret,
             frame=frame,
             partitioner=partitioner,
             name=name,
@@ -531,6 +535,7 @@ class SparkShuffle:
         rows_read, bytes_read = context.accumulator(0), context.accumulator(0)
         spec = ReduceStageSpec(
             self.configuration,
+            self._secret,
             deployments,
             tuple(
                 exchange.schema(_arrow_schema(self._spark, exchange.frame_schema))

@@ -6,16 +6,18 @@ stay served after the task that wrote them is gone.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
 import pyarrow as pa
 from pyspark import TaskContext
 
 from blob import BLOB_CACHE_MAX_SIZE
+from pyspark_shuffle.executor import this_executor
 from pyspark_shuffle.operations import ReduceOperation
 from pyspark_shuffle.options import PYSPARK_SHUFFLE_OPTIONS
 from pyspark_shuffle.partitioners import Partitioner
@@ -59,26 +61,38 @@ MAP_OUTPUT_SCHEMA: Final = (
 )
 """The one metadata row each map task returns (Spark DDL)."""
 
-_ENVIRONMENTS: dict[tuple[int, str], ShuffleEnvironment] = {}
+_ENVIRONMENTS: dict[tuple[int, str, str], ShuffleEnvironment] = {}
 _ENVIRONMENTS_LOCK = threading.Lock()
 
 
-def task_environment(configuration: Configuration) -> ShuffleEnvironment:
-    """This process's started environment for ``configuration`` (created on first use).
+def task_environment(configuration: Configuration, secret: bytes) -> ShuffleEnvironment:
+    """This process's started environment for ``configuration`` and the application's
+    ``secret`` (created on first use), hosted by this Python worker's executor.
 
-    Keyed by process id too: Spark forks Python workers, and a child must not reuse its
-    parent's data port.
+    Host-local options are read from this executor's own environment. Keyed by process id
+    too: Spark forks Python workers, and a child must not reuse its parent's.
     """
-    key = (os.getpid(), repr((sorted(configuration.values.items()), configuration.environment)))
+    key = (
+        os.getpid(),
+        repr((sorted(configuration.values.items()), configuration.environment)),
+        hashlib.sha256(secret).hexdigest(),
+    )
     with _ENVIRONMENTS_LOCK:
         environment = _ENVIRONMENTS.get(key)
         if environment is None:
             factory = load_shuffle_service_factory(
                 configuration, extra_options=PYSPARK_SHUFFLE_OPTIONS
             )
+            options = (*factory.config_options(), *PYSPARK_SHUFFLE_OPTIONS)
+            executor = this_executor()
             environment = factory.create_shuffle_environment(
                 ShuffleEnvironmentContext(
-                    configuration, resource_id=f"spark-python-{os.getpid()}-{new_id()[:12]}"
+                    configuration.on_host(options),
+                    resource_id=f"spark-python-{os.getpid()}-{new_id()[:12]}",
+                    host=executor.address,
+                    secret=secret,
+                    executor_pid=executor.jvm_pid,
+                    local_directory=executor.local_directory,
                 )
             )
             environment.start()
@@ -94,6 +108,8 @@ class MapStageSpec:
     result_id: str
     number_of_maps: int
     partitioner: Partitioner
+    secret: bytes = field(repr=False)
+    """The application's: the tasks' data ports prove it to each other."""
 
     def partition_descriptor(self, map_index: int) -> PartitionDescriptor:
         return PartitionDescriptor(
@@ -129,7 +145,7 @@ def run_map_task(
 ) -> pa.RecordBatch:
     """Write ``batches`` as partition ``map_index`` under this task attempt's id; return the
     metadata row. An error fails the writer, which leaves nothing behind."""
-    environment = task_environment(spec.configuration)
+    environment = task_environment(spec.configuration, spec.secret)
     attempt = _task_attempt_id()
     descriptor = spec.partition_descriptor(map_index)
     # Placement is the environment's: the master learns of the partition when the driver
@@ -173,6 +189,7 @@ class ReduceStageSpec:
     worker process through its blob cache."""
 
     configuration: Configuration
+    secret: bytes = field(repr=False)
     deployments: Broadcast[tuple[ConsumerDeploymentDescriptor, ...]]
     schemas: tuple[pa.Schema, ...]
     operation: ReduceOperation
@@ -193,7 +210,7 @@ def _counted(batches: Iterator[pa.RecordBatch], spec: ReduceStageSpec) -> Iterat
 
 def run_reduce_task(spec: ReduceStageSpec, reducer: int) -> Iterator[pa.RecordBatch]:
     """Read what reducer ``reducer`` reads of every input; apply the operation."""
-    environment = task_environment(spec.configuration)
+    environment = task_environment(spec.configuration, spec.secret)
     owner = ShuffleIOOwner(f"reducer {reducer}", _task_attempt_id())
     references = spec.deployments.value[reducer].inputs
     cache_bytes = spec.configuration.get(BLOB_CACHE_MAX_SIZE)

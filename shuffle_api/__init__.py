@@ -21,6 +21,7 @@ from shuffle_api.descriptors import (
 )
 from shuffle_api.environment import LOCAL_ONLY_PORT, ShuffleEnvironment, ShuffleIOOwner
 from shuffle_api.errors import (
+    AuthenticationError,
     BlobCorruptedError,
     BlobNotFoundError,
     ChecksumMismatchError,
@@ -63,6 +64,7 @@ __all__ = [
     "BROADCAST",
     "KNOWN_FACTORIES",
     "LOCAL_ONLY_PORT",
+    "AuthenticationError",
     "BlobCorruptedError",
     "BlobNotFoundError",
     "ChecksumMismatchError",

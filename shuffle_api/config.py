@@ -7,6 +7,7 @@ error names the key, the value and where the value came from.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 import re
@@ -25,6 +26,7 @@ __all__ = [
     "bool_option",
     "choice_option",
     "float_option",
+    "host_local",
     "int_option",
     "memory_option",
     "parse_memory_size",
@@ -47,6 +49,10 @@ class ConfigOption(Generic[T]):
     doc: str
     parse: Callable[[object], T] = field(repr=False, compare=False)
     type_name: str = "str"
+    host_local: bool = False
+    """Describes the host a process runs on (its store, address, memory): read where the
+    process runs, from its own ``PYSHUFFLE_*`` variables first (see
+    :meth:`Configuration.on_host`)."""
 
     @property
     def env_name(self) -> str:
@@ -175,6 +181,11 @@ def choice_option(key: str, default: str, doc: str, choices: Iterable[str]) -> C
     return ConfigOption(key, default, doc, parse_choice, "one of " + "|".join(allowed))
 
 
+def host_local(option: ConfigOption[T]) -> ConfigOption[T]:
+    """``option``, marked as describing the host a process runs on."""
+    return dataclasses.replace(option, host_local=True)
+
+
 def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, object]:
     """TOML tables become dotted keys: ``[netty-like.network] credits = 4``."""
     flat: dict[str, object] = {}
@@ -259,6 +270,25 @@ class Configuration:
                 f"config key {option.key!r} has invalid value {value!r} (from {source}):"
                 f" {error}; expected {option.type_name}"
             ) from error
+
+    def on_host(
+        self, options: Iterable[ConfigOption[Any]], environ: Mapping[str, str] | None = None
+    ) -> Configuration:
+        """This configuration as read on the host where it is used (an executor's), given the
+        options that may be set: a host-local option is set by that host's own ``PYSHUFFLE_*``
+        variable (``environ``, default ``os.environ``) above any other source, and never by
+        the variables of the host that loaded the configuration (the driver's); every other
+        option reads as it did there."""
+        env = os.environ if environ is None else environ
+        local_names = {option.env_name: option.key for option in options if option.host_local}
+        set_here = {name: env[name] for name in local_names if name in env}
+        overridden = {local_names[name] for name in set_here}
+        values = {key: value for key, value in self.values.items() if key not in overridden}
+        sources = {key: source for key, source in self.sources.items() if key in values}
+        environment = {
+            name: value for name, value in self.environment.items() if name not in local_names
+        }
+        return Configuration(values, sources, {**environment, **set_here})
 
     def contains(self, option: ConfigOption[Any]) -> bool:
         return self._raw(option) is not None

@@ -7,6 +7,7 @@ pyarrow, protobuf) are translated at the boundary where they occur, naming what 
 from __future__ import annotations
 
 __all__ = [
+    "AuthenticationError",
     "BlobCorruptedError",
     "BlobNotFoundError",
     "ChecksumMismatchError",
@@ -77,6 +78,10 @@ class BlobCorruptedError(ShuffleError):
 
 class TransportError(ShuffleError, ConnectionError):
     """The data connection to a producer failed."""
+
+
+class AuthenticationError(ShuffleError, PermissionError):
+    """A peer did not prove it holds the application's secret (or token), or we did not."""
 
 
 class InvalidOperationError(ShuffleError, ValueError):

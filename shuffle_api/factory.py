@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import importlib
+import secrets
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,21 +36,39 @@ def _raise(error: BaseException) -> None:
     raise error
 
 
+def _new_secret() -> bytes:
+    return secrets.token_bytes(32)
+
+
 @dataclass(frozen=True, slots=True)
 class ShuffleMasterContext:
-    """What a master is created with."""
+    """What a master is created with. ``secret``: the application's, which its environments
+    are given too; peers prove they hold it (a new one by default, which no other process
+    knows)."""
 
     configuration: Configuration
     on_fatal_error: Callable[[BaseException], None] = _raise
+    secret: bytes = field(default_factory=_new_secret, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
 class ShuffleEnvironmentContext:
-    """What an environment is created with: its config, identity and the host it serves on."""
+    """What an environment is created with: its config, identity and the host it serves on.
+
+    ``secret``: the application's (as its master's context has it); peers of the
+    environment's ports prove they hold it. ``executor_pid``: the long-lived process that
+    hosts what this one produces (an engine's executor, as Flink's TaskExecutor), when this
+    process may go away before its partitions are read; ``None``: this process hosts them.
+    ``local_directory``: a directory on this host's own disk that the engine gives the
+    executor (Spark's local directory), the default place for what it stores.
+    """
 
     configuration: Configuration
     resource_id: str = field(default_factory=new_id)
     host: str = field(default_factory=socket.gethostname)
+    secret: bytes = field(default_factory=_new_secret, repr=False)
+    executor_pid: int | None = None
+    local_directory: str | None = None
 
     def __post_init__(self) -> None:
         validate_id(self.resource_id, "resource id")

@@ -77,18 +77,26 @@ class ShuffleScenario:
     producer: ShuffleEnvironment
     consumer: ShuffleEnvironment
     job: RecordingJobContext
+    secret: bytes = field(repr=False)
+    """The application's, which the master and both environments share."""
     result_id: str = field(default_factory=lambda: "result-" + new_id())
 
     @classmethod
     @contextmanager
     def open(cls, harness: ConformanceHarness) -> Iterator[ShuffleScenario]:
         factory = load_shuffle_service_factory(harness.configuration)
-        master = factory.create_shuffle_master(ShuffleMasterContext(harness.configuration))
+        # One application: the master and both environments share its secret.
+        master_context = ShuffleMasterContext(harness.configuration)
+        master = factory.create_shuffle_master(master_context)
         producer = factory.create_shuffle_environment(
-            ShuffleEnvironmentContext(harness.configuration, host="127.0.0.1")
+            ShuffleEnvironmentContext(
+                harness.configuration, host="127.0.0.1", secret=master_context.secret
+            )
         )
         consumer = factory.create_shuffle_environment(
-            ShuffleEnvironmentContext(harness.configuration, host="127.0.0.1")
+            ShuffleEnvironmentContext(
+                harness.configuration, host="127.0.0.1", secret=master_context.secret
+            )
         )
         master.start()
         producer.start()
@@ -96,7 +104,7 @@ class ShuffleScenario:
         job = RecordingJobContext("job-" + new_id())
         master.register_job(job)
         try:
-            yield cls(harness, master, producer, consumer, job)
+            yield cls(harness, master, producer, consumer, job, master_context.secret)
         finally:
             consumer.close()
             producer.close()

@@ -28,6 +28,7 @@ def produce(
     rows: int,
     batch_rows: int,
     subpartitions: int,
+    secret: bytes,
     pipe: Connection,
 ) -> None:
     """Write one partition, send its descriptor bytes, then statistics and the most bytes ever
@@ -35,10 +36,12 @@ def produce(
     config = Configuration.load(settings, environ={})
     factory = load_shuffle_service_factory(config)
     partition_type = ResultPartitionType[partition_type_name]
-    with factory.create_shuffle_master(ShuffleMasterContext(config)) as master:
+    with factory.create_shuffle_master(ShuffleMasterContext(config, secret=secret)) as master:
         master.register_job(RecordingJobContext("job"))
         environment = factory.create_shuffle_environment(
-            ShuffleEnvironmentContext(config, resource_id="producer-process", host="127.0.0.1")
+            ShuffleEnvironmentContext(
+                config, resource_id="producer-process", host="127.0.0.1", secret=secret
+            )
         )
         with environment:
             descriptor = PartitionDescriptor(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import secrets
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,6 +30,8 @@ from shuffle_api.testing import make_batches
 from tests.integration.netty_processes import RESULT_ID, produce
 
 BUFFER = 256 << 10
+# The application's, shared by the producer process and the consumer.
+SECRET = secrets.token_bytes(32)
 
 
 @contextmanager
@@ -40,7 +43,13 @@ def producer_process(
     process = context.Process(
         target=produce,
         args=(settings, partition_type.name),
-        kwargs={"rows": rows, "batch_rows": 2_000, "subpartitions": subpartitions, "pipe": child},
+        kwargs={
+            "rows": rows,
+            "batch_rows": 2_000,
+            "subpartitions": subpartitions,
+            "secret": SECRET,
+            "pipe": child,
+        },
         daemon=True,
     )
     process.start()
@@ -80,7 +89,9 @@ def _read(
     config = Configuration.load(settings, environ={})
     factory = load_shuffle_service_factory(config)
     environment = factory.create_shuffle_environment(
-        ShuffleEnvironmentContext(config, resource_id="consumer-process", host="127.0.0.1")
+        ShuffleEnvironmentContext(
+            config, resource_id="consumer-process", host="127.0.0.1", secret=SECRET
+        )
     )
     with environment:
         [gate] = environment.create_input_gates(

@@ -275,6 +275,7 @@ def test_killed_worker_loses_exactly_its_partitions_and_deletes_them_when_back(
             first.producer,
             first.consumer,
             RecordingJobContext("job-" + new_id()),
+            first.secret,
         )
         first.master.register_job(second.job)
         try:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from netty_like import NettyShuffleEnvironment
+from netty_like.handshake import open_handshake
 from netty_like.protocol import (
     BufferHeader,
     FrameType,
@@ -63,7 +64,10 @@ def _port(environment: object) -> int:
 
 
 def _connect(scenario: ShuffleScenario) -> socket.socket:
-    return socket.create_connection(("127.0.0.1", _port(scenario.producer)), timeout=10)
+    """A connection that has passed the handshake with the application's secret."""
+    sock = socket.create_connection(("127.0.0.1", _port(scenario.producer)), timeout=10)
+    open_handshake(sock, scenario.secret, "the producer")
+    return sock
 
 
 def _next_frame(sock: socket.socket) -> tuple[FrameType, memoryview]:

@@ -1,0 +1,123 @@
+"""Control requests to a data port: which partitions it holds, release, hand over a
+partition (an executor's writers to its host), shut a host down."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Self
+
+from netty_like.handshake import open_handshake
+from netty_like.protocol import (
+    FrameType,
+    HostedState,
+    decode_error,
+    decode_statuses,
+    encode_hosted,
+    encode_partitions,
+    error_from_code,
+    read_frame,
+    write_frame,
+)
+from shuffle_api import (
+    PartitionStatistics,
+    ResultPartitionID,
+    ShuffleError,
+    TransportError,
+)
+
+__all__ = ["ControlConnection"]
+
+# Partitions named in one STATUS or RELEASE frame: keeps each frame far below the request
+# limit of the data port (8 MiB) whatever the ids' lengths.
+_BATCH = 10_000
+
+
+class ControlConnection:
+    """One authenticated connection for control requests, answered in order (thread-safe)."""
+
+    def __init__(
+        self, host: str, port: int, secret: bytes, *, timeout: float, max_frame_size: int
+    ) -> None:
+        self.address = f"{host}:{port}"
+        self._max_frame_size = max_frame_size
+        self._lock = threading.Lock()
+        try:
+            self._sock = socket.create_connection((host, port), timeout=timeout)
+        except OSError as error:
+            raise TransportError(
+                f"cannot connect to the data port {self.address}: {error}"
+            ) from error
+        try:
+            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            open_handshake(self._sock, secret, self.address)
+        except (OSError, ShuffleError) as error:
+            self._sock.close()
+            if isinstance(error, ShuffleError):
+                raise
+            raise TransportError(
+                f"handshake with the data port {self.address} failed: {error}"
+            ) from error
+
+    def _call(self, frame_type: FrameType, body: bytes, answer: FrameType) -> memoryview:
+        with self._lock:
+            try:
+                write_frame(self._sock, frame_type, body)
+                frame = read_frame(self._sock, self._max_frame_size)
+            except OSError as error:
+                raise TransportError(
+                    f"{frame_type.name} to the data port {self.address} failed: {error}"
+                ) from error
+        if frame is None:
+            raise TransportError(f"the data port {self.address} closed the connection")
+        got, reply = frame
+        if got is FrameType.ERROR:
+            _, code, message = decode_error(reply)
+            raise error_from_code(code, f"data port {self.address}: {message}", None)
+        if got is not answer:
+            raise TransportError(
+                f"the data port {self.address} answered {got.name} to {frame_type.name}"
+            )
+        return reply
+
+    def statuses(self, partitions: Sequence[ResultPartitionID]) -> list[PartitionStatistics | None]:
+        """Each partition's statistics if the data port holds it, else ``None``."""
+        statuses: list[PartitionStatistics | None] = []
+        for start in range(0, len(partitions), _BATCH):
+            batch = partitions[start : start + _BATCH]
+            reply = self._call(FrameType.STATUS, encode_partitions(batch), FrameType.STATUS_REPLY)
+            decoded = decode_statuses(reply)
+            if len(decoded) != len(batch):
+                raise TransportError(
+                    f"the data port {self.address} answered {len(decoded)} statuses for"
+                    f" {len(batch)} partitions"
+                )
+            statuses += decoded
+        return statuses
+
+    def release(self, partitions: Sequence[ResultPartitionID]) -> None:
+        for start in range(0, len(partitions), _BATCH):
+            batch = partitions[start : start + _BATCH]
+            self._call(FrameType.RELEASE, encode_partitions(batch), FrameType.ACK)
+
+    def hand_over(self, state: HostedState, partition: ResultPartitionID) -> None:
+        self._call(FrameType.HOST, encode_hosted(state, partition), FrameType.ACK)
+
+    def shutdown(self) -> None:
+        self._call(FrameType.SHUTDOWN, b"", FrameType.ACK)
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
