@@ -16,7 +16,7 @@ import socket
 from typing import Final
 
 from netty_like.protocol import FrameType, decode_error, encode_error, read_frame, write_frame
-from shuffle_api import AuthenticationError, TransportError
+from shuffle_api import AuthenticationError, ShuffleError
 
 __all__ = ["HANDSHAKE_FRAME_LIMIT", "accept_handshake", "open_handshake"]
 
@@ -53,7 +53,7 @@ def accept_handshake(sock: socket.socket, secret: bytes) -> None:
     write_frame(sock, FrameType.CHALLENGE, server_nonce)
     try:
         body = _expect(sock, FrameType.AUTH, _NONCE + _DIGEST, "the client")
-    except (AuthenticationError, TransportError) as error:
+    except (ShuffleError, TimeoutError) as error:
         refusal = AuthenticationError(f"the data port refused the connection: {error}")
         write_frame(sock, FrameType.ERROR, encode_error(0, refusal))
         raise refusal from None

@@ -37,14 +37,15 @@ _WATCH_SECONDS = 0.5
 
 
 def process_start_time(pid: int) -> int | None:
-    """When ``pid`` started (clock ticks since boot), or ``None`` if no such process runs: a
-    pid alone may be reused by a new process once the old one is gone."""
+    """When ``pid`` started (clock ticks since boot), or ``None`` if no such process runs (a
+    zombie has stopped running): a pid alone may be reused by a new process once the old one
+    is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             fields = stat.read().rsplit(b")", 1)[1].split()
     except OSError:
         return None
-    return int(fields[19])
+    return None if fields[0] in (b"Z", b"X") else int(fields[19])
 
 
 @dataclass(frozen=True, slots=True)

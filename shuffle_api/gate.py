@@ -17,6 +17,7 @@ from shuffle_api.descriptors import (
     SubpartitionRange,
 )
 from shuffle_api.errors import (
+    AuthenticationError,
     PartitionError,
     PartitionNotFoundError,
     ShuffleError,
@@ -110,8 +111,8 @@ class SequentialInputGate(InputGate):
             self._reading = self._read(descriptor)
             try:
                 yield from self._reading
-            except PartitionError:
-                raise
+            except (PartitionError, AuthenticationError):
+                raise  # a refused peer is no fault of the partition: its type is kept
             except ShuffleError as error:
                 partition = descriptor.result_partition_id
                 message = str(error)

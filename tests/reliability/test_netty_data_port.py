@@ -3,6 +3,7 @@ files, hostile frames."""
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 import threading
@@ -14,6 +15,7 @@ import pytest
 
 from netty_like import NettyShuffleEnvironment
 from netty_like.handshake import open_handshake
+from netty_like.partition_manager import ResultPartitionManager
 from netty_like.protocol import (
     BufferHeader,
     FrameType,
@@ -24,13 +26,18 @@ from netty_like.protocol import (
     read_frame,
     write_frame,
 )
+from netty_like.server import DataServer, ServerLimits
 from shuffle_api import (
+    AuthenticationError,
     ChecksumMismatchError,
     Configuration,
+    IntermediateResultPartitionID,
     InvalidIdentifierError,
     PartitionNotFoundError,
+    ResultPartitionID,
     ResultPartitionType,
     ShuffleDescriptor,
+    ShuffleEnvironmentContext,
     SubpartitionRange,
 )
 from shuffle_api.format import partition_directory
@@ -235,3 +242,122 @@ def test_schema_frame_precedes_data_for_pipelined_batches(scenario: ShuffleScena
         write_frame(sock, FrameType.REQUEST, request.encode())
         frames = [_next_frame(sock)[0] for _ in range(3)]
     assert frames == [FrameType.SCHEMA, FrameType.BUFFER, FrameType.END]
+
+
+# --- the handshake and the bounds on what a peer can make the data port hold ------------------
+
+
+def _raw(scenario: ShuffleScenario) -> socket.socket:
+    """A connection that has not passed the handshake."""
+    return socket.create_connection(("127.0.0.1", _port(scenario.producer)), timeout=10)
+
+
+def _rss_bytes() -> int:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_a_peer_without_the_secret_is_refused_and_reads_nothing(
+    scenario: ShuffleScenario,
+) -> None:
+    descriptors, _ = scenario.produce(make_batches(1_000), partitions=1, subpartitions=1)
+    with _raw(scenario) as sock, pytest.raises(AuthenticationError, match="refused"):
+        open_handshake(sock, b"not the application's secret", "the producer")
+    # Skipping the handshake: the first frame must be AUTH.
+    with _raw(scenario) as sock:
+        assert _next_frame(sock)[0] is FrameType.CHALLENGE
+        request = Request(1, descriptors[0].result_partition_id, SubpartitionRange(0, 0), 4, False)
+        write_frame(sock, FrameType.REQUEST, request.encode())
+        frame_type, body = _next_frame(sock)
+        assert frame_type is FrameType.ERROR
+        _, code, message = decode_error(body)
+        assert isinstance(error_from_code(code, message, None), AuthenticationError)
+        assert sock.recv(1) == b""  # and hung up
+    # The application's own consumers still read.
+    table = scenario.read(scenario.consumer, descriptors, SubpartitionRange(0, 0))
+    assert table.num_rows == 1_000
+
+
+def test_a_consumer_with_another_secret_gets_an_authentication_error(
+    scenario: ShuffleScenario,
+) -> None:
+    descriptors, _ = scenario.produce(make_batches(1_000), partitions=1, subpartitions=1)
+    outsider = NettyShuffleEnvironment(
+        ShuffleEnvironmentContext(
+            # It sees the producer's store: made to read through the data port all the same.
+            scenario.harness.configuration.with_values(
+                {"netty-like.read-from-shared-store": False}
+            ),
+            host="127.0.0.1",
+        )
+    )
+    with outsider, pytest.raises(AuthenticationError, match="secret"):
+        scenario.read(outsider, descriptors, SubpartitionRange(0, 0))
+
+
+def test_huge_frame_headers_from_unauthenticated_peers_hold_no_memory(
+    scenario: ShuffleScenario,
+) -> None:
+    before = _rss_bytes()
+    peers = [_raw(scenario) for _ in range(200)]
+    try:
+        for sock in peers:
+            sock.sendall(struct.pack("!IB", 64 << 20, FrameType.AUTH))
+        for sock in peers:
+            sock.settimeout(10)
+            # The challenge, the refusal, then the hang-up: nothing was read past the header.
+            assert _next_frame(sock)[0] is FrameType.CHALLENGE
+            assert _next_frame(sock)[0] is FrameType.ERROR
+            assert sock.recv(1) == b""
+    finally:
+        for sock in peers:
+            sock.close()
+    assert _rss_bytes() - before < 64 << 20
+
+
+def test_requests_beyond_the_channel_cap_are_refused_with_bounded_threads(
+    scenario: ShuffleScenario,
+) -> None:
+    threads_before = threading.active_count()
+    partition = ResultPartitionID(IntermediateResultPartitionID("never-written", 0), "attempt")
+    with _connect(scenario) as sock:
+        for channel in range(2_000):
+            # Pipelined requests for a partition that never comes: each would wait 30 s.
+            request = Request(channel, partition, SubpartitionRange(0, 0), 1, True)
+            write_frame(sock, FrameType.REQUEST, request.encode())
+        refused = 0
+        deadline = time.monotonic() + 20
+        while refused < 2_000 - 64 and time.monotonic() < deadline:
+            frame_type, body = _next_frame(sock)
+            assert frame_type is FrameType.ERROR
+            refused += 1
+            assert "channels open at once" in decode_error(body)[2]
+        assert refused == 2_000 - 64
+        assert threading.active_count() - threads_before <= 64 + 2
+
+
+def test_idle_and_half_sent_connections_time_out(tmp_path: Path) -> None:
+    secret = b"s" * 32
+    manager = ResultPartitionManager(Store(str(tmp_path)), request_timeout=1.0)
+    limits = ServerLimits(max_frame_size=MAX_FRAME, handshake_timeout=0.5, idle_timeout=0.5)
+    server = DataServer(manager, "127.0.0.1", 0, secret=secret, limits=limits)
+    port = server.start()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as silent:
+            assert _next_frame(silent)[0] is FrameType.CHALLENGE
+            started = time.monotonic()
+            assert _next_frame(silent)[0] is FrameType.ERROR  # no AUTH in time
+            assert silent.recv(1) == b""
+            assert time.monotonic() - started < 5
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as idle:
+            open_handshake(idle, secret, "the data port")
+            assert idle.recv(1) == b""  # closed after half a second of nothing
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as half:
+            open_handshake(half, secret, "the data port")
+            half.sendall(struct.pack("!IB", 100, FrameType.STATUS) + b"x" * 10)
+            assert half.recv(1) == b""
+        deadline = time.monotonic() + 5
+        while server.connection_count and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.connection_count == 0
+    finally:
+        server.stop()

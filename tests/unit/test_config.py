@@ -528,3 +528,25 @@ def test_known_netty_keys_are_accepted_when_the_factory_loads() -> None:
     assert isinstance(
         load_shuffle_service_factory(configuration), netty_like.NettyShuffleServiceFactory
     )
+
+
+def test_host_local_keys_are_read_from_the_executors_own_environment() -> None:
+    # Loaded on the driver: a Spark conf value, and the driver's own variables.
+    driver = Configuration.load(
+        {"netty-like.data-port.host": "10.0.0.1", "shuffle.compression.codec": "lz4"},
+        environ={
+            "PYSHUFFLE_NETTY_LIKE_SORT_BUFFER_SIZE": "1m",
+            "PYSHUFFLE_SHUFFLE_BATCH_TARGET_SIZE": "2m",
+        },
+    )
+    executor_env = {
+        "PYSHUFFLE_NETTY_LIKE_DATA_PORT_HOST": "10.0.0.7",
+        "PYSHUFFLE_SHUFFLE_COMPRESSION_CODEC": "zstd",  # job-wide: the driver's value stands
+    }
+    on_executor = driver.on_host(NETTY_OPTIONS + CORE_OPTIONS, executor_env)
+    assert on_executor.get(DATA_PORT_HOST) == "10.0.0.7"  # the executor's own, above Spark conf
+    assert on_executor.get(SORT_BUFFER_SIZE) == SORT_BUFFER_SIZE.default  # not the driver's
+    assert on_executor.get(TARGET_BATCH_SIZE) == 2 << 20  # job-wide: the driver's variable
+    assert on_executor.get(COMPRESSION_CODEC) == "lz4"
+    # Set nowhere on the executor: the driver's explicit value is used there too.
+    assert driver.on_host(NETTY_OPTIONS, {}).get(DATA_PORT_HOST) == "10.0.0.1"

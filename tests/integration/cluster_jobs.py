@@ -1,0 +1,211 @@
+"""Jobs on ``local-cluster[2,1,1024]``: two executor JVMs, each with its own store (its Spark
+local directory), reading each other's partitions over their data ports, as two hosts would.
+
+Run as ``python -m tests.integration.cluster_jobs SCENARIO WORK_DIR``: a SparkContext per
+process, so each scenario runs in a process of its own (the test module's session is a
+``local[2]`` one). Prints one JSON object: what the test asserts.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+
+from pyspark_shuffle import SparkShuffle
+from pyspark_shuffle.local_spark import require_java
+from shuffle_api import ShuffleError
+from tests.integration.spark_rows import multiset, ordered
+
+ROWS = 40_000
+# Seconds each map task of the slow input sleeps: the stage lasts long enough to kill an
+# executor in the middle of it.
+SLOW_SECONDS = 1.5
+
+
+def cluster_session(work: Path) -> SparkSession:
+    require_java()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    session = (
+        SparkSession.builder.master("local-cluster[2,1,1024]")
+        .appName("pyshuffle-cluster-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.local.dir", str(work / "local"))
+        .config("spark.executorEnv.PYTHONPATH", os.pathsep.join(sys.path))
+        .config("spark.executorEnv.TMPDIR", str(work / "executor-tmp"))
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.task.maxFailures", "4")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+def stored_files(work: Path) -> list[str]:
+    """Every file or directory under the executors' pyshuffle stores."""
+    return sorted(
+        str(path) for store in (work / "local").glob("**/pyshuffle") for path in store.rglob("*")
+    )
+
+
+def executor_pids(app_id: str) -> dict[str, int]:
+    """Executor id -> pid of its JVM."""
+    found: dict[str, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            arguments = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if (
+            "org.apache.spark.executor.CoarseGrainedExecutorBackend" in arguments
+            and app_id in arguments
+        ):
+            found[arguments[arguments.index("--executor-id") + 1]] = int(entry.name)
+    return found
+
+
+def kill_an_executor_after(
+    spark: SparkSession, seconds: float, killed: list[int]
+) -> threading.Thread:
+    def kill() -> None:
+        time.sleep(seconds)
+        pids = executor_pids(spark.sparkContext.applicationId)
+        pid = pids[min(pids)]
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+
+    thread = threading.Thread(target=kill, daemon=True)
+    thread.start()
+    return thread
+
+
+def data(spark: SparkSession) -> DataFrame:
+    frame: DataFrame = spark.range(0, ROWS, 1, 8).selectExpr(
+        "id",
+        "case when id % 11 = 0 then null else id % 97 end as k",
+        "cast(id % 13 as double) * (case when id % 2 = 0 then -1.0 else 1.0 end) as x",
+        "concat('v', id) as s",
+    )
+    return frame
+
+
+def slow(spark: SparkSession) -> DataFrame:
+    """``data`` behind a Python pass that sleeps in each task."""
+
+    def sleepy(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        time.sleep(SLOW_SECONDS)
+        yield from batches
+
+    frame = data(spark)
+    return frame.mapInArrow(sleepy, frame.schema)
+
+
+def operations(spark: SparkSession, shuffle: SparkShuffle) -> dict[str, Any]:
+    frame = data(spark).cache()
+    dimension = spark.range(0, 120, 1, 3).selectExpr("id % 110 as k", "id * 10 as w").cache()
+
+    def per_group(table: pa.Table) -> pa.Table:
+        return pa.table({"k": table.column("k").slice(0, 1), "n": pa.array([table.num_rows])})
+
+    checks: dict[str, Callable[[], bool]] = {
+        "repartition": lambda: multiset(shuffle.repartition(frame, "k")) == multiset(frame),
+        "group_apply": lambda: (
+            multiset(shuffle.group_apply(frame, "k", per_group, "k long, n long"))
+            == multiset(frame.groupBy("k").count().withColumnRenamed("count", "n"))
+        ),
+        "sort": lambda: (
+            ordered(shuffle.sort(frame, ["x", "id"])) == ordered(frame.orderBy("x", "id"))
+        ),
+    }
+
+    def join_equal(how: str) -> bool:
+        ours = shuffle.join(frame, dimension, "k", how)
+        return multiset(ours) == multiset(frame.join(dimension, "k", how))
+
+    for how in ("inner", "left", "right", "full", "semi", "anti"):
+        checks[f"join_{how}"] = functools.partial(join_equal, how)
+    results = {name: check() for name, check in checks.items()}
+    return {"equal": results}
+
+
+def kill_during_map(spark: SparkSession, shuffle: SparkShuffle) -> dict[str, Any]:
+    frame = slow(spark)
+    killed: list[int] = []
+    # After the first map tasks finished on it: their partitions go with it.
+    kill_an_executor_after(spark, 2 * SLOW_SECONDS + 2.0, killed)
+    result = shuffle.repartition(frame, "k", num_partitions=4)
+    equal = multiset(result) == multiset(data(spark))
+    [exchange] = shuffle.exchanges(result)
+    return {"killed": killed, "equal": equal, "runs": exchange.runs.per_map}
+
+
+def kill_during_reduce(spark: SparkSession, shuffle: SparkShuffle) -> dict[str, Any]:
+    frame = data(spark).cache()
+    frame.count()
+
+    def sleepy(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        time.sleep(SLOW_SECONDS)
+        yield from batches
+
+    result = shuffle.repartition_map(frame, "k", sleepy, frame.schema, num_partitions=8)
+    [exchange] = shuffle.exchanges(result)
+    killed: list[int] = []
+    kill_an_executor_after(spark, SLOW_SECONDS + 1.0, killed)
+    error = ""
+    try:
+        equal = multiset(result) == multiset(frame)
+    except Exception as failure:  # the action failed: the user's remedy is recover()
+        # The reducer names what it could not read, as the user's remedy needs.
+        error = (
+            "PartitionNotFoundError"
+            if "PartitionNotFoundError" in str(failure)
+            else str(failure)[:2000]
+        )
+        equal = multiset(shuffle.recover(result)) == multiset(frame)
+    return {
+        "killed": killed,
+        "equal": equal,
+        "error": error,
+        "runs": exchange.runs.per_map,
+    }
+
+
+SCENARIOS = {
+    "operations": operations,
+    "kill_during_map": kill_during_map,
+    "kill_during_reduce": kill_during_reduce,
+}
+
+
+def main() -> int:
+    scenario, work = sys.argv[1], Path(sys.argv[2])
+    spark = cluster_session(work)
+    try:
+        with SparkShuffle(spark, config={"pyspark-shuffle.progress.interval": "0"}) as shuffle:
+            outcome = SCENARIOS[scenario](spark, shuffle)
+            outcome["files_before_close"] = len(stored_files(work))
+        outcome["files_after_close"] = stored_files(work)
+    except ShuffleError as error:
+        outcome = {"error": f"{type(error).__name__}: {error}"}
+    finally:
+        spark.stop()
+    print("RESULT " + json.dumps(outcome, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+"""An executor's partition host, with real processes: a stand-in executor process (its life
+bounds the host's), writers in this process that hand their partitions over and go away, and
+the master asking the host what it holds."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from netty_like import NettyShuffleEnvironment
+from shuffle_api import (
+    Configuration,
+    InputGateDeploymentDescriptor,
+    IntermediateResultPartitionID,
+    PartitionDescriptor,
+    ResultPartitionDeploymentDescriptor,
+    ResultPartitionType,
+    ShuffleDescriptor,
+    ShuffleEnvironmentContext,
+    ShuffleIOOwner,
+    ShuffleMaster,
+    ShuffleMasterContext,
+    SubpartitionRange,
+    load_shuffle_service_factory,
+)
+from shuffle_api.testing import RecordingJobContext, make_batches
+from shuffle_api.testing.harness import route
+
+RESULT = "hosted"
+
+
+@pytest.fixture
+def executor() -> Iterator[subprocess.Popen[bytes]]:
+    """A process standing in for an executor's JVM."""
+    process = subprocess.Popen(["sleep", "300"])
+    yield process
+    process.kill()
+    process.wait()
+
+
+def _files(store: Path) -> list[Path]:
+    return [path for path in store.rglob("*")]
+
+
+def _host_pids() -> set[int]:
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                arguments = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"netty_like.host" in arguments:
+                found.add(int(entry.name))
+    return found
+
+
+def _write(
+    environment: NettyShuffleEnvironment, master: ShuffleMaster, job: str, index: int
+) -> ShuffleDescriptor:
+    descriptor = PartitionDescriptor(
+        RESULT,
+        2,
+        IntermediateResultPartitionID(RESULT, index),
+        ResultPartitionType.BLOCKING,
+        2,
+    )
+    attempt = f"attempt-{index}"
+    shuffle_descriptor = master.register_partition_with_producer(
+        job, descriptor, environment.producer_descriptor(attempt)
+    ).result()
+    [writer] = environment.create_result_partition_writers(
+        ShuffleIOOwner("map", attempt),
+        [ResultPartitionDeploymentDescriptor(descriptor, shuffle_descriptor)],
+    )
+    with writer:
+        for batch in make_batches(5_000):
+            writer.write(batch, route(batch, 2))
+        writer.finish()
+    return shuffle_descriptor
+
+
+def test_partitions_outlive_their_writer_and_go_with_the_executor(
+    tmp_path: Path, executor: subprocess.Popen[bytes]
+) -> None:
+    store = tmp_path / "executor-store"
+    config = Configuration.load(
+        {
+            "netty-like.storage.url": str(store),
+            "netty-like.read-from-shared-store": False,
+        },
+        environ={},
+    )
+    factory = load_shuffle_service_factory(config)
+    master_context = ShuffleMasterContext(config)
+    master = factory.create_shuffle_master(master_context)
+    job = RecordingJobContext("job")
+    master.register_job(job)
+
+    def environment(name: str) -> NettyShuffleEnvironment:
+        made = factory.create_shuffle_environment(
+            ShuffleEnvironmentContext(
+                config,
+                resource_id=name,
+                host="127.0.0.1",
+                secret=master_context.secret,
+                executor_pid=executor.pid,
+            )
+        )
+        assert isinstance(made, NettyShuffleEnvironment)
+        made.start()
+        return made
+
+    hosts_before = _host_pids()
+    first, second = environment("worker-1"), environment("worker-2")
+    descriptors = [_write(first, master, "job", 0), _write(second, master, "job", 1)]
+    [host] = _host_pids() - hosts_before  # both writers found the same host
+    assert first.producer_descriptor("x").data_port == second.producer_descriptor("x").data_port
+    assert first.partitions_occupying_local_resources() == frozenset()
+    first.close()
+    second.close()  # the writers are gone; the host serves what they wrote
+
+    reader = environment("worker-3")
+    [gate] = reader.create_input_gates(
+        ShuffleIOOwner("reduce", "reduce-0"),
+        [
+            InputGateDeploymentDescriptor(
+                RESULT, ResultPartitionType.BLOCKING, SubpartitionRange(0, 1), tuple(descriptors)
+            )
+        ],
+    )
+    with gate:
+        assert sum(batch.num_rows for batch in gate) == 10_000
+    reader.close()
+    metrics = master.partitions_with_metrics("job").result()
+    assert [m.available for m in metrics] == [True, True]
+    assert [m.statistics.total_rows for m in metrics if m.statistics] == [5_000, 5_000]
+    assert _files(store)
+
+    executor.kill()
+    deadline = time.monotonic() + 10
+    while (host in _host_pids() or _files(store)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert host not in _host_pids(), "the host outlived its executor"
+    assert _files(store) == [], "the host left its executor's partitions behind"
+    metrics = master.partitions_with_metrics("job").result()
+    assert [m.available for m in metrics] == [False, False]
+    assert sorted(job.lost) == sorted(d.result_partition_id for d in descriptors)
+    master.close()
+
+
+def test_the_master_releases_on_the_host_and_shuts_it_down(
+    tmp_path: Path, executor: subprocess.Popen[bytes]
+) -> None:
+    store = tmp_path / "executor-store"
+    config = Configuration.load({"netty-like.storage.url": str(store)}, environ={})
+    factory = load_shuffle_service_factory(config)
+    master_context = ShuffleMasterContext(config)
+    master = factory.create_shuffle_master(master_context)
+    master.register_job(RecordingJobContext("job"))
+    hosts_before = _host_pids()
+    writer_environment = factory.create_shuffle_environment(
+        ShuffleEnvironmentContext(
+            config, host="127.0.0.1", secret=master_context.secret, executor_pid=executor.pid
+        )
+    )
+    assert isinstance(writer_environment, NettyShuffleEnvironment)
+    with writer_environment:
+        kept = _write(writer_environment, master, "job", 0)
+        released = _write(writer_environment, master, "job", 1)
+    [host] = _host_pids() - hosts_before
+    master.release_partition_externally(released)
+    remaining = {path.name for path in _files(store)}
+    assert kept.result_partition_id.producer_attempt_id in remaining
+    assert released.result_partition_id.producer_attempt_id not in remaining
+    master.close()  # the job's partitions released, then the host told to exit
+    deadline = time.monotonic() + 10
+    while host in _host_pids() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert host not in _host_pids()
+    assert _files(store) == []
+    assert executor.poll() is None and os.path.exists(f"/proc/{executor.pid}")
