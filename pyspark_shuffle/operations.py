@@ -272,7 +272,15 @@ class Join(ReduceOperation):
             yield from kept.to_batches(_OUTPUT_BATCH_ROWS)
             return
         right_rest = [name for name in right.column_names if name not in keys]
-        columns = [matches.column(key) for key in keys]
+        # Each key as its row has it (-0.0 stays -0.0), from the side Spark takes it from.
+        left_keys = left.select(keys).take(matches.column(left_row)).columns
+        right_keys = right.select(keys).take(matches.column(right_row)).columns
+        if self.how == "right":
+            columns = right_keys
+        elif self.how == "full":
+            columns = [pc.coalesce(*pair) for pair in zip(left_keys, right_keys, strict=True)]
+        else:
+            columns = left_keys
         columns += left.select(left_rest).take(matches.column(left_row)).columns
         columns += right.select(right_rest).take(matches.column(right_row)).columns
         joined = pa.Table.from_arrays(columns, names=[*keys, *left_rest, *right_rest])

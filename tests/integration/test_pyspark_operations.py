@@ -4,6 +4,7 @@ sort and all six joins, on skewed, null, string, decimal, timestamp and list col
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -419,3 +420,28 @@ def test_repartition_map_equals_repartition_then_map_in_arrow(
     separate = shuffle.repartition(data, "k", num_partitions=3).mapInArrow(per_partition, schema)
     assert sorted(fused.collect()) == sorted(separate.collect())
     assert sum(row["rows"] for row in fused.collect()) == data.count()
+
+
+@pytest.mark.parametrize("how", ["inner", "left", "right", "full"])
+def test_join_on_a_float_key_keeps_each_rows_own_zero(
+    shuffle: SparkShuffle, spark: SparkSession, how: str
+) -> None:
+    # -0.0 joins 0.0 (Spark normalises the key to compare it) yet each output row keeps its
+    # own key as Spark does: the left's, the right's for a right join, either for a full one.
+    left = spark.createDataFrame(
+        [(-0.0, 1), (0.0, 2), (1.5, 3), (-0.0, 4), (2.5, 5)], "x double, a long"
+    )
+    right = spark.createDataFrame([(0.0, 10), (-0.0, 20), (3.5, 30)], "x double, b long")
+    result = shuffle.join(left, right, "x", how, num_partitions=2)
+    expected = left.join(right, on="x", how=SPARK_JOIN_NAMES.get(how, how))
+
+    def signed(frame: DataFrame) -> Counter[tuple[object, ...]]:
+        return Counter(
+            tuple(
+                (value, math.copysign(1.0, value)) if isinstance(value, float) else value
+                for value in row.values()
+            )
+            for row in frame.toArrow().to_pylist()
+        )
+
+    assert signed(result) == signed(expected)
