@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable, Collection, Sequence
 
 from netty_like.client import CreditSettings
+from netty_like.descriptor import NettyShuffleDescriptor
 from netty_like.gate import GateSettings, NettyInputGate
 from netty_like.hosting import ExecutorHost, HostSettings
 from netty_like.options import (
@@ -149,6 +150,19 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
             )
         return ProducerDescriptor(
             self._resource_id, producer_execution_id, self._advertised_host(), self._port
+        )
+
+    def describe_unregistered(
+        self, partition: ResultPartitionID, producer: ProducerDescriptor
+    ) -> NettyShuffleDescriptor:
+        # What the master makes of a registration, which needs nothing but the producer.
+        return NettyShuffleDescriptor(
+            partition=partition,
+            producer_location=producer.producer_location,
+            host=producer.address,
+            data_port=producer.data_port,
+            connection_index=0,
+            store_url=self._store.url,
         )
 
     def _check_open(self) -> None:

@@ -7,14 +7,14 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
-from pyspark import TaskContext
+from pyspark import RDD, TaskContext
 from pyspark.sql import DataFrame, Row, SparkSession
 
 from pyspark_shuffle.options import MAX_RECOVERY_ATTEMPTS, PROGRESS_INTERVAL
@@ -99,6 +99,26 @@ class Exchange:
         self.result_id = f"{re.sub(r'[^A-Za-z0-9_.-]', '-', name)[:60]}-{new_id()[:12]}"
         number_of_maps = frame.rdd.getNumPartitions()
         self.spec = MapStageSpec(configuration, self.result_id, number_of_maps, partitioner, secret)
+        spec = self.spec
+        context = spark.sparkContext
+        rows_written, bytes_written = context.accumulator(0), context.accumulator(0)
+        self._rows_written, self._bytes_written = rows_written, bytes_written
+
+        def map_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            task = TaskContext.get()
+            assert task is not None
+            metadata = run_map_task(spec, task.partitionId(), batches)
+            rows_written.add(sum(metadata.column("rows")[0].as_py()))
+            bytes_written.add(sum(metadata.column("bytes")[0].as_py()))
+            yield metadata
+
+        self._mapped = frame.mapInArrow(map_partition, MAP_OUTPUT_SCHEMA)
+        # The map stage as a Spark shuffle of its metadata rows into one partition: the
+        # driver collects them, and reduce stages depend on it (see anchor_rows).
+        self._anchor: RDD[tuple[int, Row]] | None = self._mapped.rdd.map(
+            lambda row: (0, row)
+        ).partitionBy(1)
+        self._attempts: dict[int, set[str]] = {}
         self._outputs: dict[int, MapOutput] = {}
         self._schema: pa.Schema | None = None
         self._lock = threading.Lock()
@@ -129,37 +149,75 @@ class Exchange:
 
     def write(self) -> None:
         """Run the map stage: every input partition written once."""
-        self._run_maps(list(range(self.number_of_maps)))
+        anchor = self._anchor
+        assert anchor is not None
+        self._register_rows(self._collect(anchor), None)
+        if not any(
+            output.descriptor.stores_local_resources_on() is not None
+            for output in self.outputs.values()
+        ):
+            # The partitions outlive their producers' executors (the external service's):
+            # losing an executor loses nothing, and Spark need not keep it for this shuffle.
+            self._anchor = None
 
-    def _run_maps(self, map_indexes: Sequence[int]) -> None:
-        spec = self.spec
+    def anchor_rows(self) -> RDD[tuple[str, int, bytes]] | None:
+        """(result id, map index, producer) of the map outputs Spark holds for this exchange,
+        when they live on the executors that wrote them (else ``None``).
+
+        A reduce stage that reads this depends on the map stage through Spark's own shuffle:
+        if an executor dies with its map outputs, Spark reruns those map tasks (a fetch
+        failure) inside the action, and the reducers find the new attempts here."""
+        if self._anchor is None:
+            return None
+        result_id = self.result_id
+        return self._anchor.values().map(
+            lambda row: (result_id, int(row["map_index"]), bytes(row["producer"]))
+        )
+
+    def _collect(self, anchor: RDD[tuple[int, Row]]) -> list[Row]:
+        """The metadata rows of the map outputs Spark holds, running the map tasks whose
+        outputs it does not hold (all of them the first time)."""
+        return self._timed(self.number_of_maps, lambda: anchor.values().collect())
+
+    def _timed(self, tasks: int, job: Callable[[], list[Row]]) -> list[Row]:
         context = self._spark.sparkContext
-        rows_written = context.accumulator(0)
-        bytes_written = context.accumulator(0)
-
-        def map_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            task = TaskContext.get()
-            assert task is not None
-            metadata = run_map_task(spec, task.partitionId(), batches)
-            rows_written.add(sum(metadata.column("rows")[0].as_py()))
-            bytes_written.add(sum(metadata.column("bytes")[0].as_py()))
-            yield metadata
-
-        mapped = self._frame.mapInArrow(map_partition, MAP_OUTPUT_SCHEMA)
-        description = f"map stage of {self.name} ({len(map_indexes)} tasks)"
+        description = f"map stage of {self.name} ({tasks} tasks)"
         started = time.perf_counter()
         try:
             with StageProgress(
                 context,
                 description,
-                rows=rows_written,
-                size=bytes_written,
+                rows=self._rows_written,
+                size=self._bytes_written,
                 interval=self._configuration.get(PROGRESS_INTERVAL),
             ):
-                rows: list[Row] = context.runJob(mapped.rdd, list, partitions=list(map_indexes))
+                rows = job()
         except Exception as error:  # Py4J and PySpark errors carry the task's error as text
             raise stage_failure(description, error) from error
         self.runs.seconds += time.perf_counter() - started
+        return rows
+
+    def _run_maps(self, map_indexes: Sequence[int]) -> None:
+        """Run these map tasks again, as a job of their own, and register what they wrote."""
+        context = self._spark.sparkContext
+        rows: list[Row] = self._timed(
+            len(map_indexes),
+            lambda: context.runJob(self._mapped.rdd, list, partitions=list(map_indexes)),
+        )
+        self._register_rows(rows, None)
+
+    def _register_rows(self, rows: Sequence[Row], only: set[int] | None) -> None:
+        """Register the map outputs in ``rows``; with ``only``, just those of these map tasks
+        whose attempt is not the registered one."""
+        if only is not None:
+            outputs = self.outputs
+            rows = [
+                row
+                for row in rows
+                if int(row["map_index"]) in only
+                and _producer_of(row).producer_execution_id
+                != outputs[int(row["map_index"])].descriptor.result_partition_id.producer_attempt_id
+            ]
         # All registrations in flight at once: with an external master each is a round trip
         # to the coordinator, and thousands of map tasks must not wait for them one by one.
         # Every one that succeeds is recorded (so released with the exchange) before the first
@@ -184,6 +242,31 @@ class Exchange:
                 failures[0].add_note(f"{len(failures) - 1} more map outputs failed to register")
             raise failures[0]
 
+    def adopt(self, map_index: int, producer_bytes: bytes) -> None:
+        """Register map ``map_index``'s attempt that Spark reran inside an action (reducers
+        read it), in place of the registered one, which went with its executor."""
+        producer = deserialize(producer_bytes)
+        if not isinstance(producer, ProducerDescriptor):
+            raise SerializationError(f"a reduce task reported a {type(producer).__name__}")
+        with self._lock:
+            if producer.producer_execution_id in self._attempts.get(map_index, ()):
+                return
+            previous = self._outputs.get(map_index)
+        descriptor = self._master.register_partition_with_producer(
+            self._job.job_id, self.spec.partition_descriptor(map_index), producer
+        ).result()
+        if previous is None:  # the exchange was released: so is this attempt
+            self._master.release_partition_externally(descriptor)
+            return
+        self._replace(
+            MapOutput(
+                map_index,
+                descriptor,
+                previous.rows_per_subpartition,
+                previous.bytes_per_subpartition,
+            )
+        )
+
     def _submit_registration(
         self, row: Row, producer: ProducerDescriptor
     ) -> Future[ShuffleDescriptor]:
@@ -195,11 +278,18 @@ class Exchange:
         map_index = int(row["map_index"])
         if row["arrow_schema"] is not None and self._schema is None:
             self._schema = pa.ipc.read_schema(pa.py_buffer(bytes(row["arrow_schema"])))
-        output = MapOutput(map_index, descriptor, tuple(row["rows"]), tuple(row["bytes"]))
+        self._replace(MapOutput(map_index, descriptor, tuple(row["rows"]), tuple(row["bytes"])))
+
+    def _replace(self, output: MapOutput) -> None:
+        """Make ``output`` the registered attempt of its map task; release the one before."""
+        map_index, descriptor = output.map_index, output.descriptor
         with self._lock:
             previous = self._outputs.get(map_index)
             self._outputs[map_index] = output
             self.runs.per_map[map_index] = self.runs.per_map.get(map_index, 0) + 1
+            self._attempts.setdefault(map_index, set()).add(
+                descriptor.result_partition_id.producer_attempt_id
+            )
         if previous is not None:
             self._master.release_partition_externally(previous.descriptor)
 
@@ -215,18 +305,38 @@ class Exchange:
         )
 
     def recover(self) -> list[int]:
-        """Rerun only the producers of lost partitions; return their map indexes."""
+        """Rerun only the producers of lost partitions; return their map indexes.
+
+        First through Spark's shuffle of the map outputs: Spark reruns the map tasks whose
+        outputs went with their executor (and those it reran inside an earlier action are
+        registered now); the rest, whose outputs Spark still holds, run again as a job of
+        their own."""
         rerun: list[int] = []
         for _ in range(self._configuration.get(MAX_RECOVERY_ATTEMPTS) + 1):
             lost = self.lost_maps()
             if not lost:
                 return rerun
-            self._run_maps(lost)
+            if self._anchor is not None:
+                self._register_rows(self._collect(self._anchor), set(lost))
+            still_lost = self.lost_maps()
+            if still_lost:
+                self._run_maps(still_lost)
             rerun += lost
         raise StageFailedError(
             f"{self.name}: partitions of map tasks {self.lost_maps()} are still lost after"
             f" {self._configuration.get(MAX_RECOVERY_ATTEMPTS)} reruns"
         )
+
+    def replaced_attempts(self) -> dict[int, frozenset[str]]:
+        """Every attempt ever registered for map tasks registered more than once: Spark's
+        shuffle of the map outputs may still name one of these, where the registered attempt
+        is the one to read."""
+        with self._lock:
+            return {
+                index: frozenset(attempts)
+                for index, attempts in self._attempts.items()
+                if len(attempts) > 1
+            }
 
     def schema(self, fallback: pa.Schema) -> pa.Schema:
         """The Arrow schema the map tasks wrote (``fallback`` when they wrote no rows)."""

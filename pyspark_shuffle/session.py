@@ -46,7 +46,15 @@ from pyspark_shuffle.partitioners import (
 )
 from pyspark_shuffle.planning import adaptive_plan, one_reducer_per_subpartition
 from pyspark_shuffle.sorting import sort_keys_of
-from pyspark_shuffle.tasks import ReduceStageSpec, run_reduce_task
+from pyspark_shuffle.tasks import (
+    REDUCER_ROW_SCHEMA,
+    MapOutputs,
+    MapOutputsParam,
+    ReduceStageSpec,
+    decode_map_outputs,
+    encode_map_outputs,
+    run_reduce_task,
+)
 from scheduling.deployment import (
     ConsumerDeploymentDescriptor,
     DescriptorCache,
@@ -102,6 +110,7 @@ class ShuffleStatistics:
     bytes_written: int
     rows_read: int
     bytes_read: int
+    map_tasks_rerun: int
     bytes_per_reducer: tuple[int, ...]
     skewed_subpartitions: tuple[int, ...]
     unsplittable_subpartitions: tuple[int, ...]
@@ -116,6 +125,7 @@ class _Result:
     consumed_groups: list[ConsumedPartitionGroup]
     rows_read: Accumulator[int]
     bytes_read: Accumulator[int]
+    reruns_read: Accumulator[MapOutputs]
     deployments: Broadcast[tuple[ConsumerDeploymentDescriptor, ...]]
 
 
@@ -182,6 +192,14 @@ def _join_schema(left: StructType, right: StructType, keys: Sequence[str], how: 
         + [nullable_if(field, left_outer) for field in left.fields if field.name not in keys]
         + [nullable_if(field, right_outer) for field in right.fields if field.name not in keys]
     )
+
+
+def _adopt_reruns(result: _Result) -> None:
+    """Register the map outputs Spark reran while ``result`` was read (so they are released
+    with the rest and counted as reruns)."""
+    by_id = {exchange.result_id: exchange for exchange in result.exchanges}
+    for result_id, map_index, producer in sorted(result.reruns_read.value):
+        by_id[result_id].adopt(map_index, producer)
 
 
 class SparkShuffle:
@@ -370,6 +388,7 @@ class SparkShuffle:
 
     def statistics(self, result: DataFrame) -> ShuffleStatistics:
         found = self._result(result)
+        _adopt_reruns(found)
         return ShuffleStatistics(
             map_tasks=sum(exchange.number_of_maps for exchange in found.exchanges),
             map_seconds=sum(exchange.runs.seconds for exchange in found.exchanges),
@@ -378,6 +397,9 @@ class SparkShuffle:
             bytes_written=sum(sum(exchange.bytes_per_subpartition) for exchange in found.exchanges),
             rows_read=found.rows_read.value,
             bytes_read=found.bytes_read.value,
+            map_tasks_rerun=sum(
+                runs - 1 for exchange in found.exchanges for runs in exchange.runs.per_map.values()
+            ),
             bytes_per_reducer=tuple(task.bytes for task in found.plan.tasks),
             skewed_subpartitions=found.plan.skewed,
             unsplittable_subpartitions=found.plan.unsplittable,
@@ -396,6 +418,7 @@ class SparkShuffle:
                 for exchange in other.exchanges
             }
         if entry is not None:
+            _adopt_reruns(entry[1])
             # Unpersisted, not destroyed: the executors' copies go now, and the driver's when
             # Spark's cleaner sees the result gone. Reading the released result again still
             # reaches the reduce tasks, which name the partitions they no longer find.
@@ -418,6 +441,8 @@ class SparkShuffle:
             results = [result for _, result in self._results.values()]
             self._results.clear()
         self._descriptors.clear()
+        for result in results:
+            _adopt_reruns(result)
         for exchange in exchanges:
             exchange.release()
         self._master.unregister_job(self._job.job_id)
@@ -533,6 +558,7 @@ class SparkShuffle:
             )
         )
         rows_read, bytes_read = context.accumulator(0), context.accumulator(0)
+        reruns_read = context.accumulator(frozenset(), MapOutputsParam())
         spec = ReduceStageSpec(
             self.configuration,
             self._secret,
@@ -542,16 +568,35 @@ class SparkShuffle:
                 for exchange in exchanges
             ),
             operation,
+            {exchange.result_id: exchange.replaced_attempts() for exchange in exchanges},
             rows_read,
             bytes_read,
+            reruns_read,
         )
 
-        def reduce_partition(ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            for batch in ids:
-                for reducer in batch.column(0).to_pylist():
-                    yield from run_reduce_task(spec, reducer)
+        def reduce_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            for batch in batches:
+                for reducer, producers in zip(*batch.to_pydict().values(), strict=True):
+                    yield from run_reduce_task(spec, reducer, decode_map_outputs(producers))
 
-        reducers = self._spark.range(0, len(plan.tasks), 1, len(plan.tasks))
+        # One row per reducer, with the map outputs Spark holds for every input (see
+        # Exchange.anchor_rows): through them Spark reruns, inside the action, the map tasks
+        # whose outputs went with a lost executor.
+        count = len(plan.tasks)
+        reducer_indexes = context.parallelize(range(count), max(count, 1))
+        anchored = [rows for exchange in exchanges if (rows := exchange.anchor_rows()) is not None]
+        if anchored:
+            per_reducer = (
+                context.union(anchored)
+                .coalesce(1)
+                .glom()
+                .cartesian(reducer_indexes)
+                .map(lambda pair: (pair[1], encode_map_outputs(pair[0])))
+            )
+        else:
+            nothing = encode_map_outputs([])
+            per_reducer = reducer_indexes.map(lambda index: (index, nothing))
+        reducers = self._spark.createDataFrame(per_reducer, REDUCER_ROW_SCHEMA)
         result = reducers.mapInArrow(reduce_partition, schema)
         consumed = [group for each in groups.exchanges for group in each.consumed]
         with self._lock:
@@ -565,6 +610,7 @@ class SparkShuffle:
                     consumed,
                     rows_read,
                     bytes_read,
+                    reruns_read,
                     deployments,
                 ),
             )

@@ -6,15 +6,17 @@ stay served after the task that wrote them is gone.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
 import pyarrow as pa
 from pyspark import TaskContext
+from pyspark.accumulators import AccumulatorParam
 
 from blob import BLOB_CACHE_MAX_SIZE
 from pyspark_shuffle.executor import this_executor
@@ -27,15 +29,19 @@ from scheduling.deployment import (
 )
 from shuffle_api import (
     Configuration,
+    InputGateDeploymentDescriptor,
     IntermediateResultPartitionID,
     PartitionDescriptor,
+    ProducerDescriptor,
     ResultPartitionDeploymentDescriptor,
     ResultPartitionID,
     ResultPartitionType,
+    ShuffleDescriptor,
     ShuffleEnvironment,
     ShuffleEnvironmentContext,
     ShuffleIOOwner,
     UnknownShuffleDescriptor,
+    deserialize,
     load_shuffle_service_factory,
     new_id,
     serialize,
@@ -49,6 +55,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAP_OUTPUT_SCHEMA",
+    "REDUCER_ROW_SCHEMA",
+    "MapOutputs",
+    "MapOutputsParam",
     "MapStageSpec",
     "ReduceStageSpec",
     "run_map_task",
@@ -193,8 +202,28 @@ class ReduceStageSpec:
     deployments: Broadcast[tuple[ConsumerDeploymentDescriptor, ...]]
     schemas: tuple[pa.Schema, ...]
     operation: ReduceOperation
+    replaced_attempts: Mapping[str, Mapping[int, frozenset[str]]]
+    """By input result id, map task: every attempt the driver registered, for the map tasks it
+    registered more than once (see :func:`current_map_outputs`)."""
     rows_read: Accumulator[int] | None = None
     bytes_read: Accumulator[int] | None = None
+    reruns_read: Accumulator[MapOutputs] | None = None
+    """Map outputs reducers read that Spark reran inside an action: the driver registers
+    them afterwards (so it releases them, and counts them as reruns)."""
+
+
+MapOutputs = frozenset[tuple[str, int, bytes]]
+"""(result id, map index, serialized producer) of map outputs."""
+
+
+class MapOutputsParam(AccumulatorParam[MapOutputs]):
+    """Accumulates sets of map outputs (their union)."""
+
+    def zero(self, value: MapOutputs) -> MapOutputs:
+        return frozenset()
+
+    def addInPlace(self, first: MapOutputs, second: MapOutputs) -> MapOutputs:  # noqa: N802
+        return first | second
 
 
 def _counted(batches: Iterator[pa.RecordBatch], spec: ReduceStageSpec) -> Iterator[pa.RecordBatch]:
@@ -208,16 +237,95 @@ def _counted(batches: Iterator[pa.RecordBatch], spec: ReduceStageSpec) -> Iterat
         spec.bytes_read.add(size)
 
 
-def run_reduce_task(spec: ReduceStageSpec, reducer: int) -> Iterator[pa.RecordBatch]:
-    """Read what reducer ``reducer`` reads of every input; apply the operation."""
+REDUCER_ROW_SCHEMA: Final = "reducer long, map_outputs binary"
+"""The one row each reduce task gets (Spark DDL): its index, and the map outputs Spark holds."""
+
+_MAP_OUTPUTS = pa.schema(
+    [("result_id", pa.string()), ("map_index", pa.int64()), ("producer", pa.binary())]
+)
+
+
+def encode_map_outputs(outputs: Sequence[tuple[str, int, bytes]]) -> bytes:
+    """(result id, map index, serialized producer) of map outputs, as Arrow IPC."""
+    columns = list(zip(*outputs, strict=True)) or [(), (), ()]
+    table = pa.Table.from_arrays(
+        [pa.array(column, field.type) for column, field in zip(columns, _MAP_OUTPUTS, strict=True)],
+        schema=_MAP_OUTPUTS,
+    )
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, _MAP_OUTPUTS) as writer:
+        writer.write_table(table)
+    return bytes(sink.getvalue())
+
+
+def decode_map_outputs(data: bytes) -> dict[tuple[str, int], bytes]:
+    table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+    return {
+        (result_id, map_index): producer
+        for result_id, map_index, producer in zip(*table.to_pydict().values(), strict=True)
+    }
+
+
+def current_map_outputs(
+    gate: InputGateDeploymentDescriptor,
+    held: Mapping[tuple[str, int], bytes],
+    replaced: Mapping[int, frozenset[str]],
+    environment: ShuffleEnvironment,
+    reruns: set[tuple[str, int, bytes]],
+) -> InputGateDeploymentDescriptor:
+    """The gate with each map output Spark reran inside this action (an attempt the driver
+    never registered) described from its producer, where the service can (and added to
+    ``reruns``); the registered attempt stays where Spark still names it or an attempt the
+    driver replaced."""
+
+    def current(descriptor: ShuffleDescriptor) -> ShuffleDescriptor:
+        partition = descriptor.result_partition_id
+        index = partition.partition_id.partition_index
+        encoded = held.get((gate.result_id, index))
+        if encoded is None:
+            return descriptor
+        producer = deserialize(encoded)
+        assert isinstance(producer, ProducerDescriptor)
+        attempt = producer.producer_execution_id
+        if attempt == partition.producer_attempt_id or attempt in replaced.get(index, ()):
+            return descriptor
+        described = environment.describe_unregistered(
+            ResultPartitionID(partition.partition_id, attempt), producer
+        )
+        if described is None:
+            return descriptor
+        reruns.add((gate.result_id, index, encoded))
+        return described
+
+    descriptors = [current(descriptor) for descriptor in gate.shuffle_descriptors]
+    return dataclasses.replace(gate, shuffle_descriptors=tuple(descriptors))
+
+
+def run_reduce_task(
+    spec: ReduceStageSpec, reducer: int, held: Mapping[tuple[str, int], bytes]
+) -> Iterator[pa.RecordBatch]:
+    """Read what reducer ``reducer`` reads of every input (the attempts Spark holds, ``held``,
+    where it reran a map task); apply the operation."""
     environment = task_environment(spec.configuration, spec.secret)
     owner = ShuffleIOOwner(f"reducer {reducer}", _task_attempt_id())
     references = spec.deployments.value[reducer].inputs
     cache_bytes = spec.configuration.get(BLOB_CACHE_MAX_SIZE)
+    reruns: set[tuple[str, int, bytes]] = set()
     gates = environment.create_input_gates(
         owner,
-        [resolve_gate(reference, blob_cache_bytes=cache_bytes) for reference in references],
+        [
+            current_map_outputs(
+                resolve_gate(reference, blob_cache_bytes=cache_bytes),
+                held,
+                spec.replaced_attempts.get(reference.group.result_id, {}),
+                environment,
+                reruns,
+            )
+            for reference in references
+        ],
     )
+    if reruns and spec.reruns_read is not None:
+        spec.reruns_read.add(frozenset(reruns))
     try:
         yield from spec.operation.apply(
             [_counted(iter(gate), spec) for gate in gates], spec.schemas

@@ -13,6 +13,7 @@ from shuffle_api.descriptors import (
     PartitionInfo,
     ProducerDescriptor,
     ResultPartitionDeploymentDescriptor,
+    ShuffleDescriptor,
 )
 from shuffle_api.ids import ResultPartitionID, validate_id
 from shuffle_api.io import InputGate, ResultPartitionWriter
@@ -79,6 +80,15 @@ class ShuffleEnvironment(abc.ABC):
 
         Thread-safe: called while the consumer may be reading.
         """
+
+    def describe_unregistered(
+        self, partition: ResultPartitionID, producer: ProducerDescriptor
+    ) -> ShuffleDescriptor | None:
+        """A descriptor of a partition no master registered, from its producer alone: an
+        engine reran the producer inside a running stage (Spark, after a fetch failure) and
+        its consumers must read the new attempt. ``None`` where only the master can
+        describe a partition (the default)."""
+        return None
 
     @abc.abstractmethod
     def close(self) -> None:

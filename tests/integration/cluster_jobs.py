@@ -169,18 +169,14 @@ def kill_during_reduce(spark: SparkSession, shuffle: SparkShuffle) -> dict[str, 
     try:
         equal = multiset(result) == multiset(frame)
     except Exception as failure:  # the action failed: the user's remedy is recover()
-        # The reducer names what it could not read, as the user's remedy needs.
-        error = (
-            "PartitionNotFoundError"
-            if "PartitionNotFoundError" in str(failure)
-            else str(failure)[:2000]
-        )
+        error = str(failure)[-2000:]
         equal = multiset(shuffle.recover(result)) == multiset(frame)
     return {
         "killed": killed,
         "equal": equal,
-        "error": error,
+        "action_error": error,
         "runs": exchange.runs.per_map,
+        "map_tasks_rerun": shuffle.statistics(result).map_tasks_rerun,
     }
 
 
