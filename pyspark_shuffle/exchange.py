@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -34,6 +35,8 @@ from shuffle_api import (
 )
 
 __all__ = ["Exchange", "MapOutput", "stage_failure"]
+
+T = TypeVar("T")
 
 _PYTHON_ERROR = re.compile(r"^(\w+(?:\.\w+)*(?:Error|Exception)): (.*)$", re.MULTILINE)
 
@@ -114,9 +117,10 @@ class Exchange:
 
         self._mapped = frame.mapInArrow(map_partition, MAP_OUTPUT_SCHEMA)
         # The map stage as a Spark shuffle of its metadata rows into one partition: the
-        # driver collects them, and reduce stages depend on it (see anchor_rows).
-        self._anchor: RDD[tuple[int, Row]] | None = self._mapped.rdd.map(
-            lambda row: (0, row)
+        # driver collects them, and reduce stages depend on it (see held_map_outputs).
+        result_id = self.result_id
+        self._anchor: RDD[tuple[int, tuple[str, Row]]] | None = self._mapped.rdd.map(
+            lambda row: (0, (result_id, row))
         ).partitionBy(1)
         self._attempts: dict[int, set[str]] = {}
         self._outputs: dict[int, MapOutput] = {}
@@ -160,26 +164,22 @@ class Exchange:
             # losing an executor loses nothing, and Spark need not keep it for this shuffle.
             self._anchor = None
 
-    def anchor_rows(self) -> RDD[tuple[str, int, bytes]] | None:
-        """(result id, map index, producer) of the map outputs Spark holds for this exchange,
-        when they live on the executors that wrote them (else ``None``).
+    def held_map_outputs(self) -> RDD[tuple[int, tuple[str, Row]]] | None:
+        """Spark's shuffle of the map tasks' rows, ``(0, (result id, row))`` in one partition,
+        when the map outputs live on the executors that wrote them (else ``None``).
 
-        A reduce stage that reads this depends on the map stage through Spark's own shuffle:
+        A reduce stage that reads it depends on the map stage through Spark's own shuffle:
         if an executor dies with its map outputs, Spark reruns those map tasks (a fetch
-        failure) inside the action, and the reducers find the new attempts here."""
-        if self._anchor is None:
-            return None
-        result_id = self.result_id
-        return self._anchor.values().map(
-            lambda row: (result_id, int(row["map_index"]), bytes(row["producer"]))
-        )
+        failure) inside the action, and the reducers find the new attempts in it."""
+        return self._anchor
 
-    def _collect(self, anchor: RDD[tuple[int, Row]]) -> list[Row]:
+    def _collect(self, anchor: RDD[tuple[int, tuple[str, Row]]]) -> list[Row]:
         """The metadata rows of the map outputs Spark holds, running the map tasks whose
         outputs it does not hold (all of them the first time)."""
-        return self._timed(self.number_of_maps, lambda: anchor.values().collect())
+        held = self._timed(self.number_of_maps, anchor.collect)
+        return [row for _, (_, row) in held]
 
-    def _timed(self, tasks: int, job: Callable[[], list[Row]]) -> list[Row]:
+    def _timed(self, tasks: int, job: Callable[[], list[T]]) -> list[T]:
         context = self._spark.sparkContext
         description = f"map stage of {self.name} ({tasks} tasks)"
         started = time.perf_counter()

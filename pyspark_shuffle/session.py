@@ -14,7 +14,7 @@ from types import TracebackType
 from typing import Self
 
 import pyarrow as pa
-from pyspark import Broadcast
+from pyspark import RDD, Broadcast
 from pyspark.accumulators import Accumulator
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -51,8 +51,6 @@ from pyspark_shuffle.tasks import (
     MapOutputs,
     MapOutputsParam,
     ReduceStageSpec,
-    decode_map_outputs,
-    encode_map_outputs,
     run_reduce_task,
 )
 from scheduling.deployment import (
@@ -575,27 +573,38 @@ class SparkShuffle:
         )
 
         def reduce_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            reducers: dict[int, None] = {}
+            held: dict[tuple[str, int], bytes] = {}
             for batch in batches:
-                for reducer, producers in zip(*batch.to_pydict().values(), strict=True):
-                    yield from run_reduce_task(spec, reducer, decode_map_outputs(producers))
+                for reducer, result_id, map_index, producer in zip(
+                    *batch.to_pydict().values(), strict=True
+                ):
+                    reducers[reducer] = None
+                    if result_id is not None:
+                        held[result_id, map_index] = producer
+            for reducer in reducers:
+                yield from run_reduce_task(spec, reducer, held)
 
-        # One row per reducer, with the map outputs Spark holds for every input (see
-        # Exchange.anchor_rows): through them Spark reruns, inside the action, the map tasks
-        # whose outputs went with a lost executor.
+        # Each reducer's rows: one per map output Spark holds for its inputs (see
+        # Exchange.held_map_outputs); through them Spark reruns, inside the action, the map
+        # tasks whose outputs went with a lost executor.
         count = len(plan.tasks)
         reducer_indexes = context.parallelize(range(count), max(count, 1))
-        anchored = [rows for exchange in exchanges if (rows := exchange.anchor_rows()) is not None]
-        if anchored:
-            per_reducer = (
-                context.union(anchored)
-                .coalesce(1)
-                .glom()
-                .cartesian(reducer_indexes)
-                .map(lambda pair: (pair[1], encode_map_outputs(pair[0])))
+        held = [rows for exchange in exchanges if (rows := exchange.held_map_outputs()) is not None]
+        per_reducer: RDD[tuple[int, str | None, int | None, bytes | None]]
+        if held:
+            # Reducer indexes first: Spark's cartesian computes its second RDD's partition once
+            # per element of the first, and the held map outputs are one shuffle read.
+            per_reducer = reducer_indexes.cartesian(context.union(held).coalesce(1)).map(
+                lambda pair: (
+                    pair[0],
+                    pair[1][1][0],
+                    int(pair[1][1][1]["map_index"]),
+                    bytes(pair[1][1][1]["producer"]),
+                )
             )
         else:
-            nothing = encode_map_outputs([])
-            per_reducer = reducer_indexes.map(lambda index: (index, nothing))
+            per_reducer = reducer_indexes.map(lambda index: (index, None, None, None))
         reducers = self._spark.createDataFrame(per_reducer, REDUCER_ROW_SCHEMA)
         result = reducers.mapInArrow(reduce_partition, schema)
         consumed = [group for each in groups.exchanges for group in each.consumed]

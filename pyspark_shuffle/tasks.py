@@ -237,33 +237,8 @@ def _counted(batches: Iterator[pa.RecordBatch], spec: ReduceStageSpec) -> Iterat
         spec.bytes_read.add(size)
 
 
-REDUCER_ROW_SCHEMA: Final = "reducer long, map_outputs binary"
-"""The one row each reduce task gets (Spark DDL): its index, and the map outputs Spark holds."""
-
-_MAP_OUTPUTS = pa.schema(
-    [("result_id", pa.string()), ("map_index", pa.int64()), ("producer", pa.binary())]
-)
-
-
-def encode_map_outputs(outputs: Sequence[tuple[str, int, bytes]]) -> bytes:
-    """(result id, map index, serialized producer) of map outputs, as Arrow IPC."""
-    columns = list(zip(*outputs, strict=True)) or [(), (), ()]
-    table = pa.Table.from_arrays(
-        [pa.array(column, field.type) for column, field in zip(columns, _MAP_OUTPUTS, strict=True)],
-        schema=_MAP_OUTPUTS,
-    )
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, _MAP_OUTPUTS) as writer:
-        writer.write_table(table)
-    return bytes(sink.getvalue())
-
-
-def decode_map_outputs(data: bytes) -> dict[tuple[str, int], bytes]:
-    table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
-    return {
-        (result_id, map_index): producer
-        for result_id, map_index, producer in zip(*table.to_pydict().values(), strict=True)
-    }
+REDUCER_ROW_SCHEMA: Final = "reducer long, result_id string, map_index long, producer binary"
+"""The rows a reduce task gets (Spark DDL): one per map output Spark holds for its inputs."""
 
 
 def current_map_outputs(
