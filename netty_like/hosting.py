@@ -58,6 +58,8 @@ class _Found:
 def _rendezvous_directory() -> Path:
     directory = Path(tempfile.gettempdir()) / f"pyshuffle-hosts-{os.getuid()}"
     directory.mkdir(mode=0o700, exist_ok=True)
+    if directory.stat().st_uid != os.getuid():  # made by someone else, to steer us
+        raise ShuffleError(f"{directory} belongs to another user; remove it or set TMPDIR")
     return directory
 
 

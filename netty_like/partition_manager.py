@@ -10,8 +10,9 @@ from __future__ import annotations
 import abc
 import contextlib
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -33,6 +34,8 @@ __all__ = ["EncodedRun", "ResultPartitionManager", "SubpartitionView"]
 
 # How many ended pipelined partitions are remembered, to answer a late request at once.
 _ENDED_MEMORY = 10_000
+# How often a wait for a pipelined partition looks whether its consumer is still there.
+_WAIT_SLICE = 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +199,7 @@ class ResultPartitionManager:
         *,
         pipelined: bool,
         verify: bool = True,
+        cancelled: Callable[[], bool] = lambda: False,
     ) -> SubpartitionView:
         """A view of a partition this process produced (pipelined ones may still be starting).
 
@@ -211,11 +215,15 @@ class ResultPartitionManager:
                     partition,
                 )
             return _BlockingView(PartitionFileReader(self._store, partition), subpartitions, verify)
+        deadline = time.monotonic() + self._request_timeout
         with self._condition:
-            self._condition.wait_for(
+            # In slices: a consumer that goes away stops waiting within one.
+            while not self._condition.wait_for(
                 lambda: partition in self._pipelined or partition in self._ended,
-                self._request_timeout,
-            )
+                min(_WAIT_SLICE, max(0.0, deadline - time.monotonic())),
+            ):
+                if cancelled() or time.monotonic() >= deadline:
+                    break
             found = self._pipelined.get(partition)
             ended = self._ended.get(partition)
         if found is not None:

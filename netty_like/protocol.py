@@ -344,8 +344,7 @@ def read_frame(sock: socket.socket, max_frame_size: int) -> tuple[FrameType, mem
     size, raw_type = _PREFIX.unpack(memoryview(prefix))
     if size > max_frame_size:
         raise DataTooLargeError(
-            f"frame of {size} bytes exceeds the limit of {max_frame_size} bytes"
-            " (netty-like.network.max-frame-size for data)"
+            f"a frame of {size} bytes exceeds the limit of {max_frame_size} bytes here"
         )
     try:
         frame_type = FrameType(raw_type)

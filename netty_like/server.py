@@ -53,6 +53,8 @@ __all__ = ["DataServer", "ServerLimits"]
 _LOG = logging.getLogger(__name__)
 # How often a waiting sender looks whether its channel was cancelled.
 _POLL_SECONDS = 0.2
+# Refusals logged one by one per connection; the rest are counted.
+_LOGGED_REFUSALS = 5
 # Requests and partition lists; a STATUS of 10,000 partitions is about 700 kB.
 _MAX_REQUEST = 8 << 20
 
@@ -87,6 +89,7 @@ class _Connection:
         self.send_lock = threading.Lock()
         self.channels: dict[int, _Channel] = {}
         self.closed = threading.Event()
+        self.refusals = 0
 
     def send(self, frame_type: FrameType, header: bytes, payload: pa.Buffer | bytes = b"") -> None:
         with self.send_lock:
@@ -162,7 +165,7 @@ class _Connection:
                 self.server.on_shutdown()
             self.send(FrameType.ACK, b"")
         except ShuffleError as error:
-            _LOG.warning("data port: %s from %s refused: %s", frame_type.name, self.peer, error)
+            self._refused(f"{frame_type.name} refused: {error}")
             self.send(FrameType.ERROR, encode_error(0, error))
 
     def _open_channel(self, body: memoryview) -> None:
@@ -182,7 +185,7 @@ class _Connection:
         elif not self.server.take_channel():
             refusal = f"the data port serves {limits.max_channels} channels at once; try again"
         if refusal is not None:
-            _LOG.warning("data port: request from %s refused: %s", self.peer, refusal)
+            self._refused(f"request refused: {refusal}")
             self.send(FrameType.ERROR, encode_error(request.channel, TransportError(refusal)))
             return
         channel = _Channel(self, request)
@@ -191,11 +194,24 @@ class _Connection:
             target=channel.run, name=f"pyshuffle-send-{request.partition}", daemon=True
         ).start()
 
+    def _refused(self, what: str) -> None:
+        """Log a refusal; past the first few on a connection, only their count (at close), so
+        a peer cannot grow the log without bound."""
+        self.refusals += 1
+        if self.refusals <= _LOGGED_REFUSALS:
+            _LOG.warning("data port: %s from %s", what, self.peer)
+
     def forget_channel(self, channel_id: int) -> None:
         self.channels.pop(channel_id, None)
         self.server.return_channel()
 
     def close(self) -> None:
+        if self.refusals > _LOGGED_REFUSALS and not self.closed.is_set():
+            _LOG.warning(
+                "data port: %d more requests from %s were refused",
+                self.refusals - _LOGGED_REFUSALS,
+                self.peer,
+            )
         self.closed.set()
         for channel in list(self.channels.values()):
             channel.cancel()
@@ -240,7 +256,11 @@ class _Channel:
         view: SubpartitionView | None = None
         try:
             view = self._connection.server.manager.create_view(
-                request.partition, request.subpartitions, pipelined=request.pipelined, verify=False
+                request.partition,
+                request.subpartitions,
+                pipelined=request.pipelined,
+                verify=False,
+                cancelled=lambda: self._cancelled,
             )
             self._stream(view)
         except ShuffleError as error:

@@ -333,6 +333,11 @@ def test_requests_beyond_the_channel_cap_are_refused_with_bounded_threads(
             assert "channels open at once" in decode_error(body)[2]
         assert refused == 2_000 - 64
         assert threading.active_count() - threads_before <= 64 + 2
+    # Closing the connection ends its waiting channels.
+    deadline = time.monotonic() + 10
+    while threading.active_count() > threads_before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert threading.active_count() <= threads_before
 
 
 def test_idle_and_half_sent_connections_time_out(tmp_path: Path) -> None:
