@@ -1,7 +1,8 @@
 """Jobs on ``local-cluster[2,1,1024]``: two executor JVMs, each with its own store (its Spark
 local directory), reading each other's partitions over their data ports, as two hosts would.
 
-Run as ``python -m tests.integration.cluster_jobs SCENARIO WORK_DIR``: a SparkContext per
+Run as ``python -m tests.integration.cluster_jobs SCENARIO WORK_DIR [SERVICE]`` (the default
+service, or ``external_shuffle``: a coordinator and two worker daemons): a SparkContext per
 process, so each scenario runs in a process of its own (the test module's session is a
 ``local[2]`` one). Prints one JSON object: what the test asserts.
 """
@@ -22,6 +23,7 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
+from external_shuffle.local_cluster import LocalCluster
 from pyspark_shuffle import SparkShuffle
 from pyspark_shuffle.local_spark import require_java
 from shuffle_api import ShuffleError
@@ -53,10 +55,16 @@ def cluster_session(work: Path) -> SparkSession:
     return session
 
 
-def stored_files(work: Path) -> list[str]:
-    """Every file or directory under the executors' pyshuffle stores."""
+def stored_files(roots: list[Path]) -> list[str]:
+    """Every file or directory under the pyshuffle stores below ``roots`` (the executors'
+    local directories, or the external service's worker stores), ids aside."""
+    stores = [store for root in roots for store in [root, *root.glob("**/pyshuffle")]]
     return sorted(
-        str(path) for store in (work / "local").glob("**/pyshuffle") for path in store.rglob("*")
+        str(path)
+        for store in stores
+        if store.name in ("pyshuffle",) or store.name.endswith("-store")
+        for path in store.rglob("*")
+        if not path.name.startswith(".")
     )
 
 
@@ -78,17 +86,26 @@ def executor_pids(app_id: str) -> dict[str, int]:
     return found
 
 
-def kill_an_executor_after(
-    spark: SparkSession, seconds: float, killed: list[int]
-) -> threading.Thread:
-    def kill() -> None:
-        time.sleep(seconds)
+Kill = Callable[[], int]
+"""Kills one victim (an executor's JVM, or a worker daemon); returns its pid."""
+
+
+def executor_killer(spark: SparkSession) -> Kill:
+    def kill() -> int:
         pids = executor_pids(spark.sparkContext.applicationId)
         pid = pids[min(pids)]
         os.kill(pid, signal.SIGKILL)
-        killed.append(pid)
+        return pid
 
-    thread = threading.Thread(target=kill, daemon=True)
+    return kill
+
+
+def kill_after(kill: Kill, seconds: float, killed: list[int]) -> threading.Thread:
+    def later() -> None:
+        time.sleep(seconds)
+        killed.append(kill())
+
+    thread = threading.Thread(target=later, daemon=True)
     thread.start()
     return thread
 
@@ -114,7 +131,7 @@ def slow(spark: SparkSession) -> DataFrame:
     return frame.mapInArrow(sleepy, frame.schema)
 
 
-def operations(spark: SparkSession, shuffle: SparkShuffle) -> dict[str, Any]:
+def operations(spark: SparkSession, shuffle: SparkShuffle, kill: Kill) -> dict[str, Any]:
     frame = data(spark).cache()
     dimension = spark.range(0, 120, 1, 3).selectExpr("id % 110 as k", "id * 10 as w").cache()
 
@@ -142,18 +159,18 @@ def operations(spark: SparkSession, shuffle: SparkShuffle) -> dict[str, Any]:
     return {"equal": results}
 
 
-def kill_during_map(spark: SparkSession, shuffle: SparkShuffle) -> dict[str, Any]:
+def kill_during_map(spark: SparkSession, shuffle: SparkShuffle, kill: Kill) -> dict[str, Any]:
     frame = slow(spark)
     killed: list[int] = []
     # After the first map tasks finished on it: their partitions go with it.
-    kill_an_executor_after(spark, 2 * SLOW_SECONDS + 2.0, killed)
+    kill_after(kill, 2 * SLOW_SECONDS + 2.0, killed)
     result = shuffle.repartition(frame, "k", num_partitions=4)
     equal = multiset(result) == multiset(data(spark))
     [exchange] = shuffle.exchanges(result)
     return {"killed": killed, "equal": equal, "runs": exchange.runs.per_map}
 
 
-def kill_during_reduce(spark: SparkSession, shuffle: SparkShuffle) -> dict[str, Any]:
+def kill_during_reduce(spark: SparkSession, shuffle: SparkShuffle, kill: Kill) -> dict[str, Any]:
     frame = data(spark).cache()
     frame.count()
 
@@ -164,7 +181,7 @@ def kill_during_reduce(spark: SparkSession, shuffle: SparkShuffle) -> dict[str, 
     result = shuffle.repartition_map(frame, "k", sleepy, frame.schema, num_partitions=8)
     [exchange] = shuffle.exchanges(result)
     killed: list[int] = []
-    kill_an_executor_after(spark, SLOW_SECONDS + 1.0, killed)
+    kill_after(kill, SLOW_SECONDS + 1.0, killed)
     error = ""
     try:
         equal = multiset(result) == multiset(frame)
@@ -187,18 +204,51 @@ SCENARIOS = {
 }
 
 
-def main() -> int:
-    scenario, work = sys.argv[1], Path(sys.argv[2])
+def run(
+    scenario: str,
+    work: Path,
+    config: dict[str, object],
+    stores: list[Path],
+    kill: Callable[[SparkSession], Kill],
+) -> dict[str, Any]:
     spark = cluster_session(work)
     try:
-        with SparkShuffle(spark, config={"pyspark-shuffle.progress.interval": "0"}) as shuffle:
-            outcome = SCENARIOS[scenario](spark, shuffle)
-            outcome["files_before_close"] = len(stored_files(work))
-        outcome["files_after_close"] = stored_files(work)
+        with SparkShuffle(spark, config=config) as shuffle:
+            outcome = SCENARIOS[scenario](spark, shuffle, kill(spark))
+            outcome["files_before_close"] = len(stored_files(stores))
+        outcome["files_after_close"] = stored_files(stores)
     except ShuffleError as error:
         outcome = {"error": f"{type(error).__name__}: {error}"}
     finally:
         spark.stop()
+    return outcome
+
+
+def main() -> int:
+    """``SCENARIO WORK_DIR [netty_like|external_shuffle]``."""
+    scenario, work = sys.argv[1], Path(sys.argv[2])
+    service = sys.argv[3] if len(sys.argv) > 3 else "netty_like"
+    config: dict[str, object] = {"pyspark-shuffle.progress.interval": "0"}
+    if service == "netty_like":
+        outcome = run(scenario, work, config, [work / "local"], executor_killer)
+    else:
+        with LocalCluster(work / "cluster", workers=2) as cluster:
+
+            def worker_killer(_: SparkSession) -> Kill:
+                def kill() -> int:
+                    cluster.kill_worker(0)
+                    return 0
+
+                return kill
+
+            stores = [cluster.worker_store(index) for index in range(2)]
+            # As on separate hosts: reads go to the workers, never to their stores' files.
+            client = {
+                **config,
+                **cluster.client_config(),
+                "external-shuffle.client.read-from-store": False,
+            }
+            outcome = run(scenario, work, client, stores, worker_killer)
     print("RESULT " + json.dumps(outcome, default=str))
     return 0
 
