@@ -6,8 +6,6 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Sequence
-from types import TracebackType
-from typing import Self
 
 from netty_like.handshake import open_handshake
 from netty_like.protocol import (
@@ -110,14 +108,3 @@ class ControlConnection:
 
     def close(self) -> None:
         self._sock.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()

@@ -9,6 +9,7 @@ deleted on the master's own view of the store.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections import defaultdict
@@ -93,12 +94,14 @@ class NettyShuffleMaster(ShuffleMaster):
         # Executor hosts exit now rather than with their executors; other data ports refuse.
         for host, port in endpoints:
             try:
-                with ControlConnection(
-                    host,
-                    port,
-                    self._secret,
-                    timeout=_SHUTDOWN_TIMEOUT,
-                    max_frame_size=self._max_frame_size,
+                with contextlib.closing(
+                    ControlConnection(
+                        host,
+                        port,
+                        self._secret,
+                        timeout=_SHUTDOWN_TIMEOUT,
+                        max_frame_size=self._max_frame_size,
+                    )
                 ) as control:
                     control.shutdown()
             except ShuffleError as error:
