@@ -142,11 +142,12 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
 
     def producer_descriptor(self, producer_execution_id: str) -> ProducerDescriptor:
         if self._executor_host is not None:
+            # The host's port, not start()'s: a host that went away was replaced.
             return ProducerDescriptor(
                 self._executor_host.resource_id,
                 producer_execution_id,
                 self._executor_host.address,
-                self._port,
+                self._executor_host.port,
             )
         return ProducerDescriptor(
             self._resource_id, producer_execution_id, self._advertised_host(), self._port

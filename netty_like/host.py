@@ -8,8 +8,8 @@ each partition they write to the executor's store, and it serves them on its dat
 the driver's status and release requests, and deletes them all when the executor's process
 dies or the driver shuts the application down.
 
-``python -m netty_like.host`` reads its launch (JSON) on standard input, prints its address on
-standard output, then serves.
+:func:`main` reads its launch (JSON) on standard input, prints its address on standard
+output, then serves.
 """
 
 from __future__ import annotations
@@ -136,7 +136,3 @@ def main() -> int:
 
     serve_host(launch, announce)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -102,18 +102,30 @@ class ExecutorHost:
         return self._found.port
 
     def hand_over(self, state: HostedState, partition: ResultPartitionID) -> None:
-        """Tell the host of a partition being written, or committed (then it serves it)."""
+        """Tell the host of a partition being written, or committed (then it serves it).
+
+        A host that is gone before a partition's first byte (it exited idle, or was killed)
+        is found again, or started again: the partition is then that host's."""
         with self._lock:
-            if self._control is None:
-                self._control = self._connect()
             try:
-                self._control.hand_over(state, partition)
-            except TransportError:
-                # The host may have exited (idle) since: a committed partition cannot move to
-                # a new host, whose address its producer descriptor would not carry.
-                self._control.close()
-                self._control = None
-                raise
+                self._send(state, partition)
+            except ShuffleError:
+                if state is not HostedState.WRITING:
+                    raise
+                self._found = self._find_or_start()
+                self._send(state, partition)
+
+    def _send(self, state: HostedState, partition: ResultPartitionID) -> None:
+        if self._control is None:
+            self._control = self._connect()
+        try:
+            self._control.hand_over(state, partition)
+        except TransportError:
+            # A committed partition cannot move to another host: its producer descriptor
+            # names this one.
+            self._control.close()
+            self._control = None
+            raise
 
     def close(self) -> None:
         with self._lock:
@@ -178,7 +190,12 @@ class ExecutorHost:
         )
         # Its own session: the engine's clean-up of its worker processes must not reach it.
         process = subprocess.Popen(
-            [sys.executable, "-m", "netty_like.host"],
+            # Not ``-m netty_like.host``: the package imports that module before runpy runs it.
+            [
+                sys.executable,
+                "-c",
+                "import sys; from netty_like.host import main; sys.exit(main())",
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             start_new_session=True,

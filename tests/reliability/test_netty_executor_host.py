@@ -5,6 +5,7 @@ the master asking the host what it holds."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from shuffle_api import (
     IntermediateResultPartitionID,
     PartitionDescriptor,
     ResultPartitionDeploymentDescriptor,
+    ResultPartitionID,
     ResultPartitionType,
     ShuffleDescriptor,
     ShuffleEnvironmentContext,
@@ -26,6 +28,7 @@ from shuffle_api import (
     ShuffleMaster,
     ShuffleMasterContext,
     SubpartitionRange,
+    UnknownShuffleDescriptor,
     load_shuffle_service_factory,
 )
 from shuffle_api.testing import RecordingJobContext, make_batches
@@ -55,7 +58,7 @@ def _host_pids() -> set[int]:
                 arguments = (entry / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"netty_like.host" in arguments:
+            if any(b"from netty_like.host import" in argument for argument in arguments):
                 found.add(int(entry.name))
     return found
 
@@ -63,6 +66,8 @@ def _host_pids() -> set[int]:
 def _write(
     environment: NettyShuffleEnvironment, master: ShuffleMaster, job: str, index: int
 ) -> ShuffleDescriptor:
+    """Write partition ``index``, then register it, as the PySpark glue does: the producer is
+    known once its writer has handed the partition over."""
     descriptor = PartitionDescriptor(
         RESULT,
         2,
@@ -71,18 +76,18 @@ def _write(
         2,
     )
     attempt = f"attempt-{index}"
-    shuffle_descriptor = master.register_partition_with_producer(
-        job, descriptor, environment.producer_descriptor(attempt)
-    ).result()
+    placeholder = UnknownShuffleDescriptor(ResultPartitionID(descriptor.partition_id, attempt))
     [writer] = environment.create_result_partition_writers(
         ShuffleIOOwner("map", attempt),
-        [ResultPartitionDeploymentDescriptor(descriptor, shuffle_descriptor)],
+        [ResultPartitionDeploymentDescriptor(descriptor, placeholder)],
     )
     with writer:
         for batch in make_batches(5_000):
             writer.write(batch, route(batch, 2))
         writer.finish()
-    return shuffle_descriptor
+    return master.register_partition_with_producer(
+        job, descriptor, environment.producer_descriptor(attempt)
+    ).result()
 
 
 def test_partitions_outlive_their_writer_and_go_with_the_executor(
@@ -185,3 +190,43 @@ def test_the_master_releases_on_the_host_and_shuts_it_down(
     assert host not in _host_pids()
     assert _files(store) == []
     assert executor.poll() is None and os.path.exists(f"/proc/{executor.pid}")
+
+
+def test_a_writer_whose_host_died_starts_another_and_the_lost_partition_reads_lost(
+    tmp_path: Path, executor: subprocess.Popen[bytes]
+) -> None:
+    store = tmp_path / "executor-store"
+    config = Configuration.load({"netty-like.storage.url": str(store)}, environ={})
+    factory = load_shuffle_service_factory(config)
+    master_context = ShuffleMasterContext(config)
+    master = factory.create_shuffle_master(master_context)
+    job = RecordingJobContext("job")
+    master.register_job(job)
+    hosts_before = _host_pids()
+    writer_environment = factory.create_shuffle_environment(
+        ShuffleEnvironmentContext(
+            config, host="127.0.0.1", secret=master_context.secret, executor_pid=executor.pid
+        )
+    )
+    assert isinstance(writer_environment, NettyShuffleEnvironment)
+    with writer_environment:
+        lost = _write(writer_environment, master, "job", 0)
+        [first_host] = _host_pids() - hosts_before
+        os.kill(first_host, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while first_host in _host_pids() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        kept = _write(writer_environment, master, "job", 1)  # a new host takes it
+        [second_host] = _host_pids() - hosts_before - {first_host}
+        assert kept.data_port != lost.data_port  # type: ignore[attr-defined]
+        metrics = {
+            m.shuffle_descriptor.result_partition_id: m.available
+            for m in master.partitions_with_metrics("job").result()
+        }
+        assert metrics == {lost.result_partition_id: False, kept.result_partition_id: True}
+        assert job.lost == [lost.result_partition_id]
+    master.close()
+    deadline = time.monotonic() + 10
+    while second_host in _host_pids() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert second_host not in _host_pids()
