@@ -94,7 +94,6 @@ class Exchange:
         self._master = master
         self._job = job
         self._configuration = configuration
-        self._frame = frame
         self.frame_schema = frame.schema
         self.name = name
         # Reducers from bytes written (neighbouring subpartitions coalesced), or one each.

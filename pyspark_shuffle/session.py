@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import inspect
+import logging
 import sys
 import threading
 import weakref
@@ -68,6 +69,7 @@ from shuffle_api import (
     InvalidOperationError,
     RecordingJobContext,
     ShuffleDescriptor,
+    ShuffleError,
     ShuffleMasterContext,
     ShuffleServiceClosedError,
     load_shuffle_service_factory,
@@ -75,6 +77,8 @@ from shuffle_api import (
 )
 
 __all__ = ["ShuffleStatistics", "SparkShuffle", "spark_configuration"]
+
+_LOG = logging.getLogger(__name__)
 
 
 def spark_configuration(
@@ -197,7 +201,10 @@ def _adopt_reruns(result: _Result) -> None:
     with the rest and counted as reruns)."""
     by_id = {exchange.result_id: exchange for exchange in result.exchanges}
     for result_id, map_index, producer in sorted(result.reruns_read.value):
-        by_id[result_id].adopt(map_index, producer)
+        try:
+            by_id[result_id].adopt(map_index, producer)
+        except ShuffleError as error:  # the rest still go; its executor's end removes it
+            _LOG.warning("map output %d of %s not registered: %s", map_index, result_id, error)
 
 
 class SparkShuffle:
