@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from netty_like.partition_manager import ResultPartitionManager
@@ -62,6 +63,8 @@ class HostLaunch:
     max_frame_size: int
     request_timeout: float
     idle_exit_seconds: float
+    rendezvous: str
+    """The file through which the executor's processes find this host; removed at exit."""
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self)).encode()
@@ -123,6 +126,17 @@ def serve_host(
     finally:
         server.stop()
         manager.release(manager.occupying())
+        _forget(Path(launch.rendezvous))
+
+
+def _forget(rendezvous: Path) -> None:
+    """Remove the rendezvous file if it still names this process (a later host may have
+    replaced it)."""
+    try:
+        if json.loads(rendezvous.read_text()).get("pid") == os.getpid():
+            rendezvous.unlink()
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def main() -> int:

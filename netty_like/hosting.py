@@ -158,7 +158,7 @@ class ExecutorHost:
                     _LOG.info(
                         "executor host %d does not answer (%s): starting another", found.pid, error
                     )
-            found = self._start()
+            found = self._start(info)
             temporary = info.with_suffix(".tmp")
             temporary.write_text(
                 json.dumps({"resource_id": found.resource_id, "pid": found.pid, "port": found.port})
@@ -174,7 +174,7 @@ class ExecutorHost:
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
-    def _start(self) -> _Found:
+    def _start(self, rendezvous: Path) -> _Found:
         settings = self._settings
         resource_id = f"executor-host-{self._key}"
         launch = HostLaunch(
@@ -187,6 +187,7 @@ class ExecutorHost:
             max_frame_size=settings.max_frame_size,
             request_timeout=settings.request_timeout,
             idle_exit_seconds=settings.idle_exit_seconds,
+            rendezvous=str(rendezvous),
         )
         # Its own session: the engine's clean-up of its worker processes must not reach it.
         process = subprocess.Popen(

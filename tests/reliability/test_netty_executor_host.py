@@ -4,9 +4,11 @@ the master asking the host what it holds."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -190,6 +192,11 @@ def test_the_master_releases_on_the_host_and_shuts_it_down(
     assert host not in _host_pids()
     assert _files(store) == []
     assert executor.poll() is None and os.path.exists(f"/proc/{executor.pid}")
+    # Nothing names the exited host any more.
+    rendezvous = Path(tempfile.gettempdir()) / f"pyshuffle-hosts-{os.getuid()}"
+    assert not [
+        path for path in rendezvous.glob("*.json") if json.loads(path.read_text())["pid"] == host
+    ]
 
 
 def test_a_writer_whose_host_died_starts_another_and_the_lost_partition_reads_lost(
