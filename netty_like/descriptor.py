@@ -9,7 +9,12 @@ from typing import ClassVar
 from google.protobuf.message import DecodeError
 
 from netty_like._proto import netty_like_pb2 as pb
-from shuffle_api import ResultPartitionID, SerializationError, ShuffleDescriptor
+from shuffle_api import (
+    ProducerDescriptor,
+    ResultPartitionID,
+    SerializationError,
+    ShuffleDescriptor,
+)
 from shuffle_api.serialization import register_shuffle_descriptor_kind
 
 __all__ = ["NettyShuffleDescriptor"]
@@ -49,6 +54,25 @@ class NettyShuffleDescriptor(ShuffleDescriptor):
     data_port: int
     connection_index: int
     store_url: str
+
+    @classmethod
+    def of_producer(
+        cls,
+        partition: ResultPartitionID,
+        producer: ProducerDescriptor,
+        *,
+        connection_index: int,
+        store_url: str,
+    ) -> NettyShuffleDescriptor:
+        """Where ``producer``'s partition is read: its process and data port."""
+        return cls(
+            partition=partition,
+            producer_location=producer.producer_location,
+            host=producer.address,
+            data_port=producer.data_port,
+            connection_index=connection_index,
+            store_url=store_url,
+        )
 
     @property
     def result_partition_id(self) -> ResultPartitionID:

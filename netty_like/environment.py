@@ -157,13 +157,8 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
         self, partition: ResultPartitionID, producer: ProducerDescriptor
     ) -> NettyShuffleDescriptor:
         # What the master makes of a registration, which needs nothing but the producer.
-        return NettyShuffleDescriptor(
-            partition=partition,
-            producer_location=producer.producer_location,
-            host=producer.address,
-            data_port=producer.data_port,
-            connection_index=0,
-            store_url=self._store.url,
+        return NettyShuffleDescriptor.of_producer(
+            partition, producer, connection_index=0, store_url=self._store.url
         )
 
     def _check_open(self) -> None:

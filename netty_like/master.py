@@ -147,11 +147,9 @@ class NettyShuffleMaster(ShuffleMaster):
         partition = ResultPartitionID(
             partition_descriptor.partition_id, producer_descriptor.producer_execution_id
         )
-        descriptor = NettyShuffleDescriptor(
-            partition=partition,
-            producer_location=producer_descriptor.producer_location,
-            host=producer_descriptor.address,
-            data_port=producer_descriptor.data_port,
+        descriptor = NettyShuffleDescriptor.of_producer(
+            partition,
+            producer_descriptor,
             connection_index=partition_descriptor.connection_index,
             store_url=self._store.url,
         )
