@@ -10,7 +10,8 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -92,39 +93,59 @@ def _write(
     ).result()
 
 
-def test_partitions_outlive_their_writer_and_go_with_the_executor(
-    tmp_path: Path, executor: subprocess.Popen[bytes]
-) -> None:
-    store = tmp_path / "executor-store"
-    config = Configuration.load(
-        {
-            "netty-like.storage.url": str(store),
-            "netty-like.read-from-shared-store": False,
-        },
-        environ={},
-    )
-    factory = load_shuffle_service_factory(config)
-    master_context = ShuffleMasterContext(config)
-    master = factory.create_shuffle_master(master_context)
-    job = RecordingJobContext("job")
-    master.register_job(job)
+@dataclass
+class _Application:
+    """A master and its job, and the application's environments on the stand-in executor."""
 
-    def environment(name: str) -> NettyShuffleEnvironment:
-        made = factory.create_shuffle_environment(
+    store: Path
+    config: Configuration
+    master_context: ShuffleMasterContext
+    master: ShuffleMaster
+    job: RecordingJobContext
+    executor_pid: int
+
+    def environment(self, name: str) -> NettyShuffleEnvironment:
+        made = load_shuffle_service_factory(self.config).create_shuffle_environment(
             ShuffleEnvironmentContext(
-                config,
+                self.config,
                 resource_id=name,
                 host="127.0.0.1",
-                secret=master_context.secret,
-                executor_pid=executor.pid,
+                secret=self.master_context.secret,
+                executor_pid=self.executor_pid,
             )
         )
         assert isinstance(made, NettyShuffleEnvironment)
         made.start()
         return made
 
+
+@pytest.fixture
+def application(tmp_path: Path, executor: subprocess.Popen[bytes]) -> _Application:
+    store = tmp_path / "executor-store"
+    # Reads go to the host, never to the files: as from another executor.
+    config = Configuration.load(
+        {"netty-like.storage.url": str(store), "netty-like.read-from-shared-store": False},
+        environ={},
+    )
+    master_context = ShuffleMasterContext(config)
+    master = load_shuffle_service_factory(config).create_shuffle_master(master_context)
+    job = RecordingJobContext("job")
+    master.register_job(job)
+    return _Application(store, config, master_context, master, job, executor.pid)
+
+
+def _wait_until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def test_partitions_outlive_their_writer_and_go_with_the_executor(
+    application: _Application, executor: subprocess.Popen[bytes]
+) -> None:
+    master, store = application.master, application.store
     hosts_before = _host_pids()
-    first, second = environment("worker-1"), environment("worker-2")
+    first, second = application.environment("worker-1"), application.environment("worker-2")
     descriptors = [_write(first, master, "job", 0), _write(second, master, "job", 1)]
     [host] = _host_pids() - hosts_before  # both writers found the same host
     assert first.producer_descriptor("x").data_port == second.producer_descriptor("x").data_port
@@ -132,7 +153,7 @@ def test_partitions_outlive_their_writer_and_go_with_the_executor(
     first.close()
     second.close()  # the writers are gone; the host serves what they wrote
 
-    reader = environment("worker-3")
+    reader = application.environment("worker-3")
     [gate] = reader.create_input_gates(
         ShuffleIOOwner("reduce", "reduce-0"),
         [
@@ -150,34 +171,21 @@ def test_partitions_outlive_their_writer_and_go_with_the_executor(
     assert _files(store)
 
     executor.kill()
-    deadline = time.monotonic() + 10
-    while (host in _host_pids() or _files(store)) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    _wait_until(lambda: host not in _host_pids() and not _files(store))
     assert host not in _host_pids(), "the host outlived its executor"
     assert _files(store) == [], "the host left its executor's partitions behind"
     metrics = master.partitions_with_metrics("job").result()
     assert [m.available for m in metrics] == [False, False]
-    assert sorted(job.lost) == sorted(d.result_partition_id for d in descriptors)
+    assert sorted(application.job.lost) == sorted(d.result_partition_id for d in descriptors)
     master.close()
 
 
 def test_the_master_releases_on_the_host_and_shuts_it_down(
-    tmp_path: Path, executor: subprocess.Popen[bytes]
+    application: _Application, executor: subprocess.Popen[bytes]
 ) -> None:
-    store = tmp_path / "executor-store"
-    config = Configuration.load({"netty-like.storage.url": str(store)}, environ={})
-    factory = load_shuffle_service_factory(config)
-    master_context = ShuffleMasterContext(config)
-    master = factory.create_shuffle_master(master_context)
-    master.register_job(RecordingJobContext("job"))
+    master, store = application.master, application.store
     hosts_before = _host_pids()
-    writer_environment = factory.create_shuffle_environment(
-        ShuffleEnvironmentContext(
-            config, host="127.0.0.1", secret=master_context.secret, executor_pid=executor.pid
-        )
-    )
-    assert isinstance(writer_environment, NettyShuffleEnvironment)
-    with writer_environment:
+    with application.environment("worker") as writer_environment:
         kept = _write(writer_environment, master, "job", 0)
         released = _write(writer_environment, master, "job", 1)
     [host] = _host_pids() - hosts_before
@@ -186,9 +194,7 @@ def test_the_master_releases_on_the_host_and_shuts_it_down(
     assert kept.result_partition_id.producer_attempt_id in remaining
     assert released.result_partition_id.producer_attempt_id not in remaining
     master.close()  # the job's partitions released, then the host told to exit
-    deadline = time.monotonic() + 10
-    while host in _host_pids() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    _wait_until(lambda: host not in _host_pids())
     assert host not in _host_pids()
     assert _files(store) == []
     assert executor.poll() is None and os.path.exists(f"/proc/{executor.pid}")
@@ -200,29 +206,15 @@ def test_the_master_releases_on_the_host_and_shuts_it_down(
 
 
 def test_a_writer_whose_host_died_starts_another_and_the_lost_partition_reads_lost(
-    tmp_path: Path, executor: subprocess.Popen[bytes]
+    application: _Application,
 ) -> None:
-    store = tmp_path / "executor-store"
-    config = Configuration.load({"netty-like.storage.url": str(store)}, environ={})
-    factory = load_shuffle_service_factory(config)
-    master_context = ShuffleMasterContext(config)
-    master = factory.create_shuffle_master(master_context)
-    job = RecordingJobContext("job")
-    master.register_job(job)
+    master = application.master
     hosts_before = _host_pids()
-    writer_environment = factory.create_shuffle_environment(
-        ShuffleEnvironmentContext(
-            config, host="127.0.0.1", secret=master_context.secret, executor_pid=executor.pid
-        )
-    )
-    assert isinstance(writer_environment, NettyShuffleEnvironment)
-    with writer_environment:
+    with application.environment("worker") as writer_environment:
         lost = _write(writer_environment, master, "job", 0)
         [first_host] = _host_pids() - hosts_before
         os.kill(first_host, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while first_host in _host_pids() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _wait_until(lambda: first_host not in _host_pids())
         kept = _write(writer_environment, master, "job", 1)  # a new host takes it
         [second_host] = _host_pids() - hosts_before - {first_host}
         assert kept.data_port != lost.data_port  # type: ignore[attr-defined]
@@ -231,9 +223,7 @@ def test_a_writer_whose_host_died_starts_another_and_the_lost_partition_reads_lo
             for m in master.partitions_with_metrics("job").result()
         }
         assert metrics == {lost.result_partition_id: False, kept.result_partition_id: True}
-        assert job.lost == [lost.result_partition_id]
+        assert application.job.lost == [lost.result_partition_id]
     master.close()
-    deadline = time.monotonic() + 10
-    while second_host in _host_pids() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    _wait_until(lambda: second_host not in _host_pids())
     assert second_host not in _host_pids()
