@@ -20,6 +20,7 @@ from netty_like.options import (
     DATA_PORT_ENABLED,
     DATA_PORT_HOST,
     DATA_PORT_PORT,
+    IDLE_TIMEOUT,
     INITIAL_CREDIT,
     MAX_CREDIT,
     MAX_FRAME_SIZE,
@@ -115,6 +116,7 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
                     advertised_host=self._advertised_host(),
                     max_frame_size=self._config.get(MAX_FRAME_SIZE),
                     request_timeout=self._config.get(PARTITION_REQUEST_TIMEOUT),
+                    idle_timeout=self._config.get(IDLE_TIMEOUT),
                 )
             )
             self._port = self._executor_host.port
@@ -131,7 +133,10 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
             self._host,
             self._config.get(DATA_PORT_PORT),
             secret=self._secret,
-            limits=ServerLimits(max_frame_size=self._config.get(MAX_FRAME_SIZE)),
+            limits=ServerLimits(
+                max_frame_size=self._config.get(MAX_FRAME_SIZE),
+                idle_timeout=self._config.get(IDLE_TIMEOUT),
+            ),
         )
         self._port = self._server.start()
         return self._port

@@ -62,6 +62,7 @@ class HostLaunch:
     bind_host: str
     max_frame_size: int
     request_timeout: float
+    idle_timeout: float
     idle_exit_seconds: float
     rendezvous: str
     """The file through which the executor's processes find this host; removed at exit."""
@@ -106,7 +107,7 @@ def serve_host(
         launch.bind_host,
         0,
         secret=bytes.fromhex(launch.secret_hex),
-        limits=ServerLimits(max_frame_size=launch.max_frame_size),
+        limits=ServerLimits(max_frame_size=launch.max_frame_size, idle_timeout=launch.idle_timeout),
         hosts_partitions=True,
         on_shutdown=stopping.set,
     )

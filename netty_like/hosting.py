@@ -45,6 +45,7 @@ class HostSettings:
     advertised_host: str
     max_frame_size: int
     request_timeout: float
+    idle_timeout: float
     idle_exit_seconds: float = 600.0
 
 
@@ -104,11 +105,17 @@ class ExecutorHost:
     def hand_over(self, state: HostedState, partition: ResultPartitionID) -> None:
         """Tell the host of a partition being written, or committed (then it serves it).
 
-        A host that is gone before a partition's first byte (it exited idle, or was killed)
-        is found again, or started again: the partition is then that host's."""
+        A connection the host closed while idle is opened again. A host that is gone before a
+        partition's first byte (it exited idle, or was killed) is found again, or started
+        again: the partition is then that host's."""
         with self._lock:
             try:
                 self._send(state, partition)
+                return
+            except TransportError:
+                pass  # a kept connection the host closed while idle, or the host is gone
+            try:
+                self._send(state, partition)  # both requests are idempotent
             except ShuffleError:
                 if state is not HostedState.WRITING:
                     raise
@@ -186,6 +193,7 @@ class ExecutorHost:
             bind_host=settings.bind_host,
             max_frame_size=settings.max_frame_size,
             request_timeout=settings.request_timeout,
+            idle_timeout=settings.idle_timeout,
             idle_exit_seconds=settings.idle_exit_seconds,
             rendezvous=str(rendezvous),
         )

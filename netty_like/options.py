@@ -18,6 +18,7 @@ __all__ = [
     "DATA_PORT_ENABLED",
     "DATA_PORT_HOST",
     "DATA_PORT_PORT",
+    "IDLE_TIMEOUT",
     "INITIAL_CREDIT",
     "MAX_CREDIT",
     "MAX_FRAME_SIZE",
@@ -98,6 +99,13 @@ PARTITION_REQUEST_TIMEOUT = float_option(
     " to be updated.",
     minimum=0.0,
 )
+IDLE_TIMEOUT = float_option(
+    "netty-like.data-port.idle-timeout",
+    120.0,
+    "Seconds a data-port connection with no open channel may send nothing (or stop in the"
+    " middle of a frame) before the data port closes it.",
+    minimum=0.1,
+)
 
 READ_FROM_SHARED_STORE = bool_option(
     "netty-like.read-from-shared-store",
@@ -113,6 +121,7 @@ NETTY_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
     DATA_PORT_ENABLED,
     DATA_PORT_HOST,
     DATA_PORT_PORT,
+    IDLE_TIMEOUT,
     INITIAL_CREDIT,
     MAX_CREDIT,
     MAX_FRAME_SIZE,

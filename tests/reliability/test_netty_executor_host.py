@@ -4,6 +4,7 @@ the master asking the host what it holds."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from netty_like import NettyShuffleEnvironment
+from netty_like.host import process_start_time
 from shuffle_api import (
     Configuration,
     InputGateDeploymentDescriptor,
@@ -38,6 +40,8 @@ from shuffle_api.testing import RecordingJobContext, make_batches
 from shuffle_api.testing.harness import route
 
 RESULT = "hosted"
+RENDEZVOUS = Path(tempfile.gettempdir()) / f"pyshuffle-hosts-{os.getuid()}"
+IDLE_SECONDS = 0.5
 
 
 @pytest.fixture
@@ -53,21 +57,29 @@ def _files(store: Path) -> list[Path]:
     return [path for path in store.rglob("*")]
 
 
-def _host_pids() -> set[int]:
+def _hosts(executor_pid: int) -> set[int]:
+    """The running hosts of this executor, as its processes find them (their rendezvous
+    files): other test runs' hosts on this machine are not counted."""
     found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                arguments = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if any(b"from netty_like.host import" in argument for argument in arguments):
-                found.add(int(entry.name))
+    for path in RENDEZVOUS.glob(f"{executor_pid}-*.json"):
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(json.loads(path.read_text())["pid"])
+            if _alive(pid):
+                found.add(pid)
     return found
 
 
+def _alive(pid: int) -> bool:
+    return process_start_time(pid) is not None
+
+
 def _write(
-    environment: NettyShuffleEnvironment, master: ShuffleMaster, job: str, index: int
+    environment: NettyShuffleEnvironment,
+    master: ShuffleMaster,
+    job: str,
+    index: int,
+    *,
+    pause: float = 0.0,
 ) -> ShuffleDescriptor:
     """Write partition ``index``, then register it, as the PySpark glue does: the producer is
     known once its writer has handed the partition over."""
@@ -87,6 +99,7 @@ def _write(
     with writer:
         for batch in make_batches(5_000):
             writer.write(batch, route(batch, 2))
+        time.sleep(pause)
         writer.finish()
     return master.register_partition_with_producer(
         job, descriptor, environment.producer_descriptor(attempt)
@@ -122,9 +135,14 @@ class _Application:
 @pytest.fixture
 def application(tmp_path: Path, executor: subprocess.Popen[bytes]) -> _Application:
     store = tmp_path / "executor-store"
-    # Reads go to the host, never to the files: as from another executor.
+    # Reads go to the host, never to the files: as from another executor. Connections with
+    # nothing to do are closed after half a second, so the tests meet that.
     config = Configuration.load(
-        {"netty-like.storage.url": str(store), "netty-like.read-from-shared-store": False},
+        {
+            "netty-like.storage.url": str(store),
+            "netty-like.read-from-shared-store": False,
+            "netty-like.data-port.idle-timeout": IDLE_SECONDS,
+        },
         environ={},
     )
     master_context = ShuffleMasterContext(config)
@@ -144,10 +162,9 @@ def test_partitions_outlive_their_writer_and_go_with_the_executor(
     application: _Application, executor: subprocess.Popen[bytes]
 ) -> None:
     master, store = application.master, application.store
-    hosts_before = _host_pids()
     first, second = application.environment("worker-1"), application.environment("worker-2")
     descriptors = [_write(first, master, "job", 0), _write(second, master, "job", 1)]
-    [host] = _host_pids() - hosts_before  # both writers found the same host
+    [host] = _hosts(application.executor_pid)  # both writers found the same host
     assert first.producer_descriptor("x").data_port == second.producer_descriptor("x").data_port
     assert first.partitions_occupying_local_resources() == frozenset()
     first.close()
@@ -171,8 +188,8 @@ def test_partitions_outlive_their_writer_and_go_with_the_executor(
     assert _files(store)
 
     executor.kill()
-    _wait_until(lambda: host not in _host_pids() and not _files(store))
-    assert host not in _host_pids(), "the host outlived its executor"
+    _wait_until(lambda: not _alive(host) and not _files(store))
+    assert not _alive(host), "the host outlived its executor"
     assert _files(store) == [], "the host left its executor's partitions behind"
     metrics = master.partitions_with_metrics("job").result()
     assert [m.available for m in metrics] == [False, False]
@@ -184,24 +201,22 @@ def test_the_master_releases_on_the_host_and_shuts_it_down(
     application: _Application, executor: subprocess.Popen[bytes]
 ) -> None:
     master, store = application.master, application.store
-    hosts_before = _host_pids()
     with application.environment("worker") as writer_environment:
         kept = _write(writer_environment, master, "job", 0)
         released = _write(writer_environment, master, "job", 1)
-    [host] = _host_pids() - hosts_before
+    [host] = _hosts(application.executor_pid)
     master.release_partition_externally(released)
     remaining = {path.name for path in _files(store)}
     assert kept.result_partition_id.producer_attempt_id in remaining
     assert released.result_partition_id.producer_attempt_id not in remaining
     master.close()  # the job's partitions released, then the host told to exit
-    _wait_until(lambda: host not in _host_pids())
-    assert host not in _host_pids()
+    _wait_until(lambda: not _alive(host))
+    assert not _alive(host)
     assert _files(store) == []
     assert executor.poll() is None and os.path.exists(f"/proc/{executor.pid}")
     # Nothing names the exited host any more.
-    rendezvous = Path(tempfile.gettempdir()) / f"pyshuffle-hosts-{os.getuid()}"
     assert not [
-        path for path in rendezvous.glob("*.json") if json.loads(path.read_text())["pid"] == host
+        path for path in RENDEZVOUS.glob("*.json") if json.loads(path.read_text())["pid"] == host
     ]
 
 
@@ -209,14 +224,14 @@ def test_a_writer_whose_host_died_starts_another_and_the_lost_partition_reads_lo
     application: _Application,
 ) -> None:
     master = application.master
-    hosts_before = _host_pids()
     with application.environment("worker") as writer_environment:
         lost = _write(writer_environment, master, "job", 0)
-        [first_host] = _host_pids() - hosts_before
+        [first_host] = _hosts(application.executor_pid)
         os.kill(first_host, signal.SIGKILL)
-        _wait_until(lambda: first_host not in _host_pids())
+        _wait_until(lambda: not _alive(first_host))
         kept = _write(writer_environment, master, "job", 1)  # a new host takes it
-        [second_host] = _host_pids() - hosts_before - {first_host}
+        [second_host] = _hosts(application.executor_pid)
+        assert second_host != first_host
         assert kept.data_port != lost.data_port  # type: ignore[attr-defined]
         metrics = {
             m.shuffle_descriptor.result_partition_id: m.available
@@ -225,5 +240,15 @@ def test_a_writer_whose_host_died_starts_another_and_the_lost_partition_reads_lo
         assert metrics == {lost.result_partition_id: False, kept.result_partition_id: True}
         assert application.job.lost == [lost.result_partition_id]
     master.close()
-    _wait_until(lambda: second_host not in _host_pids())
-    assert second_host not in _host_pids()
+    _wait_until(lambda: not _alive(second_host))
+    assert not _alive(second_host)
+
+
+def test_a_write_outlasting_the_idle_timeout_still_commits(application: _Application) -> None:
+    # The host closes the writer's quiet control connection between WRITING and COMMITTED.
+    with application.environment("worker") as writer_environment:
+        slow = _write(writer_environment, application.master, "job", 0, pause=3 * IDLE_SECONDS)
+    [metrics] = application.master.partitions_with_metrics("job").result()
+    assert metrics.shuffle_descriptor == slow
+    assert metrics.available
+    application.master.close()
