@@ -40,6 +40,7 @@ from shuffle_api.errors import (
     ShuffleServiceClosedError,
     StageFailedError,
     StorageError,
+    StorageFullError,
     TransportError,
     UnsupportedFormatVersionError,
 )
@@ -108,6 +109,7 @@ __all__ = [
     "ShuffleServiceFactory",
     "StageFailedError",
     "StorageError",
+    "StorageFullError",
     "SubpartitionRange",
     "TransportError",
     "UnknownShuffleDescriptor",

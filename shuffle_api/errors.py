@@ -26,6 +26,7 @@ __all__ = [
     "ShuffleServiceClosedError",
     "StageFailedError",
     "StorageError",
+    "StorageFullError",
     "TransportError",
     "UnsupportedFormatVersionError",
 ]
@@ -65,6 +66,10 @@ class DataTooLargeError(ShuffleError, ValueError):
 
 class StorageError(ShuffleError, OSError):
     """The store failed (full disk, permission, unreachable object store)."""
+
+
+class StorageFullError(StorageError):
+    """The store has no space left for what was being written; nothing of it stays readable."""
 
 
 class BlobNotFoundError(ShuffleError, LookupError):
