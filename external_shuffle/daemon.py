@@ -33,6 +33,7 @@ from external_shuffle.options import (
     APPLICATION_TIMEOUT,
     BIND_HOST,
     COORDINATOR_ADDRESS,
+    COORDINATOR_PORT,
     DAEMON_OPTIONS,
     LOG_FORMAT,
     MAX_MESSAGE_SIZE,
@@ -47,6 +48,7 @@ from external_shuffle.options import (
     WORKER_STORE_SHARED,
     WORKER_STORE_URL,
     WORKER_TIMEOUT,
+    coordinator_addresses,
     message_chunk_size,
     message_data_limit,
 )
@@ -66,11 +68,18 @@ ROLES: Final = ("coordinator", "worker", "all")
 _HANDLER_THREADS: Final = 64  # each open stream holds one
 
 
-def _port_of(address: str) -> int:
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise ConfigError(f"{COORDINATOR_ADDRESS.key} = {address!r} is not host:port")
-    return int(port)
+def _coordinator_port(configuration: Configuration) -> int:
+    """The port the coordinator role listens on."""
+    port = configuration.get(COORDINATOR_PORT)
+    if port:
+        return port
+    addresses = coordinator_addresses(configuration)
+    if len(addresses) > 1:
+        raise ConfigError(
+            f"{COORDINATOR_ADDRESS.key} names {len(addresses)} coordinators: set"
+            f" {COORDINATOR_PORT.key} to the port this one listens on"
+        )
+    return int(addresses[0].rpartition(":")[2])
 
 
 @dataclass
@@ -99,7 +108,7 @@ class Daemon:
         self.worker: WorkerService | None = None
         self.metrics_port: int | None = None
         self._stop_heartbeats = threading.Event()
-        self._heartbeats: threading.Thread | None = None
+        self._heartbeats: list[threading.Thread] = []
 
     def _new_server(self, port: int) -> _Served:
         server = grpc.server(
@@ -125,7 +134,7 @@ class Daemon:
         config = self._config
         keep_message_buffers(config.get(MAX_MESSAGE_SIZE))
         if self._role in ("coordinator", "all"):
-            served = self._new_server(_port_of(config.get(COORDINATOR_ADDRESS)))
+            served = self._new_server(_coordinator_port(config))
             self.coordinator = CoordinatorService(
                 placement=new_placement_strategy(config.get(PLACEMENT), config_key=PLACEMENT.key),
                 worker_timeout=config.get(WORKER_TIMEOUT),
@@ -152,20 +161,22 @@ class Daemon:
             )
             served.server.add_generic_rpc_handlers((worker_rpc_handler(self.worker),))
             served.server.start()
-            coordinator = pb_grpc.CoordinatorStub(self._peers.get(config.get(COORDINATOR_ADDRESS)))
-            self._heartbeats = threading.Thread(
-                target=heartbeat_loop,
-                args=(
-                    self.worker,
-                    coordinator,
-                    config.get(WORKER_HEARTBEAT_INTERVAL),
-                    self._stop_heartbeats,
-                    self._peers.settings.timeout,
-                ),
-                name="worker-heartbeats",
-                daemon=True,
-            )
-            self._heartbeats.start()
+            # Registered with each coordinator: any of them may place on it, and restart.
+            for address in coordinator_addresses(config):
+                heartbeats = threading.Thread(
+                    target=heartbeat_loop,
+                    args=(
+                        self.worker,
+                        pb_grpc.CoordinatorStub(self._peers.get(address)),
+                        config.get(WORKER_HEARTBEAT_INTERVAL),
+                        self._stop_heartbeats,
+                        self._peers.settings.timeout,
+                    ),
+                    name=f"worker-heartbeats-{address}",
+                    daemon=True,
+                )
+                heartbeats.start()
+                self._heartbeats.append(heartbeats)
             logger.info(
                 "worker serving",
                 extra={"port": served.port, "worker_id": self.worker.address.worker_id},
@@ -196,8 +207,8 @@ class Daemon:
         for event in stopped:
             event.wait()
         self._stop_heartbeats.set()
-        if self._heartbeats is not None:
-            self._heartbeats.join(timeout=5)
+        for heartbeats in self._heartbeats:
+            heartbeats.join(timeout=5)
         if self.coordinator is not None:
             self.coordinator.stop()
         self._peers.close()

@@ -3,25 +3,23 @@ Nothing stays in this process, so it can go away as soon as its tasks are done."
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Collection, Sequence
 
-import grpc
-
 from external_shuffle._proto import external_shuffle_pb2 as pb
-from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.allocator import keep_message_buffers
-from external_shuffle.channels import ChannelPool, ClientSettings, calling
+from external_shuffle.channels import ChannelPool, ClientSettings
+from external_shuffle.coordinators import Coordinators
 from external_shuffle.descriptor import ExternalShuffleDescriptor
 from external_shuffle.gate import ExternalInputGate, GateSettings
 from external_shuffle.options import (
+    CLIENT_RETRY_TIMEOUT,
     CLIENT_TIMEOUT,
-    COORDINATOR_ADDRESS,
     MAX_IN_FLIGHT,
     READ_FROM_STORE,
     REPLICATION_FACTOR,
     SORT_BUFFER_SIZE,
+    coordinator_addresses,
     message_chunk_size,
     message_data_limit,
 )
@@ -70,7 +68,11 @@ class ExternalShuffleEnvironment(ShuffleEnvironment):
         settings = ClientSettings.from_configuration(config)
         keep_message_buffers(settings.max_message_size)
         self._channels = ChannelPool(settings)
-        self._coordinator = config.get(COORDINATOR_ADDRESS)
+        self._coordinators = Coordinators(
+            coordinator_addresses(config),
+            self._channels,
+            retry_timeout=config.get(CLIENT_RETRY_TIMEOUT),
+        )
         self._timeout = config.get(CLIENT_TIMEOUT)
         self._push = PushSettings(
             chunk_size=message_chunk_size(config),
@@ -100,9 +102,6 @@ class ExternalShuffleEnvironment(ShuffleEnvironment):
     def _check_open(self) -> None:
         if self._closed:
             raise ShuffleServiceClosedError(f"shuffle environment {self._resource_id} is closed")
-
-    def _coordinator_stub(self) -> pb_grpc.CoordinatorStub:
-        return pb_grpc.CoordinatorStub(self._channels.get(self._coordinator))
 
     def create_result_partition_writers(
         self, owner: ShuffleIOOwner, descriptors: Sequence[ResultPartitionDeploymentDescriptor]
@@ -154,16 +153,23 @@ class ExternalShuffleEnvironment(ShuffleEnvironment):
             replicas=self._config.get(REPLICATION_FACTOR),
             persistent=descriptor.partition_type.is_persistent,
         )
-        # NOT_FOUND here names an unknown application or job, never a lost partition.
-        with calling(f"placing {partition} on coordinator {self._coordinator}"):
-            response = self._coordinator_stub().RegisterPartition(request, timeout=self._timeout)
+        response = self._coordinators.first(
+            f"placing {partition}",
+            lambda address: self._coordinators.stub(address).RegisterPartition(
+                request, timeout=self._timeout
+            ),
+        )
         return tuple(WorkerAddress.from_pb(replica) for replica in response.location.replicas)
 
     def report_unreachable(self, worker: WorkerAddress, error: ShuffleError) -> None:
-        """Tell the coordinator, which checks the worker at once (best effort)."""
+        """Tell the coordinators, which check the worker at once (best effort)."""
         request = pb.ReportUnreachableWorkerRequest(worker_id=worker.worker_id, error=str(error))
-        with contextlib.suppress(grpc.RpcError):
-            self._coordinator_stub().ReportUnreachableWorker(request, timeout=self._timeout)
+        self._coordinators.each(
+            f"reporting {worker.worker_id} unreachable",
+            lambda address: self._coordinators.stub(address).ReportUnreachableWorker(
+                request, timeout=self._timeout
+            ),
+        )
 
     def create_input_gates(
         self, owner: ShuffleIOOwner, descriptors: Sequence[InputGateDeploymentDescriptor]

@@ -67,6 +67,7 @@ class LocalCluster:
         directory: Path,
         *,
         workers: int = 2,
+        coordinators: int = 1,
         store_shared: bool = True,
         settings: Mapping[str, object] | None = None,
         metrics: bool = False,
@@ -76,7 +77,9 @@ class LocalCluster:
         self.token_file = directory / "token"
         self.token_file.write_text(secrets.token_urlsafe(32))
         self.token_file.chmod(0o600)
-        self.coordinator_address = f"127.0.0.1:{free_port()}"
+        self.coordinator_targets = [f"127.0.0.1:{free_port()}" for _ in range(coordinators)]
+        # The option's value: every coordinator, comma-separated.
+        self.coordinator_address = ",".join(self.coordinator_targets)
         self._ca_file = str((settings or {}).get(TLS_CA_FILE.key, ""))
         self.worker_ports = [free_port() for _ in range(workers)]
         shared: dict[str, object] = {
@@ -90,13 +93,21 @@ class LocalCluster:
         }
         # metrics: each process serves /metrics on a port of its own (by process name).
         self.metrics_ports: dict[str, int] = {}
+        coordinator_names = ["coordinator", *(f"coordinator-{i}" for i in range(1, coordinators))]
         if metrics:
-            names = ["coordinator", *(f"worker-{i}" for i in range(workers))]
+            names = [*coordinator_names, *(f"worker-{i}" for i in range(workers))]
             self.metrics_ports = {name: free_port() for name in names}
         self._processes = [
             self._process(
-                "coordinator", "coordinator", {**shared, **self._metrics_setting("coordinator")}
+                name,
+                "coordinator",
+                {
+                    **shared,
+                    **self._metrics_setting(name),
+                    "external-shuffle.coordinator.port": int(target.rpartition(":")[2]),
+                },
             )
+            for name, target in zip(coordinator_names, self.coordinator_targets, strict=True)
         ]
         for index, port in enumerate(self.worker_ports):
             self._processes.append(
@@ -170,7 +181,7 @@ class LocalCluster:
 
     def _port(self, process: _Process) -> str:
         if process.role == "coordinator":
-            return self.coordinator_address
+            return self.coordinator_targets[self._processes.index(process)]
         return self.worker_target(int(process.name.rsplit("-", 1)[1]))
 
     def _wait_serving(self, process: _Process) -> None:
@@ -192,19 +203,24 @@ class LocalCluster:
     def _tail(self, process: _Process) -> str:
         return "\n".join(process.log.read_text(errors="replace").splitlines()[-20:])
 
-    def alive_workers(self) -> set[str]:
-        """Targets of the workers the coordinator sees alive."""
-        stub = pb_grpc.CoordinatorStub(self._channels.get(self.coordinator_address))
+    def alive_workers(self, coordinator: int = 0) -> set[str]:
+        """Targets of the workers a coordinator sees alive."""
+        stub = pb_grpc.CoordinatorStub(self._channels.get(self.coordinator_targets[coordinator]))
         answer = stub.ListWorkers(pb.ListWorkersRequest(), timeout=5.0)
         return {
             f"{entry.worker.host}:{entry.worker.port}" for entry in answer.workers if entry.alive
         }
 
     def wait_for_workers(self, targets: set[str], *, alive: bool = True) -> None:
+        """Until every running coordinator sees ``targets`` alive (or none of them)."""
         deadline = time.monotonic() + _START_TIMEOUT
         while time.monotonic() < deadline:
-            seen = self.alive_workers()
-            if (targets <= seen) if alive else not (targets & seen):
+            views = [
+                self.alive_workers(index)
+                for index, process in enumerate(self._processes[: len(self.coordinator_targets)])
+                if process.popen is not None and process.popen.poll() is None
+            ]
+            if all((targets <= seen) if alive else not (targets & seen) for seen in views):
                 return
             time.sleep(0.1)
         raise ShuffleError(f"workers {sorted(targets)} never became {'alive' if alive else 'dead'}")
@@ -218,18 +234,35 @@ class LocalCluster:
         return self
 
     def _worker(self, index: int) -> _Process:
-        return self._processes[1 + index]
+        return self._processes[len(self.coordinator_targets) + index]
 
     def kill_worker(self, index: int) -> None:
         """SIGKILL: the worker dies without a word (its store stays)."""
-        process = self._worker(index)
-        assert process.popen is not None
-        process.popen.kill()
-        process.popen.wait()
+        self._kill(self._worker(index))
 
     def stop_worker(self, index: int) -> int:
         """SIGTERM: the worker drains and exits; returns its exit code."""
         return self._terminate(self._worker(index))
+
+    def kill_coordinator(self, index: int = 0) -> None:
+        """SIGKILL: the coordinator dies without a word, and with it all it knew."""
+        self._kill(self._processes[index])
+
+    def stop_coordinator(self, index: int = 0) -> int:
+        """SIGTERM: the coordinator drains and exits; returns its exit code."""
+        return self._terminate(self._processes[index])
+
+    def start_coordinator(self, index: int = 0) -> None:
+        """(Re)start a coordinator on its port; it knows nothing until told."""
+        process = self._processes[index]
+        self._launch(process)
+        self._wait_serving(process)
+
+    @staticmethod
+    def _kill(process: _Process) -> None:
+        assert process.popen is not None
+        process.popen.kill()
+        process.popen.wait()
 
     def start_worker(self, index: int) -> None:
         """(Re)start a worker on its port and store."""

@@ -1,8 +1,10 @@
-"""The external service's ShuffleMaster: one application on the coordinator.
+"""The external service's ShuffleMaster: one application on the coordinators.
 
-A heartbeat thread keeps the application alive (the coordinator deletes the data of an
-application whose heartbeats stop) and brings back partitions lost with a worker, which are
-reported to their job's :class:`~shuffle_api.JobShuffleContext`.
+A heartbeat thread keeps the application alive on each coordinator (a coordinator deletes the
+data of an application whose heartbeats stop) and brings back partitions lost with a worker,
+which are reported to their job's :class:`~shuffle_api.JobShuffleContext`. A coordinator that
+does not know the application (it restarted) is told everything again: the application, its
+jobs and where each partition it registered was placed, so nothing stored is lost with it.
 """
 
 from __future__ import annotations
@@ -10,19 +12,25 @@ from __future__ import annotations
 import logging
 import threading
 from collections import defaultdict
-from concurrent.futures import Future
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
-from external_shuffle.channels import ChannelPool, ClientSettings, as_future, calling
+from external_shuffle.channels import ChannelPool, ClientSettings, translate_rpc_error
+from external_shuffle.coordinators import Coordinators
 from external_shuffle.descriptor import ExternalShuffleDescriptor
 from external_shuffle.options import (
     CLIENT_HEARTBEAT_INTERVAL,
-    COORDINATOR_ADDRESS,
+    CLIENT_RETRY_TIMEOUT,
     REPLICATION_FACTOR,
+    coordinator_addresses,
 )
+from external_shuffle.statuses import NotRegisteredError
 from external_shuffle.wire import WorkerAddress, key_of, partition_of, statistics_from_pb
 from shuffle_api import (
     JobShuffleContext,
@@ -43,6 +51,11 @@ __all__ = ["ExternalShuffleMaster"]
 
 logger = logging.getLogger(__name__)
 
+R = TypeVar("R")
+
+# Registrations in flight at once (each one call, or a few with several coordinators).
+_REGISTRATION_THREADS = 8
+
 
 def descriptor_of(location: pb.PartitionLocation) -> ExternalShuffleDescriptor:
     return ExternalShuffleDescriptor(
@@ -51,45 +64,80 @@ def descriptor_of(location: pb.PartitionLocation) -> ExternalShuffleDescriptor:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Registered:
+    """A partition a job registered: its descriptor, and the request that placed it (sent again,
+    with the place, to a coordinator that does not know it)."""
+
+    descriptor: ExternalShuffleDescriptor
+    request: pb.RegisterPartitionRequest
+
+
 class ExternalShuffleMaster(ShuffleMaster):
     def __init__(self, context: ShuffleMasterContext) -> None:
         config = context.configuration
         self._settings = ClientSettings.from_configuration(config)
         self._channels = ChannelPool(self._settings)
-        self._coordinator = config.get(COORDINATOR_ADDRESS)
+        self._coordinators = Coordinators(
+            coordinator_addresses(config),
+            self._channels,
+            retry_timeout=config.get(CLIENT_RETRY_TIMEOUT),
+        )
         self._interval = config.get(CLIENT_HEARTBEAT_INTERVAL)
         self._replicas = config.get(REPLICATION_FACTOR)
         self.application_id = "app-" + new_id()
         self._jobs: dict[str, JobShuffleContext] = {}
-        # What each job registered, so partitions the coordinator no longer knows (it lost
-        # them, or the application expired) are reported unavailable, not forgotten.
-        self._registered: dict[str, dict[ResultPartitionID, ExternalShuffleDescriptor]] = (
-            defaultdict(dict)
-        )
+        # What each job registered, so partitions the coordinators no longer have are reported
+        # unavailable, not forgotten, and a restarted coordinator learns where they are.
+        self._registered: dict[str, dict[ResultPartitionID, _Registered]] = defaultdict(dict)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._heartbeats: threading.Thread | None = None
+        self._registrations = ThreadPoolExecutor(
+            _REGISTRATION_THREADS, thread_name_prefix="pyshuffle-register"
+        )
         self._closed = False
-
-    def _stub(self) -> pb_grpc.CoordinatorStub:
-        return pb_grpc.CoordinatorStub(self._channels.get(self._coordinator))
-
-    def _what(self, call: str) -> str:
-        return f"{call} on coordinator {self._coordinator}"
 
     def _check_open(self) -> None:
         if self._closed:
             raise ShuffleServiceClosedError("external shuffle master is closed")
 
+    def _stub(self, address: str) -> pb_grpc.CoordinatorStub:
+        return self._coordinators.stub(address)
+
+    def _on_first(self, what: str, call: Callable[[pb_grpc.CoordinatorStub], R]) -> R:
+        """``call`` on the first coordinator that answers; one that does not know this
+        application is told everything first."""
+
+        def attempt(address: str) -> R:
+            try:
+                return call(self._stub(address))
+            except grpc.RpcError as error:
+                if not isinstance(translate_rpc_error(error, what), NotRegisteredError):
+                    raise
+            self._restore(address)
+            return call(self._stub(address))
+
+        return self._coordinators.first(what, attempt)
+
+    def _on_each(self, what: str, call: Callable[[pb_grpc.CoordinatorStub], object]) -> None:
+        """``call`` on every coordinator, at least one of which must answer (retried while
+        none does); those that fail learn it when they answer again (a restart)."""
+        answers = self._coordinators.each(what, lambda address: call(self._stub(address)))
+        if all(answer.error is not None for answer in answers):
+            self._on_first(what, call)
+
     def start(self) -> None:
         self._check_open()
         if self._heartbeats is not None:
             return
-        with calling(self._what("registering application " + self.application_id)):
-            self._stub().RegisterApplication(
+        self._on_each(
+            "registering application " + self.application_id,
+            lambda stub: stub.RegisterApplication(
                 pb.RegisterApplicationRequest(application_id=self.application_id),
                 timeout=self._settings.timeout,
-            )
+            ),
+        )
         self._heartbeats = threading.Thread(
             target=self._heartbeat_loop, name="pyshuffle-application-heartbeat", daemon=True
         )
@@ -103,42 +151,74 @@ class ExternalShuffleMaster(ShuffleMaster):
                 logger.warning("application heartbeat failed: %s", error)
 
     def heartbeat(self) -> None:
-        """Keep the application alive; report partitions the coordinator lost to their jobs."""
-        with calling(self._what("application heartbeat")):
-            response = self._stub().ApplicationHeartbeat(
-                pb.ApplicationHeartbeatRequest(application_id=self.application_id),
-                timeout=self._settings.timeout,
-            )
-        if not response.known:
-            logger.error(
-                "the coordinator expired application %s: its shuffle data is gone",
-                self.application_id,
-            )
-            self._register_again()
-            return
+        """Keep the application alive on each coordinator; tell one that does not know it
+        everything again; report partitions lost with a worker to their jobs."""
+        request = pb.ApplicationHeartbeatRequest(application_id=self.application_id)
+        answers = self._coordinators.each(
+            "application heartbeat",
+            lambda address: self._stub(address).ApplicationHeartbeat(
+                request, timeout=self._settings.timeout
+            ),
+        )
+        errors = [answer.error for answer in answers if answer.error is not None]
+        if len(errors) == len(answers):
+            raise errors[0]
         lost: dict[str, list[ResultPartitionID]] = defaultdict(list)
-        for item in response.lost:
-            lost[item.job_id].append(partition_of(item.partition))
+        restored = False
+        for answer in answers:
+            if answer.error is not None:
+                logger.warning("%s", answer.error)
+            elif answer.result is not None and not answer.result.known:
+                logger.warning(
+                    "coordinator %s does not know application %s (it restarted, or the"
+                    " application expired there): registering it again",
+                    answer.address,
+                    self.application_id,
+                )
+                self._restore(answer.address)
+                restored = True
+            elif answer.result is not None:
+                for item in answer.result.lost:
+                    lost[item.job_id].append(partition_of(item.partition))
         for job_id, partitions in lost.items():
             self._report_lost(job_id, partitions)
-
-    def _register_again(self) -> None:
-        with calling(self._what("registering application " + self.application_id)):
-            self._stub().RegisterApplication(
-                pb.RegisterApplicationRequest(application_id=self.application_id),
-                timeout=self._settings.timeout,
-            )
+        if restored:
+            # What the workers no longer have (the application expired there) is lost now.
             with self._lock:
                 job_ids = list(self._jobs)
             for job_id in job_ids:
-                self._stub().RegisterJob(
-                    pb.RegisterJobRequest(application_id=self.application_id, job_id=job_id),
-                    timeout=self._settings.timeout,
-                )
+                self.partitions_with_metrics(job_id)
+
+    def _restore(self, address: str) -> None:
+        """Tell the coordinator at ``address`` the application, its jobs and where each of
+        their partitions was placed."""
+        stub = self._stub(address)
+        timeout = self._settings.timeout
+        with self._lock:
+            job_ids = list(self._jobs)
+            requests = [
+                registered.request
+                for job_id in job_ids
+                for registered in self._registered[job_id].values()
+            ]
+        stub.RegisterApplication(
+            pb.RegisterApplicationRequest(application_id=self.application_id), timeout=timeout
+        )
         for job_id in job_ids:
-            with self._lock:
-                gone = list(self._registered[job_id])
-            self._report_lost(job_id, gone)
+            stub.RegisterJob(
+                pb.RegisterJobRequest(application_id=self.application_id, job_id=job_id),
+                timeout=timeout,
+            )
+        calls = [stub.RegisterPartition.future(request, timeout=timeout) for request in requests]
+        for call in calls:
+            call.result()
+        logger.info(
+            "told coordinator %s application %s: %d jobs, %d partitions",
+            address,
+            self.application_id,
+            len(job_ids),
+            len(requests),
+        )
 
     def _report_lost(self, job_id: str, partitions: list[ResultPartitionID]) -> None:
         with self._lock:
@@ -154,46 +234,52 @@ class ExternalShuffleMaster(ShuffleMaster):
             return
         self._closed = True
         self._stop.set()
+        self._registrations.shutdown(wait=True, cancel_futures=True)
         if self._heartbeats is not None:
             self._heartbeats.join(timeout=self._settings.timeout)
-            try:
-                self._stub().UnregisterApplication(
-                    pb.UnregisterApplicationRequest(application_id=self.application_id),
-                    timeout=self._settings.timeout,
-                )
-            except grpc.RpcError as error:
-                logger.warning(
-                    "unregistering application %s failed (the coordinator deletes its data"
-                    " when it expires): %s",
-                    self.application_id,
-                    error,
-                )
+            request = pb.UnregisterApplicationRequest(application_id=self.application_id)
+            for answer in self._coordinators.each(
+                "unregistering application " + self.application_id,
+                lambda address: self._stub(address).UnregisterApplication(
+                    request, timeout=self._settings.timeout
+                ),
+            ):
+                if answer.error is not None:
+                    logger.warning(
+                        "%s (the coordinator deletes the application's data when it expires)",
+                        answer.error,
+                    )
         self._channels.close()
 
     def register_job(self, context: JobShuffleContext) -> None:
         self._check_open()
-        with calling(self._what("registering job " + context.job_id)):
-            self._stub().RegisterJob(
-                pb.RegisterJobRequest(application_id=self.application_id, job_id=context.job_id),
-                timeout=self._settings.timeout,
-            )
         with self._lock:
             if context.job_id in self._jobs:
                 raise ShuffleError(f"job {context.job_id!r} is already registered")
             self._jobs[context.job_id] = context
+        request = pb.RegisterJobRequest(application_id=self.application_id, job_id=context.job_id)
+        try:
+            self._on_each(
+                "registering job " + context.job_id,
+                lambda stub: stub.RegisterJob(request, timeout=self._settings.timeout),
+            )
+        except ShuffleError:
+            with self._lock:
+                self._jobs.pop(context.job_id, None)
+            raise
 
     def unregister_job(self, job_id: str) -> None:
         with self._lock:
             if self._jobs.pop(job_id, None) is None:
                 return
             self._registered.pop(job_id, None)
-        with calling(self._what("unregistering job " + job_id)):
-            self._stub().UnregisterJob(
-                pb.UnregisterJobRequest(
-                    application_id=self.application_id, job_id=job_id, keep_persistent=True
-                ),
-                timeout=self._settings.timeout,
-            )
+        request = pb.UnregisterJobRequest(
+            application_id=self.application_id, job_id=job_id, keep_persistent=True
+        )
+        self._on_each(
+            "unregistering job " + job_id,
+            lambda stub: stub.UnregisterJob(request, timeout=self._settings.timeout),
+        )
 
     def register_partition_with_producer(
         self,
@@ -205,76 +291,86 @@ class ExternalShuffleMaster(ShuffleMaster):
         partition = ResultPartitionID(
             partition_descriptor.partition_id, producer_descriptor.producer_execution_id
         )
-        call = self._stub().RegisterPartition.future(
-            pb.RegisterPartitionRequest(
-                application_id=self.application_id,
-                job_id=job_id,
-                partition=key_of(partition),
-                number_of_subpartitions=partition_descriptor.number_of_subpartitions,
-                producer_host=producer_descriptor.address,
-                replicas=self._replicas,
-                persistent=partition_descriptor.partition_type.is_persistent,
-            ),
-            timeout=self._settings.timeout,
+        request = pb.RegisterPartitionRequest(
+            application_id=self.application_id,
+            job_id=job_id,
+            partition=key_of(partition),
+            number_of_subpartitions=partition_descriptor.number_of_subpartitions,
+            producer_host=producer_descriptor.address,
+            replicas=self._replicas,
+            persistent=partition_descriptor.partition_type.is_persistent,
         )
+        return self._registrations.submit(self._register_partition, job_id, partition, request)
 
-        def registered(response: pb.RegisterPartitionResponse) -> ShuffleDescriptor:
-            descriptor = descriptor_of(response.location)
-            with self._lock:
-                self._registered[job_id][partition] = descriptor
-            return descriptor
-
+    def _register_partition(
+        self, job_id: str, partition: ResultPartitionID, request: pb.RegisterPartitionRequest
+    ) -> ShuffleDescriptor:
         # NOT_FOUND here names an unknown application or job, never a lost partition.
-        return as_future(call, registered, self._what(f"registering {partition}"))
+        response = self._on_first(
+            f"registering {partition}",
+            lambda stub: stub.RegisterPartition(request, timeout=self._settings.timeout),
+        )
+        descriptor = descriptor_of(response.location)
+        placed = pb.RegisterPartitionRequest()
+        placed.CopyFrom(request)
+        placed.placed_on.extend(response.location.replicas)
+        with self._lock:
+            self._registered[job_id][partition] = _Registered(descriptor, placed)
+        if len(self._coordinators.addresses) > 1:
+            # The others learn the place (a failure here is repaired when they answer again).
+            for answer in self._coordinators.each(
+                f"registering {partition}",
+                lambda address: self._stub(address).RegisterPartition(
+                    placed, timeout=self._settings.timeout
+                ),
+            ):
+                if answer.error is not None:
+                    logger.info("%s", answer.error)
+        return descriptor
 
     def release_partition_externally(self, shuffle_descriptor: ShuffleDescriptor) -> None:
         partition = shuffle_descriptor.result_partition_id
         with self._lock:
             for registered in self._registered.values():
                 registered.pop(partition, None)
-        with calling(self._what(f"releasing {partition}")):
-            self._stub().ReleasePartitions(
-                pb.ReleasePartitionsRequest(
-                    application_id=self.application_id, partitions=[key_of(partition)]
-                ),
-                timeout=self._settings.timeout,
-            )
+        self._release([partition])
+
+    def _release(self, partitions: list[ResultPartitionID]) -> None:
+        request = pb.ReleasePartitionsRequest(
+            application_id=self.application_id,
+            partitions=[key_of(partition) for partition in partitions],
+        )
+        self._on_each(
+            f"releasing {len(partitions)} partitions",
+            lambda stub: stub.ReleasePartitions(request, timeout=self._settings.timeout),
+        )
 
     def partitions_with_metrics(self, job_id: str) -> Future[list[PartitionWithMetrics]]:
         """Every partition the job registered: available with its statistics if a live worker
         has it committed; the others are reported lost to the job (and their leftovers
         deleted)."""
-        with calling(self._what(f"status of job {job_id}")):
-            response = self._stub().GetPartitionStatus(
-                pb.GetPartitionStatusRequest(application_id=self.application_id, job_id=job_id),
-                timeout=self._settings.timeout,
-            )
+        request = pb.GetPartitionStatusRequest(application_id=self.application_id, job_id=job_id)
+        response = self._on_first(
+            f"status of job {job_id}",
+            lambda stub: stub.GetPartitionStatus(request, timeout=self._settings.timeout),
+        )
         known = {partition_of(status.location.partition): status for status in response.partitions}
         with self._lock:
             registered = dict(self._registered.get(job_id, {}))
         result: list[PartitionWithMetrics] = []
         lost: list[ResultPartitionID] = []
-        for partition, descriptor in registered.items():
+        for partition, entry in registered.items():
             status = known.get(partition)
             if status is None or not status.available:
                 lost.append(partition)
-                result.append(PartitionWithMetrics(descriptor, False, None))
+                result.append(PartitionWithMetrics(entry.descriptor, False, None))
             else:
                 statistics = statistics_from_pb(status.statistics)
-                result.append(PartitionWithMetrics(descriptor, True, statistics))
+                result.append(PartitionWithMetrics(entry.descriptor, True, statistics))
         if lost:
             self._report_lost(job_id, lost)
-            self._release_quietly(lost)
+            try:
+                self._release(lost)
+            except ShuffleError as error:
+                logger.warning("releasing lost partitions failed: %s", error)
         return completed(result)
-
-    def _release_quietly(self, partitions: list[ResultPartitionID]) -> None:
-        try:
-            self._stub().ReleasePartitions(
-                pb.ReleasePartitionsRequest(
-                    application_id=self.application_id,
-                    partitions=[key_of(partition) for partition in partitions],
-                ),
-                timeout=self._settings.timeout,
-            )
-        except grpc.RpcError as error:
-            logger.warning("releasing lost partitions failed: %s", error)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from shuffle_api import ConfigError
 from shuffle_api.config import (
     ConfigOption,
     Configuration,
@@ -23,8 +24,10 @@ __all__ = [
     "BIND_HOST",
     "CLIENT_HEARTBEAT_INTERVAL",
     "CLIENT_OPTIONS",
+    "CLIENT_RETRY_TIMEOUT",
     "CLIENT_TIMEOUT",
     "COORDINATOR_ADDRESS",
+    "COORDINATOR_PORT",
     "DAEMON_OPTIONS",
     "LOG_FORMAT",
     "MAX_IN_FLIGHT",
@@ -48,6 +51,7 @@ __all__ = [
     "WORKER_STORE_SHARED",
     "WORKER_STORE_URL",
     "WORKER_TIMEOUT",
+    "coordinator_addresses",
     "message_chunk_size",
     "message_data_limit",
 ]
@@ -57,8 +61,10 @@ __all__ = [
 COORDINATOR_ADDRESS = str_option(
     "external-shuffle.coordinator.address",
     "127.0.0.1:9097",
-    "host:port of the coordinator. Clients and workers connect to it; the coordinator role"
-    " listens on its port.",
+    "host:port of the coordinator, or of several side by side, separated by commas. Workers"
+    " register with each; clients use the first that answers and keep every one informed,"
+    " so any of them may restart. The coordinator role listens on the port of the one"
+    " address (with several, set coordinator.port).",
 )
 AUTH_TOKEN = str_option(
     "external-shuffle.auth.token",
@@ -134,6 +140,13 @@ CLIENT_TIMEOUT = float_option(
     "Seconds a client waits for a coordinator or worker call (and for an unknown descriptor);"
     " the daemon's own calls (heartbeats, the coordinator's health checks of workers) too.",
     minimum=0.1,
+)
+CLIENT_RETRY_TIMEOUT = float_option(
+    "external-shuffle.client.retry-timeout",
+    60.0,
+    "Seconds a client (or worker) keeps retrying, with backoff, while no coordinator answers:"
+    " a coordinator restarting is ridden through, not failed at once.",
+    minimum=0.0,
 )
 CLIENT_HEARTBEAT_INTERVAL = float_option(
     "external-shuffle.client.heartbeat-interval",
@@ -222,6 +235,13 @@ APPLICATION_TIMEOUT = float_option(
     " producers but claimed by no job are deleted after the same time.",
     minimum=0.1,
 )
+COORDINATOR_PORT = int_option(
+    "external-shuffle.coordinator.port",
+    0,
+    "Port the coordinator role listens on; 0: the port of coordinator.address (which must"
+    " then name one coordinator).",
+    minimum=0,
+)
 PLACEMENT = choice_option(
     "external-shuffle.coordinator.placement",
     "balanced",
@@ -245,6 +265,7 @@ CLIENT_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
     REPLICATION_FACTOR,
     READ_FROM_STORE,
     CLIENT_TIMEOUT,
+    CLIENT_RETRY_TIMEOUT,
     CLIENT_HEARTBEAT_INTERVAL,
 )
 DAEMON_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
@@ -266,8 +287,24 @@ DAEMON_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
     WORKER_HEARTBEAT_INTERVAL,
     WORKER_TIMEOUT,
     APPLICATION_TIMEOUT,
+    COORDINATOR_PORT,
     PLACEMENT,
 )
+
+
+def coordinator_addresses(configuration: Configuration) -> tuple[str, ...]:
+    """The coordinators' ``host:port`` addresses, in the order given."""
+    value = configuration.get(COORDINATOR_ADDRESS)
+    addresses = tuple(part.strip() for part in value.split(",") if part.strip())
+    for address in addresses:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError(
+                f"{COORDINATOR_ADDRESS.key} = {value!r}: {address!r} is not host:port"
+            )
+    if not addresses:
+        raise ConfigError(f"{COORDINATOR_ADDRESS.key} names no coordinator")
+    return addresses
 
 
 _MESSAGE_OVERHEAD = 64 << 10  # room for a data message's other fields

@@ -200,7 +200,7 @@ class UnregisterJobResponse(_message.Message):
     def __init__(self, released_partitions: _Optional[int] = ...) -> None: ...
 
 class RegisterPartitionRequest(_message.Message):
-    __slots__ = ("application_id", "job_id", "partition", "number_of_subpartitions", "producer_host", "replicas", "persistent")
+    __slots__ = ("application_id", "job_id", "partition", "number_of_subpartitions", "producer_host", "replicas", "persistent", "placed_on")
     APPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
@@ -208,6 +208,7 @@ class RegisterPartitionRequest(_message.Message):
     PRODUCER_HOST_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     PERSISTENT_FIELD_NUMBER: _ClassVar[int]
+    PLACED_ON_FIELD_NUMBER: _ClassVar[int]
     application_id: str
     job_id: str
     partition: PartitionKey
@@ -215,7 +216,8 @@ class RegisterPartitionRequest(_message.Message):
     producer_host: str
     replicas: int
     persistent: bool
-    def __init__(self, application_id: _Optional[str] = ..., job_id: _Optional[str] = ..., partition: _Optional[_Union[PartitionKey, _Mapping]] = ..., number_of_subpartitions: _Optional[int] = ..., producer_host: _Optional[str] = ..., replicas: _Optional[int] = ..., persistent: _Optional[bool] = ...) -> None: ...
+    placed_on: _containers.RepeatedCompositeFieldContainer[WorkerInfo]
+    def __init__(self, application_id: _Optional[str] = ..., job_id: _Optional[str] = ..., partition: _Optional[_Union[PartitionKey, _Mapping]] = ..., number_of_subpartitions: _Optional[int] = ..., producer_host: _Optional[str] = ..., replicas: _Optional[int] = ..., persistent: _Optional[bool] = ..., placed_on: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ...) -> None: ...
 
 class RegisterPartitionResponse(_message.Message):
     __slots__ = ("location",)

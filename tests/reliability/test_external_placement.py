@@ -62,6 +62,8 @@ def test_a_coordinator_without_workers_refuses_to_place_and_says_why(
 ) -> None:
     with (
         LocalCluster(tmp_path_factory.mktemp("no-workers"), workers=0) as empty,
-        pytest.raises(ShuffleError, match="no live worker takes partitions"),
+        pytest.raises(ShuffleError, match="no live worker takes partitions") as refused,
     ):
-        register_partitions(empty)
+        # Retried a while (workers register soon after a coordinator restarts), then refused.
+        register_partitions(empty, **{"external-shuffle.client.retry-timeout": 0.5})
+    assert "gave up after retrying for 0.5 s" in str(refused.value)

@@ -1,0 +1,485 @@
+"""What a coordinator knows: which workers live, which applications and jobs exist, where each
+partition is placed, and what was lost. A plain class with the clock passed in; the gRPC
+servicer (``coordinator``) is a thin layer that also makes the calls to workers this decides.
+
+It lives in memory and is rebuilt after a restart, never lost: workers are the truth for what
+is stored (they register with what they hold, which is kept, unclaimed), drivers for what is
+wanted (an application the coordinator does not know registers again with its jobs and the
+place of every partition it registered, claiming them). Several coordinators may run side by
+side: each learns the same from the workers and the drivers.
+
+Data is deleted on release, job end and application expiry, and when no application claimed it
+for the application timeout; a worker that cannot be told now is told when it next calls.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from external_shuffle._proto import external_shuffle_pb2 as pb
+from external_shuffle.statuses import NotRegisteredError, UnavailableError
+from external_shuffle.wire import WorkerAddress
+from scheduling.placement import (
+    NoPlacementTargetError,
+    PlacementRequest,
+    PlacementStrategy,
+    PlacementTarget,
+)
+from shuffle_api import ResultPartitionID
+from shuffle_api.ids import validate_id
+
+__all__ = ["CoordinatorState", "PartitionPlacement", "Releases", "WorkerView"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Releases:
+    """Partitions forgotten: how many, and what each live worker deletes now (the servicer
+    makes the calls; the other workers are told with their next call)."""
+
+    count: int
+    per_worker: dict[WorkerAddress, list[ResultPartitionID]]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    address: WorkerAddress
+    load: pb.WorkerLoad
+    alive: bool
+    seconds_since_heartbeat: float
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionPlacement:
+    """A partition and its replicas' workers, first replica first."""
+
+    partition: ResultPartitionID
+    replicas: tuple[WorkerAddress, ...]
+
+
+@dataclass
+class _Worker:
+    address: WorkerAddress
+    load: pb.WorkerLoad
+    last_seen: float
+    alive: bool = True
+    # Deletions it missed (it was unreachable, or dead): given with its next call.
+    pending_release: set[ResultPartitionID] = field(default_factory=set)
+    # Known only from a client's word (placed_on) since this coordinator started: not yet
+    # registered, but asked about its partitions (it may be up, about to register).
+    announced: bool = False
+
+
+@dataclass
+class _Partition:
+    partition: ResultPartitionID
+    replicas: tuple[str, ...]  # worker ids, first replica first
+    placed_at: float
+    application_id: str = ""
+    job_id: str = ""
+    persistent: bool = False
+
+
+@dataclass
+class _Application:
+    last_seen: float
+    jobs: set[str] = field(default_factory=set)
+    lost: list[tuple[str, ResultPartitionID]] = field(default_factory=list)
+
+
+class CoordinatorState:
+    """Thread-safe; every method takes the time from ``clock``."""
+
+    def __init__(
+        self,
+        *,
+        placement: PlacementStrategy,
+        worker_timeout: float,
+        application_timeout: float,
+        clock: Callable[[], float],
+    ) -> None:
+        self._placement = placement
+        self.worker_timeout = worker_timeout
+        self.application_timeout = application_timeout
+        self._clock = clock
+        self._workers: dict[str, _Worker] = {}
+        self._partitions: dict[ResultPartitionID, _Partition] = {}
+        # Partitions per worker, kept as they are placed and dropped: placement reads it.
+        self._tracked_per_worker: dict[str, int] = defaultdict(int)
+        self._applications: dict[str, _Application] = {}
+        self._lock = threading.RLock()
+
+    # --- counts for the gauges ----------------------------------------------------------------
+
+    def partition_count(self) -> int:
+        return len(self._partitions)
+
+    def application_count(self) -> int:
+        return len(self._applications)
+
+    def alive_worker_count(self) -> int:
+        with self._lock:
+            return sum(worker.alive for worker in self._workers.values())
+
+    # --- workers ------------------------------------------------------------------------------
+
+    def register_worker(
+        self, address: WorkerAddress, load: pb.WorkerLoad, held: Sequence[ResultPartitionID]
+    ) -> list[ResultPartitionID]:
+        """Take the worker (again); returns the partitions it holds that it must delete.
+        What it holds that nobody here knows is kept, unclaimed: after a restart of this
+        coordinator, its application claims it."""
+        now = self._clock()
+        with self._lock:
+            previous = self._workers.get(address.worker_id)
+            obsolete = set() if previous is None else set(previous.pending_release)
+            self._workers[address.worker_id] = _Worker(address, load, now)
+            adopted = 0
+            for partition in held:
+                entry = self._partitions.get(partition)
+                if partition in obsolete or (
+                    entry is not None and address.worker_id in entry.replicas
+                ):
+                    continue
+                if entry is None:
+                    self._track(_Partition(partition, (address.worker_id,), now))
+                    adopted += 1
+                elif not entry.application_id:
+                    self._set_replicas(entry, (*entry.replicas, address.worker_id))
+                else:
+                    obsolete.add(partition)  # its application has it placed elsewhere
+        logger.info(
+            "worker registered; %d partitions unknown here kept until claimed",
+            adopted,
+            extra={"worker_id": address.worker_id, "target": address.target},
+        )
+        return sorted(obsolete, key=str)
+
+    def worker_heartbeat(
+        self, worker_id: str, load: pb.WorkerLoad
+    ) -> list[ResultPartitionID] | None:
+        """The partitions the worker must delete; None if it must register (again)."""
+        with self._lock:
+            worker = self._workers.get(worker_id)
+            if worker is None or not worker.alive:
+                return None
+            worker.load = load
+            worker.last_seen = self._clock()
+            release, worker.pending_release = worker.pending_release, set()
+        return sorted(release, key=str)
+
+    def workers(self) -> list[WorkerView]:
+        now = self._clock()
+        with self._lock:
+            return [
+                WorkerView(worker.address, worker.load, worker.alive, now - worker.last_seen)
+                for worker in self._workers.values()
+            ]
+
+    def live_address(self, worker_id: str) -> WorkerAddress | None:
+        with self._lock:
+            worker = self._workers.get(worker_id)
+            return None if worker is None or not worker.alive else worker.address
+
+    def is_known(self, worker_id: str) -> bool:
+        with self._lock:
+            return worker_id in self._workers
+
+    def declare_dead(self, worker_id: str, reason: str) -> None:
+        """The worker is gone: partitions with no other live replica are lost (reported to
+        their application, and deleted should the worker come back: the job reruns them)."""
+        lost = 0
+        with self._lock:
+            worker = self._workers.get(worker_id)
+            if worker is None or not worker.alive:
+                return
+            worker.alive = False
+            for entry in list(self._partitions.values()):
+                if worker_id not in entry.replicas or any(
+                    self._is_alive(replica) for replica in entry.replicas
+                ):
+                    continue
+                lost += 1
+                self._untrack(entry)
+                for replica in entry.replicas:
+                    self._workers[replica].pending_release.add(entry.partition)
+                application = self._applications.get(entry.application_id)
+                if application is not None:
+                    application.lost.append((entry.job_id, entry.partition))
+        logger.warning(
+            "worker declared dead: %s; %d partitions lost",
+            reason,
+            lost,
+            extra={"worker_id": worker_id},
+        )
+
+    def defer_release(self, worker_id: str, partitions: Sequence[ResultPartitionID]) -> None:
+        """A worker could not be told to delete these: it is, with its next call."""
+        with self._lock:
+            worker = self._workers.get(worker_id)
+            if worker is not None:
+                worker.pending_release.update(partitions)
+
+    # --- applications and jobs ----------------------------------------------------------------
+
+    def register_application(self, application_id: str) -> None:
+        validate_id(application_id, "application id")
+        with self._lock:
+            application = self._applications.setdefault(application_id, _Application(0.0))
+            application.last_seen = self._clock()
+
+    def application_heartbeat(
+        self, application_id: str
+    ) -> list[tuple[str, ResultPartitionID]] | None:
+        """(job, partition) lost since the last heartbeat; None if the application is unknown
+        (it expired, or this coordinator restarted: it must register again)."""
+        with self._lock:
+            application = self._applications.get(application_id)
+            if application is None:
+                return None
+            application.last_seen = self._clock()
+            lost, application.lost = application.lost, []
+        return lost
+
+    def unregister_application(self, application_id: str) -> Releases:
+        with self._lock:
+            self._applications.pop(application_id, None)
+            entries = [e for e in self._partitions.values() if e.application_id == application_id]
+            return self._release(entries)
+
+    def register_job(self, application_id: str, job_id: str) -> None:
+        validate_id(job_id, "job id")
+        with self._lock:
+            self._application(application_id).jobs.add(job_id)
+
+    def unregister_job(self, application_id: str, job_id: str, keep_persistent: bool) -> Releases:
+        with self._lock:
+            application = self._applications.get(application_id)
+            if application is not None:
+                application.jobs.discard(job_id)
+            return self._release(
+                [
+                    entry
+                    for entry in self._partitions.values()
+                    if entry.application_id == application_id
+                    and entry.job_id == job_id
+                    and not (keep_persistent and entry.persistent)
+                ]
+            )
+
+    def _application(self, application_id: str) -> _Application:
+        application = self._applications.get(application_id)
+        if application is None:
+            raise NotRegisteredError(
+                f"application {application_id[:64]!r} is not registered (or expired after"
+                f" {self.application_timeout} s without heartbeats)"
+            )
+        return application
+
+    # --- partitions ---------------------------------------------------------------------------
+
+    def register_partition(
+        self, request: pb.RegisterPartitionRequest, partition: ResultPartitionID
+    ) -> PartitionPlacement:
+        """Place the partition attempt, or give its place (idempotent); with ``placed_on``,
+        track it where the client says it is. The driver's call claims it for its job."""
+        with self._lock:
+            if request.application_id:
+                application = self._application(request.application_id)
+                if request.job_id not in application.jobs:
+                    raise NotRegisteredError(
+                        f"job {request.job_id[:64]!r} is not registered with application"
+                        f" {request.application_id[:64]!r}"
+                    )
+            entry = self._partitions.get(partition)
+            if entry is None:
+                entry = _Partition(partition, (), self._clock())
+                if request.placed_on:
+                    self._track(entry)
+                    self._restore_replicas(entry, request.placed_on)
+                else:
+                    entry.replicas = self._place(partition, request)
+                    self._track(entry)
+            elif request.placed_on and not entry.application_id:
+                # Adopted from the workers that registered so far: the client knows them all.
+                self._restore_replicas(entry, request.placed_on)
+            if request.application_id and not entry.application_id:
+                entry.application_id = request.application_id
+                entry.job_id = request.job_id
+                entry.persistent = request.persistent
+            elif request.application_id and entry.application_id != request.application_id:
+                raise NotRegisteredError(f"partition {partition} belongs to another application")
+            return self._placement_of(entry)
+
+    def release_partitions(
+        self, application_id: str, partitions: Sequence[ResultPartitionID]
+    ) -> Releases:
+        """An application releases its own partitions and unclaimed ones only."""
+        with self._lock:
+            return self._release(
+                [
+                    entry
+                    for partition in set(partitions)
+                    if (entry := self._partitions.get(partition)) is not None
+                    and entry.application_id in ("", application_id)
+                ]
+            )
+
+    def job_partitions(
+        self, application_id: str, job_id: str
+    ) -> tuple[list[PartitionPlacement], dict[str, WorkerAddress]]:
+        """The job's partitions, and the workers to ask which of them are committed: the live
+        ones, and those only announced (they may be up, about to register)."""
+        with self._lock:
+            self._application(application_id)
+            placements = [
+                self._placement_of(entry)
+                for entry in self._partitions.values()
+                if entry.application_id == application_id and entry.job_id == job_id
+            ]
+            askable = {
+                worker_id: worker.address
+                for worker_id, worker in self._workers.items()
+                if worker.alive or worker.announced
+            }
+        return placements, askable
+
+    # --- time ---------------------------------------------------------------------------------
+
+    def reap(self) -> Releases:
+        """Declare workers whose heartbeats stopped dead; expire silent applications and
+        unclaimed partitions. Returns what to delete."""
+        now = self._clock()
+        with self._lock:
+            for worker_id, worker in list(self._workers.items()):
+                if worker.alive and now - worker.last_seen > self.worker_timeout:
+                    self.declare_dead(worker_id, "no heartbeat")
+            expired = [
+                application_id
+                for application_id, application in self._applications.items()
+                if now - application.last_seen > self.application_timeout
+            ]
+            entries: list[_Partition] = []
+            for application_id in expired:
+                logger.info("application expired", extra={"application_id": application_id})
+                del self._applications[application_id]
+                entries.extend(
+                    e for e in self._partitions.values() if e.application_id == application_id
+                )
+            unclaimed = [
+                entry
+                for entry in self._partitions.values()
+                if not entry.application_id and now - entry.placed_at > self.application_timeout
+            ]
+            if unclaimed:
+                logger.info("deleting %d partitions no application claimed", len(unclaimed))
+            return self._release([*entries, *unclaimed])
+
+    # --- internals (under the lock) -----------------------------------------------------------
+
+    def _is_alive(self, worker_id: str) -> bool:
+        worker = self._workers.get(worker_id)
+        return worker is not None and worker.alive
+
+    def _track(self, entry: _Partition) -> None:
+        self._partitions[entry.partition] = entry
+        for worker_id in entry.replicas:
+            self._tracked_per_worker[worker_id] += 1
+
+    def _untrack(self, entry: _Partition) -> None:
+        del self._partitions[entry.partition]
+        for worker_id in entry.replicas:
+            self._tracked_per_worker[worker_id] -= 1
+
+    def _set_replicas(self, entry: _Partition, replicas: tuple[str, ...]) -> None:
+        for worker_id in entry.replicas:
+            self._tracked_per_worker[worker_id] -= 1
+        entry.replicas = replicas
+        for worker_id in replicas:
+            self._tracked_per_worker[worker_id] += 1
+
+    def _restore_replicas(self, entry: _Partition, placed_on: Sequence[pb.WorkerInfo]) -> None:
+        replicas = []
+        for info in placed_on:
+            address = WorkerAddress.from_pb(info)
+            if address.worker_id not in self._workers:
+                self._workers[address.worker_id] = _Worker(
+                    address, pb.WorkerLoad(), self._clock(), alive=False, announced=True
+                )
+            if address.worker_id not in replicas:
+                replicas.append(address.worker_id)
+        replicas.extend(worker_id for worker_id in entry.replicas if worker_id not in replicas)
+        self._set_replicas(entry, tuple(replicas))
+
+    def _release(self, entries: list[_Partition]) -> Releases:
+        """Forget the partitions; returns what live workers delete now (the others are told
+        with their next call)."""
+        per_worker: dict[WorkerAddress, list[ResultPartitionID]] = defaultdict(list)
+        count = 0
+        for entry in entries:
+            if self._partitions.get(entry.partition) is not entry:
+                continue
+            count += 1
+            self._untrack(entry)
+            for worker_id in entry.replicas:
+                worker = self._workers[worker_id]
+                if worker.alive:
+                    per_worker[worker.address].append(entry.partition)
+                else:
+                    worker.pending_release.add(entry.partition)
+        return Releases(count, dict(per_worker))
+
+    def _placement_of(self, entry: _Partition) -> PartitionPlacement:
+        return PartitionPlacement(
+            entry.partition,
+            tuple(self._workers[worker_id].address for worker_id in entry.replicas),
+        )
+
+    def _mean_partition_bytes(self) -> int:
+        """The cluster's mean committed partition size as the workers last reported it."""
+        reported_bytes = sum(w.load.stored_bytes for w in self._workers.values())
+        reported_partitions = sum(w.load.partitions for w in self._workers.values())
+        return reported_bytes // reported_partitions if reported_partitions else 0
+
+    def _placement_targets(self, mean: int) -> list[PlacementTarget]:
+        """Live workers that take partitions, with their load: committed bytes as last
+        reported, plus partitions placed since, each counted at the cluster's mean size."""
+        tracked = self._tracked_per_worker
+        return [
+            PlacementTarget(
+                worker_id,
+                worker.address.host,
+                load=worker.load.stored_bytes
+                + max(0, tracked[worker_id] - worker.load.partitions) * mean,
+                count=tracked[worker_id],
+            )
+            for worker_id, worker in self._workers.items()
+            if worker.alive and not worker.load.decommissioning
+        ]
+
+    def _place(
+        self, partition: ResultPartitionID, request: pb.RegisterPartitionRequest
+    ) -> tuple[str, ...]:
+        mean = self._mean_partition_bytes()
+        # A batch of one: the partition's size is unknown until it is written, so it weighs
+        # the mean, as the partitions placed since the last heartbeat do in the targets' loads.
+        key = str(partition)
+        try:
+            placed = self._placement.place(
+                [
+                    PlacementRequest(
+                        key, request.producer_host, weight=mean, replicas=max(1, request.replicas)
+                    )
+                ],
+                self._placement_targets(mean),
+            )
+        except NoPlacementTargetError:
+            raise UnavailableError(
+                "no live worker takes partitions: start a worker (pyshuffle daemon)"
+            ) from None
+        return placed[key]

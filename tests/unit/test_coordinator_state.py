@@ -1,0 +1,193 @@
+"""The coordinator's state in-process, with a clock the tests move: restarts (a new state that
+learns from workers and drivers), expiry, loss, and deletions owed to workers."""
+
+from __future__ import annotations
+
+import pytest
+
+from external_shuffle._proto import external_shuffle_pb2 as pb
+from external_shuffle.coordinator_state import CoordinatorState
+from external_shuffle.statuses import NotRegisteredError
+from external_shuffle.wire import WorkerAddress, key_of
+from scheduling.placement import new_placement_strategy
+from shuffle_api import IntermediateResultPartitionID, ResultPartitionID
+
+APPLICATION_TIMEOUT = 30.0
+WORKER_TIMEOUT = 10.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def new_state(clock: Clock) -> CoordinatorState:
+    return CoordinatorState(
+        placement=new_placement_strategy("balanced", config_key="placement"),
+        worker_timeout=WORKER_TIMEOUT,
+        application_timeout=APPLICATION_TIMEOUT,
+        clock=clock,
+    )
+
+
+def worker(index: int) -> WorkerAddress:
+    return WorkerAddress(f"worker-{index}", "127.0.0.1", 7000 + index, f"/store/{index}", False)
+
+
+def partition(index: int) -> ResultPartitionID:
+    return ResultPartitionID(IntermediateResultPartitionID("result-a", index), f"attempt-{index}")
+
+
+def register(
+    state: CoordinatorState,
+    index: int,
+    *,
+    application: str = "app-1",
+    job: str = "job-1",
+    placed_on: tuple[WorkerAddress, ...] = (),
+) -> tuple[WorkerAddress, ...]:
+    request = pb.RegisterPartitionRequest(
+        application_id=application,
+        job_id=job,
+        partition=key_of(partition(index)),
+        number_of_subpartitions=2,
+        replicas=1,
+        placed_on=[address.to_pb() for address in placed_on],
+    )
+    return state.register_partition(request, partition(index)).replicas
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+def test_a_restarted_coordinator_keeps_what_workers_hold_until_the_driver_claims_it(
+    clock: Clock,
+) -> None:
+    before = new_state(clock)
+    for index in (0, 1):
+        before.register_worker(worker(index), pb.WorkerLoad(), [])
+    before.register_application("app-1")
+    before.register_job("app-1", "job-1")
+    placed = {index: register(before, index) for index in range(4)}
+
+    # The coordinator restarts: a new state. The workers register with what they hold.
+    after = new_state(clock)
+    for index in (0, 1):
+        held = [partition(p) for p, replicas in placed.items() if replicas[0] == worker(index)]
+        assert after.register_worker(worker(index), pb.WorkerLoad(), held) == []
+    assert after.partition_count() == 4
+    # The driver is told it is unknown, registers again with where its partitions are.
+    assert after.application_heartbeat("app-1") is None
+    after.register_application("app-1")
+    after.register_job("app-1", "job-1")
+    for index, replicas in placed.items():
+        assert register(after, index, placed_on=replicas) == replicas
+
+    clock.now += APPLICATION_TIMEOUT * 3
+    after.application_heartbeat("app-1")
+    for index in (0, 1):
+        after.worker_heartbeat(f"worker-{index}", pb.WorkerLoad())
+    assert after.reap().count == 0, "claimed partitions of a live application are kept"
+    placements, askable = after.job_partitions("app-1", "job-1")
+    assert {p.partition: p.replicas for p in placements} == {
+        partition(index): replicas for index, replicas in placed.items()
+    }
+    assert set(askable) == {"worker-0", "worker-1"}
+
+
+def test_held_partitions_nobody_claims_are_deleted_after_the_application_timeout(
+    clock: Clock,
+) -> None:
+    state = new_state(clock)
+    state.register_worker(worker(0), pb.WorkerLoad(), [partition(0), partition(1)])
+    clock.now += APPLICATION_TIMEOUT / 2
+    state.worker_heartbeat("worker-0", pb.WorkerLoad())
+    assert state.reap().count == 0
+    clock.now += APPLICATION_TIMEOUT
+    state.worker_heartbeat("worker-0", pb.WorkerLoad())
+    releases = state.reap()
+    assert releases.count == 2
+    assert releases.per_worker == {worker(0): [partition(0), partition(1)]}
+
+
+def test_a_driver_may_tell_a_place_on_a_worker_not_registered_yet(clock: Clock) -> None:
+    state = new_state(clock)
+    state.register_application("app-1")
+    state.register_job("app-1", "job-1")
+    assert register(state, 0, placed_on=(worker(5),)) == (worker(5),)
+    [placement], askable = state.job_partitions("app-1", "job-1")
+    assert placement.replicas == (worker(5),)
+    assert askable == {"worker-5": worker(5)}, "an announced worker is asked about its partitions"
+    assert state.alive_worker_count() == 0, "and not taken for alive"
+    # It registers with the partition: no deletion, the same entry.
+    assert state.register_worker(worker(5), pb.WorkerLoad(), [partition(0)]) == []
+    assert state.alive_worker_count() == 1
+    assert state.partition_count() == 1
+
+
+def test_partitions_lost_with_a_dead_worker_are_deleted_when_it_comes_back(clock: Clock) -> None:
+    state = new_state(clock)
+    state.register_worker(worker(0), pb.WorkerLoad(), [])
+    state.register_application("app-1")
+    state.register_job("app-1", "job-1")
+    register(state, 0)
+    clock.now += WORKER_TIMEOUT + 1
+    state.application_heartbeat("app-1")
+    state.reap()
+    assert state.application_heartbeat("app-1") == [("job-1", partition(0))]
+    # Back with its stale copy (the job reran it elsewhere): told to delete it.
+    assert state.register_worker(worker(0), pb.WorkerLoad(), [partition(0)]) == [partition(0)]
+    assert state.partition_count() == 0
+
+
+def test_a_release_a_dead_worker_missed_is_owed_to_it(clock: Clock) -> None:
+    state = new_state(clock)
+    for index in (0, 1):
+        state.register_worker(worker(index), pb.WorkerLoad(), [])
+    state.register_application("app-1")
+    state.register_job("app-1", "job-1")
+    request = pb.RegisterPartitionRequest(
+        application_id="app-1", job_id="job-1", partition=key_of(partition(0)), replicas=2
+    )
+    assert len(state.register_partition(request, partition(0)).replicas) == 2
+    clock.now += WORKER_TIMEOUT / 2
+    state.worker_heartbeat("worker-1", pb.WorkerLoad())
+    clock.now += WORKER_TIMEOUT / 2 + 1
+    state.reap()  # worker-0 dead; worker-1 still holds the partition
+    releases = state.release_partitions("app-1", [partition(0)])
+    assert releases.count == 1
+    assert releases.per_worker == {worker(1): [partition(0)]}
+    assert state.register_worker(worker(0), pb.WorkerLoad(), [partition(0)]) == [partition(0)]
+
+
+def test_an_unknown_application_or_job_is_not_registered(clock: Clock) -> None:
+    state = new_state(clock)
+    state.register_worker(worker(0), pb.WorkerLoad(), [])
+    with pytest.raises(NotRegisteredError, match="application 'app-1' is not registered"):
+        register(state, 0)
+    state.register_application("app-1")
+    with pytest.raises(NotRegisteredError, match="job 'job-1' is not registered"):
+        register(state, 0)
+
+
+def test_a_silent_application_expires_and_its_partitions_are_deleted(clock: Clock) -> None:
+    state = new_state(clock)
+    state.register_worker(worker(0), pb.WorkerLoad(), [])
+    for application in ("app-1", "app-2"):
+        state.register_application(application)
+        state.register_job(application, "job-1")
+    register(state, 0, application="app-1")
+    register(state, 1, application="app-2")
+    clock.now += APPLICATION_TIMEOUT / 2
+    state.worker_heartbeat("worker-0", pb.WorkerLoad())
+    state.application_heartbeat("app-2")
+    clock.now += APPLICATION_TIMEOUT / 2 + 1
+    state.worker_heartbeat("worker-0", pb.WorkerLoad())
+    assert state.reap().per_worker == {worker(0): [partition(0)]}
+    assert state.application_heartbeat("app-1") is None
+    assert state.application_heartbeat("app-2") == []
