@@ -203,10 +203,15 @@ class LocalCluster:
     def _tail(self, process: _Process) -> str:
         return "\n".join(process.log.read_text(errors="replace").splitlines()[-20:])
 
+    def coordinator_stub(self, index: int = 0) -> pb_grpc.CoordinatorStub:
+        """A stub of a coordinator, on a channel that carries the token."""
+        return pb_grpc.CoordinatorStub(self._channels.get(self.coordinator_targets[index]))
+
     def alive_workers(self, coordinator: int = 0) -> set[str]:
         """Targets of the workers a coordinator sees alive."""
-        stub = pb_grpc.CoordinatorStub(self._channels.get(self.coordinator_targets[coordinator]))
-        answer = stub.ListWorkers(pb.ListWorkersRequest(), timeout=5.0)
+        answer = self.coordinator_stub(coordinator).ListWorkers(
+            pb.ListWorkersRequest(), timeout=5.0
+        )
         return {
             f"{entry.worker.host}:{entry.worker.port}" for entry in answer.workers if entry.alive
         }

@@ -7,132 +7,43 @@ from __future__ import annotations
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterator
 from pathlib import Path
 
-import grpc
-import pyarrow as pa
 import pytest
 
-from external_shuffle._proto import external_shuffle_pb2 as pb
-from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
-from external_shuffle.descriptor import ExternalShuffleDescriptor
 from external_shuffle.local_cluster import LocalCluster
-from external_shuffle.master import ExternalShuffleMaster
-from external_shuffle.wire import WorkerAddress
 from shuffle_api import (
-    Configuration,
     PartitionStatistics,
-    ResultPartitionID,
     ResultPartitionType,
-    ShuffleDescriptor,
-    ShuffleMaster,
-    SubpartitionRange,
 )
 from shuffle_api.format import partition_directory
 from shuffle_api.format.manifest import DATA_FILE
 from shuffle_api.ids import new_id
 from shuffle_api.store import Store
 from shuffle_api.testing import (
-    ConformanceHarness,
     RecordingJobContext,
     ShuffleScenario,
-    make_batches,
 )
 from shuffle_api.testing.harness import in_background, route
-
-ROWS = 4_000
-PARTITIONS = 4
-SUBPARTITIONS = 2
-ALL = SubpartitionRange(0, SUBPARTITIONS - 1)
-
-
-def batches(rows: int = ROWS) -> list[pa.RecordBatch]:
-    return make_batches(rows, batch_rows=500)
-
-
-def client_config(cluster: LocalCluster, **extra: object) -> Configuration:
-    """Small buffers, and reads that go to the workers (not straight to their stores)."""
-    return Configuration.load(
-        cluster.client_config(
-            **{
-                "external-shuffle.client.sort-buffer.size": "64k",
-                "external-shuffle.client.read-from-store": False,
-                "external-shuffle.client.timeout": 10.0,
-                **extra,
-            }
-        ),
-        environ={},
-    )
-
-
-@contextmanager
-def scenario_on(cluster: LocalCluster, **extra: object) -> Iterator[ShuffleScenario]:
-    with ShuffleScenario.open(ConformanceHarness(client_config(cluster, **extra))) as scenario:
-        yield scenario
-
-
-def rows_of(table: pa.Table) -> list[int]:
-    return sorted(table.column("row").to_pylist())
-
-
-def external(master: ShuffleMaster) -> ExternalShuffleMaster:
-    assert isinstance(master, ExternalShuffleMaster)
-    return master
-
-
-def replicas(descriptor: ShuffleDescriptor) -> tuple[WorkerAddress, ...]:
-    assert isinstance(descriptor, ExternalShuffleDescriptor)
-    return descriptor.replicas
-
-
-def worker_index(cluster: LocalCluster, address: WorkerAddress) -> int:
-    return cluster.worker_ports.index(address.port)
-
-
-def placed_on(cluster: LocalCluster, descriptor: ShuffleDescriptor) -> set[int]:
-    return {worker_index(cluster, replica) for replica in replicas(descriptor)}
-
-
-def partition_files(cluster: LocalCluster, index: int) -> list[Path]:
-    """Files of partitions on a worker's store (not its identity file)."""
-    return sorted(
-        path
-        for path in cluster.worker_store(index).rglob("*")
-        if path.is_file() and not path.name.startswith(".")
-    )
-
-
-def on_store(cluster: LocalCluster, index: int, partition: ResultPartitionID) -> bool:
-    store = Store(str(cluster.worker_store(index)))
-    return Path(partition_directory(store, partition)).exists()
-
-
-def on_any_store(cluster: LocalCluster, partition: ResultPartitionID) -> bool:
-    return any(on_store(cluster, i, partition) for i in range(len(cluster.worker_ports)))
-
-
-def eventually(condition: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        time.sleep(0.05)
-
-
-def ids(descriptors: Sequence[ShuffleDescriptor]) -> list[ResultPartitionID]:
-    return sorted(descriptor.result_partition_id for descriptor in descriptors)
-
-
-def list_workers(cluster: LocalCluster) -> list[pb.ListWorkersResponse.Entry]:
-    token = cluster.token_file.read_text().strip()
-    with grpc.insecure_channel(cluster.coordinator_address) as channel:
-        answer = pb_grpc.CoordinatorStub(channel).ListWorkers(
-            pb.ListWorkersRequest(), metadata=[("authorization", f"Bearer {token}")], timeout=10
-        )
-    return list(answer.workers)
-
+from tests.reliability.external_cluster import (
+    ALL,
+    PARTITIONS,
+    ROWS,
+    SUBPARTITIONS,
+    batches,
+    eventually,
+    external,
+    ids,
+    list_workers,
+    on_any_store,
+    partition_files,
+    placed_on,
+    replicas,
+    rows_of,
+    scenario_on,
+    worker_index,
+)
 
 # --- one cluster for the tests that leave every daemon running -----------------------------------
 
