@@ -17,8 +17,10 @@ from typing import Generic, TypeVar
 
 import grpc
 
+from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.channels import ChannelPool, translate_rpc_error
+from external_shuffle.wire import partition_of
 from shuffle_api import ShuffleError, TransportError
 
 __all__ = ["Answer", "Coordinators"]
@@ -120,3 +122,25 @@ class Coordinators:
                 translated = translate_rpc_error(error, f"{what} on coordinator {address}")
                 answers.append(Answer(address, None, translated))
         return answers
+
+    def announce(
+        self, request: pb.RegisterPartitionRequest, location: pb.PartitionLocation
+    ) -> tuple[pb.RegisterPartitionRequest, list[str]]:
+        """``request`` with the place one coordinator gave it, and the coordinators that could
+        not be told it: with several, each is told, so that any of them may answer for the
+        partition."""
+        placed = pb.RegisterPartitionRequest()
+        placed.CopyFrom(request)
+        placed.placed_on.extend(location.replicas)
+        if len(self.addresses) == 1:
+            return placed, []
+        partition = partition_of(request.partition)
+        missed = []
+        for answer in self.each(
+            f"telling where {partition} is",
+            lambda address: self.stub(address).RegisterPartition(placed, timeout=self.timeout),
+        ):
+            if answer.error is not None:
+                logger.info("%s", answer.error)
+                missed.append(answer.address)
+        return placed, missed

@@ -159,6 +159,8 @@ class ExternalShuffleEnvironment(ShuffleEnvironment):
                 request, timeout=self._timeout
             ),
         )
+        # One that misses it learns it from the driver (this partition's registration).
+        self._coordinators.announce(request, response.location)
         return tuple(WorkerAddress.from_pb(replica) for replica in response.location.replicas)
 
     def report_unreachable(self, worker: WorkerAddress, error: ShuffleError) -> None:

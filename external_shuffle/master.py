@@ -55,6 +55,8 @@ R = TypeVar("R")
 
 # Registrations in flight at once (each one call, or a few with several coordinators).
 _REGISTRATION_THREADS = 8
+# Partitions named in one release call (each key is ~100 bytes; messages stay small).
+_RELEASE_BATCH = 1000
 
 
 def descriptor_of(location: pb.PartitionLocation) -> ExternalShuffleDescriptor:
@@ -90,6 +92,11 @@ class ExternalShuffleMaster(ShuffleMaster):
         # What each job registered, so partitions the coordinators no longer have are reported
         # unavailable, not forgotten, and a restarted coordinator learns where they are.
         self._registered: dict[str, dict[ResultPartitionID, _Registered]] = defaultdict(dict)
+        # Persistent partitions of unregistered jobs: kept until released or the end.
+        self._kept: dict[ResultPartitionID, _Registered] = {}
+        # Per coordinator, the (job, partition) it could not be told yet (it did not answer):
+        # told with the next heartbeat it answers, lest it take them for unclaimed.
+        self._unannounced: dict[str, set[tuple[str, ResultPartitionID]]] = defaultdict(set)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._heartbeats: threading.Thread | None = None
@@ -175,9 +182,14 @@ class ExternalShuffleMaster(ShuffleMaster):
                     answer.address,
                     self.application_id,
                 )
-                self._restore(answer.address)
+                try:
+                    self._restore(answer.address)
+                except grpc.RpcError as error:
+                    logger.warning("telling coordinator %s failed: %s", answer.address, error)
+                    continue
                 restored = True
             elif answer.result is not None:
+                self._announce_missed(answer.address)
                 for item in answer.result.lost:
                     lost[item.job_id].append(partition_of(item.partition))
         for job_id, partitions in lost.items():
@@ -189,29 +201,66 @@ class ExternalShuffleMaster(ShuffleMaster):
             for job_id in job_ids:
                 self.partitions_with_metrics(job_id)
 
+    def _announce_missed(self, address: str) -> None:
+        """Tell the coordinator at ``address`` where the partitions it missed are."""
+        with self._lock:
+            missed, self._unannounced[address] = self._unannounced[address], set()
+            requests = [
+                registered.request
+                for job_id, partition in missed
+                if (registered := self._registered[job_id].get(partition)) is not None
+            ]
+        stub = self._stub(address)
+        calls = [
+            stub.RegisterPartition.future(request, timeout=self._settings.timeout)
+            for request in requests
+        ]
+        try:
+            for call in calls:
+                call.result()
+        except grpc.RpcError as error:
+            logger.info("coordinator %s not told where partitions are yet: %s", address, error)
+            with self._lock:
+                self._unannounced[address].update(missed)
+
     def _restore(self, address: str) -> None:
         """Tell the coordinator at ``address`` the application, its jobs and where each of
         their partitions was placed."""
         stub = self._stub(address)
         timeout = self._settings.timeout
         with self._lock:
+            self._unannounced.pop(address, None)
             job_ids = list(self._jobs)
             requests = [
                 registered.request
                 for job_id in job_ids
                 for registered in self._registered[job_id].values()
             ]
+            kept = [registered.request for registered in self._kept.values()]
         stub.RegisterApplication(
             pb.RegisterApplicationRequest(application_id=self.application_id), timeout=timeout
         )
-        for job_id in job_ids:
+        # The jobs that only keep persistent partitions are registered for as long as it
+        # takes to tell where those are.
+        finished = {request.job_id for request in kept} - set(job_ids)
+        for job_id in [*job_ids, *finished]:
             stub.RegisterJob(
                 pb.RegisterJobRequest(application_id=self.application_id, job_id=job_id),
                 timeout=timeout,
             )
-        calls = [stub.RegisterPartition.future(request, timeout=timeout) for request in requests]
+        calls = [
+            stub.RegisterPartition.future(request, timeout=timeout)
+            for request in [*requests, *kept]
+        ]
         for call in calls:
             call.result()
+        for job_id in finished:
+            stub.UnregisterJob(
+                pb.UnregisterJobRequest(
+                    application_id=self.application_id, job_id=job_id, keep_persistent=True
+                ),
+                timeout=timeout,
+            )
         logger.info(
             "told coordinator %s application %s: %d jobs, %d partitions",
             address,
@@ -237,6 +286,17 @@ class ExternalShuffleMaster(ShuffleMaster):
         self._registrations.shutdown(wait=True, cancel_futures=True)
         if self._heartbeats is not None:
             self._heartbeats.join(timeout=self._settings.timeout)
+            with self._lock:
+                remaining = [
+                    *self._kept,
+                    *(p for registered in self._registered.values() for p in registered),
+                ]
+            # By name, not only with the application: a coordinator that restarted since
+            # knows them only as unclaimed.
+            try:
+                self._release(remaining)
+            except ShuffleError as error:
+                logger.warning("releasing the application's partitions failed: %s", error)
             request = pb.UnregisterApplicationRequest(application_id=self.application_id)
             for answer in self._coordinators.each(
                 "unregistering application " + self.application_id,
@@ -272,7 +332,13 @@ class ExternalShuffleMaster(ShuffleMaster):
         with self._lock:
             if self._jobs.pop(job_id, None) is None:
                 return
-            self._registered.pop(job_id, None)
+            registered = self._registered.pop(job_id, {})
+            released = []
+            for partition, entry in registered.items():
+                if entry.request.persistent:
+                    self._kept[partition] = entry
+                else:
+                    released.append(partition)
         request = pb.UnregisterJobRequest(
             application_id=self.application_id, job_id=job_id, keep_persistent=True
         )
@@ -280,6 +346,8 @@ class ExternalShuffleMaster(ShuffleMaster):
             "unregistering job " + job_id,
             lambda stub: stub.UnregisterJob(request, timeout=self._settings.timeout),
         )
+        # By name too: a coordinator that restarted since knows them only as unclaimed.
+        self._release(released)
 
     def register_partition_with_producer(
         self,
@@ -311,21 +379,11 @@ class ExternalShuffleMaster(ShuffleMaster):
             lambda stub: stub.RegisterPartition(request, timeout=self._settings.timeout),
         )
         descriptor = descriptor_of(response.location)
-        placed = pb.RegisterPartitionRequest()
-        placed.CopyFrom(request)
-        placed.placed_on.extend(response.location.replicas)
+        placed, missed = self._coordinators.announce(request, response.location)
         with self._lock:
             self._registered[job_id][partition] = _Registered(descriptor, placed)
-        if len(self._coordinators.addresses) > 1:
-            # The others learn the place (a failure here is repaired when they answer again).
-            for answer in self._coordinators.each(
-                f"registering {partition}",
-                lambda address: self._stub(address).RegisterPartition(
-                    placed, timeout=self._settings.timeout
-                ),
-            ):
-                if answer.error is not None:
-                    logger.info("%s", answer.error)
+            for address in missed:
+                self._unannounced[address].add((job_id, partition))
         return descriptor
 
     def release_partition_externally(self, shuffle_descriptor: ShuffleDescriptor) -> None:
@@ -333,15 +391,21 @@ class ExternalShuffleMaster(ShuffleMaster):
         with self._lock:
             for registered in self._registered.values():
                 registered.pop(partition, None)
+            self._kept.pop(partition, None)
         self._release([partition])
 
     def _release(self, partitions: list[ResultPartitionID]) -> None:
-        request = pb.ReleasePartitionsRequest(
-            application_id=self.application_id,
-            partitions=[key_of(partition) for partition in partitions],
-        )
+        for start in range(0, len(partitions), _RELEASE_BATCH):
+            self._release_batch(
+                pb.ReleasePartitionsRequest(
+                    application_id=self.application_id,
+                    partitions=[key_of(p) for p in partitions[start : start + _RELEASE_BATCH]],
+                )
+            )
+
+    def _release_batch(self, request: pb.ReleasePartitionsRequest) -> None:
         self._on_each(
-            f"releasing {len(partitions)} partitions",
+            f"releasing {len(request.partitions)} partitions",
             lambda stub: stub.ReleasePartitions(request, timeout=self._settings.timeout),
         )
 
