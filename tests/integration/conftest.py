@@ -1,5 +1,5 @@
-"""Fixtures shared by the integration tests: one local Spark session for the whole run (a JVM
-takes ~10 s to start), created only when a test asks for it, and the shuffle services."""
+"""Fixtures shared by the integration tests: the shuffle services (the Spark session is in
+tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -10,30 +10,10 @@ import pytest
 
 from external_shuffle.local_cluster import LocalCluster
 from pyspark_shuffle import SparkShuffle
-from pyspark_shuffle.local_spark import local_spark_session
-from pyspark_shuffle.options import SPARK_CONF_PREFIX
 from tests.integration.services import ShuffleService, external_service, netty_service
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-SPARK_MAX_SUBPARTITIONS = 8
-"""``pyspark-shuffle.max-subpartitions`` as the shared session's Spark conf sets it."""
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
-    session = local_spark_session(
-        "pyshuffle-tests",
-        cores=2,
-        max_task_failures=2,
-        conf={
-            f"{SPARK_CONF_PREFIX}pyspark-shuffle.max-subpartitions": str(SPARK_MAX_SUBPARTITIONS),
-            f"{SPARK_CONF_PREFIX}pyspark-shuffle.progress.interval": "0",
-        },
-    )
-    yield session
-    session.stop()
 
 
 @pytest.fixture(scope="module", params=["netty_like", "external_shuffle"])

@@ -16,7 +16,7 @@ import pytest
 from pyspark_shuffle import SparkShuffle, spark_configuration
 from pyspark_shuffle.options import MAX_SUBPARTITIONS
 from shuffle_api import ConfigError, InvalidOperationError, ShuffleServiceClosedError
-from tests.integration.conftest import SPARK_MAX_SUBPARTITIONS
+from tests.conftest import SPARK_MAX_SUBPARTITIONS
 from tests.integration.services import ShuffleService
 from tests.integration.spark_rows import canonical, multiset, ordered, rows_of
 
