@@ -13,15 +13,12 @@ import grpc
 
 from external_shuffle.options import CLIENT_TIMEOUT, MAX_MESSAGE_SIZE
 from external_shuffle.security import AUTHORIZATION, client_credentials, load_token
+from external_shuffle.wire_errors import error_from_status
 from shuffle_api import (
     Configuration,
-    DataTooLargeError,
-    InvalidIdentifierError,
-    PartitionNotFoundError,
     ResultPartitionID,
     ShuffleError,
     ShuffleServiceClosedError,
-    TransportError,
 )
 
 __all__ = [
@@ -145,29 +142,16 @@ class ChannelPool:
             channel.close()
 
 
-_TRANSPORT = frozenset(
-    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
-)
-
-
 def translate_rpc_error(
     error: grpc.RpcError, what: str, partition: ResultPartitionID | None = None
 ) -> ShuffleError:
-    """The ShuffleError for a failed call; ``what`` says which call, on which peer."""
-    code = error.code() if isinstance(error, grpc.Call) else grpc.StatusCode.UNKNOWN
-    details = error.details() if isinstance(error, grpc.Call) else str(error)
-    message = f"{what} failed: {code.name}: {details}"
-    if code in _TRANSPORT:
-        return TransportError(message)
-    if code is grpc.StatusCode.NOT_FOUND and partition is not None:
-        return PartitionNotFoundError(message, partition)
-    if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return DataTooLargeError(message)
-    if code is grpc.StatusCode.INVALID_ARGUMENT:
-        return InvalidIdentifierError(message)
-    if code is grpc.StatusCode.UNAUTHENTICATED:
-        return ShuffleError(f"{message} (check external-shuffle.auth.token / token-file)")
-    return ShuffleError(message)
+    """The ShuffleError for a failed call (the class the daemon raised, see ``wire_errors``);
+    ``what`` says which call, on which peer, ``partition`` which partition it was about."""
+    if not isinstance(error, grpc.Call):
+        return ShuffleError(f"{what} failed: {error}")
+    return error_from_status(
+        error.code(), error.details() or "", error.trailing_metadata() or (), what, partition
+    )
 
 
 T = TypeVar("T")

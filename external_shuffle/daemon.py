@@ -54,6 +54,7 @@ from external_shuffle.options import (
 )
 from external_shuffle.registration import heartbeat_loop
 from external_shuffle.security import TokenInterceptor, load_token, server_credentials
+from external_shuffle.statuses import RequestDecodingInterceptor
 from external_shuffle.worker import WorkerService
 from scheduling.placement import new_placement_strategy
 from shuffle_api import ConfigError, Configuration, ShuffleError
@@ -113,7 +114,7 @@ class Daemon:
     def _new_server(self, port: int) -> _Served:
         server = grpc.server(
             ThreadPoolExecutor(_HANDLER_THREADS, thread_name_prefix="pyshuffle-rpc"),
-            interceptors=[TokenInterceptor(self._token)],
+            interceptors=[TokenInterceptor(self._token), RequestDecodingInterceptor(self.metrics)],
             options=channel_options(self._config.get(MAX_MESSAGE_SIZE)),
         )
         address = f"{self._bind}:{port}"

@@ -18,6 +18,7 @@ from external_shuffle.framing import fetch_data_call
 from external_shuffle.wire import WorkerAddress, key_of
 from shuffle_api import (
     InputGateDeploymentDescriptor,
+    PartitionCorruptedError,
     PartitionNotFoundError,
     ResultPartitionID,
     ShuffleDescriptor,
@@ -75,7 +76,8 @@ class ExternalInputGate(SequentialInputGate):
                     yield from run_batches
                     runs_read += 1
                 return
-            except (TransportError, PartitionNotFoundError) as error:
+            # A replica that is gone, or whose copy is corrupt: the next one may be whole.
+            except (TransportError, PartitionNotFoundError, PartitionCorruptedError) as error:
                 failures.append(str(error))
                 if isinstance(error, TransportError):
                     self._on_unreachable(replica, error)

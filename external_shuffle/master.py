@@ -30,8 +30,8 @@ from external_shuffle.options import (
     REPLICATION_FACTOR,
     coordinator_addresses,
 )
-from external_shuffle.statuses import NotRegisteredError
 from external_shuffle.wire import WorkerAddress, key_of, partition_of, statistics_from_pb
+from external_shuffle.wire_errors import NotRegisteredError
 from shuffle_api import (
     JobShuffleContext,
     PartitionDescriptor,

@@ -1,4 +1,6 @@
-"""How the daemon's handlers report a ShuffleError: a gRPC status, a log line, a metric."""
+"""How the daemon's handlers report a ShuffleError: a gRPC status with the error's class and
+partition (``wire_errors``), a log line, a metric; and request bytes that do not decode
+reported as the client's error, not the daemon's."""
 
 from __future__ import annotations
 
@@ -11,55 +13,25 @@ from typing import Any, TypeVar, cast
 import grpc
 
 from external_shuffle.metrics import DaemonMetrics
-from shuffle_api import (
-    DataTooLargeError,
-    InvalidIdentifierError,
-    PartitionCorruptedError,
-    PartitionNotFoundError,
-    SerializationError,
-    ShuffleError,
-    StorageError,
-)
+from external_shuffle.wire_errors import short, status_for, trailing_metadata
+from shuffle_api import SerializationError, ShuffleError
 
-__all__ = ["NotRegisteredError", "UnavailableError", "reports_errors", "status_for"]
+__all__ = ["RequestDecodingInterceptor", "reports_errors"]
 
 logger = logging.getLogger(__name__)
 
 Handler = TypeVar("Handler", bound=Callable[..., Any])
 
 
-class NotRegisteredError(ShuffleError, LookupError):
-    """The application, job or worker a request names is not registered."""
-
-
-class UnavailableError(ShuffleError):
-    """The daemon cannot take this call now (draining, or no worker to place on)."""
-
-
-def status_for(error: ShuffleError) -> grpc.StatusCode:
-    """The gRPC status a ShuffleError is reported with."""
-    if isinstance(error, (InvalidIdentifierError, SerializationError)):
-        return grpc.StatusCode.INVALID_ARGUMENT
-    if isinstance(error, (PartitionNotFoundError, NotRegisteredError)):
-        return grpc.StatusCode.NOT_FOUND
-    if isinstance(error, PartitionCorruptedError):
-        return grpc.StatusCode.DATA_LOSS
-    if isinstance(error, DataTooLargeError):
-        return grpc.StatusCode.RESOURCE_EXHAUSTED
-    if isinstance(error, UnavailableError):
-        return grpc.StatusCode.UNAVAILABLE
-    if isinstance(error, StorageError):
-        return grpc.StatusCode.INTERNAL
-    return grpc.StatusCode.FAILED_PRECONDITION
-
-
 def _abort(
     metrics: DaemonMetrics, context: grpc.ServicerContext, method: str, error: ShuffleError
 ) -> None:
     code = status_for(error)
+    details = short(str(error))
     metrics.errors.labels(method=method, code=code.name).inc()
-    logger.warning("%s failed: %s", method, error, extra={"method": method, "code": code.name})
-    context.abort(code, str(error))
+    logger.warning("%s failed: %s", method, details, extra={"method": method, "code": code.name})
+    context.set_trailing_metadata(tuple(trailing_metadata(error)))
+    context.abort(code, details)
 
 
 def reports_errors(handler: Handler) -> Handler:
@@ -85,3 +57,55 @@ def reports_errors(handler: Handler) -> Handler:
             _abort(self.metrics, context, method, error)
 
     return cast(Handler, unary)
+
+
+def _tolerant(decode: Callable[[bytes], Any], method: str) -> Callable[[bytes], Any]:
+    """``decode``, giving the SerializationError for bytes it cannot decode instead of
+    raising it (gRPC would end the call with INTERNAL, as if the daemon had failed)."""
+
+    def tolerant(data: bytes) -> Any:
+        try:
+            return decode(data)
+        except Exception as error:  # any decoder's failure: the bytes are the client's
+            return SerializationError(f"{method}: the request does not decode: {error}")
+
+    return tolerant
+
+
+class RequestDecodingInterceptor(grpc.ServerInterceptor):
+    """Request bytes that do not decode end the call with INVALID_ARGUMENT (a
+    SerializationError for the client); request streams get the error as an element, which
+    the handler raises."""
+
+    def __init__(self, metrics: DaemonMetrics) -> None:
+        self._metrics = metrics
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = continuation(handler_call_details)
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        method = handler_call_details.method.rsplit("/", 1)[-1]
+        decode = _tolerant(handler.request_deserializer, method)
+        serialize = handler.response_serializer
+        if handler.request_streaming and handler.response_streaming:
+            assert handler.stream_stream is not None
+            return grpc.stream_stream_rpc_method_handler(handler.stream_stream, decode, serialize)
+        if handler.request_streaming:
+            assert handler.stream_unary is not None
+            return grpc.stream_unary_rpc_method_handler(handler.stream_unary, decode, serialize)
+        behavior = handler.unary_stream if handler.response_streaming else handler.unary_unary
+        assert behavior is not None
+        metrics = self._metrics
+
+        def refusing_undecodable(request: Any, context: grpc.ServicerContext) -> Any:
+            if isinstance(request, SerializationError):
+                _abort(metrics, context, method, request)
+            return behavior(request, context)
+
+        if handler.response_streaming:
+            return grpc.unary_stream_rpc_method_handler(refusing_undecodable, decode, serialize)
+        return grpc.unary_unary_rpc_method_handler(refusing_undecodable, decode, serialize)

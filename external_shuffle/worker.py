@@ -24,13 +24,14 @@ from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.framing import PushChunk, frame_fetch
 from external_shuffle.metrics import DaemonMetrics
 from external_shuffle.options import MIN_CHUNK_SIZE
-from external_shuffle.statuses import UnavailableError, reports_errors
+from external_shuffle.statuses import reports_errors
 from external_shuffle.wire import (
     WorkerAddress,
     key_of,
     partition_of,
     statistics_to_pb,
 )
+from external_shuffle.wire_errors import UnavailableError
 from shuffle_api import (
     DataTooLargeError,
     InvalidIdentifierError,

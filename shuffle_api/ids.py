@@ -18,6 +18,17 @@ __all__ = [
 _ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
+_SHOWN = 140
+
+
+def _prefix(value: object) -> str:
+    """A prefix only: the value may be anything a client sent, of any length."""
+    text = value if isinstance(value, str) else repr(value)
+    if len(text) <= _SHOWN:
+        return repr(text)
+    return f"{text[:_SHOWN]!r}... ({len(text)} characters)"
+
+
 def validate_id(value: str, what: str) -> str:
     """Return ``value`` if it is a safe id, else raise :class:`InvalidIdentifierError`.
 
@@ -26,8 +37,8 @@ def validate_id(value: str, what: str) -> str:
     """
     if not isinstance(value, str) or not _ID_PATTERN.fullmatch(value) or ".." in value:
         raise InvalidIdentifierError(
-            f"invalid {what} {value!r}: use 1-128 characters of letters, digits, '_', '.', '-',"
-            " starting with a letter or digit, without '..'"
+            f"invalid {what} {_prefix(value)}: use 1-128 characters of letters, digits, '_',"
+            " '.', '-', starting with a letter or digit, without '..'"
         )
     return value
 

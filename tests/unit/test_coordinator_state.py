@@ -7,8 +7,8 @@ import pytest
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle.coordinator_state import CoordinatorState
-from external_shuffle.statuses import NotRegisteredError
 from external_shuffle.wire import WorkerAddress, key_of
+from external_shuffle.wire_errors import NotRegisteredError
 from scheduling.placement import new_placement_strategy
 from shuffle_api import IntermediateResultPartitionID, ResultPartitionID
 

@@ -1,0 +1,149 @@
+"""Coordinators that die: killed, stopped and restarted during a job, alone or beside another.
+Nothing committed is deleted, writes ride through the outage, reads return every row, and the
+workers' stores are empty once the application is done. Real daemon processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from external_shuffle._proto import external_shuffle_pb2 as pb
+from external_shuffle.local_cluster import LocalCluster
+from external_shuffle.wire import partition_of
+from shuffle_api import ResultPartitionID, ShuffleDescriptor
+from shuffle_api.testing import ShuffleScenario
+from shuffle_api.testing.harness import in_background
+from tests.reliability.external_cluster import (
+    ALL,
+    PARTITIONS,
+    ROWS,
+    SUBPARTITIONS,
+    batches,
+    eventually,
+    external,
+    ids,
+    partition_files,
+    rows_of,
+    scenario_on,
+)
+
+SETTINGS = {"external-shuffle.worker.heartbeat-interval": 0.25}
+
+
+def stored(cluster: LocalCluster) -> list[Path]:
+    return [
+        path
+        for index in range(len(cluster.worker_ports))
+        for path in partition_files(cluster, index)
+    ]
+
+
+def nothing_stored(cluster: LocalCluster) -> None:
+    eventually(lambda: not stored(cluster), "every worker's store is empty")
+
+
+@pytest.fixture
+def one_coordinator(tmp_path: Path) -> Iterator[LocalCluster]:
+    with LocalCluster(tmp_path, workers=2, settings=SETTINGS) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def two_coordinators(tmp_path: Path) -> Iterator[LocalCluster]:
+    with LocalCluster(tmp_path, workers=2, coordinators=2, settings=SETTINGS) as cluster:
+        yield cluster
+
+
+@pytest.mark.parametrize("kill", [True, False], ids=["kill-9", "sigterm"])
+def test_a_restarted_coordinator_deletes_nothing_and_the_job_reads_everything(
+    one_coordinator: LocalCluster, kill: bool
+) -> None:
+    cluster = one_coordinator
+    # No background heartbeats: the test says when the master hears of the restart.
+    with scenario_on(cluster, **{"external-shuffle.client.heartbeat-interval": 600.0}) as scenario:
+        written, _ = scenario.produce(batches(), partitions=PARTITIONS, subpartitions=SUBPARTITIONS)
+        files = stored(cluster)
+        if kill:
+            cluster.kill_coordinator()
+        else:
+            assert cluster.stop_coordinator() == 0
+        cluster.start_coordinator()
+        cluster.wait_for_workers({cluster.worker_target(i) for i in range(2)})
+        external(scenario.master).heartbeat()  # unknown there: registers everything again
+
+        assert stored(cluster) == files
+        metrics = scenario.master.partitions_with_metrics(scenario.job.job_id).result()
+        assert all(m.available for m in metrics)
+        assert ids([m.shuffle_descriptor for m in metrics]) == ids(written)
+        assert scenario.job.lost == []
+        assert rows_of(scenario.read(scenario.consumer, written, ALL)) == list(range(ROWS))
+    nothing_stored(cluster)
+
+
+def test_writes_during_a_coordinator_outage_wait_for_it_to_come_back(
+    one_coordinator: LocalCluster,
+) -> None:
+    cluster = one_coordinator
+    with scenario_on(cluster) as scenario:
+        cluster.kill_coordinator()
+        started = threading.Event()
+
+        def produce() -> list[ShuffleDescriptor]:
+            started.set()
+            descriptors, _ = scenario.produce(
+                batches(), partitions=PARTITIONS, subpartitions=SUBPARTITIONS
+            )
+            return descriptors
+
+        writing = in_background(produce)
+        started.wait()
+        assert not writing.done()
+        cluster.start_coordinator()
+        written = writing.result(timeout=60)
+        assert isinstance(written, list)
+        assert rows_of(scenario.read(scenario.consumer, written, ALL)) == list(range(ROWS))
+        assert scenario.job.lost == []
+    nothing_stored(cluster)
+
+
+def test_either_of_two_coordinators_may_die_during_a_job(two_coordinators: LocalCluster) -> None:
+    cluster = two_coordinators
+    with scenario_on(cluster, **{"external-shuffle.client.heartbeat-interval": 0.2}) as scenario:
+        data = batches()
+        first, _ = scenario.produce(data, partitions=PARTITIONS, subpartitions=SUBPARTITIONS)
+        cluster.kill_coordinator(0)
+        second, _ = scenario.produce(data, partitions=PARTITIONS, subpartitions=SUBPARTITIONS)
+        cluster.start_coordinator(0)
+        cluster.wait_for_workers({cluster.worker_target(i) for i in range(2)})
+        # The restarted one learns the application from the master's heartbeats, then the
+        # other dies: everything is still known, and read.
+        everything = ids([*first, *second])
+        eventually(
+            lambda: available_at(cluster, 0, scenario) == everything,
+            "coordinator 0 knows every partition",
+        )
+        cluster.kill_coordinator(1)
+        metrics = scenario.master.partitions_with_metrics(scenario.job.job_id).result()
+        assert ids([m.shuffle_descriptor for m in metrics]) == ids([*first, *second])
+        assert all(m.available for m in metrics)
+        for written in (first, second):
+            assert rows_of(scenario.read(scenario.consumer, written, ALL)) == list(range(ROWS))
+        assert scenario.job.lost == []
+    nothing_stored(cluster)
+
+
+def available_at(
+    cluster: LocalCluster, coordinator: int, scenario: ShuffleScenario
+) -> list[ResultPartitionID]:
+    """The scenario's partitions one coordinator knows and finds committed."""
+    answer = cluster.coordinator_stub(coordinator).GetPartitionStatus(
+        pb.GetPartitionStatusRequest(
+            application_id=external(scenario.master).application_id,
+            job_id=scenario.job.job_id,
+        ),
+        timeout=10,
+    )
+    return sorted(partition_of(s.location.partition) for s in answer.partitions if s.available)
