@@ -36,6 +36,8 @@ __all__ = ["CoordinatorState", "PartitionPlacement", "Releases", "WorkerView"]
 
 logger = logging.getLogger(__name__)
 
+_MAX_RELEASED = 100_000
+
 
 @dataclass(frozen=True, slots=True)
 class Releases:
@@ -112,6 +114,10 @@ class CoordinatorState:
         # Partitions per worker, kept as they are placed and dropped: placement reads it.
         self._tracked_per_worker: dict[str, int] = defaultdict(int)
         self._applications: dict[str, _Application] = {}
+        # Partitions released by name: a copy a worker shows later (this coordinator restarted
+        # and not every replica's worker had registered again) is deleted. Oldest first;
+        # kept for the application timeout, at most _MAX_RELEASED.
+        self._released: dict[ResultPartitionID, float] = {}
         self._lock = threading.RLock()
 
     # --- counts for the gauges ----------------------------------------------------------------
@@ -142,6 +148,9 @@ class CoordinatorState:
             adopted = 0
             for partition in held:
                 entry = self._partitions.get(partition)
+                if partition in self._released:
+                    obsolete.add(partition)
+                    continue
                 if partition in obsolete or (
                     entry is not None and address.worker_id in entry.replicas
                 ):
@@ -319,8 +328,17 @@ class CoordinatorState:
     def release_partitions(
         self, application_id: str, partitions: Sequence[ResultPartitionID]
     ) -> Releases:
-        """An application releases its own partitions and unclaimed ones only."""
+        """An application releases its own partitions and unclaimed ones only (any copy a
+        worker shows later is deleted)."""
         with self._lock:
+            now = self._clock()
+            for partition in partitions:
+                entry = self._partitions.get(partition)
+                if entry is None or entry.application_id in ("", application_id):
+                    self._released.pop(partition, None)
+                    self._released[partition] = now
+            while len(self._released) > _MAX_RELEASED:
+                del self._released[next(iter(self._released))]
             return self._release(
                 [
                     entry
@@ -376,6 +394,10 @@ class CoordinatorState:
                 for entry in self._partitions.values()
                 if not entry.application_id and now - entry.placed_at > self.application_timeout
             ]
+            for partition, released_at in list(self._released.items()):
+                if now - released_at <= self.application_timeout:
+                    break
+                del self._released[partition]
             if unclaimed:
                 logger.info("deleting %d partitions no application claimed", len(unclaimed))
             return self._release([*entries, *unclaimed])

@@ -191,3 +191,30 @@ def test_a_silent_application_expires_and_its_partitions_are_deleted(clock: Cloc
     assert state.reap().per_worker == {worker(0): [partition(0)]}
     assert state.application_heartbeat("app-1") is None
     assert state.application_heartbeat("app-2") == []
+
+
+def test_a_partition_released_before_its_worker_registers_is_deleted_when_it_does(
+    clock: Clock,
+) -> None:
+    # Restarted: the driver releases by name what this coordinator does not know yet.
+    state = new_state(clock)
+    assert state.release_partitions("app-1", [partition(0)]).count == 0
+    obsolete = state.register_worker(worker(0), pb.WorkerLoad(), [partition(0), partition(1)])
+    assert obsolete == [partition(0)]
+    assert state.partition_count() == 1, "what was not released is kept, unclaimed"
+    # The memory of such releases lasts the application timeout.
+    state.release_partitions("app-1", [partition(2)])
+    clock.now += APPLICATION_TIMEOUT + 1
+    state.worker_heartbeat("worker-0", pb.WorkerLoad())
+    state.reap()
+    assert state.register_worker(worker(1), pb.WorkerLoad(), [partition(2)]) == []
+
+
+def test_a_released_partition_is_deleted_from_a_replica_that_registers_after(
+    clock: Clock,
+) -> None:
+    state = new_state(clock)
+    state.register_worker(worker(0), pb.WorkerLoad(), [partition(0)])  # one replica's worker
+    releases = state.release_partitions("app-1", [partition(0)])
+    assert releases.per_worker == {worker(0): [partition(0)]}
+    assert state.register_worker(worker(1), pb.WorkerLoad(), [partition(0)]) == [partition(0)]
