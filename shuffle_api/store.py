@@ -1,7 +1,9 @@
 """A partition store: an fsspec filesystem and a root, with paths that cannot escape it.
 
-Local directories use pyarrow's native files (memory-mapped reads); every other fsspec store
-(``memory://``, S3, GCS, HDFS, ...) goes through fsspec. OSErrors become :class:`StorageError`.
+Local directories use native files (memory-mapped reads, or positioned reads where another
+process may truncate a file under a reader: a mapped page past the new end kills the reader
+with SIGBUS); every other fsspec store (``memory://``, S3, GCS, HDFS, ...) goes through
+fsspec. OSErrors become :class:`StorageError` (:class:`StorageFullError` for a full store).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import fsspec
 import pyarrow as pa
 from fsspec.implementations.local import LocalFileSystem
 
-from shuffle_api.errors import StorageError
+from shuffle_api.errors import StorageError, StorageFullError
 from shuffle_api.ids import new_id, validate_id
 
 __all__ = ["RangeReader", "Store", "default_store_url", "storage_errors"]
@@ -31,15 +33,13 @@ def default_store_url() -> str:
     return str(Path(tempfile.gettempdir()) / f"pyshuffle-{os.getuid()}")
 
 
-def _describe(error: OSError, path: str) -> str:
-    if error.errno == errno.ENOSPC:
-        return f"no space left on the store while writing {path}"
-    return f"store operation on {path} failed: {error}"
+_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 @contextmanager
 def storage_errors(path: str) -> Iterator[None]:
-    """Translate OSErrors (other than a missing file) into :class:`StorageError`."""
+    """Translate OSErrors (other than a missing file) into :class:`StorageError`, and a full
+    store (no space, or over quota) into :class:`StorageFullError`."""
     try:
         yield
     except FileNotFoundError:
@@ -47,7 +47,11 @@ def storage_errors(path: str) -> Iterator[None]:
     except OSError as error:
         if isinstance(error, StorageError):
             raise
-        raise StorageError(_describe(error, path)) from error
+        if error.errno in _FULL:
+            raise StorageFullError(
+                f"no space left on the store while writing {path}: {error.strerror}"
+            ) from error
+        raise StorageError(f"store operation on {path} failed: {error}") from error
 
 
 class RangeReader(abc.ABC):
@@ -72,6 +76,19 @@ class _MappedRanges(RangeReader):
             return self._mapped.read_buffer(available)
 
 
+class _PositionedRanges(RangeReader):
+    """Positioned reads of a local file: one copy, and a file truncated under the reader gives
+    short reads, never a fault."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._file = open(path, "rb", buffering=0)  # noqa: SIM115 (lives as long as the reader)
+
+    def read_range(self, offset: int, length: int) -> pa.Buffer:
+        with storage_errors(self._path):
+            return pa.py_buffer(os.pread(self._file.fileno(), length, offset))
+
+
 class _FsspecRanges(RangeReader):
     """Ranged reads through fsspec (a ranged GET on object stores)."""
 
@@ -87,8 +104,11 @@ class _FsspecRanges(RangeReader):
 class Store:
     """The root of a store. Every path below it is built from validated ids."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, memory_map: bool = True) -> None:
+        """``memory_map``: read local files through memory maps (zero-copy); False where a
+        file may be truncated under a reader by another process."""
         self._url = url or default_store_url()
+        self._memory_map = memory_map
         with storage_errors(self._url):
             self._fs, root = fsspec.core.url_to_fs(self._url)
         self._local = isinstance(self._fs, LocalFileSystem)
@@ -145,7 +165,7 @@ class Store:
         """A reader of byte ranges of ``path``; raises FileNotFoundError if it is missing."""
         with storage_errors(path):
             if self._local:
-                return _MappedRanges(path)
+                return _MappedRanges(path) if self._memory_map else _PositionedRanges(path)
             if not self._fs.exists(path):
                 raise FileNotFoundError(path)
             return _FsspecRanges(self._fs, path)

@@ -22,7 +22,19 @@ from shuffle_api.ids import ResultPartitionID
 from shuffle_api.io import BROADCAST
 from shuffle_api.store import RangeReader, Store
 
-__all__ = ["PartitionFileReader", "Run", "decode_run", "verify_checksum", "verify_run"]
+__all__ = [
+    "MAX_SUBPARTITIONS",
+    "PartitionFileReader",
+    "Run",
+    "check_commit",
+    "decode_run",
+    "verify_checksum",
+    "verify_run",
+]
+
+MAX_SUBPARTITIONS = 1 << 17
+"""The most subpartitions a partition committed from elsewhere may claim: a reader's index of
+runs grows with the count, whatever was written."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +72,81 @@ def verify_run(data: pa.Buffer, run: Run, partition: ResultPartitionID) -> None:
             partition,
         )
     verify_checksum(data, run.checksum, partition, where)
+
+
+def _decode_index(index_bytes: bytes, manifest: PartitionManifest) -> list[Run]:
+    """The index's runs, each checked to lie in the data file and name a subpartition the
+    manifest has: a reader never reads (or allocates) past what was written."""
+    partition = manifest.partition
+    try:
+        index = pa.ipc.open_file(pa.py_buffer(index_bytes)).read_all()
+        runs = [
+            Run(*row)
+            for row in zip(
+                *(
+                    index.column(name).to_pylist()
+                    for name in ("subpartition", "region", "offset", "length", "rows", "checksum")
+                ),
+                strict=True,
+            )
+        ]
+    except (pa.ArrowException, KeyError, ValueError, TypeError) as error:
+        raise PartitionCorruptedError(
+            f"index of partition {partition} does not decode: {error}", partition
+        ) from error
+    count, size = manifest.number_of_subpartitions, manifest.data_bytes
+    for run in runs:
+        if run.subpartition != BROADCAST and not 0 <= run.subpartition < count:
+            raise PartitionCorruptedError(
+                f"index of partition {partition} names subpartition {run.subpartition} of {count}",
+                partition,
+            )
+        if run.offset < 0 or run.length < 0 or run.offset + run.length > size:
+            raise PartitionCorruptedError(
+                f"index of partition {partition}: a run at bytes {run.offset}.."
+                f"{run.offset + run.length} lies outside the {size} data bytes",
+                partition,
+            )
+    return runs
+
+
+def check_commit(
+    manifest: PartitionManifest,
+    index_bytes: bytes,
+    data_bytes: int,
+    partition: ResultPartitionID,
+) -> None:
+    """Raise :class:`PartitionCorruptedError` unless the manifest and index describe the
+    ``data_bytes`` that arrived: what a store that received a partition from elsewhere checks
+    before it believes it."""
+    what = f"commit of {partition}"
+    if manifest.partition != partition:
+        raise PartitionCorruptedError(
+            f"{what} carries the manifest of {manifest.partition}", partition
+        )
+    if manifest.data_bytes != data_bytes:
+        raise PartitionCorruptedError(
+            f"{what}: the manifest describes {manifest.data_bytes} data bytes,"
+            f" {data_bytes} arrived",
+            partition,
+        )
+    count = manifest.number_of_subpartitions
+    if not 1 <= count <= MAX_SUBPARTITIONS:
+        raise PartitionCorruptedError(
+            f"{what}: {count} subpartitions, outside 1..{MAX_SUBPARTITIONS}", partition
+        )
+    statistics = manifest.statistics
+    if len(statistics.rows_per_subpartition) != count or (
+        len(statistics.bytes_per_subpartition) != count
+    ):
+        raise PartitionCorruptedError(
+            f"{what}: statistics of {len(statistics.rows_per_subpartition)} subpartitions"
+            f" for {count}",
+            partition,
+        )
+    if xxhash.xxh3_64_intdigest(index_bytes) != manifest.index_checksum:
+        raise PartitionCorruptedError(f"{what}: the index is corrupt", partition)
+    _decode_index(index_bytes, manifest)
 
 
 def decode_run(
@@ -112,17 +199,7 @@ class PartitionFileReader:
             )
         if xxhash.xxh3_64_intdigest(index_bytes) != self.manifest.index_checksum:
             raise ChecksumMismatchError(f"index of partition {partition} is corrupt", partition)
-        index = pa.ipc.open_file(pa.py_buffer(index_bytes)).read_all()
-        self._runs = [
-            Run(*row)
-            for row in zip(
-                *(
-                    index.column(name).to_pylist()
-                    for name in ("subpartition", "region", "offset", "length", "rows", "checksum")
-                ),
-                strict=True,
-            )
-        ]
+        self._runs = _decode_index(index_bytes, self.manifest)
         subpartition_of_run = np.asarray([run.subpartition for run in self._runs], dtype=np.int64)
         self._broadcast = np.flatnonzero(subpartition_of_run == BROADCAST)
         order = np.argsort(subpartition_of_run, kind="stable")
@@ -168,6 +245,12 @@ class PartitionFileReader:
                 f"data file of partition {self._partition} is gone from {self._store.url}",
                 self._partition,
             ) from error
+        if data.size != run.length:  # checked even unverified: the receiver's check is too late
+            raise ChecksumMismatchError(
+                f"data file of partition {self._partition} on {self._store.url} is truncated:"
+                f" {data.size} of the {run.length} bytes of a run at {run.offset}",
+                self._partition,
+            )
         if verify:
             verify_run(data, run, self._partition)
         return data
