@@ -150,7 +150,8 @@ class Daemon:
         if self._role in ("worker", "all"):
             served = self._new_server(config.get(WORKER_PORT))
             self.worker = WorkerService(
-                Store(config.get(WORKER_STORE_URL)),
+                # Never memory-mapped: a file truncated under a fetch must not kill the daemon.
+                Store(config.get(WORKER_STORE_URL), memory_map=False),
                 host=self._advertised_host(),
                 port=served.port,
                 store_shared=config.get(WORKER_STORE_SHARED),

@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import grpc
-import xxhash
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
@@ -35,12 +34,12 @@ from external_shuffle.wire_errors import UnavailableError
 from shuffle_api import (
     DataTooLargeError,
     InvalidIdentifierError,
-    PartitionCorruptedError,
     PartitionNotFoundError,
     PartitionStatistics,
     ResultPartitionID,
     SerializationError,
     ShuffleError,
+    StorageError,
     SubpartitionRange,
 )
 from shuffle_api.format import (
@@ -52,12 +51,15 @@ from shuffle_api.format import (
     write_all,
 )
 from shuffle_api.format.manifest import MANIFEST_FILE
+from shuffle_api.format.reader import check_commit
 from shuffle_api.ids import IntermediateResultPartitionID, new_id
-from shuffle_api.store import Store
+from shuffle_api.store import Store, storage_errors
 
 __all__ = ["MemoryBudget", "WorkerService"]
 
 logger = logging.getLogger(__name__)
+
+_PARTITION_LOCK_STRIPES = 64
 
 WORKER_ID_FILE = ".pyshuffle-worker-id"
 """Under the store root: the worker's id, so a restarted worker is the same worker. A name no
@@ -120,15 +122,16 @@ class _Upload:
                     f"push of {self.sink.partition} skipped messages: expected sequence"
                     f" {self.next_sequence}, got {sequence}"
                 )
-            if self.data is None:
-                self.data = self.sink.open_data()
-            write_all(self.data, data)
+            with storage_errors(self.sink.where):
+                if self.data is None:
+                    self.data = self.sink.open_data()
+                write_all(self.data, data)
             self.next_sequence += 1
             self.size += len(data)
             return True
 
     def close(self) -> None:
-        with self.lock:
+        with self.lock, storage_errors(self.sink.where):
             if self.data is not None:
                 self.data.close()
 
@@ -163,6 +166,9 @@ class WorkerService(pb_grpc.WorkerServicer):
         self._uploads: dict[ResultPartitionID, _Upload] = {}
         self._committed: dict[ResultPartitionID, _Committed] = {}
         self._lock = threading.Lock()
+        # Commit and release of one partition exclude each other (striped: file I/O happens
+        # under them, and partitions apart do not wait for each other).
+        self._partition_locks = [threading.Lock() for _ in range(_PARTITION_LOCK_STRIPES)]
         self._draining = False
         self.address = WorkerAddress(self._load_worker_id(), host, port, store.url, store_shared)
         self._recover()
@@ -240,20 +246,28 @@ class WorkerService(pb_grpc.WorkerServicer):
             with self._lock:
                 pushing = {p: u for p, u in pushing.items() if self._uploads.get(p) is u}
 
+    def _partition_lock(self, partition: ResultPartitionID) -> threading.Lock:
+        return self._partition_locks[hash(partition) % len(self._partition_locks)]
+
     def release(self, partitions: list[ResultPartitionID]) -> int:
         released = 0
         for partition in partitions:
-            with self._lock:
-                upload = self._uploads.pop(partition, None)
-                committed = self._committed.pop(partition, None)
-            if upload is not None:
-                upload.close()
-            if upload is not None or committed is not None:
-                released += 1
-            self._store.delete_tree(partition_directory(self._store, partition), empty_parents=2)
+            with self._partition_lock(partition):
+                released += self._forget(partition)
         with self._lock:
             self._update_gauges()
         return released
+
+    def _forget(self, partition: ResultPartitionID) -> int:
+        """Drop the partition and delete its files (under its partition lock); 1 if it was
+        here."""
+        with self._lock:
+            upload = self._uploads.pop(partition, None)
+            committed = self._committed.pop(partition, None)
+        if upload is not None:
+            upload.close()
+        self._store.delete_tree(partition_directory(self._store, partition), empty_parents=2)
+        return int(upload is not None or committed is not None)
 
     # --- gRPC ---------------------------------------------------------------------------------
 
@@ -284,7 +298,13 @@ class WorkerService(pb_grpc.WorkerServicer):
                     self.metrics.duplicates_dropped.inc()
                     continue
                 with self._budget.reserve(len(chunk.data)):
-                    if upload.append(message.sequence, chunk.data):
+                    try:
+                        appended = upload.append(message.sequence, chunk.data)
+                    except StorageError:
+                        # A full disk (or a failing one): what arrived of it is deleted.
+                        self.release([partition_of(first)])
+                        raise
+                    if appended:
                         self.metrics.bytes_in.inc(len(chunk.data))
                     else:
                         self.metrics.duplicates_dropped.inc()
@@ -315,31 +335,32 @@ class WorkerService(pb_grpc.WorkerServicer):
         self, request: pb.CommitPartitionRequest, context: grpc.ServicerContext
     ) -> pb.CommitPartitionResponse:
         partition = partition_of(request.partition)
-        with self._lock:
-            if partition in self._committed:
-                return pb.CommitPartitionResponse()  # a retried commit
-            upload = self._uploads.get(partition)
-        manifest = PartitionManifest.from_json(request.manifest, f"commit of {partition}")
-        received = 0 if upload is None else upload.size
-        if manifest.partition != partition:
-            raise PartitionCorruptedError(
-                f"commit of {partition} carries the manifest of {manifest.partition}"
-            )
-        if manifest.data_bytes != received:
-            raise PartitionCorruptedError(
-                f"commit of {partition}: the manifest describes {manifest.data_bytes} data"
-                f" bytes, {received} arrived"
-            )
-        if xxhash.xxh3_64_intdigest(request.index) != manifest.index_checksum:
-            raise PartitionCorruptedError(f"commit of {partition}: the index is corrupt")
-        sink = StoreSink(self._store, partition) if upload is None else upload.sink
-        if upload is not None:
-            upload.close()
-        sink.commit(request.index, request.manifest)
-        with self._lock:
-            self._uploads.pop(partition, None)
-            self._committed[partition] = _Committed(manifest.statistics, manifest.data_bytes)
-            self._update_gauges()
+        # A release of the same partition waits, or is waited for: never half of each.
+        with self._partition_lock(partition):
+            with self._lock:
+                if partition in self._committed:
+                    return pb.CommitPartitionResponse()  # a retried commit
+                upload = self._uploads.get(partition)
+            manifest = PartitionManifest.from_json(request.manifest, f"commit of {partition}")
+            if upload is None and manifest.data_bytes:
+                raise PartitionNotFoundError(
+                    f"commit of {partition}: no data of it is here (never pushed, or released)",
+                    partition,
+                )
+            # Refused, the pushed bytes stay for a commit that agrees with them.
+            check_commit(manifest, request.index, 0 if upload is None else upload.size, partition)
+            sink = StoreSink(self._store, partition) if upload is None else upload.sink
+            try:
+                if upload is not None:
+                    upload.close()
+                sink.commit(request.index, request.manifest)
+            except StorageError:
+                self._forget(partition)  # a full disk gets its space back
+                raise
+            with self._lock:
+                self._uploads.pop(partition, None)
+                self._committed[partition] = _Committed(manifest.statistics, manifest.data_bytes)
+                self._update_gauges()
         return pb.CommitPartitionResponse()
 
     @reports_errors

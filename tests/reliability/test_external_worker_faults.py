@@ -1,0 +1,333 @@
+"""A worker daemon under files that change, a full disk and commits that lie: each gives its
+caller a typed error and the daemon serves on. Real daemons on 127.0.0.1, raw gRPC; the race
+of a commit and a release in-process, on a real store."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import cast
+
+import grpc
+import pyarrow as pa
+import pytest
+import xxhash
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from external_shuffle._proto import external_shuffle_pb2 as pb
+from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
+from external_shuffle.channels import translate_rpc_error
+from external_shuffle.framing import PushChunk
+from external_shuffle.local_cluster import LocalCluster
+from external_shuffle.metrics import DaemonMetrics
+from external_shuffle.options import MIN_CHUNK_SIZE
+from external_shuffle.worker import WorkerService
+from shuffle_api import (
+    PartitionCorruptedError,
+    PartitionNotFoundError,
+    StorageFullError,
+)
+from shuffle_api.format import partition_directory
+from shuffle_api.format.manifest import DATA_FILE, MANIFEST_FILE
+from shuffle_api.format.reader import MAX_SUBPARTITIONS
+from shuffle_api.store import Store
+from tests.reliability.raw_worker import (
+    BIG_CHANNEL,
+    BuiltPartition,
+    auth,
+    build_partition,
+    code_of,
+    fetch_all,
+    push_requests,
+)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster(tmp_path_factory.mktemp("worker-faults"), workers=1) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def worker(cluster: LocalCluster) -> Iterator[pb_grpc.WorkerStub]:
+    channel = grpc.insecure_channel(cluster.worker_target(0), options=BIG_CHANNEL)
+    yield pb_grpc.WorkerStub(channel)
+    channel.close()
+
+
+def push(cluster: LocalCluster, worker: pb_grpc.WorkerStub, built: BuiltPartition) -> None:
+    chunks = built.chunks()
+    worker.PushData(
+        push_requests(built.key, chunks, range(len(chunks))), metadata=auth(cluster), timeout=30
+    )
+
+
+def commit(
+    cluster: LocalCluster,
+    worker: pb_grpc.WorkerStub,
+    built: BuiltPartition,
+    *,
+    index: bytes | None = None,
+    manifest: bytes | None = None,
+) -> None:
+    worker.CommitPartition(
+        pb.CommitPartitionRequest(
+            partition=built.key,
+            index=built.index if index is None else index,
+            manifest=built.manifest if manifest is None else manifest,
+        ),
+        metadata=auth(cluster),
+        timeout=30,
+    )
+
+
+def serves(cluster: LocalCluster, worker: pb_grpc.WorkerStub) -> None:
+    """The daemon answers health checks and takes and returns a new partition whole."""
+    with grpc.insecure_channel(cluster.worker_target(0)) as channel:
+        answer = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(), timeout=10
+        )
+    assert answer.status == health_pb2.HealthCheckResponse.SERVING
+    built = build_partition(rows=500)
+    push(cluster, worker, built)
+    commit(cluster, worker, built)
+    manifest, runs = fetch_all(worker, built.key, auth(cluster))
+    assert manifest == built.manifest
+    assert all(xxhash.xxh3_64_intdigest(data) == checksum for data, checksum in runs)
+
+
+def data_file(cluster: LocalCluster, built: BuiltPartition) -> Path:
+    store = Store(str(cluster.worker_store(0)))
+    return Path(partition_directory(store, built.partition)) / DATA_FILE
+
+
+def committed(cluster: LocalCluster, worker: pb_grpc.WorkerStub, built: BuiltPartition) -> bool:
+    status = pb.WorkerPartitionStatusRequest(partitions=[built.key])
+    [entry] = worker.GetPartitionStatus(status, metadata=auth(cluster), timeout=10).partitions
+    return bool(entry.committed)
+
+
+# --- a file changed under a fetch ---------------------------------------------------------------
+
+
+def test_a_data_file_truncated_during_a_fetch_fails_that_fetch_only(
+    cluster: LocalCluster, worker: pb_grpc.WorkerStub
+) -> None:
+    # Many runs of small chunks: the worker is still reading runs when the file is cut.
+    built = build_partition(rows=60_000, memory_budget=256 << 10)
+    push(cluster, worker, built)
+    commit(cluster, worker, built)
+    stream = worker.FetchData(
+        pb.FetchDataRequest(
+            partition=built.key,
+            first_subpartition=0,
+            last_subpartition=3,
+            max_chunk_bytes=MIN_CHUNK_SIZE,
+        ),
+        metadata=auth(cluster),
+        timeout=30,
+    )
+    with pytest.raises(grpc.RpcError) as failed:
+        for number, _ in enumerate(stream):
+            if number == 1:
+                os.truncate(data_file(cluster, built), 100)
+    assert isinstance(failed.value, grpc.Call)
+    assert failed.value.code() == grpc.StatusCode.DATA_LOSS, failed.value.details()
+    error = translate_rpc_error(failed.value, "fetch")
+    assert isinstance(error, PartitionCorruptedError)
+    assert error.partition_id == built.partition
+    serves(cluster, worker)
+
+
+def test_a_data_file_deleted_before_a_fetch_is_not_found(
+    cluster: LocalCluster, worker: pb_grpc.WorkerStub
+) -> None:
+    built = build_partition(rows=1_000)
+    push(cluster, worker, built)
+    commit(cluster, worker, built)
+    data_file(cluster, built).unlink()
+    assert code_of(lambda: fetch_all(worker, built.key, auth(cluster))) in (
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.DATA_LOSS,
+    )
+    serves(cluster, worker)
+
+
+# --- a full disk --------------------------------------------------------------------------------
+
+
+def test_a_full_disk_is_resource_exhausted_a_storage_full_error_and_leaves_nothing(
+    cluster: LocalCluster, worker: pb_grpc.WorkerStub
+) -> None:
+    """The data file is a link to /dev/full: every write of it fails with the kernel's own
+    ENOSPC, as on a full filesystem."""
+    built = build_partition(rows=2_000)
+    path = data_file(cluster, built)
+    path.parent.mkdir(parents=True)
+    path.symlink_to("/dev/full")
+    with pytest.raises(grpc.RpcError) as failed:
+        push(cluster, worker, built)
+    assert isinstance(failed.value, grpc.Call)
+    assert failed.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, failed.value.details()
+    error = translate_rpc_error(failed.value, "push")
+    assert type(error) is StorageFullError
+    assert "no space left" in str(error)
+    assert not path.parent.exists(), "what arrived of it is deleted"
+    assert not committed(cluster, worker, built)
+    serves(cluster, worker)
+
+
+# --- commits that lie ---------------------------------------------------------------------------
+
+
+def _manifest_with(built: BuiltPartition, **changes: object) -> bytes:
+    document = json.loads(built.manifest)
+    document.update(changes)
+    return json.dumps(document).encode()
+
+
+def _index_shifted(built: BuiltPartition, by: int) -> bytes:
+    table = pa.ipc.open_file(pa.py_buffer(built.index)).read_all()
+    offsets = pa.array(
+        [value + by for value in table.column("offset").to_pylist()],
+        type=table.schema.field("offset").type,
+    )
+    shifted = table.set_column(table.schema.get_field_index("offset"), "offset", offsets)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, shifted.schema) as writer:
+        writer.write_table(shifted)
+    return bytes(sink.getvalue())
+
+
+def _lies(built: BuiltPartition) -> dict[str, tuple[bytes, bytes]]:
+    index = _index_shifted(built, 1 << 40)
+    return {
+        "2,000,000 subpartitions": (
+            built.index,
+            _manifest_with(built, number_of_subpartitions=2_000_000),
+        ),
+        "statistics of other subpartitions": (
+            built.index,
+            _manifest_with(built, rows_per_subpartition=[1], bytes_per_subpartition=[1]),
+        ),
+        "runs 1 TiB past the data": (
+            index,
+            _manifest_with(built, index_checksum=xxhash.xxh3_64_intdigest(index)),
+        ),
+    }
+
+
+@pytest.mark.parametrize(
+    "lie",
+    ["2,000,000 subpartitions", "statistics of other subpartitions", "runs 1 TiB past the data"],
+)
+def test_a_commit_that_lies_about_what_arrived_is_refused(
+    cluster: LocalCluster, worker: pb_grpc.WorkerStub, lie: str
+) -> None:
+    assert MAX_SUBPARTITIONS < 2_000_000
+    built = build_partition(rows=1_000)
+    push(cluster, worker, built)
+    index, manifest = _lies(built)[lie]
+    with pytest.raises(grpc.RpcError) as failed:
+        commit(cluster, worker, built, index=index, manifest=manifest)
+    assert isinstance(failed.value, grpc.Call)
+    assert failed.value.code() == grpc.StatusCode.DATA_LOSS
+    error = translate_rpc_error(failed.value, "commit")
+    assert isinstance(error, PartitionCorruptedError)
+    assert error.partition_id == built.partition
+    assert not committed(cluster, worker, built)
+    assert code_of(lambda: fetch_all(worker, built.key, auth(cluster))) == grpc.StatusCode.NOT_FOUND
+    # The pushed bytes stay for the commit that tells the truth.
+    commit(cluster, worker, built)
+    assert committed(cluster, worker, built)
+    serves(cluster, worker)
+
+
+# --- a commit and a release of one partition, at once -------------------------------------------
+
+
+class _HeldStore(Store):
+    """A store whose manifest writes wait until the test lets them go."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url, memory_map=False)
+        self.writing_manifest = threading.Event()
+        self.go = threading.Event()
+
+    def put_atomic(self, path: str, data: bytes) -> None:
+        if path.endswith(MANIFEST_FILE):
+            self.writing_manifest.set()
+            assert self.go.wait(30)
+        super().put_atomic(path, data)
+
+
+def _service(store: Store) -> WorkerService:
+    return WorkerService(
+        store,
+        host="127.0.0.1",
+        port=1,
+        store_shared=False,
+        memory_budget=1 << 20,
+        budget_timeout=10,
+        chunk_size=64 << 10,
+        message_data_limit=1 << 20,
+        metrics=DaemonMetrics(),
+    )
+
+
+def _push_in_process(service: WorkerService, built: BuiltPartition) -> None:
+    chunks = [
+        PushChunk(pb.PushDataRequest(partition=built.key, sequence=number), memoryview(chunk))
+        for number, chunk in enumerate(built.chunks())
+    ]
+    service.PushData(iter(chunks), cast(grpc.ServicerContext, None))
+
+
+def test_a_release_during_a_commit_waits_for_it_and_then_deletes_everything(
+    tmp_path: Path,
+) -> None:
+    store = _HeldStore(str(tmp_path / "store"))
+    service = _service(store)
+    built = build_partition(rows=1_000)
+    _push_in_process(service, built)
+    request = pb.CommitPartitionRequest(
+        partition=built.key, index=built.index, manifest=built.manifest
+    )
+    committing = threading.Thread(
+        target=service.CommitPartition, args=(request, cast(grpc.ServicerContext, None))
+    )
+    committing.start()
+    assert store.writing_manifest.wait(30)
+    releasing = threading.Thread(target=service.release, args=([built.partition],))
+    releasing.start()
+    releasing.join(0.2)
+    assert releasing.is_alive(), "the release waits for the commit under way"
+    store.go.set()
+    committing.join(30)
+    releasing.join(30)
+    assert built.partition not in service.committed_partitions()
+    assert not Path(partition_directory(store, built.partition)).exists()
+
+
+def test_a_commit_after_a_release_is_not_found_and_leaves_nothing(
+    cluster: LocalCluster, worker: pb_grpc.WorkerStub
+) -> None:
+    built = build_partition(rows=1_000)
+    push(cluster, worker, built)
+    worker.ReleasePartitions(
+        pb.WorkerReleasePartitionsRequest(partitions=[built.key]),
+        metadata=auth(cluster),
+        timeout=10,
+    )
+    with pytest.raises(grpc.RpcError) as failed:
+        commit(cluster, worker, built)
+    assert isinstance(failed.value, grpc.Call)
+    assert failed.value.code() == grpc.StatusCode.NOT_FOUND
+    error = translate_rpc_error(failed.value, "commit")
+    assert isinstance(error, PartitionNotFoundError)
+    assert error.partition_id == built.partition
+    assert not committed(cluster, worker, built)
+    assert not data_file(cluster, built).parent.exists()
