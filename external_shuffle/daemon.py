@@ -42,11 +42,14 @@ from external_shuffle.options import (
     SHUTDOWN_GRACE,
     WORKER_ADVERTISED_HOST,
     WORKER_HEARTBEAT_INTERVAL,
+    WORKER_MAX_STREAMS,
+    WORKER_MAX_STREAMS_PER_PEER,
     WORKER_MEMORY_BUDGET,
     WORKER_MEMORY_BUDGET_TIMEOUT,
     WORKER_PORT,
     WORKER_STORE_SHARED,
     WORKER_STORE_URL,
+    WORKER_STREAM_IDLE_TIMEOUT,
     WORKER_TIMEOUT,
     coordinator_addresses,
     message_chunk_size,
@@ -55,6 +58,7 @@ from external_shuffle.options import (
 from external_shuffle.registration import heartbeat_loop
 from external_shuffle.security import TokenInterceptor, load_token, server_credentials
 from external_shuffle.statuses import RequestDecodingInterceptor
+from external_shuffle.streams import StreamLimits
 from external_shuffle.worker import WorkerService
 from scheduling.placement import new_placement_strategy
 from shuffle_api import ConfigError, Configuration, ShuffleError
@@ -66,7 +70,10 @@ __all__ = ["ROLES", "Daemon", "main"]
 logger = logging.getLogger(__name__)
 
 ROLES: Final = ("coordinator", "worker", "all")
-_HANDLER_THREADS: Final = 64  # each open stream holds one
+# Handler threads beyond the streams a worker admits (each open stream holds one): health
+# checks, commits and status calls always find one. Calls past threads + queue are refused.
+_UNARY_THREADS: Final = 16
+_QUEUED_CALLS_PER_THREAD: Final = 4
 
 
 def _coordinator_port(configuration: Configuration) -> int:
@@ -110,12 +117,15 @@ class Daemon:
         self.metrics_port: int | None = None
         self._stop_heartbeats = threading.Event()
         self._heartbeats: list[threading.Thread] = []
+        self._reaper: threading.Thread | None = None
 
-    def _new_server(self, port: int) -> _Served:
+    def _new_server(self, port: int, streams: int = 0) -> _Served:
+        threads = streams + _UNARY_THREADS
         server = grpc.server(
-            ThreadPoolExecutor(_HANDLER_THREADS, thread_name_prefix="pyshuffle-rpc"),
+            ThreadPoolExecutor(threads, thread_name_prefix="pyshuffle-rpc"),
             interceptors=[TokenInterceptor(self._token), RequestDecodingInterceptor(self.metrics)],
             options=channel_options(self._config.get(MAX_MESSAGE_SIZE)),
+            maximum_concurrent_rpcs=threads * _QUEUED_CALLS_PER_THREAD,
         )
         address = f"{self._bind}:{port}"
         bound = (
@@ -148,7 +158,12 @@ class Daemon:
             served.server.start()
             logger.info("coordinator serving", extra={"port": served.port})
         if self._role in ("worker", "all"):
-            served = self._new_server(config.get(WORKER_PORT))
+            limits = StreamLimits(
+                idle_timeout=config.get(WORKER_STREAM_IDLE_TIMEOUT),
+                max_streams=config.get(WORKER_MAX_STREAMS),
+                max_streams_per_peer=config.get(WORKER_MAX_STREAMS_PER_PEER),
+            )
+            served = self._new_server(config.get(WORKER_PORT), limits.max_streams)
             self.worker = WorkerService(
                 # Never memory-mapped: a file truncated under a fetch must not kill the daemon.
                 Store(config.get(WORKER_STORE_URL), memory_map=False),
@@ -160,8 +175,16 @@ class Daemon:
                 chunk_size=message_chunk_size(config),
                 message_data_limit=message_data_limit(config),
                 metrics=self.metrics,
+                stream_limits=limits,
             )
             served.server.add_generic_rpc_handlers((worker_rpc_handler(self.worker),))
+            self._reaper = threading.Thread(
+                target=self._reap_worker,
+                args=(self.worker, min(1.0, limits.idle_timeout / 4)),
+                name="worker-reaper",
+                daemon=True,
+            )
+            self._reaper.start()
             served.server.start()
             # Registered with each coordinator: any of them may place on it, and restart.
             for address in coordinator_addresses(config):
@@ -188,6 +211,10 @@ class Daemon:
             self.metrics_port = self.metrics.serve(self._bind, metrics_port)
             logger.info("metrics serving", extra={"port": self.metrics_port})
 
+    def _reap_worker(self, worker: WorkerService, period: float) -> None:
+        while not self._stop_heartbeats.wait(period):
+            worker.reap()
+
     def _advertised_host(self) -> str:
         advertised = self._config.get(WORKER_ADVERTISED_HOST)
         if advertised:
@@ -209,8 +236,8 @@ class Daemon:
         for event in stopped:
             event.wait()
         self._stop_heartbeats.set()
-        for heartbeats in self._heartbeats:
-            heartbeats.join(timeout=5)
+        for thread in [*self._heartbeats, *([self._reaper] if self._reaper else [])]:
+            thread.join(timeout=5)
         if self.coordinator is not None:
             self.coordinator.stop()
         self._peers.close()

@@ -45,11 +45,14 @@ __all__ = [
     "TLS_KEY_FILE",
     "WORKER_ADVERTISED_HOST",
     "WORKER_HEARTBEAT_INTERVAL",
+    "WORKER_MAX_STREAMS",
+    "WORKER_MAX_STREAMS_PER_PEER",
     "WORKER_MEMORY_BUDGET",
     "WORKER_MEMORY_BUDGET_TIMEOUT",
     "WORKER_PORT",
     "WORKER_STORE_SHARED",
     "WORKER_STORE_URL",
+    "WORKER_STREAM_IDLE_TIMEOUT",
     "WORKER_TIMEOUT",
     "coordinator_addresses",
     "message_chunk_size",
@@ -209,6 +212,26 @@ WORKER_MEMORY_BUDGET = memory_option(
     "Pushed bytes a worker holds in memory at once; pushes wait (backpressure) beyond it.",
     minimum=64 << 10,
 )
+WORKER_STREAM_IDLE_TIMEOUT = float_option(
+    "external-shuffle.worker.stream-idle-timeout",
+    30.0,
+    "Seconds a push or fetch stream may move no message before the worker cancels it (a silent"
+    " client frees its handler thread); an upload with no stream for as long is deleted.",
+    minimum=0.1,
+)
+WORKER_MAX_STREAMS = int_option(
+    "external-shuffle.worker.max-streams",
+    48,
+    "Push and fetch streams a worker has open at most; more are refused with"
+    " RESOURCE_EXHAUSTED. 16 more handler threads serve health checks, commits and status.",
+    minimum=1,
+)
+WORKER_MAX_STREAMS_PER_PEER = int_option(
+    "external-shuffle.worker.max-streams-per-peer",
+    32,
+    "Push and fetch streams one client host has open on a worker at most.",
+    minimum=1,
+)
 WORKER_MEMORY_BUDGET_TIMEOUT = float_option(
     "external-shuffle.worker.memory-budget-timeout",
     60.0,
@@ -284,6 +307,9 @@ DAEMON_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
     WORKER_STORE_SHARED,
     WORKER_MEMORY_BUDGET,
     WORKER_MEMORY_BUDGET_TIMEOUT,
+    WORKER_STREAM_IDLE_TIMEOUT,
+    WORKER_MAX_STREAMS,
+    WORKER_MAX_STREAMS_PER_PEER,
     WORKER_HEARTBEAT_INTERVAL,
     WORKER_TIMEOUT,
     APPLICATION_TIMEOUT,

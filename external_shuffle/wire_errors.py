@@ -36,6 +36,7 @@ from shuffle_api import (
 __all__ = [
     "WIRE_ERRORS",
     "NotRegisteredError",
+    "TooManyStreamsError",
     "UnavailableError",
     "error_from_status",
     "short",
@@ -57,6 +58,10 @@ class UnavailableError(ShuffleError):
     """The daemon cannot take this call now (draining, or no worker to place on)."""
 
 
+class TooManyStreamsError(ShuffleError):
+    """A worker has as many streams open as it takes (in all, or of this client)."""
+
+
 WIRE_ERRORS: Final[tuple[tuple[type[ShuffleError], grpc.StatusCode], ...]] = (
     # Subclasses before their bases: a status is the first match's.
     (ChecksumMismatchError, grpc.StatusCode.DATA_LOSS),
@@ -70,6 +75,7 @@ WIRE_ERRORS: Final[tuple[tuple[type[ShuffleError], grpc.StatusCode], ...]] = (
     (InvalidOperationError, grpc.StatusCode.INVALID_ARGUMENT),
     (ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
     (StorageFullError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (TooManyStreamsError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (DataTooLargeError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (StorageError, grpc.StatusCode.INTERNAL),
     (AuthenticationError, grpc.StatusCode.UNAUTHENTICATED),

@@ -13,8 +13,9 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import grpc
 
@@ -24,6 +25,7 @@ from external_shuffle.framing import PushChunk, frame_fetch
 from external_shuffle.metrics import DaemonMetrics
 from external_shuffle.options import MIN_CHUNK_SIZE
 from external_shuffle.statuses import reports_errors
+from external_shuffle.streams import OpenStreams, StreamLimits
 from external_shuffle.wire import (
     WorkerAddress,
     key_of,
@@ -58,6 +60,8 @@ from shuffle_api.store import Store, storage_errors
 __all__ = ["MemoryBudget", "WorkerService"]
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _PARTITION_LOCK_STRIPES = 64
 
@@ -109,6 +113,7 @@ class _Upload:
     size: int = 0
     duplicates: int = 0
     streams: int = 0  # push streams open on it now (under the service's lock)
+    last_active: float = 0.0  # when a message of it last arrived, or its last stream ended
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def append(self, sequence: int, data: memoryview) -> bool:
@@ -142,6 +147,15 @@ class _Committed:
     stored_bytes: int
 
 
+def _until_cancelled(messages: Iterator[T]) -> Iterator[T]:
+    """``messages`` until the stream ends or is cancelled (idle, or the client went away):
+    the push then ends quietly, its upload kept for a retry or the reaper."""
+    try:
+        yield from messages
+    except grpc.RpcError:
+        logger.info("a push stream was cancelled")
+
+
 class WorkerService(pb_grpc.WorkerServicer):
     """The worker's gRPC service and the partitions it holds."""
 
@@ -157,8 +171,12 @@ class WorkerService(pb_grpc.WorkerServicer):
         chunk_size: int,
         message_data_limit: int,
         metrics: DaemonMetrics,
+        stream_limits: StreamLimits,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._store = store
+        self._clock = clock
+        self._streams = OpenStreams(stream_limits, clock)
         self._chunk_size = chunk_size
         self._message_data_limit = message_data_limit
         self.metrics = metrics
@@ -249,6 +267,22 @@ class WorkerService(pb_grpc.WorkerServicer):
     def _partition_lock(self, partition: ResultPartitionID) -> threading.Lock:
         return self._partition_locks[hash(partition) % len(self._partition_locks)]
 
+    def reap(self) -> None:
+        """Cancel idle streams; delete uploads no stream has carried for the idle timeout
+        (their producers are gone: a retried task pushes a new attempt)."""
+        self._streams.idle()
+        now = self._clock()
+        timeout = self._streams.limits.idle_timeout
+        with self._lock:
+            abandoned = [
+                partition
+                for partition, upload in self._uploads.items()
+                if not upload.streams and now - upload.last_active > timeout
+            ]
+        if abandoned:
+            logger.info("deleting %d uploads abandoned for %s s", len(abandoned), timeout)
+            self.release(abandoned)
+
     def release(self, partitions: list[ResultPartitionID]) -> int:
         released = 0
         for partition in partitions:
@@ -280,8 +314,10 @@ class WorkerService(pb_grpc.WorkerServicer):
         first: pb.PartitionKey | None = None
         upload: _Upload | None = None
         dropped = 0
+        stream = self._streams.open(context.peer(), context.cancel)
         try:
-            for chunk in request_iterator:
+            for chunk in _until_cancelled(request_iterator):
+                self._streams.touch(stream)
                 if isinstance(chunk, SerializationError):
                     raise chunk
                 message = chunk.header
@@ -297,6 +333,7 @@ class WorkerService(pb_grpc.WorkerServicer):
                     dropped += 1
                     self.metrics.duplicates_dropped.inc()
                     continue
+                upload.last_active = self._clock()
                 with self._budget.reserve(len(chunk.data)):
                     try:
                         appended = upload.append(message.sequence, chunk.data)
@@ -309,9 +346,11 @@ class WorkerService(pb_grpc.WorkerServicer):
                     else:
                         self.metrics.duplicates_dropped.inc()
         finally:
+            self._streams.close(stream)
             if upload is not None:
                 with self._lock:
                     upload.streams -= 1
+                    upload.last_active = self._clock()
         if upload is None:
             return pb.PushDataResponse(duplicates_dropped=dropped)
         return pb.PushDataResponse(received_bytes=upload.size, duplicates_dropped=upload.duplicates)
@@ -326,7 +365,9 @@ class WorkerService(pb_grpc.WorkerServicer):
                 return None  # committed already: everything pushed again is a duplicate
             if self._draining:
                 raise UnavailableError("worker is draining: it takes no new partitions")
-            upload = _Upload(StoreSink(self._store, partition), streams=1)
+            upload = _Upload(
+                StoreSink(self._store, partition), streams=1, last_active=self._clock()
+            )
             self._uploads[partition] = upload
             return upload
 
@@ -382,18 +423,23 @@ class WorkerService(pb_grpc.WorkerServicer):
                 f" {partition} has {reader.manifest.number_of_subpartitions}"
             )
         chunk_size = self._fetch_chunk_size(request.max_chunk_bytes)
-        yield pb.FetchDataResponse(manifest=reader.manifest.to_json()).SerializeToString()
-        for run in reader.runs(subpartitions):
-            # A view of the (memory-mapped, when local) run: framing copies it once.
-            data = memoryview(reader.read_run(run, verify=False))  # the client verifies it
-            for offset in range(0, max(len(data), 1), chunk_size):
-                last = offset + chunk_size >= len(data)
-                yield frame_fetch(
-                    data[offset : offset + chunk_size],
-                    end_of_run=last,
-                    run_checksum=run.checksum if last else 0,
-                )
-            self.metrics.bytes_out.inc(len(data))
+        stream = self._streams.open(context.peer(), context.cancel)
+        try:
+            yield pb.FetchDataResponse(manifest=reader.manifest.to_json()).SerializeToString()
+            for run in reader.runs(subpartitions):
+                data = memoryview(reader.read_run(run, verify=False))  # the client verifies it
+                for offset in range(0, max(len(data), 1), chunk_size):
+                    last = offset + chunk_size >= len(data)
+                    yield frame_fetch(
+                        data[offset : offset + chunk_size],
+                        end_of_run=last,
+                        run_checksum=run.checksum if last else 0,
+                    )
+                    # Sent (a client that stops reading leaves the stream idle here).
+                    self._streams.touch(stream)
+                self.metrics.bytes_out.inc(len(data))
+        finally:
+            self._streams.close(stream)
 
     def _fetch_chunk_size(self, requested: int) -> int:
         """Data bytes per fetched message: as many as the client takes, within this worker's

@@ -7,7 +7,10 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import cast
 
@@ -20,10 +23,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.channels import translate_rpc_error
-from external_shuffle.framing import PushChunk
+from external_shuffle.framing import worker_rpc_handler
 from external_shuffle.local_cluster import LocalCluster
 from external_shuffle.metrics import DaemonMetrics
 from external_shuffle.options import MIN_CHUNK_SIZE
+from external_shuffle.streams import StreamLimits
+from external_shuffle.wire_errors import TooManyStreamsError
 from external_shuffle.worker import WorkerService
 from shuffle_api import (
     PartitionCorruptedError,
@@ -264,52 +269,55 @@ class _HeldStore(Store):
         super().put_atomic(path, data)
 
 
-def _service(store: Store) -> WorkerService:
-    return WorkerService(
+@contextmanager
+def _serving(store: Store) -> Iterator[tuple[WorkerService, pb_grpc.WorkerStub]]:
+    """A WorkerService on ``store``, served in this process on a free port (no token)."""
+    service = WorkerService(
         store,
         host="127.0.0.1",
-        port=1,
+        port=0,
         store_shared=False,
         memory_budget=1 << 20,
         budget_timeout=10,
         chunk_size=64 << 10,
         message_data_limit=1 << 20,
         metrics=DaemonMetrics(),
+        stream_limits=StreamLimits(idle_timeout=30, max_streams=8, max_streams_per_peer=8),
     )
-
-
-def _push_in_process(service: WorkerService, built: BuiltPartition) -> None:
-    chunks = [
-        PushChunk(pb.PushDataRequest(partition=built.key, sequence=number), memoryview(chunk))
-        for number, chunk in enumerate(built.chunks())
-    ]
-    service.PushData(iter(chunks), cast(grpc.ServicerContext, None))
+    server = grpc.server(ThreadPoolExecutor(16))
+    server.add_generic_rpc_handlers((worker_rpc_handler(service),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}", options=BIG_CHANNEL) as channel:
+            yield service, pb_grpc.WorkerStub(channel)
+    finally:
+        server.stop(None)
 
 
 def test_a_release_during_a_commit_waits_for_it_and_then_deletes_everything(
     tmp_path: Path,
 ) -> None:
     store = _HeldStore(str(tmp_path / "store"))
-    service = _service(store)
     built = build_partition(rows=1_000)
-    _push_in_process(service, built)
-    request = pb.CommitPartitionRequest(
-        partition=built.key, index=built.index, manifest=built.manifest
-    )
-    committing = threading.Thread(
-        target=service.CommitPartition, args=(request, cast(grpc.ServicerContext, None))
-    )
-    committing.start()
-    assert store.writing_manifest.wait(30)
-    releasing = threading.Thread(target=service.release, args=([built.partition],))
-    releasing.start()
-    releasing.join(0.2)
-    assert releasing.is_alive(), "the release waits for the commit under way"
-    store.go.set()
-    committing.join(30)
-    releasing.join(30)
-    assert built.partition not in service.committed_partitions()
-    assert not Path(partition_directory(store, built.partition)).exists()
+    with _serving(store) as (service, stub):
+        chunks = built.chunks()
+        stub.PushData(push_requests(built.key, chunks, range(len(chunks))), timeout=30)
+        request = pb.CommitPartitionRequest(
+            partition=built.key, index=built.index, manifest=built.manifest
+        )
+        committing = threading.Thread(target=stub.CommitPartition, args=(request,))
+        committing.start()
+        assert store.writing_manifest.wait(30)
+        releasing = threading.Thread(target=service.release, args=([built.partition],))
+        releasing.start()
+        releasing.join(0.2)
+        assert releasing.is_alive(), "the release waits for the commit under way"
+        store.go.set()
+        committing.join(30)
+        releasing.join(30)
+        assert built.partition not in service.committed_partitions()
+        assert not Path(partition_directory(store, built.partition)).exists()
 
 
 def test_a_commit_after_a_release_is_not_found_and_leaves_nothing(
@@ -331,3 +339,87 @@ def test_a_commit_after_a_release_is_not_found_and_leaves_nothing(
     assert error.partition_id == built.partition
     assert not committed(cluster, worker, built)
     assert not data_file(cluster, built).parent.exists()
+
+
+# --- clients that open streams and go silent ----------------------------------------------------
+
+
+@pytest.fixture
+def strict(tmp_path: Path) -> Iterator[LocalCluster]:
+    settings = {
+        "external-shuffle.worker.stream-idle-timeout": 3.0,
+        "external-shuffle.worker.max-streams": 4,
+        "external-shuffle.worker.max-streams-per-peer": 3,
+    }
+    with LocalCluster(tmp_path, workers=1, settings=settings) as running:
+        yield running
+
+
+def _silent_pushes(
+    worker: pb_grpc.WorkerStub, cluster: LocalCluster, count: int, stop: threading.Event
+) -> list[grpc.Future[pb.PushDataResponse]]:
+    """``count`` pushes that send their first message (a partition's first bytes) and then
+    nothing, until ``stop``."""
+
+    def half_sent(built: BuiltPartition) -> Iterator[pb.PushDataRequest]:
+        yield pb.PushDataRequest(partition=built.key, sequence=0, data=built.chunks()[0])
+        stop.wait()
+
+    return [
+        worker.PushData.future(half_sent(build_partition(rows=500)), metadata=auth(cluster))
+        for _ in range(count)
+    ]
+
+
+def test_silent_streams_are_capped_cancelled_and_their_uploads_deleted(
+    strict: LocalCluster,
+) -> None:
+    cluster = strict
+    stop = threading.Event()
+    with grpc.insecure_channel(cluster.worker_target(0), options=BIG_CHANNEL) as channel:
+        worker = pb_grpc.WorkerStub(channel)
+        try:
+            pushes = _silent_pushes(worker, cluster, 6, stop)
+            # Past the cap of one client: refused at once (the others wait for the idle
+            # timeout), and the daemon still answers.
+            deadline = time.monotonic() + 10
+            while sum(p.done() for p in pushes) < 3 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            refused = [p for p in pushes if p.done()]
+            assert [_code(p) for p in refused] == [grpc.StatusCode.RESOURCE_EXHAUSTED] * 3
+            error = translate_rpc_error(cast(grpc.RpcError, refused[0].exception()), "push")
+            assert isinstance(error, TooManyStreamsError)
+            with grpc.insecure_channel(cluster.worker_target(0)) as health:
+                answer = health_pb2_grpc.HealthStub(health).Check(
+                    health_pb2.HealthCheckRequest(), timeout=5
+                )
+            assert answer.status == health_pb2.HealthCheckResponse.SERVING
+            # The silent ones are cancelled after the idle timeout...
+            for push in pushes:
+                assert _code(push, timeout=30) in (
+                    grpc.StatusCode.CANCELLED,
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                )
+        finally:
+            stop.set()
+        # ... their partial uploads deleted after as long again ...
+        store = cluster.worker_store(0)
+        deadline = time.monotonic() + 30
+        while any(p.is_file() for p in store.rglob("*.arrow")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(p.is_file() for p in store.rglob("*.arrow"))
+        # ... and the worker takes new pushes whole.
+        serves(cluster, worker)
+
+
+def _code(call: grpc.Future[pb.PushDataResponse], timeout: float = 0.0) -> grpc.StatusCode | None:
+    """The status a call ended with (None: still open after ``timeout`` seconds)."""
+    try:
+        call.result(timeout=timeout)
+    except grpc.FutureTimeoutError:
+        return None
+    except grpc.RpcError as error:
+        assert isinstance(error, grpc.Call)
+        code: grpc.StatusCode = error.code()
+        return code
+    return grpc.StatusCode.OK
