@@ -241,6 +241,11 @@ class LocalCluster:
     def _worker(self, index: int) -> _Process:
         return self._processes[len(self.coordinator_targets) + index]
 
+    def worker_pid(self, index: int) -> int:
+        process = self._worker(index)
+        assert process.popen is not None
+        return process.popen.pid
+
     def kill_worker(self, index: int) -> None:
         """SIGKILL: the worker dies without a word (its store stays)."""
         self._kill(self._worker(index))
