@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import pyarrow as pa
 import pytest
 
 from external_shuffle.local_cluster import LocalCluster
 from pyspark_shuffle import SparkShuffle
+from tests.integration.pausing import WAIT, paused, pausing, wait_for
 from tests.integration.services import ShuffleService, external_service
 from tests.integration.spark_rows import multiset
 
@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 ROWS = 8_000
-WAIT = 60.0
 
 
 @pytest.fixture(scope="module")
@@ -40,37 +39,6 @@ def data(spark: SparkSession) -> DataFrame:
         "id", "id % 41 as k", "concat('v', id) as s"
     )
     return frame.cache()
-
-
-def _wait_for(path: Path) -> None:
-    deadline = time.monotonic() + WAIT
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} never appeared")
-        time.sleep(0.05)
-
-
-def _pausing(
-    ready: Path, go: Path, partition: int
-) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """A pass-through whose task ``partition`` (first attempt) says ``ready`` and waits for
-    ``go`` before it takes its first batch."""
-
-    def pause(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pyspark import TaskContext  # noqa: PLC0415
-
-        task = TaskContext.get()
-        if task is not None and task.partitionId() == partition and task.attemptNumber() == 0:
-            ready.touch()
-            _wait_for(go)
-        yield from batches
-
-    return pause
-
-
-def _paused(frame: DataFrame, ready: Path, go: Path, partition: int) -> DataFrame:
-    paused: DataFrame = frame.mapInArrow(_pausing(ready, go, partition), frame.schema)
-    return paused
 
 
 def _partition_files(service: ShuffleService) -> set[str]:
@@ -96,11 +64,11 @@ def test_worker_killed_during_the_map_stage(
         made: dict[str, DataFrame] = {}
         mapping = threading.Thread(
             target=lambda: made.setdefault(
-                "result", shuffle.repartition(_paused(data, ready, go, 3), "k", num_partitions=3)
+                "result", shuffle.repartition(paused(data, ready, go, 3), "k", num_partitions=3)
             )
         )
         mapping.start()
-        _wait_for(ready)  # maps 0..2 have written (some to worker 0); map 3 waits
+        wait_for(ready)  # maps 0..2 have written (some to worker 0); map 3 waits
         service.cluster.kill_worker(0)
         go.touch()
         mapping.join(timeout=300)
@@ -119,7 +87,7 @@ def test_worker_killed_during_the_reduce_stage_reruns_its_producers(
     with SparkShuffle(spark, config=service.config()) as shuffle:
         # Reducer 1 waits before its input gate reads anything.
         result = shuffle.repartition_map(
-            data, "k", _pausing(ready, go, 1), data.schema, num_partitions=3
+            data, "k", pausing(ready, go, 1), data.schema, num_partitions=3
         )
         failure: list[BaseException] = []
 
@@ -131,7 +99,7 @@ def test_worker_killed_during_the_reduce_stage_reruns_its_producers(
 
         reducing = threading.Thread(target=collect)
         reducing.start()
-        _wait_for(ready)
+        wait_for(ready)
         service.cluster.kill_worker(1)
         go.touch()
         reducing.join(timeout=300)
@@ -150,11 +118,11 @@ def test_worker_killed_during_the_reduce_stage_with_replication(
     config = service.config(**{"external-shuffle.replication-factor": 2})
     with SparkShuffle(spark, config=config) as shuffle:
         result = shuffle.repartition(data, "k", num_partitions=3)
-        paused = _paused(result, ready, go, 1)
+        held = paused(result, ready, go, 1)
         counting: dict[str, object] = {}
-        collecting = threading.Thread(target=lambda: counting.setdefault("rows", multiset(paused)))
+        collecting = threading.Thread(target=lambda: counting.setdefault("rows", multiset(held)))
         collecting.start()
-        _wait_for(ready)
+        wait_for(ready)
         service.cluster.kill_worker(0)
         go.touch()
         collecting.join(timeout=300)

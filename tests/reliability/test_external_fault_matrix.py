@@ -18,16 +18,15 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import pyarrow as pa
 import pytest
 
 from external_shuffle.local_cluster import LocalCluster
 from pyspark_shuffle import SparkShuffle
+from tests.integration.pausing import WAIT, paused, pausing, wait_for
 from tests.integration.spark_rows import multiset
 
 if TYPE_CHECKING:
@@ -37,7 +36,6 @@ FAULTS = ("kill-9", "sigterm", "restart")
 TARGETS = ("worker", "one-of-two-coordinators", "only-coordinator")
 PHASES = ("map", "reduce")
 ROWS = 6_000
-WAIT = 120.0
 SUPERVISOR_DELAY = 3.0
 
 
@@ -60,32 +58,6 @@ class Outcome:
 
 
 CELLS = [Cell(*values) for values in itertools.product(FAULTS, TARGETS, PHASES)]
-
-
-def _wait_for(path: Path) -> None:
-    deadline = time.monotonic() + WAIT
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} never appeared")
-        time.sleep(0.05)
-
-
-def _pausing(
-    ready: Path, go: Path, partition: int
-) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """A pass-through whose task ``partition`` (first attempt) says ``ready`` and waits for
-    ``go`` before its first batch."""
-
-    def pause(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pyspark import TaskContext  # noqa: PLC0415
-
-        task = TaskContext.get()
-        if task is not None and task.partitionId() == partition and task.attemptNumber() == 0:
-            ready.touch()
-            _wait_for(go)
-        yield from batches
-
-    return pause
 
 
 class _Fault:
@@ -149,10 +121,9 @@ def _action(
     """The action of the cell's job: a repartition whose map task 3, or reduce task 1, waits
     for the fault."""
     if cell.phase == "map":
-        paused = data.mapInArrow(_pausing(ready, go, 3), data.schema)
-        return [multiset(shuffle.repartition(paused, "k", num_partitions=3))]
+        return [multiset(shuffle.repartition(paused(data, ready, go, 3), "k", num_partitions=3))]
     result = shuffle.repartition_map(
-        data, "k", _pausing(ready, go, 1), data.schema, num_partitions=3
+        data, "k", pausing(ready, go, 1), data.schema, num_partitions=3
     )
     return [multiset(result)]
 
@@ -189,7 +160,7 @@ def run_cell(spark: SparkSession, cell: Cell, directory: Path) -> Outcome:
 
             acting = threading.Thread(target=act)
             acting.start()
-            _wait_for(ready)
+            wait_for(ready)
             fault.apply()
             go.touch()
             acting.join(timeout=WAIT)

@@ -71,13 +71,6 @@ def cluster(root: Path) -> Iterator[LocalCluster]:
 
 
 @pytest.fixture(scope="module")
-def worker(cluster: LocalCluster) -> Iterator[pb_grpc.WorkerStub]:
-    channel = grpc.insecure_channel(cluster.worker_target(0), options=BIG_CHANNEL)
-    yield pb_grpc.WorkerStub(channel)
-    channel.close()
-
-
-@pytest.fixture(scope="module")
 def coordinator(cluster: LocalCluster) -> Iterator[pb_grpc.CoordinatorStub]:
     channel = grpc.insecure_channel(cluster.coordinator_address)
     yield pb_grpc.CoordinatorStub(channel)

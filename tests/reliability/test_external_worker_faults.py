@@ -56,13 +56,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield running
 
 
-@pytest.fixture(scope="module")
-def worker(cluster: LocalCluster) -> Iterator[pb_grpc.WorkerStub]:
-    channel = grpc.insecure_channel(cluster.worker_target(0), options=BIG_CHANNEL)
-    yield pb_grpc.WorkerStub(channel)
-    channel.close()
-
-
 def push(cluster: LocalCluster, worker: pb_grpc.WorkerStub, built: BuiltPartition) -> None:
     chunks = built.chunks()
     worker.PushData(
