@@ -48,8 +48,11 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         application_timeout: float,
         peers: ChannelPool,
         metrics: DaemonMetrics,
+        coordinators: tuple[str, ...] = (),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``coordinators``: the addresses of all coordinators (this one may be among them),
+        asked before an application expires here."""
         self.state = CoordinatorState(
             placement=placement,
             worker_timeout=worker_timeout,
@@ -57,6 +60,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             clock=clock,
         )
         self._peers = peers
+        self._coordinators = coordinators if len(coordinators) > 1 else ()
         self.metrics = metrics
         metrics.partitions.labels(role="coordinator").set_function(self.state.partition_count)
         metrics.applications.set_function(self.state.application_count)
@@ -75,7 +79,30 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
     def _reap_loop(self) -> None:
         period = min(self.state.worker_timeout, self.state.application_timeout, 4.0) / 4
         while not self._stop.wait(period):
+            silent = self.state.silent_applications()
+            if silent and self._coordinators:
+                self.state.heard_elsewhere(self._heard_by_others(set(silent)))
             self._delete(self.state.reap())
+
+    def _heard_by_others(self, applications: set[str]) -> dict[str, float]:
+        """Seconds since each of ``applications`` was last heard by any coordinator that
+        answers (a coordinator down says nothing)."""
+        heard: dict[str, float] = {}
+        for address in self._coordinators:
+            try:
+                answer = pb_grpc.CoordinatorStub(self._peers.get(address)).ListApplications(
+                    pb.ListApplicationsRequest(), timeout=min(2.0, self._peers.settings.timeout)
+                )
+            except grpc.RpcError as error:
+                logger.info("coordinator %s not asked about applications: %s", address, error)
+                continue
+            for entry in answer.applications:
+                if entry.application_id in applications:
+                    seconds = entry.seconds_since_heartbeat
+                    heard[entry.application_id] = min(
+                        heard.get(entry.application_id, seconds), seconds
+                    )
+        return heard
 
     def _delete(self, releases: Releases) -> int:
         """Tell each worker what to delete; one that does not answer is told with its next
@@ -162,6 +189,17 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         self.state.register_application(request.application_id)
         return pb.RegisterApplicationResponse(
             heartbeat_timeout_seconds=self.state.application_timeout
+        )
+
+    @reports_errors
+    def ListApplications(  # noqa: N802
+        self, request: pb.ListApplicationsRequest, context: grpc.ServicerContext
+    ) -> pb.ListApplicationsResponse:
+        return pb.ListApplicationsResponse(
+            applications=[
+                pb.ListApplicationsResponse.Entry(application_id=name, seconds_since_heartbeat=age)
+                for name, age in self.state.applications()
+            ]
         )
 
     @reports_errors

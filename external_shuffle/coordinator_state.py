@@ -89,7 +89,9 @@ class _Partition:
 
 @dataclass
 class _Application:
-    last_seen: float
+    last_seen: float  # its driver's last heartbeat here (what peers are told)
+    # Its driver's last heartbeat at another coordinator, as that one said.
+    seen_elsewhere: float = float("-inf")
     jobs: set[str] = field(default_factory=set)
     lost: list[tuple[str, ResultPartitionID]] = field(default_factory=list)
 
@@ -255,6 +257,36 @@ class CoordinatorState:
             lost, application.lost = application.lost, []
         return lost
 
+    def applications(self) -> list[tuple[str, float]]:
+        """Each application with the seconds since its driver's last heartbeat here."""
+        now = self._clock()
+        with self._lock:
+            return [(name, now - app.last_seen) for name, app in self._applications.items()]
+
+    def silent_applications(self) -> list[str]:
+        """The applications :meth:`reap` would expire now, unless heard elsewhere."""
+        now = self._clock()
+        with self._lock:
+            return [
+                name
+                for name, application in self._applications.items()
+                if self._silent(application, now)
+            ]
+
+    def heard_elsewhere(self, seconds_since: dict[str, float]) -> None:
+        """Another coordinator heard from these applications' drivers that many seconds ago
+        (an application expires only when no live coordinator hears from it)."""
+        now = self._clock()
+        with self._lock:
+            for name, seconds in seconds_since.items():
+                application = self._applications.get(name)
+                if application is not None:
+                    application.seen_elsewhere = max(application.seen_elsewhere, now - seconds)
+
+    def _silent(self, application: _Application, now: float) -> bool:
+        last = max(application.last_seen, application.seen_elsewhere)
+        return now - last > self.application_timeout
+
     def unregister_application(self, application_id: str) -> Releases:
         with self._lock:
             self._applications.pop(application_id, None)
@@ -380,7 +412,7 @@ class CoordinatorState:
             expired = [
                 application_id
                 for application_id, application in self._applications.items()
-                if now - application.last_seen > self.application_timeout
+                if self._silent(application, now)
             ]
             entries: list[_Partition] = []
             for application_id in expired:

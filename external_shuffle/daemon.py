@@ -152,6 +152,7 @@ class Daemon:
                 application_timeout=config.get(APPLICATION_TIMEOUT),
                 peers=self._peers,
                 metrics=self.metrics,
+                coordinators=coordinator_addresses(config),
             )
             pb_grpc.add_CoordinatorServicer_to_server(self.coordinator, served.server)
             self.coordinator.start()

@@ -367,3 +367,20 @@ class ExternalShuffleDescriptorDetails(_message.Message):
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     replicas: _containers.RepeatedCompositeFieldContainer[WorkerInfo]
     def __init__(self, replicas: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ...) -> None: ...
+
+class ListApplicationsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListApplicationsResponse(_message.Message):
+    __slots__ = ("applications",)
+    class Entry(_message.Message):
+        __slots__ = ("application_id", "seconds_since_heartbeat")
+        APPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
+        SECONDS_SINCE_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+        application_id: str
+        seconds_since_heartbeat: float
+        def __init__(self, application_id: _Optional[str] = ..., seconds_since_heartbeat: _Optional[float] = ...) -> None: ...
+    APPLICATIONS_FIELD_NUMBER: _ClassVar[int]
+    applications: _containers.RepeatedCompositeFieldContainer[ListApplicationsResponse.Entry]
+    def __init__(self, applications: _Optional[_Iterable[_Union[ListApplicationsResponse.Entry, _Mapping]]] = ...) -> None: ...

@@ -96,6 +96,11 @@ class CoordinatorStub:
                 request_serializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.GetPartitionStatusRequest.SerializeToString,
                 response_deserializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.GetPartitionStatusResponse.FromString,
                 _registered_method=True)
+        self.ListApplications = channel.unary_unary(
+                '/pyshuffle.v1.external_shuffle.Coordinator/ListApplications',
+                request_serializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.ListApplicationsRequest.SerializeToString,
+                response_deserializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.ListApplicationsResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -178,6 +183,14 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListApplications(self, request, context):
+        """The applications this coordinator hears from: its peers ask before they expire one, so an
+        application is expired only when no live coordinator hears from it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -240,6 +253,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.GetPartitionStatus,
                     request_deserializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.GetPartitionStatusRequest.FromString,
                     response_serializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.GetPartitionStatusResponse.SerializeToString,
+            ),
+            'ListApplications': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListApplications,
+                    request_deserializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.ListApplicationsRequest.FromString,
+                    response_serializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.ListApplicationsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -568,6 +586,33 @@ class Coordinator:
             '/pyshuffle.v1.external_shuffle.Coordinator/GetPartitionStatus',
             pyshuffle_dot_v1_dot_external__shuffle__pb2.GetPartitionStatusRequest.SerializeToString,
             pyshuffle_dot_v1_dot_external__shuffle__pb2.GetPartitionStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListApplications(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pyshuffle.v1.external_shuffle.Coordinator/ListApplications',
+            pyshuffle_dot_v1_dot_external__shuffle__pb2.ListApplicationsRequest.SerializeToString,
+            pyshuffle_dot_v1_dot_external__shuffle__pb2.ListApplicationsResponse.FromString,
             options,
             channel_credentials,
             insecure,

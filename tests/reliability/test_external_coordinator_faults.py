@@ -5,6 +5,7 @@ workers' stores are empty once the application is done. Real daemon processes on
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle.local_cluster import LocalCluster
 from external_shuffle.wire import partition_of
-from shuffle_api import ResultPartitionID, ShuffleDescriptor
+from shuffle_api import ResultPartitionID, ShuffleDescriptor, new_id
 from shuffle_api.testing import ShuffleScenario
 from shuffle_api.testing.harness import in_background
 from tests.reliability.external_cluster import (
@@ -147,3 +148,35 @@ def available_at(
         timeout=10,
     )
     return sorted(partition_of(s.location.partition) for s in answer.partitions if s.available)
+
+
+def test_an_application_one_coordinator_no_longer_hears_lives_while_another_does(
+    tmp_path: Path,
+) -> None:
+    settings = {**SETTINGS, "external-shuffle.coordinator.application-timeout": 1.5}
+    with LocalCluster(tmp_path, workers=1, coordinators=2, settings=settings) as cluster:
+        application = "app-" + new_id()
+        for index in (0, 1):
+            cluster.coordinator_stub(index).RegisterApplication(
+                pb.RegisterApplicationRequest(application_id=application), timeout=10
+            )
+        # The driver reaches coordinator 1 only, for twice the application timeout.
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:
+            cluster.coordinator_stub(1).ApplicationHeartbeat(
+                pb.ApplicationHeartbeatRequest(application_id=application), timeout=10
+            )
+            time.sleep(0.2)
+        assert application in _applications(cluster, 0)
+        # Then no coordinator hears from it: both expire it.
+        eventually(
+            lambda: not any(application in _applications(cluster, i) for i in (0, 1)),
+            "both coordinators expired the application",
+        )
+
+
+def _applications(cluster: LocalCluster, coordinator: int) -> set[str]:
+    answer = cluster.coordinator_stub(coordinator).ListApplications(
+        pb.ListApplicationsRequest(), timeout=10
+    )
+    return {entry.application_id for entry in answer.applications}

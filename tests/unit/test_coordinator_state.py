@@ -218,3 +218,28 @@ def test_a_released_partition_is_deleted_from_a_replica_that_registers_after(
     releases = state.release_partitions("app-1", [partition(0)])
     assert releases.per_worker == {worker(0): [partition(0)]}
     assert state.register_worker(worker(1), pb.WorkerLoad(), [partition(0)]) == [partition(0)]
+
+
+def test_an_application_heard_by_another_coordinator_does_not_expire(clock: Clock) -> None:
+    here, there = new_state(clock), new_state(clock)
+    for state in (here, there):
+        state.register_worker(worker(0), pb.WorkerLoad(), [])
+        state.register_application("app-1")
+        state.register_job("app-1", "job-1")
+    register(here, 0)
+    clock.now += APPLICATION_TIMEOUT + 1
+    there.application_heartbeat("app-1")  # the driver reaches the other coordinator only
+    here.worker_heartbeat("worker-0", pb.WorkerLoad())
+    assert here.silent_applications() == ["app-1"]
+    here.heard_elsewhere(dict(there.applications()))
+    assert here.silent_applications() == []
+    assert here.reap().count == 0
+    # The driver is gone: neither keeps the other's view alive, both expire it.
+    clock.now += APPLICATION_TIMEOUT + 1
+    here.worker_heartbeat("worker-0", pb.WorkerLoad())
+    here.heard_elsewhere(dict(there.applications()))
+    there.heard_elsewhere(dict(here.applications()))
+    assert here.reap().count == 1
+    assert here.application_heartbeat("app-1") is None
+    there.reap()
+    assert there.application_heartbeat("app-1") is None
