@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 
@@ -24,8 +21,6 @@ from shuffle_api import (
 __all__ = [
     "ChannelPool",
     "ClientSettings",
-    "as_future",
-    "calling",
     "channel_options",
     "translate_rpc_error",
 ]
@@ -152,36 +147,3 @@ def translate_rpc_error(
     return error_from_status(
         error.code(), error.details() or "", error.trailing_metadata() or (), what, partition
     )
-
-
-T = TypeVar("T")
-R = TypeVar("R")
-
-
-def as_future(
-    call: grpc.Future[R],
-    convert: Callable[[R], T],
-    what: str,
-) -> Future[T]:
-    """A ``concurrent.futures.Future`` of a gRPC call's converted answer (errors translated)."""
-    future: Future[T] = Future()
-
-    def done(finished: grpc.Future[R]) -> None:
-        try:
-            future.set_result(convert(finished.result()))
-        except grpc.RpcError as error:
-            future.set_exception(translate_rpc_error(error, what))
-        except Exception as error:  # a conversion error belongs to the caller
-            future.set_exception(error)
-
-    call.add_done_callback(done)
-    return future
-
-
-@contextmanager
-def calling(what: str, partition: ResultPartitionID | None = None) -> Iterator[None]:
-    """Translate gRPC errors raised inside into ShuffleErrors; ``what`` names the call and peer."""
-    try:
-        yield
-    except grpc.RpcError as error:
-        raise translate_rpc_error(error, what, partition) from error

@@ -57,14 +57,10 @@ class Coordinators:
         channels: ChannelPool,
         *,
         retry_timeout: float,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], object] = time.sleep,
     ) -> None:
         self.addresses = addresses
         self._channels = channels
         self._retry_timeout = retry_timeout
-        self._clock = clock
-        self._sleep = sleep
         self._preferred = 0
         self._lock = threading.Lock()
 
@@ -80,7 +76,7 @@ class Coordinators:
         """``call`` (given a coordinator's address) on the first coordinator that answers;
         while none does, again with backoff until the retry timeout. An answer that is an error
         is raised as its ShuffleError."""
-        deadline = self._clock() + self._retry_timeout
+        deadline = time.monotonic() + self._retry_timeout
         backoff = _FIRST_BACKOFF
         while True:
             with self._lock:
@@ -99,7 +95,7 @@ class Coordinators:
                 with self._lock:
                     self._preferred = self.addresses.index(address)
                 return result
-            remaining = deadline - self._clock()
+            remaining = deadline - time.monotonic()
             if remaining <= 0:
                 assert last_error is not None
                 failed = translate_rpc_error(
@@ -109,7 +105,7 @@ class Coordinators:
                     f"{failed} (gave up after retrying for {self._retry_timeout} s)"
                 ) from last_error
             logger.info("no coordinator answers %s; retrying in %.1f s", what, backoff)
-            self._sleep(min(backoff, remaining))
+            time.sleep(min(backoff, remaining))
             backoff = min(backoff * 2, _MAX_BACKOFF)
 
     def each(self, what: str, call: Callable[[str], R]) -> list[Answer[R]]:
