@@ -204,24 +204,31 @@ class ExternalShuffleMaster(ShuffleMaster):
     def _announce_missed(self, address: str) -> None:
         """Tell the coordinator at ``address`` where the partitions it missed are."""
         with self._lock:
-            missed, self._unannounced[address] = self._unannounced[address], set()
+            missed = self._unannounced.pop(address, set())
             requests = [
                 registered.request
                 for job_id, partition in missed
-                if (registered := self._registered[job_id].get(partition)) is not None
+                if (registered := self._registered.get(job_id, {}).get(partition)) is not None
             ]
-        stub = self._stub(address)
-        calls = [
-            stub.RegisterPartition.future(request, timeout=self._settings.timeout)
-            for request in requests
-        ]
+        if not requests:
+            return
         try:
-            for call in calls:
-                call.result()
+            self._tell_places(self._stub(address), requests)
         except grpc.RpcError as error:
             logger.info("coordinator %s not told where partitions are yet: %s", address, error)
             with self._lock:
                 self._unannounced[address].update(missed)
+
+    def _tell_places(
+        self, stub: pb_grpc.CoordinatorStub, requests: list[pb.RegisterPartitionRequest]
+    ) -> None:
+        """Send these registrations (each with its place) at once, and wait for them all."""
+        calls = [
+            stub.RegisterPartition.future(request, timeout=self._settings.timeout)
+            for request in requests
+        ]
+        for call in calls:
+            call.result()
 
     def _restore(self, address: str) -> None:
         """Tell the coordinator at ``address`` the application, its jobs and where each of
@@ -248,12 +255,7 @@ class ExternalShuffleMaster(ShuffleMaster):
                 pb.RegisterJobRequest(application_id=self.application_id, job_id=job_id),
                 timeout=timeout,
             )
-        calls = [
-            stub.RegisterPartition.future(request, timeout=timeout)
-            for request in [*requests, *kept]
-        ]
-        for call in calls:
-            call.result()
+        self._tell_places(stub, [*requests, *kept])
         for job_id in finished:
             stub.UnregisterJob(
                 pb.UnregisterJobRequest(
