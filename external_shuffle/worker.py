@@ -416,15 +416,16 @@ class WorkerService(pb_grpc.WorkerServicer):
                 " are not a range"
             )
         subpartitions = SubpartitionRange(request.first_subpartition, request.last_subpartition)
-        reader = PartitionFileReader(self._store, partition)
-        if subpartitions.end >= reader.manifest.number_of_subpartitions:
-            raise InvalidIdentifierError(
-                f"subpartitions {subpartitions.start}..{subpartitions.end} out of range:"
-                f" {partition} has {reader.manifest.number_of_subpartitions}"
-            )
-        chunk_size = self._fetch_chunk_size(request.max_chunk_bytes)
+        # Admitted before any file is read: a refused fetch costs no I/O.
         stream = self._streams.open(context.peer(), context.cancel)
         try:
+            reader = PartitionFileReader(self._store, partition)
+            if subpartitions.end >= reader.manifest.number_of_subpartitions:
+                raise InvalidIdentifierError(
+                    f"subpartitions {subpartitions.start}..{subpartitions.end} out of range:"
+                    f" {partition} has {reader.manifest.number_of_subpartitions}"
+                )
+            chunk_size = self._fetch_chunk_size(request.max_chunk_bytes)
             yield pb.FetchDataResponse(manifest=reader.manifest.to_json()).SerializeToString()
             for run in reader.runs(subpartitions):
                 data = memoryview(reader.read_run(run, verify=False))  # the client verifies it
