@@ -115,7 +115,7 @@ class Daemon:
         self.coordinator: CoordinatorService | None = None
         self.worker: WorkerService | None = None
         self.metrics_port: int | None = None
-        self._stop_heartbeats = threading.Event()
+        self._stop_background = threading.Event()  # heartbeats and the worker's reaper
         self._heartbeats: list[threading.Thread] = []
         self._reaper: threading.Thread | None = None
 
@@ -195,7 +195,7 @@ class Daemon:
                         self.worker,
                         pb_grpc.CoordinatorStub(self._peers.get(address)),
                         config.get(WORKER_HEARTBEAT_INTERVAL),
-                        self._stop_heartbeats,
+                        self._stop_background,
                         self._peers.settings.timeout,
                     ),
                     name=f"worker-heartbeats-{address}",
@@ -213,7 +213,7 @@ class Daemon:
             logger.info("metrics serving", extra={"port": self.metrics_port})
 
     def _reap_worker(self, worker: WorkerService, period: float) -> None:
-        while not self._stop_heartbeats.wait(period):
+        while not self._stop_background.wait(period):
             worker.reap()
 
     def _advertised_host(self) -> str:
@@ -236,7 +236,7 @@ class Daemon:
         stopped = [served.server.stop(grace) for served in self._served]
         for event in stopped:
             event.wait()
-        self._stop_heartbeats.set()
+        self._stop_background.set()
         for thread in [*self._heartbeats, *([self._reaper] if self._reaper else [])]:
             thread.join(timeout=5)
         if self.coordinator is not None:
