@@ -147,8 +147,8 @@ CLIENT_TIMEOUT = float_option(
 CLIENT_RETRY_TIMEOUT = float_option(
     "external-shuffle.client.retry-timeout",
     60.0,
-    "Seconds a client (or worker) keeps retrying, with backoff, while no coordinator answers:"
-    " a coordinator restarting is ridden through, not failed at once.",
+    "Seconds a client keeps retrying, with backoff, while no coordinator answers: a"
+    " coordinator restarting is ridden through, not failed at once (workers keep trying).",
     minimum=0.0,
 )
 CLIENT_HEARTBEAT_INTERVAL = float_option(
