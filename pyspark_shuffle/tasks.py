@@ -47,7 +47,7 @@ from shuffle_api import (
     serialize,
 )
 from shuffle_api.batches import coalesce
-from shuffle_api.options import TARGET_BATCH_SIZE
+from shuffle_api.options import CORE_OPTIONS, TARGET_BATCH_SIZE
 
 if TYPE_CHECKING:
     from pyspark import Broadcast
@@ -92,7 +92,7 @@ def task_environment(configuration: Configuration, secret: bytes) -> ShuffleEnvi
             factory = load_shuffle_service_factory(
                 configuration, extra_options=PYSPARK_SHUFFLE_OPTIONS
             )
-            options = (*factory.config_options(), *PYSPARK_SHUFFLE_OPTIONS)
+            options = (*CORE_OPTIONS, *factory.config_options(), *PYSPARK_SHUFFLE_OPTIONS)
             executor = this_executor()
             environment = factory.create_shuffle_environment(
                 ShuffleEnvironmentContext(

@@ -21,6 +21,7 @@ from shuffle_api.errors import ConfigError
 
 __all__ = [
     "ENV_PREFIX",
+    "HOST_CONFIG_FILE",
     "ConfigOption",
     "Configuration",
     "bool_option",
@@ -198,6 +199,28 @@ def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, object]:
     return flat
 
 
+def _read_toml(path: Path) -> dict[str, object]:
+    """A TOML config file's values by dotted key."""
+    try:
+        with path.open("rb") as handle:
+            table = tomllib.load(handle)
+    except OSError as error:
+        raise ConfigError(f"cannot read config file {path}: {error}") from error
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"config file {path} is not valid TOML: {error}") from error
+    return _flatten(table)
+
+
+HOST_CONFIG_FILE = host_local(
+    str_option(
+        "shuffle.host-config-file",
+        "",
+        "A TOML file read on each host where an environment runs (an executor's): it sets"
+        " host-local keys there, below the host's own PYSHUFFLE_* variables. Empty: none.",
+    )
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Configuration:
     """Raw values by key, with the source of each; read through typed :class:`ConfigOption`."""
@@ -222,14 +245,7 @@ class Configuration:
         sources: dict[str, str] = {}
         if toml_file is not None:
             path = Path(toml_file)
-            try:
-                with path.open("rb") as handle:
-                    table = tomllib.load(handle)
-            except OSError as error:
-                raise ConfigError(f"cannot read config file {path}: {error}") from error
-            except tomllib.TOMLDecodeError as error:
-                raise ConfigError(f"config file {path} is not valid TOML: {error}") from error
-            for key, value in _flatten(table).items():
+            for key, value in _read_toml(path).items():
                 values[key] = value
                 sources[key] = f"config file {path}"
         env = os.environ if environ is None else environ
@@ -275,20 +291,58 @@ class Configuration:
         self, options: Iterable[ConfigOption[Any]], environ: Mapping[str, str] | None = None
     ) -> Configuration:
         """This configuration as read on the host where it is used (an executor's), given the
-        options that may be set: a host-local option is set by that host's own ``PYSHUFFLE_*``
-        variable (``environ``, default ``os.environ``) above any other source, and never by
-        the variables of the host that loaded the configuration (the driver's); every other
-        option reads as it did there."""
+        options that may be set. A host-local option is set there, highest first, by that
+        host's own ``PYSHUFFLE_*`` variable (``environ``, default ``os.environ``), then by the
+        host's config file (:data:`HOST_CONFIG_FILE`), then as it was where the configuration
+        was loaded (never by that host's variables: the driver's). Every other option reads
+        as it did there; the host's file may not set one."""
         env = os.environ if environ is None else environ
-        local_names = {option.env_name: option.key for option in options if option.host_local}
+        known = list(options)
+        local_names = {option.env_name: option.key for option in known if option.host_local}
         set_here = {name: env[name] for name in local_names if name in env}
-        overridden = {local_names[name] for name in set_here}
-        values = {key: value for key, value in self.values.items() if key not in overridden}
+        from_file = self._host_file(known, env)
+        overridden = {local_names[name] for name in set_here} | from_file.keys()
+        values: dict[str, object] = {
+            key: value for key, value in self.values.items() if key not in overridden
+        }
         sources = {key: source for key, source in self.sources.items() if key in values}
+        for key, (value, source) in from_file.items():
+            values[key], sources[key] = value, source
         environment = {
             name: value for name, value in self.environment.items() if name not in local_names
         }
         return Configuration(values, sources, {**environment, **set_here})
+
+    def _host_file(
+        self, options: list[ConfigOption[Any]], env: Mapping[str, str]
+    ) -> dict[str, tuple[object, str]]:
+        """The host-local values, with their source, of the host's config file if it has one;
+        a key there that is unknown or job-wide is a :class:`ConfigError`."""
+        named = env.get(HOST_CONFIG_FILE.env_name)
+        if named is None:
+            raw = self.values.get(HOST_CONFIG_FILE.key, "")
+            named = raw if isinstance(raw, str) else ""
+        if not named:
+            return {}
+        path = Path(named)
+        source = f"host config file {path}"
+        by_key = {option.key: option for option in options}
+        found: dict[str, tuple[object, str]] = {}
+        problems: list[str] = []
+        for key, value in _read_toml(path).items():
+            option = by_key.get(key)
+            if option is None:
+                problems.append(self._unknown(key, source, set(by_key)))
+            elif not option.host_local:
+                problems.append(
+                    f"config key {key!r} from {source} describes the job, not the host:"
+                    " set it where the job is configured (the driver)"
+                )
+            else:
+                found[key] = (value, source)
+        if problems:
+            raise ConfigError("; ".join(problems))
+        return found
 
     def contains(self, option: ConfigOption[Any]) -> bool:
         return self._raw(option) is not None

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from shuffle_api.config import ConfigOption, choice_option, memory_option, str_option
+from shuffle_api.config import (
+    HOST_CONFIG_FILE,
+    ConfigOption,
+    choice_option,
+    memory_option,
+    str_option,
+)
 
 __all__ = [
     "COMPRESSION_CODEC",
     "CORE_OPTIONS",
     "DEFAULT_FACTORY",
+    "HOST_CONFIG_FILE",
     "SHUFFLE_SERVICE_FACTORY_CLASS",
     "TARGET_BATCH_SIZE",
 ]
@@ -40,4 +47,5 @@ CORE_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
     SHUFFLE_SERVICE_FACTORY_CLASS,
     COMPRESSION_CODEC,
     TARGET_BATCH_SIZE,
+    HOST_CONFIG_FILE,
 )

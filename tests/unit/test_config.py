@@ -18,12 +18,14 @@ from netty_like.options import (
     NETTY_OPTIONS,
     PARTITION_REQUEST_TIMEOUT,
     SORT_BUFFER_SIZE,
+    STORAGE_URL,
 )
 from shuffle_api import ConfigError, Configuration, load_shuffle_service_factory
 from shuffle_api.config import ConfigOption, parse_memory_size
 from shuffle_api.options import (
     COMPRESSION_CODEC,
     CORE_OPTIONS,
+    HOST_CONFIG_FILE,
     SHUFFLE_SERVICE_FACTORY_CLASS,
     TARGET_BATCH_SIZE,
 )
@@ -550,3 +552,53 @@ def test_host_local_keys_are_read_from_the_executors_own_environment() -> None:
     assert on_executor.get(COMPRESSION_CODEC) == "lz4"
     # Set nowhere on the executor: the driver's explicit value is used there too.
     assert driver.on_host(NETTY_OPTIONS, {}).get(DATA_PORT_HOST) == "10.0.0.1"
+
+
+def test_a_host_config_file_sets_host_local_keys_below_the_hosts_own_variables(
+    tmp_path: Path,
+) -> None:
+    host_file = tmp_path / "host.toml"
+    host_file.write_text(
+        '[netty-like]\nstorage.url = "file:///mnt/ssd/shuffle"\ndata-port.host = "10.0.0.8"\n'
+    )
+    driver = Configuration.load(
+        {"netty-like.data-port.host": "10.0.0.1", "netty-like.storage.url": "file:///tmp/x"},
+        environ={},
+    )
+    executor_env = {
+        "PYSHUFFLE_SHUFFLE_HOST_CONFIG_FILE": str(host_file),
+        "PYSHUFFLE_NETTY_LIKE_DATA_PORT_HOST": "10.0.0.9",
+    }
+    on_executor = driver.on_host(NETTY_OPTIONS + CORE_OPTIONS, executor_env)
+    assert on_executor.get(STORAGE_URL) == "file:///mnt/ssd/shuffle"  # the file, above the driver
+    assert on_executor.get(DATA_PORT_HOST) == "10.0.0.9"  # the host's variable, above the file
+    # Named by the driver (the same path on every host, as a mounted ConfigMap is).
+    named_by_driver = driver.with_values({HOST_CONFIG_FILE.key: str(host_file)})
+    assert named_by_driver.on_host(NETTY_OPTIONS + CORE_OPTIONS, {}).get(STORAGE_URL) == (
+        "file:///mnt/ssd/shuffle"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('shuffle.compression.codec = "zstd"\n', "describes the job, not the host"),
+        ("[netty-like]\nsort-bufer.size = 1\n", "did you mean 'netty-like.sort-buffer.size'"),
+        ("netty-like = [\n", "is not valid TOML"),
+    ],
+)
+def test_a_host_config_file_with_a_job_wide_unknown_or_broken_key_is_refused(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    host_file = tmp_path / "host.toml"
+    host_file.write_text(text)
+    driver = Configuration.load({}, environ={})
+    env = {"PYSHUFFLE_SHUFFLE_HOST_CONFIG_FILE": str(host_file)}
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        driver.on_host(NETTY_OPTIONS + CORE_OPTIONS, env)
+
+
+def test_a_missing_host_config_file_is_a_config_error(tmp_path: Path) -> None:
+    env = {"PYSHUFFLE_SHUFFLE_HOST_CONFIG_FILE": str(tmp_path / "absent.toml")}
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        Configuration.load({}, environ={}).on_host(NETTY_OPTIONS + CORE_OPTIONS, env)
