@@ -127,8 +127,10 @@ MAX_IN_FLIGHT = memory_option(
 )
 REPLICATION_FACTOR = int_option(
     "external-shuffle.replication-factor",
-    1,
-    "Workers each partition is pushed to; 2: reads fail over to the replica when a worker dies.",
+    2,
+    "Workers each partition is pushed to (all live ones when fewer). 2: a worker that dies"
+    " loses nothing, reads fail over to the replica; 1: half the bytes pushed and stored, and"
+    " a worker lost during a reduce fails the action (recover() reruns its producers).",
     minimum=1,
 )
 READ_FROM_STORE = bool_option(

@@ -225,10 +225,14 @@ def run(
 
 
 def main() -> int:
-    """``SCENARIO WORK_DIR [netty_like|external_shuffle]``."""
+    """``SCENARIO WORK_DIR [netty_like|external_shuffle [KEY=VALUE ...]]``: the options given
+    are layered on the scenario's."""
     scenario, work = sys.argv[1], Path(sys.argv[2])
     service = sys.argv[3] if len(sys.argv) > 3 else "netty_like"
-    config: dict[str, object] = {"pyspark-shuffle.progress.interval": "0"}
+    config: dict[str, object] = {
+        "pyspark-shuffle.progress.interval": "0",
+        **dict(setting.split("=", 1) for setting in sys.argv[4:]),
+    }
     if service == "netty_like":
         outcome = run(scenario, work, config, [work / "local"], executor_killer)
     else:

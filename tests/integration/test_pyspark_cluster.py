@@ -19,10 +19,20 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_scenario(name: str, work: Path, service: str = "netty_like") -> dict[str, Any]:
+def run_scenario(
+    name: str, work: Path, service: str = "netty_like", *settings: str
+) -> dict[str, Any]:
     (work / "executor-tmp").mkdir(parents=True)
     done = subprocess.run(
-        [sys.executable, "-m", "tests.integration.cluster_jobs", name, str(work), service],
+        [
+            sys.executable,
+            "-m",
+            "tests.integration.cluster_jobs",
+            name,
+            str(work),
+            service,
+            *settings,
+        ],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         capture_output=True,
@@ -92,10 +102,27 @@ def test_an_executor_killed_during_the_reduce_stage_is_recovered_inside_the_acti
     assert outcome["files_after_close"] == []
 
 
-def test_a_worker_killed_during_the_reduce_stage_is_recovered_by_recover(tmp_path: Path) -> None:
-    # The external service with one replica: nothing Spark sees is lost, so the action fails
-    # naming the partition; recover() reruns only the producers whose partitions were lost.
+def test_a_worker_killed_during_the_reduce_stage_costs_nothing_by_default(
+    tmp_path: Path,
+) -> None:
+    # Two replicas, the external service's default: the reducers read the other one.
     outcome = run_scenario("kill_during_reduce", tmp_path, "external_shuffle")
+    assert len(outcome["killed"]) == 1
+    assert outcome["action_error"] == ""
+    assert outcome["equal"] is True
+    assert set(outcome["runs"].values()) == {1}
+    assert outcome["map_tasks_rerun"] == 0
+    assert not [path for path in outcome["files_after_close"] if "worker-1-store" in path]
+
+
+def test_a_worker_killed_during_the_reduce_stage_with_one_replica_is_recovered_by_recover(
+    tmp_path: Path,
+) -> None:
+    # With one replica nothing Spark sees is lost, so the action fails naming the partition;
+    # recover() reruns only the producers whose partitions were lost.
+    outcome = run_scenario(
+        "kill_during_reduce", tmp_path, "external_shuffle", "external-shuffle.replication-factor=1"
+    )
     assert "PartitionNotFoundError" in outcome["action_error"]
     assert outcome["equal"] is True
     runs = outcome["runs"]

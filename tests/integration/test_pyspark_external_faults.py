@@ -1,6 +1,7 @@
 """A worker daemon killed (SIGKILL) in the middle of a PySpark job on the external service: the
-job still returns Spark's result (producers rerun, or the replica is read), and once the job is
-released and the dead worker is back, no partition file is left on any store."""
+job still returns Spark's result (the replica is read by default; with one replica the
+producers rerun), and once the job is released and the dead worker is back, no partition file
+is left on any store."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 ROWS = 8_000
+ONE_REPLICA = {"external-shuffle.replication-factor": 1}
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +62,7 @@ def test_worker_killed_during_the_map_stage(
 ) -> None:
     assert service.cluster is not None
     ready, go = tmp_path / "ready", tmp_path / "go"
-    with SparkShuffle(spark, config=service.config()) as shuffle:
+    with SparkShuffle(spark, config=service.config(**ONE_REPLICA)) as shuffle:
         made: dict[str, DataFrame] = {}
         mapping = threading.Thread(
             target=lambda: made.setdefault(
@@ -84,7 +86,7 @@ def test_worker_killed_during_the_reduce_stage_reruns_its_producers(
 ) -> None:
     assert service.cluster is not None
     ready, go = tmp_path / "ready", tmp_path / "go"
-    with SparkShuffle(spark, config=service.config()) as shuffle:
+    with SparkShuffle(spark, config=service.config(**ONE_REPLICA)) as shuffle:
         # Reducer 1 waits before its input gate reads anything.
         result = shuffle.repartition_map(
             data, "k", pausing(ready, go, 1), data.schema, num_partitions=3
@@ -110,13 +112,12 @@ def test_worker_killed_during_the_reduce_stage_reruns_its_producers(
     _restart_and_check_clean(service, 1)
 
 
-def test_worker_killed_during_the_reduce_stage_with_replication(
+def test_worker_killed_during_the_reduce_stage_reads_the_replica_by_default(
     spark: SparkSession, service: ShuffleService, data: DataFrame, tmp_path: Path
 ) -> None:
     assert service.cluster is not None
     ready, go = tmp_path / "ready", tmp_path / "go"
-    config = service.config(**{"external-shuffle.replication-factor": 2})
-    with SparkShuffle(spark, config=config) as shuffle:
+    with SparkShuffle(spark, config=service.config()) as shuffle:
         result = shuffle.repartition(data, "k", num_partitions=3)
         held = paused(result, ready, go, 1)
         counting: dict[str, object] = {}

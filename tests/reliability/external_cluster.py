@@ -3,6 +3,7 @@ and what the workers' stores hold."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -39,10 +40,12 @@ def batches(rows: int = ROWS) -> list[pa.RecordBatch]:
 
 
 def client_config(cluster: LocalCluster, **extra: object) -> Configuration:
-    """Small buffers, and reads that go to the workers (not straight to their stores)."""
+    """Small buffers, reads that go to the workers (not straight to their stores), and one
+    replica unless ``extra`` says otherwise: what a worker's loss costs is seen whole."""
     return Configuration.load(
         cluster.client_config(
             **{
+                "external-shuffle.replication-factor": 1,
                 "external-shuffle.client.sort-buffer.size": "64k",
                 "external-shuffle.client.read-from-store": False,
                 "external-shuffle.client.timeout": 10.0,
@@ -82,11 +85,13 @@ def placed_on(cluster: LocalCluster, descriptor: ShuffleDescriptor) -> set[int]:
 
 
 def partition_files(cluster: LocalCluster, index: int) -> list[Path]:
-    """Files of partitions on a worker's store (not its identity file)."""
+    """Files of partitions on a worker's store (not its identity file). A directory the
+    worker deletes during the walk is skipped (``os.walk`` ignores it; ``rglob`` raises)."""
     return sorted(
-        path
-        for path in cluster.worker_store(index).rglob("*")
-        if path.is_file() and not path.name.startswith(".")
+        Path(directory, name)
+        for directory, _, names in os.walk(cluster.worker_store(index))
+        for name in names
+        if not name.startswith(".")
     )
 
 

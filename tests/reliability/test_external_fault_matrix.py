@@ -28,6 +28,7 @@ from external_shuffle.local_cluster import LocalCluster
 from pyspark_shuffle import SparkShuffle
 from tests.integration.pausing import WAIT, paused, pausing, wait_for
 from tests.integration.spark_rows import multiset
+from tests.reliability.external_cluster import partition_files
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -103,8 +104,7 @@ def _stored_files(cluster: LocalCluster) -> list[Path]:
     return [
         path
         for index in range(len(cluster.worker_ports))
-        for path in cluster.worker_store(index).rglob("*")
-        if path.is_file() and not path.name.startswith(".")
+        for path in partition_files(cluster, index)
     ]
 
 

@@ -41,7 +41,7 @@ def replica_worker_ids(descriptor: ShuffleDescriptor) -> list[str]:
 
 
 def test_coordinator_places_30_partitions_10_on_each_of_3_workers(cluster: LocalCluster) -> None:
-    descriptors = register_partitions(cluster)
+    descriptors = register_partitions(cluster, **{"external-shuffle.replication-factor": 1})
     held = Counter(worker for d in descriptors for worker in replica_worker_ids(d))
     assert len(held) == WORKERS, f"placed on {sorted(held)}"
     assert sorted(held.values()) == [10, 10, 10]
