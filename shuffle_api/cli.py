@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
-from collections.abc import Callable
-from typing import Final
+from collections.abc import Callable, Sequence
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, Final
 
-from shuffle_api.config import Configuration
-from shuffle_api.errors import ShuffleError
+from shuffle_api.config import ConfigOption, Configuration
+from shuffle_api.errors import ConfigError, ShuffleError
 from shuffle_api.factory import load_shuffle_service_factory
 from shuffle_api.options import CORE_OPTIONS
 
@@ -25,23 +27,102 @@ SUBCOMMANDS: Final[dict[str, tuple[str, str]]] = {
         "external_shuffle.daemon:main",
         "run the external shuffle service (coordinator, worker or both; needs pyshuffle[external])",
     ),
-    "options": ("shuffle_api.cli:print_options", "list the configuration options and defaults"),
+    "options": (
+        "shuffle_api.cli:print_options",
+        "list every configuration key, or check a config file for its role (--config)",
+    ),
 }
+
+CLIENT: Final = "client"
+DAEMON: Final = "daemon"
+PYSPARK_OPTIONS: Final = "pyspark_shuffle.options:PYSPARK_SHUFFLE_OPTIONS"
+DAEMON_OPTIONS: Final = "external_shuffle.options:DAEMON_OPTIONS"
+
+# Every part's options by dotted path (imported on use, as the subcommands are), with the
+# role they configure: a Spark application's processes ("client") or a `pyshuffle daemon`.
+OPTION_CATALOGS: Final[tuple[tuple[str, str, str], ...]] = (
+    ("default service (netty_like)", "netty_like.options:NETTY_OPTIONS", CLIENT),
+    ("external service, clients", "external_shuffle.options:CLIENT_OPTIONS", CLIENT),
+    ("PySpark, scheduling, blob", PYSPARK_OPTIONS, CLIENT),
+    ("external service, daemon", DAEMON_OPTIONS, DAEMON),
+)
+
+
+def _catalog(target: str) -> tuple[ConfigOption[Any], ...]:
+    """The options at ``target`` ("module:NAME"); a part not installed has none."""
+    module_name, _, name = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        return ()
+    options: tuple[ConfigOption[Any], ...] = getattr(module, name)
+    return options
+
+
+def _print_part(title: str, options: Sequence[ConfigOption[Any]], config: Configuration) -> None:
+    print(f"# {title}")
+    for option in options:
+        print(
+            f"{option.key} = {config.get(option)!r}  ({option.type_name}; env {option.env_name}"
+            f"{'; host-local' if option.host_local else ''})\n    {option.doc}"
+        )
+    print()
+
+
+def _role_of(configuration: Configuration) -> str:
+    """A daemon's file sets a key only daemons read; anything else is a client's."""
+    client_keys = {
+        option.key
+        for _, target, role in OPTION_CATALOGS
+        if role == CLIENT
+        for option in _catalog(target)
+    }
+    daemon_only = {option.key for option in _catalog(DAEMON_OPTIONS)} - client_keys
+    return DAEMON if daemon_only & set(configuration.values) else CLIENT
 
 
 def print_options(argv: list[str] | None = None) -> int:
-    """Print every option of the core and of the configured factory."""
-    parser = argparse.ArgumentParser(prog="pyshuffle options", description=print_options.__doc__)
-    parser.add_argument("--config", help="TOML config file")
+    parser = argparse.ArgumentParser(
+        prog="pyshuffle options",
+        description="List every configuration key: its value, type, environment variable and"
+        " doc. With --config, check a TOML file for the role it is for (a Spark"
+        " application's, or a daemon's when it sets a key only daemons read; or as --role"
+        " says) and list that role's keys with the values the file and the environment give.",
+    )
+    parser.add_argument("--config", metavar="FILE", help="a TOML config file to check")
+    parser.add_argument("--role", choices=(CLIENT, DAEMON), help="the role the file is for")
     args = parser.parse_args(argv)
     configuration = Configuration.load(toml_file=args.config)
-    factory = load_shuffle_service_factory(configuration)
-    for option in (*CORE_OPTIONS, *factory.config_options()):
-        print(
-            f"{option.key} = {configuration.get(option)!r}  ({option.type_name};"
-            f" env {option.env_name})\n    {option.doc}"
-        )
+    role = args.role or _role_of(configuration)
+    if role == DAEMON:
+        daemon = _catalog(DAEMON_OPTIONS)
+        if not daemon:
+            raise ConfigError("the daemon is not installed: pip install 'pyshuffle[external]'")
+        known = (*CORE_OPTIONS, *daemon)
+        configuration.validate(known)
+    else:
+        pyspark = _catalog(PYSPARK_OPTIONS)
+        factory = load_shuffle_service_factory(configuration, extra_options=pyspark)
+        known = (*CORE_OPTIONS, *factory.config_options(), *pyspark)
+    if args.config is None and args.role is None:  # every part, as this environment sets it
+        _print_part("the contract", CORE_OPTIONS, configuration)
+        for title, target, _ in OPTION_CATALOGS:
+            options = _catalog(target)
+            if options:
+                _print_part(title, options, configuration)
+            else:
+                print(f"# {title}: not installed\n")
+        return 0
+    print(f"# {args.config or 'the environment'}: valid for a {role}\n")
+    _print_part(f"{role} options", known, configuration)
     return 0
+
+
+def _version() -> str:
+    try:
+        return version("pyshuffle")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
 
 
 def _load(target: str) -> Callable[[list[str]], int]:
@@ -54,8 +135,11 @@ def _load(target: str) -> Callable[[list[str]], int]:
 
 def main(argv: list[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else argv
+    if arguments and arguments[0] in ("-V", "--version"):
+        print(f"pyshuffle {_version()}")
+        return 0
     if not arguments or arguments[0] in ("-h", "--help") or arguments[0] not in SUBCOMMANDS:
-        print("usage: pyshuffle COMMAND [options]\n\ncommands:")
+        print("usage: pyshuffle [--version] COMMAND [options]\n\ncommands:")
         for name, (_, summary) in SUBCOMMANDS.items():
             print(f"  {name:<10} {summary}")
         return 0 if arguments and arguments[0] in ("-h", "--help") else 2
@@ -64,3 +148,6 @@ def main(argv: list[str] | None = None) -> int:
     except ShuffleError as error:
         print(f"pyshuffle {arguments[0]}: {type(error).__name__}: {error}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # the reader left (`pyshuffle options | head`): not an error
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - Python flushes stdout at exit
+        return 0

@@ -5,10 +5,24 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
+from shuffle_api.config import ENV_PREFIX
 
-def _pyshuffle(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+ROOT = Path(__file__).resolve().parents[2]
+# A daemon's configuration refuses PYSHUFFLE_* variables it does not know (a client's, which
+# this run may have set): unset them.
+_WITHOUT_PYSHUFFLE_VARIABLES: dict[str, str | None] = dict.fromkeys(
+    (name for name in os.environ if name.startswith(ENV_PREFIX)), None
+)
+
+
+def _pyshuffle(
+    *args: str, env: dict[str, str | None] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``pyshuffle ARGS`` with ``env`` over this process's environment (None: unset)."""
+    merged = {**os.environ, **(env or {})}
     return subprocess.run(
         [
             sys.executable,
@@ -19,7 +33,7 @@ def _pyshuffle(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, **(env or {})},
+        env={name: value for name, value in merged.items() if value is not None},
         check=False,
     )
 
@@ -68,3 +82,43 @@ def test_unknown_command_prints_usage() -> None:
     result = _pyshuffle("frobnicate")
     assert result.returncode == 2
     assert "demo" in result.stdout
+
+
+def test_version_prints_the_installed_version() -> None:
+    result = _pyshuffle("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"pyshuffle {version('pyshuffle')}"
+
+
+def test_options_lists_the_keys_of_every_part() -> None:
+    result = _pyshuffle("options")
+    assert result.returncode == 0, result.stderr
+    for key in (
+        "external-shuffle.coordinator.address",  # clients of the external service
+        "external-shuffle.worker.store-url",  # the daemon
+        "pyspark-shuffle.reducer.target-size",
+        "scheduling.skew.factor",
+        "blob.store-url",
+        "shuffle.host-config-file",
+    ):
+        assert f"\n{key} = " in result.stdout, key
+
+
+def test_options_checks_the_daemons_own_config_file() -> None:
+    # What deploy/README.md and the file's own header tell an operator to run.
+    daemon_file = ROOT / "deploy" / "pyshuffle-daemon.toml"
+    result = _pyshuffle("options", "--config", str(daemon_file), env=_WITHOUT_PYSHUFFLE_VARIABLES)
+    assert result.returncode == 0, result.stderr
+    assert "valid for a daemon" in result.stdout
+    assert "\nexternal-shuffle.worker.port = " in result.stdout
+
+
+def test_options_refuses_a_file_that_mixes_the_roles(tmp_path: Path) -> None:
+    mixed = tmp_path / "mixed.toml"
+    mixed.write_text(
+        '[external-shuffle.worker]\nport = 7000\n[netty-like]\nsort-buffer.size = "1m"\n'
+    )
+    result = _pyshuffle("options", "--config", str(mixed), env=_WITHOUT_PYSHUFFLE_VARIABLES)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert "unknown config key 'netty-like.sort-buffer.size'" in result.stderr
