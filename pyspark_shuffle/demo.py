@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import logging
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -247,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", help="pyshuffle TOML config file")
     parser.add_argument("--verify", action="store_true", help="compare with Spark's own operators")
     args = parser.parse_args(argv)
+    # The library logs; the command shows its warnings, and the map stages' progress lines.
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    logging.getLogger("pyspark_shuffle.progress").setLevel(logging.INFO)
 
     started = time.perf_counter()
     spark = local_spark_session("pyshuffle-demo", cores=args.cores, driver_memory="4g")

@@ -1,23 +1,73 @@
-"""Progress of a running map stage, printed on the driver's terminal."""
+"""Progress of a running map stage: its Spark jobs labelled inside the user's own job group
+and description, and a progress line logged every few seconds."""
 
 from __future__ import annotations
 
-import sys
+import logging
 import threading
 import time
 from types import TracebackType
-from typing import TYPE_CHECKING, Self, TextIO
+from typing import TYPE_CHECKING, Final, Self
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
     from pyspark.accumulators import Accumulator
 
-__all__ = ["StageProgress"]
+__all__ = ["JobLabel", "StageProgress"]
+
+_LOG = logging.getLogger(__name__)
+
+JOB_GROUP: Final = "spark.jobGroup.id"
+JOB_DESCRIPTION: Final = "spark.job.description"
+INTERRUPT_ON_CANCEL: Final = "spark.job.interruptOnCancel"
+# What setJobGroup sets (all per thread): restored as they were when a stage ends.
+JOB_PROPERTIES: Final = (JOB_GROUP, JOB_DESCRIPTION, INTERRUPT_ON_CANCEL)
+
+
+class JobLabel:
+    """Within it, the Spark jobs of this thread carry the user's job group (so
+    cancelJobGroup still reaches them; a group of pyshuffle's own when the user set none)
+    and a description that names pyshuffle's step after the user's own. On exit the job
+    properties are as they were."""
+
+    def __init__(self, spark_context: SparkContext, step: str) -> None:
+        self._context = spark_context
+        self._label = f"pyshuffle: {step}"
+        self._saved: dict[str, str | None] = {}
+        self.group = ""
+        self.jobs_before: frozenset[int] = frozenset()
+        """The group's jobs known when the label was put on (not this step's)."""
+
+    def __enter__(self) -> Self:
+        context = self._context
+        self._saved = {key: context.getLocalProperty(key) for key in JOB_PROPERTIES}
+        user_group, user_description = self._saved[JOB_GROUP], self._saved[JOB_DESCRIPTION]
+        if user_group is None:
+            self.group = f"pyshuffle-{id(self)}"
+            context.setJobGroup(self.group, self._label)
+        else:
+            self.group = user_group
+            self.jobs_before = frozenset(context.statusTracker().getJobIdsForGroup(user_group))
+            label = (
+                self._label if user_description is None else f"{user_description} | {self._label}"
+            )
+            context.setJobDescription(label)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        for key, value in self._saved.items():
+            # None removes the property (SparkContext.setLocalProperty in the JVM).
+            self._context.setLocalProperty(key, value)  # type: ignore[arg-type]
 
 
 class StageProgress:
-    """While the stage runs (Spark jobs of one job group), print every ``interval`` seconds
-    its finished tasks and the rows and bytes they wrote; an interval of 0 prints nothing."""
+    """A map stage's jobs under a :class:`JobLabel`; every ``interval`` seconds (0: never)
+    a line with its tasks and the rows and bytes written is logged at INFO."""
 
     def __init__(
         self,
@@ -27,46 +77,47 @@ class StageProgress:
         rows: Accumulator[int],
         size: Accumulator[int],
         interval: float,
-        out: TextIO = sys.stderr,
     ) -> None:
         self._context = spark_context
         self._description = description
         self._rows = rows
         self._size = size
         self._interval = interval
-        self._out = out
-        self._group = f"pyshuffle-{id(self)}"
+        self._label = JobLabel(spark_context, description)
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._report, name="pyshuffle-progress", daemon=True)
         self._started = 0.0
 
-    def _tasks(self) -> tuple[int, int]:
+    def _tasks(self) -> tuple[int, int, int]:
+        """Finished, running and all tasks of the stage's jobs: the group's jobs since entry
+        (another thread's jobs in the user's group at the same time are counted too)."""
         tracker = self._context.statusTracker()
-        finished = total = 0
-        for job_id in tracker.getJobIdsForGroup(self._group):
+        finished = running = total = 0
+        for job_id in set(tracker.getJobIdsForGroup(self._label.group)) - self._label.jobs_before:
             job = tracker.getJobInfo(job_id)
             for stage_id in job.stageIds if job is not None else ():
                 stage = tracker.getStageInfo(stage_id)
                 if stage is not None:
                     finished += stage.numCompletedTasks
+                    running += stage.numActiveTasks
                     total += stage.numTasks
-        return finished, total
+        return finished, running, total
 
     def line(self) -> str:
-        finished, total = self._tasks()
+        finished, running, total = self._tasks()
         return (
-            f"pyshuffle: {self._description}: {finished}/{total} tasks,"
+            f"{self._description}: {finished} of {total} tasks done, {running} running,"
             f" {self._rows.value:,} rows, {self._size.value / 1e6:,.1f} MB written,"
             f" {time.perf_counter() - self._started:.0f} s"
         )
 
     def _report(self) -> None:
         while not self._done.wait(self._interval):
-            print(self.line(), file=self._out, flush=True)
+            _LOG.info("%s", self.line())
 
     def __enter__(self) -> Self:
         self._started = time.perf_counter()
-        self._context.setJobGroup(self._group, self._description)
+        self._label.__enter__()
         if self._interval > 0:
             self._thread.start()
         return self
@@ -80,4 +131,4 @@ class StageProgress:
         self._done.set()
         if self._thread.is_alive():
             self._thread.join()
-        self._context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+        self._label.__exit__(exc_type, exc, traceback)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import atexit
 import inspect
 import logging
-import sys
 import threading
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
@@ -21,7 +20,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import ArrayType, MapType, StructField, StructType
 
-from blob import BlobStore, blob_store_url
+from blob import BLOB_OPTIONS, BlobStore, blob_store_url
 from pyspark_shuffle.exchange import Exchange
 from pyspark_shuffle.operations import (
     BatchFunction,
@@ -46,6 +45,7 @@ from pyspark_shuffle.partitioners import (
     choose_boundaries,
 )
 from pyspark_shuffle.planning import adaptive_plan, one_reducer_per_subpartition
+from pyspark_shuffle.progress import JobLabel
 from pyspark_shuffle.sorting import sort_keys_of
 from pyspark_shuffle.tasks import (
     REDUCER_ROW_SCHEMA,
@@ -65,6 +65,7 @@ from scheduling.groups import ConsumedPartitionGroup, build_groups
 from scheduling.options import DESCRIPTOR_OFFLOAD_THRESHOLD
 from scheduling.skew import ConsumerPlan
 from shuffle_api import (
+    ConfigError,
     Configuration,
     InvalidOperationError,
     RecordingJobContext,
@@ -75,10 +76,25 @@ from shuffle_api import (
     load_shuffle_service_factory,
     new_id,
 )
+from shuffle_api.options import CORE_OPTIONS, SHUFFLE_SERVICE_FACTORY_CLASS
 
 __all__ = ["ShuffleStatistics", "SparkShuffle", "spark_configuration"]
 
 _LOG = logging.getLogger(__name__)
+
+
+def _spark_conf(spark: SparkSession) -> dict[str, str]:
+    """The ``spark.pyshuffle.*`` settings, prefix removed: the SparkContext's conf, and over it
+    the session's runtime conf (``spark.conf.set``; read on Spark 4, which can list it)."""
+    settings = dict(spark.sparkContext.getConf().getAll())
+    runtime_conf = getattr(spark.conf, "getAll", None)  # a property in PySpark 4
+    if isinstance(runtime_conf, Mapping):
+        settings.update(runtime_conf)
+    return {
+        key.removeprefix(SPARK_CONF_PREFIX): value
+        for key, value in settings.items()
+        if key.startswith(SPARK_CONF_PREFIX)
+    }
 
 
 def spark_configuration(
@@ -88,13 +104,13 @@ def spark_configuration(
     config_file: str | Path | None = None,
 ) -> Configuration:
     """pyshuffle's configuration: defaults < ``config_file`` < ``PYSHUFFLE_*`` variables <
-    ``spark.pyshuffle.<key>`` Spark conf < ``overrides``."""
-    from_spark = {
-        key.removeprefix(SPARK_CONF_PREFIX): value
-        for key, value in spark.sparkContext.getConf().getAll()
-        if key.startswith(SPARK_CONF_PREFIX)
-    }
-    return Configuration.load({**from_spark, **(overrides or {})}, toml_file=config_file)
+    ``spark.pyshuffle.<key>`` Spark conf (the context's, then the session's) < ``overrides``."""
+    configuration = Configuration.load(toml_file=config_file)
+    for key, value in _spark_conf(spark).items():
+        configuration = configuration.with_values(
+            {key: value}, source=f"Spark conf {SPARK_CONF_PREFIX}{key}"
+        )
+    return configuration.with_values(overrides or {})
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,17 +239,28 @@ class SparkShuffle:
         config_file: str | Path | None = None,
     ) -> None:
         self._spark = spark
-        self.configuration = spark_configuration(spark, config, config_file=config_file)
+        self._overrides = dict(config or {})
+        self._config_file = config_file
+        self._started_with = spark_configuration(spark, config, config_file=config_file)
         factory = load_shuffle_service_factory(
-            self.configuration, extra_options=PYSPARK_SHUFFLE_OPTIONS
+            self._started_with, extra_options=PYSPARK_SHUFFLE_OPTIONS
         )
-        master_context = ShuffleMasterContext(self.configuration)
+        self._options = (*CORE_OPTIONS, *factory.config_options(), *PYSPARK_SHUFFLE_OPTIONS)
+        # What an operation may set anew: keys read by this operation's planning and tasks.
+        # The others configure the running master, descriptor cache or blob store.
+        fixed = {SHUFFLE_SERVICE_FACTORY_CLASS.key, *(option.key for option in BLOB_OPTIONS)}
+        self._per_operation = {
+            option.key
+            for option in (*CORE_OPTIONS, *PYSPARK_SHUFFLE_OPTIONS)
+            if option.key not in fixed
+        } | {option.key for option in factory.config_options() if option.host_local}
+        master_context = ShuffleMasterContext(self._started_with)
         # The application's secret: shipped with the tasks, never in descriptors.
         self._secret = master_context.secret
         self._master = factory.create_shuffle_master(master_context)
         self._descriptors = DescriptorCache(
-            blob_store=BlobStore(blob_store_url(self.configuration)),
-            offload_threshold=self.configuration.get(DESCRIPTOR_OFFLOAD_THRESHOLD),
+            blob_store=BlobStore(blob_store_url(self._started_with)),
+            offload_threshold=self._started_with.get(DESCRIPTOR_OFFLOAD_THRESHOLD),
         )
         self._master.start()
         self._job = RecordingJobContext(f"spark-{new_id()[:16]}")
@@ -243,6 +270,24 @@ class SparkShuffle:
         self._lock = threading.Lock()
         self._closed = False
         atexit.register(self.close)
+
+    @property
+    def configuration(self) -> Configuration:
+        """The configuration as an operation starting now reads it: ``spark.conf.set`` of a
+        ``spark.pyshuffle.*`` key between operations takes effect (below the mapping given
+        here). A key that configures the running service may not change:
+        :class:`ConfigError` names it."""
+        now = spark_configuration(self._spark, self._overrides, config_file=self._config_file)
+        now.validate(self._options)
+        for key in sorted(set(now.values) | set(self._started_with.values)):
+            was, is_now = self._started_with.values.get(key), now.values.get(key)
+            if key not in self._per_operation and was != is_now:
+                raise ConfigError(
+                    f"config key {key!r} was {was!r} when this SparkShuffle started and is now"
+                    f" {is_now!r} (from {now.sources.get(key, 'its default')}): it configures"
+                    " the running shuffle service, so set it before SparkShuffle starts"
+                )
+        return now
 
     # -- operations ---------------------------------------------------------------------
 
@@ -523,11 +568,12 @@ class SparkShuffle:
     def _sample(self, frame: DataFrame, keys: Sequence[str]) -> pa.Table:
         """A uniform sample of the key columns, taken in the JVM (no Python pass)."""
         keys_only = frame.select(*keys)
-        rows = keys_only.count()
-        wanted = self.configuration.get(RANGE_SAMPLE_SIZE)
-        if rows > wanted:
-            keys_only = keys_only.sample(fraction=min(1.0, 1.2 * wanted / rows), seed=rows)
-        sample: pa.Table = keys_only.toArrow()
+        with JobLabel(self._spark.sparkContext, f"sample of {', '.join(keys)} for range bounds"):
+            rows = keys_only.count()
+            wanted = self.configuration.get(RANGE_SAMPLE_SIZE)
+            if rows > wanted:
+                keys_only = keys_only.sample(fraction=min(1.0, 1.2 * wanted / rows), seed=rows)
+            sample: pa.Table = keys_only.toArrow()
         return sample
 
     def _reduce(
@@ -644,11 +690,12 @@ class SparkShuffle:
         )
         if plan.unsplittable:
             names = ", ".join(exchange.name for exchange in exchanges)
-            print(
-                f"pyshuffle: {names}: skewed subpartitions {list(plan.unsplittable)} are each"
-                " read whole by one reducer (the operation keeps a key in one reducer, or one"
-                " map task wrote the subpartition); reducers read"
-                f" {max(task.bytes for task in plan.tasks):,} bytes at most",
-                file=sys.stderr,
+            _LOG.warning(
+                "%s: skewed subpartitions %s are each read whole by one reducer (the operation"
+                " keeps a key in one reducer, or one map task wrote the subpartition); reducers"
+                " read %s bytes at most",
+                names,
+                list(plan.unsplittable),
+                f"{max(task.bytes for task in plan.tasks):,}",
             )
         return plan

@@ -37,8 +37,10 @@ __all__ = [
 T = TypeVar("T")
 
 ENV_PREFIX = "PYSHUFFLE_"
-# The source recorded for explicit values; they outrank the environment, file values do not.
+# The source recorded for explicit values. Explicit values (any source but a file) outrank
+# the environment; values from a file do not.
 MAPPING_SOURCE = "the given mapping"
+_FILE_SOURCES = ("config file ", "host config file ")
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,15 +259,18 @@ class Configuration:
             sources[key] = MAPPING_SOURCE
         return cls(values, sources, prefixed)
 
-    def with_values(self, mapping: Mapping[str, object]) -> Configuration:
-        """A copy with ``mapping`` layered on top."""
+    def with_values(
+        self, mapping: Mapping[str, object], *, source: str = MAPPING_SOURCE
+    ) -> Configuration:
+        """A copy with ``mapping`` layered on top, explicit values from ``source`` (named in
+        errors)."""
         values = {**self.values, **mapping}
-        sources = {**self.sources, **dict.fromkeys(mapping, MAPPING_SOURCE)}
+        sources = {**self.sources, **dict.fromkeys(mapping, source)}
         return Configuration(values, sources, self.environment)
 
     def _raw(self, option: ConfigOption[Any]) -> tuple[object, str] | None:
         source = self.sources.get(option.key, "")
-        if option.key in self.values and source == MAPPING_SOURCE:
+        if option.key in self.values and not source.startswith(_FILE_SOURCES):
             return self.values[option.key], source
         if option.env_name in self.environment:
             return self.environment[option.env_name], f"environment variable {option.env_name}"

@@ -85,7 +85,7 @@ def test_a_rebalance_splits_the_skewed_key_among_reducers(
 
 
 def test_a_group_apply_keeps_the_skewed_key_whole_and_reports_it(
-    adaptive: SparkShuffle, skewed: DataFrame, capsys: pytest.CaptureFixture[str]
+    adaptive: SparkShuffle, skewed: DataFrame, caplog: pytest.LogCaptureFixture
 ) -> None:
     def count(table: pa.Table) -> pa.Table:
         return pa.table(
@@ -98,7 +98,8 @@ def test_a_group_apply_keeps_the_skewed_key_whole_and_reports_it(
     shuffled = adaptive.statistics(result)
     assert len(shuffled.unsplittable_subpartitions) == 1
     assert shuffled.skewed_subpartitions == ()
-    assert "read whole by one reducer" in capsys.readouterr().err
+    [warning] = [r for r in caplog.records if "read whole by one reducer" in r.getMessage()]
+    assert (warning.name, warning.levelname) == ("pyspark_shuffle.session", "WARNING")
 
 
 @pytest.mark.parametrize("how", ["inner", "left"])

@@ -1,0 +1,129 @@
+"""pyshuffle in the user's Spark session: the user's job group and description stay theirs
+(pyshuffle's jobs are labelled inside them), and ``spark.conf.set`` of a ``spark.pyshuffle.*``
+key takes effect for the next operation."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from pyspark_shuffle import SparkShuffle
+from pyspark_shuffle.options import SPARK_CONF_PREFIX
+from shuffle_api import ConfigError
+from tests.integration.services import netty_service
+from tests.integration.spark_rows import multiset
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+JOB_PROPERTIES = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
+
+
+@pytest.fixture
+def shuffle(spark: SparkSession, tmp_path: Path) -> Iterator[SparkShuffle]:
+    with SparkShuffle(spark, config=netty_service(tmp_path).config()) as made:
+        yield made
+
+
+@pytest.fixture
+def data(spark: SparkSession) -> DataFrame:
+    frame: DataFrame = spark.range(0, 5_000, 1, 4).selectExpr("id", "id % 13 as k")
+    return frame
+
+
+@pytest.fixture
+def clean_job_properties(spark: SparkSession) -> Iterator[None]:
+    yield
+    for key in JOB_PROPERTIES:
+        spark.sparkContext.setLocalProperty(key, None)  # type: ignore[arg-type]
+
+
+def _descriptions_of_group(spark: SparkSession, group: str) -> list[str]:
+    """The descriptions of the jobs Spark ran in ``group`` (from its status store)."""
+    jobs: Any = spark.sparkContext._jsc.sc().statusStore().jobsList(None)  # a Scala Seq
+    return [
+        job.description().get() if job.description().isDefined() else ""
+        for job in (jobs.apply(index) for index in range(jobs.size()))
+        if job.jobGroup().isDefined() and job.jobGroup().get() == group
+    ]
+
+
+@pytest.mark.usefixtures("clean_job_properties")
+def test_an_operation_keeps_the_users_job_group_and_labels_its_jobs_inside(
+    spark: SparkSession, shuffle: SparkShuffle, data: DataFrame
+) -> None:
+    context = spark.sparkContext
+    context.setJobGroup("nightly-etl", "nightly load", interruptOnCancel=True)
+    result = shuffle.sort(shuffle.repartition(data, "k", num_partitions=3), "id")
+    assert multiset(result) == multiset(data)
+    assert [context.getLocalProperty(key) for key in JOB_PROPERTIES] == [
+        "nightly-etl",
+        "nightly load",
+        "true",
+    ]
+    # pyshuffle's own jobs (map stages, the sort's sample) ran in the user's group, so
+    # cancelJobGroup reaches them, and say what they are after the user's description.
+    descriptions = _descriptions_of_group(spark, "nightly-etl")
+    ours = [text for text in descriptions if text.startswith("nightly load | pyshuffle: ")]
+    assert any("map stage of repartition" in text for text in ours), descriptions
+    assert any("map stage of sort" in text for text in ours), descriptions
+    assert any("sample of id" in text for text in ours), descriptions
+
+
+@pytest.mark.usefixtures("clean_job_properties")
+def test_without_a_users_job_group_none_is_left_behind(
+    spark: SparkSession, shuffle: SparkShuffle, data: DataFrame
+) -> None:
+    assert shuffle.repartition(data, "k", num_partitions=3).count() == data.count()
+    assert [spark.sparkContext.getLocalProperty(key) for key in JOB_PROPERTIES] == [None] * 3
+
+
+@pytest.fixture
+def session_conf(spark: SparkSession) -> Iterator[list[str]]:
+    """Keys the test sets with spark.conf.set, unset afterwards."""
+    keys: list[str] = []
+    yield keys
+    for key in keys:
+        spark.conf.unset(key)
+
+
+def test_spark_conf_set_takes_effect_for_the_next_operation(
+    spark: SparkSession, shuffle: SparkShuffle, data: DataFrame, session_conf: list[str]
+) -> None:
+    # The fixture's session sets no reducer.min-count: automatic reducers are at least Spark's
+    # default parallelism (2 here) and, for this little data, exactly that.
+    before = shuffle.statistics(shuffle.repartition(data, "k")).reducers
+    key = f"{SPARK_CONF_PREFIX}pyspark-shuffle.reducer.min-count"
+    session_conf.append(key)
+    spark.conf.set(key, "5")
+    result = shuffle.repartition(data, "k")
+    assert (before, shuffle.statistics(result).reducers) == (2, 5)
+    assert multiset(result) == multiset(data)
+    spark.conf.unset(key)
+    assert shuffle.statistics(shuffle.repartition(data, "k")).reducers == before
+
+
+def test_spark_conf_may_not_change_what_the_running_service_reads(
+    spark: SparkSession, shuffle: SparkShuffle, data: DataFrame, session_conf: list[str]
+) -> None:
+    key = f"{SPARK_CONF_PREFIX}shuffle-service-factory.class"
+    session_conf.append(key)
+    spark.conf.set(key, "external_shuffle")
+    with pytest.raises(ConfigError, match=r"'shuffle-service-factory\.class' was .* set it before"):
+        shuffle.repartition(data, "k")
+
+
+def test_a_typo_in_spark_conf_is_blamed_on_that_spark_conf_key(
+    spark: SparkSession, shuffle: SparkShuffle, data: DataFrame, session_conf: list[str]
+) -> None:
+    key = f"{SPARK_CONF_PREFIX}pyspark-shuffle.reducer.min-cuont"
+    session_conf.append(key)
+    spark.conf.set(key, "5")
+    with pytest.raises(ConfigError) as raised:
+        shuffle.repartition(data, "k")
+    message = str(raised.value)
+    assert f"from Spark conf {key}" in message
+    assert "did you mean 'pyspark-shuffle.reducer.min-count'" in message
