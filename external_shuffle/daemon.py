@@ -124,15 +124,23 @@ class Daemon:
         server = grpc.server(
             ThreadPoolExecutor(threads, thread_name_prefix="pyshuffle-rpc"),
             interceptors=[TokenInterceptor(self._token), RequestDecodingInterceptor(self.metrics)],
-            options=channel_options(self._config.get(MAX_MESSAGE_SIZE)),
+            # Without SO_REUSEPORT (gRPC sets it): a second daemon on a port in use fails to
+            # start instead of silently taking half of the first one's connections.
+            options=[
+                *channel_options(self._config.get(MAX_MESSAGE_SIZE)),
+                ("grpc.so_reuseport", 0),
+            ],
             maximum_concurrent_rpcs=threads * _QUEUED_CALLS_PER_THREAD,
         )
         address = f"{self._bind}:{port}"
-        bound = (
-            server.add_insecure_port(address)
-            if self._credentials is None
-            else server.add_secure_port(address, self._credentials)
-        )
+        try:
+            bound = (
+                server.add_insecure_port(address)
+                if self._credentials is None
+                else server.add_secure_port(address, self._credentials)
+            )
+        except RuntimeError:  # grpcio raises where older versions returned 0
+            bound = 0
         if bound == 0:
             raise ConfigError(f"cannot listen on {address} (port in use?)")
         health_servicer = health.HealthServicer()

@@ -30,16 +30,27 @@ from external_shuffle.channels import ChannelPool, ClientSettings
 from external_shuffle.options import TLS_CA_FILE
 from shuffle_api import Configuration, ShuffleError
 
-__all__ = ["LocalCluster", "free_port"]
+__all__ = ["LocalCluster", "free_port", "free_ports"]
 
 _START_TIMEOUT = 60.0
 
 
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+    [port] = free_ports(1)
+    return port
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct ports free on 127.0.0.1 now (each probe is held until all are
+    chosen, so the kernel never hands out one twice)."""
+    probes = [socket.socket() for _ in range(count)]
+    try:
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [int(probe.getsockname()[1]) for probe in probes]
+    finally:
+        for probe in probes:
+            probe.close()
 
 
 def _toml_value(value: object) -> str:
@@ -77,11 +88,15 @@ class LocalCluster:
         self.token_file = directory / "token"
         self.token_file.write_text(secrets.token_urlsafe(32))
         self.token_file.chmod(0o600)
-        self.coordinator_targets = [f"127.0.0.1:{free_port()}" for _ in range(coordinators)]
+        coordinator_names = ["coordinator", *(f"coordinator-{i}" for i in range(1, coordinators))]
+        worker_names = [f"worker-{i}" for i in range(workers)]
+        # Every port of the cluster at once: all distinct (gRPC servers share a port silently).
+        ports = free_ports(coordinators + workers + (coordinators + workers if metrics else 0))
+        self.coordinator_targets = [f"127.0.0.1:{port}" for port in ports[:coordinators]]
         # The option's value: every coordinator, comma-separated.
         self.coordinator_address = ",".join(self.coordinator_targets)
         self._ca_file = str((settings or {}).get(TLS_CA_FILE.key, ""))
-        self.worker_ports = [free_port() for _ in range(workers)]
+        self.worker_ports = ports[coordinators : coordinators + workers]
         shared: dict[str, object] = {
             "external-shuffle.coordinator.address": self.coordinator_address,
             "external-shuffle.auth.token-file": str(self.token_file),
@@ -93,10 +108,9 @@ class LocalCluster:
         }
         # metrics: each process serves /metrics on a port of its own (by process name).
         self.metrics_ports: dict[str, int] = {}
-        coordinator_names = ["coordinator", *(f"coordinator-{i}" for i in range(1, coordinators))]
         if metrics:
-            names = [*coordinator_names, *(f"worker-{i}" for i in range(workers))]
-            self.metrics_ports = {name: free_port() for name in names}
+            names = [*coordinator_names, *worker_names]
+            self.metrics_ports = dict(zip(names, ports[coordinators + workers :], strict=True))
         self._processes = [
             self._process(
                 name,
@@ -298,7 +312,11 @@ class LocalCluster:
             self._terminate(process)
 
     def __enter__(self) -> Self:
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()  # what did start must not outlive the failure
+            raise
 
     def __exit__(
         self,

@@ -726,3 +726,23 @@ def test_daemon_without_a_token_refuses_to_start(tmp_path: Path, token_file: str
     )
     assert finished.returncode != 0
     assert "external-shuffle.auth.token-file" in finished.stderr
+
+
+def test_a_second_daemon_on_a_port_in_use_refuses_to_start(tmp_path: Path) -> None:
+    # gRPC binds with SO_REUSEPORT unless told not to: two daemons on one port would each
+    # take part of the connections, and clients would reach the wrong one.
+    with LocalCluster(tmp_path / "cluster", workers=1) as cluster:
+        finished = subprocess.run(
+            [
+                *(sys.executable, "-m", "external_shuffle.daemon"),
+                *("--role", "worker", "--config", str(cluster.directory / "worker-0.toml")),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={k: v for k, v in os.environ.items() if not k.startswith("PYSHUFFLE_")},
+            check=False,
+        )
+        assert finished.returncode != 0
+        assert f"cannot listen on 127.0.0.1:{cluster.worker_ports[0]}" in finished.stderr
+        assert cluster.alive_workers() == {cluster.worker_target(0)}
