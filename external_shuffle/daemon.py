@@ -28,7 +28,7 @@ from external_shuffle.channels import ChannelPool, ClientSettings, channel_optio
 from external_shuffle.coordinator import CoordinatorService
 from external_shuffle.framing import worker_rpc_handler
 from external_shuffle.logs import configure_logging
-from external_shuffle.metrics import DaemonMetrics
+from external_shuffle.metrics import COORDINATOR, WORKER, DaemonMetrics
 from external_shuffle.options import (
     APPLICATION_TIMEOUT,
     BIND_HOST,
@@ -70,6 +70,12 @@ __all__ = ["ROLES", "Daemon", "main"]
 logger = logging.getLogger(__name__)
 
 ROLES: Final = ("coordinator", "worker", "all")
+# The roles each --role runs (and whose metrics the process exports).
+ROLES_SERVED: Final = {
+    "coordinator": (COORDINATOR,),
+    "worker": (WORKER,),
+    "all": (COORDINATOR, WORKER),
+}
 # Handler threads beyond the streams a worker admits (each open stream holds one): health
 # checks, commits and status calls always find one. Calls past threads + queue are refused.
 _UNARY_THREADS: Final = 16
@@ -109,7 +115,7 @@ class Daemon:
         self._token = load_token(configuration)
         self._credentials = server_credentials(configuration)
         self._bind = configuration.get(BIND_HOST)
-        self.metrics = DaemonMetrics()
+        self.metrics = DaemonMetrics(ROLES_SERVED[role])
         self._peers = ChannelPool(ClientSettings.from_configuration(configuration))
         self._served: list[_Served] = []
         self.coordinator: CoordinatorService | None = None
@@ -123,7 +129,10 @@ class Daemon:
         threads = streams + _UNARY_THREADS
         server = grpc.server(
             ThreadPoolExecutor(threads, thread_name_prefix="pyshuffle-rpc"),
-            interceptors=[TokenInterceptor(self._token), RequestDecodingInterceptor(self.metrics)],
+            interceptors=[
+                TokenInterceptor(self._token, self.metrics),
+                RequestDecodingInterceptor(self.metrics),
+            ],
             # Without SO_REUSEPORT (gRPC sets it): a second daemon on a port in use fails to
             # start instead of silently taking half of the first one's connections.
             options=[

@@ -8,12 +8,14 @@ Only the gRPC health service is open, for probes that cannot send a token.
 from __future__ import annotations
 
 import hmac
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
 import grpc
 
+from external_shuffle.metrics import DaemonMetrics
 from external_shuffle.options import (
     AUTH_TOKEN,
     AUTH_TOKEN_FILE,
@@ -30,6 +32,8 @@ __all__ = [
     "load_token",
     "server_credentials",
 ]
+
+logger = logging.getLogger(__name__)
 
 AUTHORIZATION: Final = "authorization"
 _OPEN_SERVICES: Final = ("/grpc.health.v1.Health/",)
@@ -85,18 +89,27 @@ def client_credentials(configuration: Configuration) -> grpc.ChannelCredentials 
     return grpc.ssl_channel_credentials(root_certificates=_read(TLS_CA_FILE.key, ca))
 
 
-def _denied(message: str) -> Callable[[Any, grpc.ServicerContext], Any]:
-    def deny(request: Any, context: grpc.ServicerContext) -> Any:
-        context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-
-    return deny
-
-
 class TokenInterceptor(grpc.ServerInterceptor):
-    """Lets through only calls whose metadata carries the token (and health checks)."""
+    """Lets through only calls whose metadata carries the token (and health checks). A
+    refused call is counted (``pyshuffle_auth_failures_total``) and logged with its peer."""
 
-    def __init__(self, token: str) -> None:
+    def __init__(self, token: str, metrics: DaemonMetrics) -> None:
         self._expected = f"Bearer {token}".encode()
+        self._metrics = metrics
+
+    def _denied(self, method: str, problem: str) -> Callable[[Any, grpc.ServicerContext], Any]:
+        def deny(request: Any, context: grpc.ServicerContext) -> Any:
+            self._metrics.auth_failures.labels(method=method).inc()
+            logger.warning(
+                "refused %s from %s: %s",
+                method,
+                context.peer(),
+                problem,
+                extra={"method": method, "peer": context.peer(), "code": "UNAUTHENTICATED"},
+            )
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, f"{method}: {problem}")
+
+        return deny
 
     def intercept_service(
         self,
@@ -116,7 +129,7 @@ class TokenInterceptor(grpc.ServerInterceptor):
             problem = "wrong token"
         else:
             return handler
-        deny = _denied(f"{method}: {problem}")
+        deny = self._denied(method, problem)
         # The same kind of handler as the method's, so the call ends cleanly without reading it.
         if handler.request_streaming and handler.response_streaming:
             return grpc.stream_stream_rpc_method_handler(deny)

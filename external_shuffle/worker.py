@@ -189,6 +189,10 @@ class WorkerService(pb_grpc.WorkerServicer):
         self._partition_locks = [threading.Lock() for _ in range(_PARTITION_LOCK_STRIPES)]
         self._draining = False
         self.address = WorkerAddress(self._load_worker_id(), host, port, store.url, store_shared)
+        metrics.memory_in_use.set_function(lambda: self._budget.used)
+        metrics.open_streams.set_function(lambda: len(self._streams))
+        if store.is_local:
+            metrics.store_free_bytes.set_function(lambda: store.free_bytes() or 0)
         self._recover()
 
     # --- identity and restart -----------------------------------------------------------------
@@ -315,6 +319,7 @@ class WorkerService(pb_grpc.WorkerServicer):
         upload: _Upload | None = None
         dropped = 0
         stream = self._streams.open(context.peer(), context.cancel)
+        started = time.perf_counter()
         try:
             for chunk in _until_cancelled(request_iterator):
                 self._streams.touch(stream)
@@ -347,6 +352,7 @@ class WorkerService(pb_grpc.WorkerServicer):
                         self.metrics.duplicates_dropped.inc()
         finally:
             self._streams.close(stream)
+            self.metrics.push_seconds.observe(time.perf_counter() - started)
             if upload is not None:
                 with self._lock:
                     upload.streams -= 1
@@ -418,6 +424,7 @@ class WorkerService(pb_grpc.WorkerServicer):
         subpartitions = SubpartitionRange(request.first_subpartition, request.last_subpartition)
         # Admitted before any file is read: a refused fetch costs no I/O.
         stream = self._streams.open(context.peer(), context.cancel)
+        started = time.perf_counter()
         try:
             reader = PartitionFileReader(self._store, partition)
             if subpartitions.end >= reader.manifest.number_of_subpartitions:
@@ -441,6 +448,7 @@ class WorkerService(pb_grpc.WorkerServicer):
                 self.metrics.bytes_out.inc(len(data))
         finally:
             self._streams.close(stream)
+            self.metrics.fetch_seconds.observe(time.perf_counter() - started)
 
     def _fetch_chunk_size(self, requested: int) -> int:
         """Data bytes per fetched message: as many as the client takes, within this worker's

@@ -12,6 +12,7 @@ import abc
 import contextlib
 import errno
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -140,6 +141,13 @@ class Store:
     @property
     def is_local(self) -> bool:
         return self._local
+
+    def free_bytes(self) -> int | None:
+        """Bytes free on the file system of a local store (None for other stores)."""
+        if not self._local:
+            return None
+        with storage_errors(self._root):
+            return shutil.disk_usage(self._root).free
 
     def path(self, *parts: str) -> str:
         """``root/part/...``: each part must be a valid id (no separators, no ``..``)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -123,3 +124,16 @@ def list_workers(cluster: LocalCluster) -> list[pb.ListWorkersResponse.Entry]:
             pb.ListWorkersRequest(), metadata=[("authorization", f"Bearer {token}")], timeout=10
         )
     return list(answer.workers)
+
+
+def scrape(cluster: LocalCluster, name: str) -> dict[str, float]:
+    """The samples of one daemon's /metrics endpoint (``metrics=True``), by name with labels."""
+    url = f"http://127.0.0.1:{cluster.metrics_ports[name]}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    samples: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            sample, _, value = line.rpartition(" ")
+            samples[sample] = float(value)
+    return samples

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -42,6 +41,7 @@ from tests.reliability.external_cluster import (
     replicas,
     rows_of,
     scenario_on,
+    scrape,
     worker_index,
 )
 
@@ -119,19 +119,6 @@ def test_client_environment_holds_nothing_locally_after_writing(cluster: LocalCl
         table = scenario.read(scenario.consumer, descriptors, ALL)
         assert rows_of(table) == list(range(ROWS))
         assert scenario.consumer.partitions_occupying_local_resources() == frozenset()
-
-
-def scrape(cluster: LocalCluster, name: str) -> dict[str, float]:
-    """The samples of one daemon's /metrics endpoint, by name (with labels)."""
-    url = f"http://127.0.0.1:{cluster.metrics_ports[name]}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as response:
-        text = response.read().decode()
-    samples: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            sample, _, value = line.rpartition(" ")
-            samples[sample] = float(value)
-    return samples
 
 
 def worker_total(cluster: LocalCluster, sample: str) -> float:
