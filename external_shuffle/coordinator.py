@@ -195,9 +195,14 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
     def ListApplications(  # noqa: N802
         self, request: pb.ListApplicationsRequest, context: grpc.ServicerContext
     ) -> pb.ListApplicationsResponse:
+        partitions = self.state.partitions_per_application()
         return pb.ListApplicationsResponse(
             applications=[
-                pb.ListApplicationsResponse.Entry(application_id=name, seconds_since_heartbeat=age)
+                pb.ListApplicationsResponse.Entry(
+                    application_id=name,
+                    seconds_since_heartbeat=age,
+                    partitions=partitions.get(name, 0),
+                )
                 for name, age in self.state.applications()
             ]
         )

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -262,6 +262,11 @@ class CoordinatorState:
         now = self._clock()
         with self._lock:
             return [(name, now - app.last_seen) for name, app in self._applications.items()]
+
+    def partitions_per_application(self) -> dict[str, int]:
+        """How many partitions each application has here (placed or restored)."""
+        with self._lock:
+            return dict(Counter(entry.application_id for entry in self._partitions.values()))
 
     def silent_applications(self) -> list[str]:
         """The applications :meth:`reap` would expire now, unless heard elsewhere."""

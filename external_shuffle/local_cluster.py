@@ -53,6 +53,13 @@ def free_ports(count: int) -> list[int]:
             probe.close()
 
 
+def _write_toml(path: Path, values: Mapping[str, object]) -> Path:
+    path.write_text(
+        "".join(f"{json.dumps(key)} = {_toml_value(value)}\n" for key, value in values.items())
+    )
+    return path
+
+
 def _toml_value(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -145,11 +152,12 @@ class LocalCluster:
         return {"external-shuffle.daemon.metrics-port": self.metrics_ports[name]}
 
     def _process(self, name: str, role: str, values: Mapping[str, object]) -> _Process:
-        config = self.directory / f"{name}.toml"
-        config.write_text(
-            "".join(f"{json.dumps(key)} = {_toml_value(value)}\n" for key, value in values.items())
-        )
+        config = _write_toml(self.directory / f"{name}.toml", values)
         return _Process(name, role, config, self.directory / f"{name}.log")
+
+    def client_config_file(self, **extra: object) -> Path:
+        """:meth:`client_config` as a TOML file (``client.toml`` in the cluster's directory)."""
+        return _write_toml(self.directory / "client.toml", self.client_config(**extra))
 
     def _admin_config(self) -> Configuration:
         return Configuration.load(

@@ -252,6 +252,7 @@ class WorkerService(pb_grpc.WorkerServicer):
                 partitions=len(self._committed),
                 buffered_bytes=self._budget.used,
                 decommissioning=self._draining,
+                store_free_bytes=self._store.free_bytes() or 0,
             )
 
     def drain(self) -> None:

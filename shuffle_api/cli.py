@@ -27,6 +27,10 @@ SUBCOMMANDS: Final[dict[str, tuple[str, str]]] = {
         "external_shuffle.daemon:main",
         "run the external shuffle service (coordinator, worker or both; needs pyshuffle[external])",
     ),
+    "admin": (
+        "external_shuffle.admin:main",
+        "an external shuffle cluster's workers and applications; decommission a worker",
+    ),
     "options": (
         "shuffle_api.cli:print_options",
         "list every configuration key, or check a config file for its role (--config)",
@@ -151,3 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader left (`pyshuffle options | head`): not an error
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - Python flushes stdout at exit
         return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -31,16 +31,18 @@ class WorkerInfo(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., store_url: _Optional[str] = ..., store_shared: _Optional[bool] = ...) -> None: ...
 
 class WorkerLoad(_message.Message):
-    __slots__ = ("stored_bytes", "partitions", "buffered_bytes", "decommissioning")
+    __slots__ = ("stored_bytes", "partitions", "buffered_bytes", "decommissioning", "store_free_bytes")
     STORED_BYTES_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     BUFFERED_BYTES_FIELD_NUMBER: _ClassVar[int]
     DECOMMISSIONING_FIELD_NUMBER: _ClassVar[int]
+    STORE_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
     stored_bytes: int
     partitions: int
     buffered_bytes: int
     decommissioning: bool
-    def __init__(self, stored_bytes: _Optional[int] = ..., partitions: _Optional[int] = ..., buffered_bytes: _Optional[int] = ..., decommissioning: _Optional[bool] = ...) -> None: ...
+    store_free_bytes: int
+    def __init__(self, stored_bytes: _Optional[int] = ..., partitions: _Optional[int] = ..., buffered_bytes: _Optional[int] = ..., decommissioning: _Optional[bool] = ..., store_free_bytes: _Optional[int] = ...) -> None: ...
 
 class PartitionLocation(_message.Message):
     __slots__ = ("partition", "replicas")
@@ -375,12 +377,14 @@ class ListApplicationsRequest(_message.Message):
 class ListApplicationsResponse(_message.Message):
     __slots__ = ("applications",)
     class Entry(_message.Message):
-        __slots__ = ("application_id", "seconds_since_heartbeat")
+        __slots__ = ("application_id", "seconds_since_heartbeat", "partitions")
         APPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
         SECONDS_SINCE_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+        PARTITIONS_FIELD_NUMBER: _ClassVar[int]
         application_id: str
         seconds_since_heartbeat: float
-        def __init__(self, application_id: _Optional[str] = ..., seconds_since_heartbeat: _Optional[float] = ...) -> None: ...
+        partitions: int
+        def __init__(self, application_id: _Optional[str] = ..., seconds_since_heartbeat: _Optional[float] = ..., partitions: _Optional[int] = ...) -> None: ...
     APPLICATIONS_FIELD_NUMBER: _ClassVar[int]
     applications: _containers.RepeatedCompositeFieldContainer[ListApplicationsResponse.Entry]
     def __init__(self, applications: _Optional[_Iterable[_Union[ListApplicationsResponse.Entry, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,151 @@
+"""``pyshuffle admin``: an operator's view of an external shuffle cluster (its workers and
+applications) and its one action, decommissioning a worker. It reads a client's configuration:
+the coordinators' addresses, the token, TLS."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Sequence
+
+import grpc
+
+from external_shuffle._proto import external_shuffle_pb2 as pb
+from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
+from external_shuffle.channels import ChannelPool, ClientSettings, translate_rpc_error
+from external_shuffle.cluster_view import ClusterView, WorkerRow, merged_applications
+from external_shuffle.coordinators import Coordinators
+from external_shuffle.options import CLIENT_RETRY_TIMEOUT, coordinator_addresses
+from external_shuffle.wire import WorkerAddress
+from shuffle_api import Configuration, InvalidOperationError
+
+__all__ = ["main"]
+
+_POLL_SECONDS = 1.0
+
+
+def format_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """``rows`` under ``columns``, each column as wide as its widest cell."""
+    table = [tuple(columns), *rows]
+    widths = [max(len(row[index]) for row in table) for index in range(len(columns))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in table
+    )
+
+
+class Admin:
+    """Calls of an operator to the cluster's coordinators and workers."""
+
+    def __init__(self, configuration: Configuration) -> None:
+        self._channels = ChannelPool(ClientSettings.from_configuration(configuration))
+        self._coordinators = Coordinators(
+            coordinator_addresses(configuration),
+            self._channels,
+            retry_timeout=configuration.get(CLIENT_RETRY_TIMEOUT),
+        )
+
+    def close(self) -> None:
+        self._channels.close()
+
+    def _worker_entries(self) -> list[pb.ListWorkersResponse.Entry]:
+        coordinators = self._coordinators
+        answer = coordinators.first(
+            "listing workers",
+            lambda address: coordinators.stub(address).ListWorkers(
+                pb.ListWorkersRequest(), timeout=coordinators.timeout
+            ),
+        )
+        return list(answer.workers)
+
+    def view(self) -> ClusterView:
+        coordinators = self._coordinators
+        workers = tuple(
+            WorkerRow.of(
+                WorkerAddress.from_pb(entry.worker),
+                entry.load,
+                entry.alive,
+                entry.seconds_since_heartbeat,
+            )
+            for entry in self._worker_entries()
+        )
+        # Each coordinator hears its own drivers: ask them all.
+        answers = coordinators.each(
+            "listing applications",
+            lambda address: coordinators.stub(address).ListApplications(
+                pb.ListApplicationsRequest(), timeout=coordinators.timeout
+            ),
+        )
+        heard = [answer.result for answer in answers if answer.result is not None]
+        if not heard:
+            assert answers[0].error is not None
+            raise answers[0].error
+        return ClusterView(workers, merged_applications(heard))
+
+    def decommission(self, worker: str, wait: float) -> int:
+        """Tell ``worker`` (its id or host:port) to take no new partitions; with ``wait``, wait
+        up to that many seconds for its partitions to be released. Returns those remaining."""
+        entries = {
+            key: entry
+            for entry in self._worker_entries()
+            for key in (entry.worker.worker_id, f"{entry.worker.host}:{entry.worker.port}")
+        }
+        entry = entries.get(worker)
+        if entry is None:
+            known = ", ".join(sorted(e.worker.worker_id for e in entries.values()))
+            raise InvalidOperationError(f"no worker {worker!r} is known; known: {known}")
+        address = WorkerAddress.from_pb(entry.worker)
+        stub = pb_grpc.WorkerStub(self._channels.get(address.target))
+        try:
+            answer = stub.Decommission(pb.DecommissionRequest(), timeout=self._coordinators.timeout)
+        except grpc.RpcError as error:
+            raise translate_rpc_error(error, f"decommissioning {address.target}") from error
+        remaining = int(answer.partitions_remaining)
+        deadline = time.monotonic() + wait
+        while remaining and time.monotonic() < deadline:
+            time.sleep(_POLL_SECONDS)
+            load = {e.worker.worker_id: e.load for e in self._worker_entries()}
+            remaining = load[address.worker_id].partitions if address.worker_id in load else 0
+        return remaining
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="pyshuffle admin",
+        description="Workers and applications of an external shuffle cluster, and"
+        " decommissioning a worker. Reads a client's config (coordinator address, token).",
+    )
+    parser.add_argument("--config", metavar="FILE", help="a client's TOML config file")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("workers", help="each worker: state, heartbeat, partitions, disk")
+    commands.add_parser("applications", help="each application: heartbeat, partitions")
+    decommission = commands.add_parser(
+        "decommission", help="a worker takes no new partitions; its partitions stay readable"
+    )
+    decommission.add_argument("worker", help="the worker's id or host:port")
+    decommission.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="wait this long for its partitions to be released (drained)",
+    )
+    args = parser.parse_args(argv)
+    admin = Admin(Configuration.load(toml_file=args.config))
+    try:
+        if args.command == "decommission":
+            remaining = admin.decommission(args.worker, args.wait)
+            print(
+                f"{args.worker} is decommissioning: it takes no new partitions;"
+                f" {remaining} partitions remain (readable until their applications release"
+                " them)"
+            )
+            return 0
+        view = admin.view()
+        if args.command == "workers":
+            print(format_table(ClusterView.WORKER_COLUMNS, view.worker_table()))
+        else:
+            print(format_table(ClusterView.APPLICATION_COLUMNS, view.application_table()))
+        return 0
+    finally:
+        admin.close()

@@ -1,0 +1,125 @@
+"""``pyshuffle admin`` as an operator runs it against a real cluster: workers with their state,
+partitions and disk; applications with their partitions; decommissioning a worker, after which
+new partitions go elsewhere and its own stay readable."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from external_shuffle.descriptor import ExternalShuffleDescriptor
+from external_shuffle.local_cluster import LocalCluster
+from external_shuffle.wire import WorkerAddress
+from shuffle_api.ids import new_id
+from tests.reliability.external_cluster import (
+    ALL,
+    PARTITIONS,
+    ROWS,
+    SUBPARTITIONS,
+    batches,
+    eventually,
+    external,
+    rows_of,
+    scenario_on,
+)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster(tmp_path_factory.mktemp("admin"), workers=2) as running:
+        yield running
+
+
+def admin(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            *(
+                sys.executable,
+                "-c",
+                "import sys; from shuffle_api.cli import main; sys.exit(main())",
+            ),
+            *("admin", "--config", str(cluster.client_config_file()), *args),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if not k.startswith("PYSHUFFLE_")},
+        check=False,
+    )
+
+
+def _rows(output: str) -> dict[str, list[str]]:
+    """The table's rows by their first cell (cells are two or more spaces apart)."""
+    rows = [re.split(r"\s{2,}", line) for line in output.splitlines()[1:]]
+    return {row[0]: row for row in rows}
+
+
+def _partitions_per_worker(cluster: LocalCluster) -> list[int]:
+    listed = admin(cluster, "workers")
+    assert listed.returncode == 0, listed.stderr
+    return sorted(int(row[4]) for row in _rows(listed.stdout).values())
+
+
+def test_workers_and_applications_are_listed_with_their_partitions(
+    cluster: LocalCluster,
+) -> None:
+    with scenario_on(cluster) as scenario:
+        scenario.produce(batches(), partitions=PARTITIONS, subpartitions=SUBPARTITIONS)
+        # Workers report what they hold on their next heartbeat; placement is balanced.
+        eventually(
+            lambda: _partitions_per_worker(cluster) == [PARTITIONS // 2, PARTITIONS // 2],
+            "each worker listed with half of the partitions",
+        )
+        workers = admin(cluster, "workers")
+        applications = admin(cluster, "applications")
+        application_id = external(scenario.master).application_id
+    assert workers.stdout.split()[:3] == ["worker", "address", "state"]
+    rows = _rows(workers.stdout)
+    assert {row[1] for row in rows.values()} == {cluster.worker_target(i) for i in range(2)}
+    assert {row[2] for row in rows.values()} == {"alive"}
+    assert all(row[6] != "-" for row in rows.values())  # free bytes of a local store
+    assert applications.returncode == 0, applications.stderr
+    assert _rows(applications.stdout)[application_id][-1] == str(PARTITIONS)
+
+
+def test_a_decommissioned_worker_takes_no_new_partitions_and_keeps_serving_its_own(
+    cluster: LocalCluster,
+) -> None:
+    with scenario_on(cluster, **{"external-shuffle.replication-factor": 1}) as scenario:
+        before, _ = scenario.produce(batches(), partitions=PARTITIONS, subpartitions=SUBPARTITIONS)
+        target = cluster.worker_target(0)
+        done = admin(cluster, "decommission", target)
+        assert done.returncode == 0, done.stderr
+        assert f"{target} is decommissioning" in done.stdout
+        assert _rows(admin(cluster, "workers").stdout)[_worker_id(cluster, 0)][2] == (
+            "decommissioning"
+        )
+        first_result, scenario.result_id = scenario.result_id, "result-" + new_id()
+        after, _ = scenario.produce(batches(), partitions=PARTITIONS, subpartitions=SUBPARTITIONS)
+        placed = {replica.target for d in after for replica in _replicas(d)}
+        assert placed == {cluster.worker_target(1)}
+        scenario.result_id = first_result
+        assert rows_of(scenario.read(scenario.consumer, before, ALL)) == list(range(ROWS))
+
+
+def _worker_id(cluster: LocalCluster, index: int) -> str:
+    rows = _rows(admin(cluster, "workers").stdout)
+    [worker_id] = [key for key, row in rows.items() if row[1] == cluster.worker_target(index)]
+    return worker_id
+
+
+def _replicas(descriptor: object) -> tuple[WorkerAddress, ...]:
+    assert isinstance(descriptor, ExternalShuffleDescriptor)
+    return descriptor.replicas
+
+
+def test_an_unknown_worker_is_a_clear_error(cluster: LocalCluster) -> None:
+    done = admin(cluster, "decommission", "worker-nobody")
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    assert "no worker 'worker-nobody' is known" in done.stderr
