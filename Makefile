@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint java setup proto clean
+.PHONY: demo test lint java browser setup proto clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit("pyshuffle needs Python >= 3.11, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
@@ -27,7 +27,13 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: lint java
+# The status page's test drives a real headless browser: Debian's chromium.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+browser:
+	command -v chromium >/dev/null || $(SUDO) env DEBIAN_FRONTEND=noninteractive sh -c \
+		'apt-get install -y -qq chromium || (apt-get update -qq && apt-get install -y -qq chromium)'
+
+test: lint java browser
 	$(BIN)/pytest
 
 proto: $(STAMP)

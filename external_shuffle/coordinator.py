@@ -15,6 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.channels import ChannelPool
+from external_shuffle.cluster_view import ApplicationRow, ClusterView, WorkerRow
 from external_shuffle.coordinator_state import CoordinatorState, PartitionPlacement, Releases
 from external_shuffle.metrics import DaemonMetrics
 from external_shuffle.statuses import reports_errors
@@ -189,6 +190,20 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         self.state.register_application(request.application_id)
         return pb.RegisterApplicationResponse(
             heartbeat_timeout_seconds=self.state.application_timeout
+        )
+
+    def view(self) -> ClusterView:
+        """The cluster as this coordinator sees it (its status page)."""
+        partitions = self.state.partitions_per_application()
+        return ClusterView(
+            tuple(
+                WorkerRow.of(view.address, view.load, view.alive, view.seconds_since_heartbeat)
+                for view in self.state.workers()
+            ),
+            tuple(
+                ApplicationRow(name, age, partitions.get(name, 0))
+                for name, age in self.state.applications()
+            ),
         )
 
     @reports_errors

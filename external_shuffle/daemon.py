@@ -34,6 +34,7 @@ from external_shuffle.options import (
     BIND_HOST,
     COORDINATOR_ADDRESS,
     COORDINATOR_PORT,
+    COORDINATOR_STATUS_PORT,
     DAEMON_OPTIONS,
     LOG_FORMAT,
     MAX_MESSAGE_SIZE,
@@ -57,6 +58,7 @@ from external_shuffle.options import (
 )
 from external_shuffle.registration import heartbeat_loop
 from external_shuffle.security import TokenInterceptor, load_token, server_credentials
+from external_shuffle.status_page import StatusPage
 from external_shuffle.statuses import RequestDecodingInterceptor
 from external_shuffle.streams import StreamLimits
 from external_shuffle.worker import WorkerService
@@ -121,6 +123,8 @@ class Daemon:
         self.coordinator: CoordinatorService | None = None
         self.worker: WorkerService | None = None
         self.metrics_port: int | None = None
+        self._status_page: StatusPage | None = None
+        self.status_port: int | None = None
         self._stop_background = threading.Event()  # heartbeats and the worker's reaper
         self._heartbeats: list[threading.Thread] = []
         self._reaper: threading.Thread | None = None
@@ -175,6 +179,11 @@ class Daemon:
             self.coordinator.start()
             served.server.start()
             logger.info("coordinator serving", extra={"port": served.port})
+            status_port = config.get(COORDINATOR_STATUS_PORT)
+            if status_port >= 0:
+                self._status_page = StatusPage(self.coordinator.view, self._token, self.metrics)
+                self.status_port = self._status_page.serve(self._bind, status_port)
+                logger.info("status page serving", extra={"port": self.status_port})
         if self._role in ("worker", "all"):
             limits = StreamLimits(
                 idle_timeout=config.get(WORKER_STREAM_IDLE_TIMEOUT),
@@ -256,6 +265,8 @@ class Daemon:
         self._stop_background.set()
         for thread in [*self._heartbeats, *([self._reaper] if self._reaper else [])]:
             thread.join(timeout=5)
+        if self._status_page is not None:
+            self._status_page.stop()
         if self.coordinator is not None:
             self.coordinator.stop()
         self._peers.close()

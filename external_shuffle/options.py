@@ -28,6 +28,7 @@ __all__ = [
     "CLIENT_TIMEOUT",
     "COORDINATOR_ADDRESS",
     "COORDINATOR_PORT",
+    "COORDINATOR_STATUS_PORT",
     "DAEMON_OPTIONS",
     "LOG_FORMAT",
     "MAX_IN_FLIGHT",
@@ -267,6 +268,13 @@ COORDINATOR_PORT = int_option(
     " then name one coordinator).",
     minimum=0,
 )
+COORDINATOR_STATUS_PORT = int_option(
+    "external-shuffle.coordinator.status-port",
+    -1,
+    "Port of the coordinator's status page (HTTP; the token is the password); 0 picks a free"
+    " one, -1 serves none.",
+    minimum=-1,
+)
 PLACEMENT = choice_option(
     "external-shuffle.coordinator.placement",
     "balanced",
@@ -316,6 +324,7 @@ DAEMON_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
     WORKER_TIMEOUT,
     APPLICATION_TIMEOUT,
     COORDINATOR_PORT,
+    COORDINATOR_STATUS_PORT,
     PLACEMENT,
 )
 

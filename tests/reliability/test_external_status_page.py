@@ -1,0 +1,135 @@
+"""The coordinator's status page in a real headless browser (Debian's chromium): workers and
+applications as the coordinator knows them, behind the cluster's token, bounded against slow
+clients."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from external_shuffle.local_cluster import LocalCluster, free_port
+from tests.reliability.external_cluster import (
+    PARTITIONS,
+    SUBPARTITIONS,
+    batches,
+    eventually,
+    external,
+    scenario_on,
+)
+
+BROWSER = shutil.which("chromium") or "/usr/bin/chromium"
+# Flags for a headless run on a machine with no network beyond loopback.
+BROWSER_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+)
+
+
+STATUS_PORT = "external-shuffle.coordinator.status-port"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    settings = {STATUS_PORT: free_port()}
+    with LocalCluster(tmp_path_factory.mktemp("status"), workers=2, settings=settings) as running:
+        yield running
+
+
+def _port(cluster: LocalCluster) -> int:
+    """The status page's port, from the coordinator's config file."""
+    text = (cluster.directory / "coordinator.toml").read_text()
+    found = re.search(rf'"{re.escape(STATUS_PORT)}" = (\d+)', text)
+    assert found is not None
+    return int(found.group(1))
+
+
+def _browse(cluster: LocalCluster, profile: Path, *what: str) -> subprocess.CompletedProcess[str]:
+    """Chromium on the page, logged in with the token (HTTP Basic credentials in the URL)."""
+    token = cluster.token_file.read_text().strip()
+    return subprocess.run(
+        [
+            BROWSER,
+            *BROWSER_FLAGS,
+            f"--user-data-dir={profile}",
+            *what,
+            f"http://operator:{token}@127.0.0.1:{_port(cluster)}/",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_the_page_shows_workers_and_applications_in_a_browser(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    with scenario_on(cluster) as scenario:
+        scenario.produce(batches(), partitions=PARTITIONS, subpartitions=SUBPARTITIONS)
+        application_id = external(scenario.master).application_id
+        eventually(
+            lambda: application_id in _browse(cluster, tmp_path / "p0", "--dump-dom").stdout,
+            "the application on the page",
+            timeout=60,
+        )
+        shown = _browse(cluster, tmp_path / "p1", "--dump-dom")
+        screenshot = tmp_path / "status-page.png"
+        shot = _browse(
+            cluster, tmp_path / "p2", f"--screenshot={screenshot}", "--window-size=1200,700"
+        )
+    dom = shown.stdout
+    assert '<meta http-equiv="refresh" content="5">' in dom  # the browser reloads it
+    assert re.search(r'id="summary">2 of 2 workers alive, 1 applications', dom), dom[:2000]
+    for index in range(2):
+        assert f"<td>{cluster.worker_target(index)}</td>" in dom
+    row = re.search(rf"<tr><td>{re.escape(application_id)}</td><td>[^<]*</td><td>(\d+)</td>", dom)
+    assert row is not None and int(row.group(1)) == PARTITIONS
+    assert not re.search(r"<script|https?://(?!127\.0\.0\.1)", dom)  # no scripts or assets
+    assert shot.returncode == 0, shot.stderr[-2000:]
+    assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert screenshot.stat().st_size > 10_000  # a rendered page, not a blank one
+
+
+def test_without_the_token_the_page_is_refused_and_logged(cluster: LocalCluster) -> None:
+    url = f"http://127.0.0.1:{_port(cluster)}/"
+    for headers in ({}, {"Authorization": "Bearer not-the-token"}):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10)
+        assert refused.value.code == 401
+        assert refused.value.headers["WWW-Authenticate"].startswith("Basic ")
+    token = cluster.token_file.read_text().strip()
+    ok = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(ok, timeout=10) as page:
+        assert page.headers["Content-Security-Policy"].startswith("default-src 'none'")
+    log = (cluster.directory / "coordinator.log").read_text()
+    assert "refused the status page to 127.0.0.1" in log
+
+
+def test_a_half_sent_request_holds_the_page_for_a_few_seconds_only(
+    cluster: LocalCluster,
+) -> None:
+    token = cluster.token_file.read_text().strip()
+    with socket.create_connection(("127.0.0.1", _port(cluster)), timeout=30) as stalled:
+        stalled.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")  # and never the rest
+        started = time.monotonic()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{_port(cluster)}/", headers={"Authorization": f"Bearer {token}"}
+        )
+        with urllib.request.urlopen(request, timeout=30) as page:
+            assert page.status == 200
+        assert time.monotonic() - started < 15
