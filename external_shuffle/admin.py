@@ -17,11 +17,13 @@ from external_shuffle.cluster_view import ClusterView, WorkerRow, merged_applica
 from external_shuffle.coordinators import Coordinators
 from external_shuffle.options import CLIENT_RETRY_TIMEOUT, coordinator_addresses
 from external_shuffle.wire import WorkerAddress
+from external_shuffle.wire_errors import UnavailableError
 from shuffle_api import Configuration, InvalidOperationError
 
 __all__ = ["main"]
 
 _POLL_SECONDS = 1.0
+_HEARD_POLL_SECONDS = 0.1
 
 
 def format_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -101,12 +103,26 @@ class Admin:
         except grpc.RpcError as error:
             raise translate_rpc_error(error, f"decommissioning {address.target}") from error
         remaining = int(answer.partitions_remaining)
+        # The coordinator hears it on the worker's next heartbeat; until then it may still
+        # place partitions there. Return once it knows (or say it does not yet).
+        deadline = time.monotonic() + self._coordinators.timeout
+        while not self._load(address.worker_id).decommissioning:
+            if time.monotonic() > deadline:
+                raise UnavailableError(
+                    f"{address.target} is decommissioning, but the coordinator has not heard"
+                    " it yet: check with `pyshuffle admin workers`"
+                )
+            time.sleep(_HEARD_POLL_SECONDS)
         deadline = time.monotonic() + wait
         while remaining and time.monotonic() < deadline:
             time.sleep(_POLL_SECONDS)
-            load = {e.worker.worker_id: e.load for e in self._worker_entries()}
-            remaining = load[address.worker_id].partitions if address.worker_id in load else 0
+            remaining = self._load(address.worker_id).partitions
         return remaining
+
+    def _load(self, worker_id: str) -> pb.WorkerLoad:
+        """The load the coordinator last heard from ``worker_id`` (empty once it is gone)."""
+        loads = {entry.worker.worker_id: entry.load for entry in self._worker_entries()}
+        return loads.get(worker_id, pb.WorkerLoad())
 
 
 def main(argv: list[str] | None = None) -> int:
