@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint java browser setup proto clean
+.PHONY: demo test lint java browser setup proto docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit("pyshuffle needs Python >= 3.11, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
@@ -38,6 +38,10 @@ test: lint java browser
 
 proto: $(STAMP)
 	$(BIN)/python scripts/generate_proto.py
+
+# docs/configuration.md's option tables, from the options' own docs.
+docs: $(STAMP)
+	$(BIN)/python scripts/generate_config_docs.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

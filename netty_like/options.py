@@ -35,7 +35,7 @@ STORAGE_URL = host_local(
         "netty-like.storage.url",
         "",
         "fsspec URL under which blocking partitions are written; empty: a directory in the"
-        " temp dir (under PySpark, the executor's Spark local directory). Host-local.",
+        " temp dir (under PySpark, the executor's Spark local directory).",
     )
 )
 SORT_BUFFER_SIZE = host_local(
@@ -44,7 +44,7 @@ SORT_BUFFER_SIZE = host_local(
         64 << 20,
         "Memory a blocking-partition writer buffers before it spills a region to the store. A"
         " region is written in the background while the next one fills, so a writer holds up"
-        " to about twice this. Host-local.",
+        " to about twice this.",
         minimum=1,
     )
 )
@@ -52,8 +52,7 @@ PIPELINED_SUBPARTITION_BUFFER = host_local(
     memory_option(
         "netty-like.pipelined.subpartition-buffer",
         8 << 20,
-        "Bytes queued per pipelined subpartition before the producer blocks (backpressure)."
-        " Host-local.",
+        "Bytes queued per pipelined subpartition before the producer blocks (backpressure).",
         minimum=1,
     )
 )
@@ -67,8 +66,7 @@ DATA_PORT_HOST = host_local(
         "netty-like.data-port.host",
         "",
         "Address the data port binds to and advertises to consumers; empty: the host the"
-        " environment runs on (under PySpark, the address Spark uses for the executor)."
-        " Host-local.",
+        " environment runs on (under PySpark, the address Spark uses for the executor).",
     )
 )
 DATA_PORT_PORT = int_option(

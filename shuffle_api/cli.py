@@ -52,7 +52,7 @@ OPTION_CATALOGS: Final[tuple[tuple[str, str, str], ...]] = (
 )
 
 
-def _catalog(target: str) -> tuple[ConfigOption[Any], ...]:
+def catalog(target: str) -> tuple[ConfigOption[Any], ...]:
     """The options at ``target`` ("module:NAME"); a part not installed has none."""
     module_name, _, name = target.partition(":")
     try:
@@ -79,9 +79,9 @@ def _role_of(configuration: Configuration) -> str:
         option.key
         for _, target, role in OPTION_CATALOGS
         if role == CLIENT
-        for option in _catalog(target)
+        for option in catalog(target)
     }
-    daemon_only = {option.key for option in _catalog(DAEMON_OPTIONS)} - client_keys
+    daemon_only = {option.key for option in catalog(DAEMON_OPTIONS)} - client_keys
     return DAEMON if daemon_only & set(configuration.values) else CLIENT
 
 
@@ -99,19 +99,19 @@ def print_options(argv: list[str] | None = None) -> int:
     configuration = Configuration.load(toml_file=args.config)
     role = args.role or _role_of(configuration)
     if role == DAEMON:
-        daemon = _catalog(DAEMON_OPTIONS)
+        daemon = catalog(DAEMON_OPTIONS)
         if not daemon:
             raise ConfigError("the daemon is not installed: pip install 'pyshuffle[external]'")
         known = (*CORE_OPTIONS, *daemon)
         configuration.validate(known)
     else:
-        pyspark = _catalog(PYSPARK_OPTIONS)
+        pyspark = catalog(PYSPARK_OPTIONS)
         factory = load_shuffle_service_factory(configuration, extra_options=pyspark)
         known = (*CORE_OPTIONS, *factory.config_options(), *pyspark)
     if args.config is None and args.role is None:  # every part, as this environment sets it
         _print_part("the contract", CORE_OPTIONS, configuration)
         for title, target, _ in OPTION_CATALOGS:
-            options = _catalog(target)
+            options = catalog(target)
             if options:
                 _print_part(title, options, configuration)
             else:
