@@ -27,7 +27,7 @@ from external_shuffle.allocator import keep_message_buffers
 from external_shuffle.channels import ChannelPool, ClientSettings, channel_options
 from external_shuffle.coordinator import CoordinatorService
 from external_shuffle.framing import worker_rpc_handler
-from external_shuffle.logs import configure_logging
+from external_shuffle.logs import LEVELS, configure_logging
 from external_shuffle.metrics import COORDINATOR, WORKER, DaemonMetrics
 from external_shuffle.options import (
     APPLICATION_TIMEOUT,
@@ -277,9 +277,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pyshuffle daemon", description=__doc__.splitlines()[0])
     parser.add_argument("--role", choices=ROLES, default="all", help="what this process serves")
     parser.add_argument("--config", help="TOML file of options (PYSHUFFLE_* variables override)")
+    parser.add_argument("--log-level", choices=LEVELS, default="info", help="least level logged")
     args = parser.parse_args(argv)
     configuration = Configuration.load(toml_file=args.config)
-    configure_logging(configuration.get(LOG_FORMAT))
+    configure_logging(configuration.get(LOG_FORMAT), args.log_level)
     try:
         daemon = Daemon(configuration, args.role)
         daemon.start()

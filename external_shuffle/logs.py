@@ -7,7 +7,7 @@ import logging
 import sys
 from typing import Any, Final
 
-__all__ = ["configure_logging"]
+__all__ = ["LEVELS", "configure_logging"]
 
 # Attributes every LogRecord has; anything else came in through ``extra=`` and is a field.
 _STANDARD: Final = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
@@ -16,28 +16,44 @@ _STANDARD: Final = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None
 }
 
 
+def _fields(record: logging.LogRecord) -> dict[str, Any]:
+    """What a line says in either format: time, level, logger, message and every field."""
+    fields: dict[str, Any] = {
+        "time": logging.Formatter().formatTime(record, "%Y-%m-%dT%H:%M:%S%z"),
+        "level": record.levelname.lower(),
+        "logger": record.name,
+        "message": record.getMessage(),
+    }
+    fields.update((key, value) for key, value in vars(record).items() if key not in _STANDARD)
+    if record.exc_info:
+        fields["error"] = logging.Formatter().formatException(record.exc_info)
+    return fields
+
+
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        document: dict[str, Any] = {
-            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S%z"),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        for key, value in vars(record).items():
-            if key not in _STANDARD:
-                document[key] = value
-        if record.exc_info:
-            document["error"] = self.formatException(record.exc_info)
-        return json.dumps(document, default=str)
+        return json.dumps(_fields(record), default=str)
 
 
-def configure_logging(log_format: str, level: int = logging.INFO) -> None:
+class _TextFormatter(logging.Formatter):
+    """``time level logger message key=value ...``: the JSON format's fields, for a terminal."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields = _fields(record)
+        head = " ".join(str(fields.pop(key)) for key in ("time", "level", "logger", "message"))
+        error = fields.pop("error", None)
+        tail = "".join(f" {key}={json.dumps(value, default=str)}" for key, value in fields.items())
+        return head + tail + (f"\n{error}" if error else "")
+
+
+LEVELS: Final = ("debug", "info", "warning", "error")
+
+
+def configure_logging(log_format: str, level: str = "info") -> None:
+    """One handler on stderr for the whole process, in ``log_format`` ("json" or "text"),
+    showing ``level`` and above."""
     handler = logging.StreamHandler(sys.stderr)
-    if log_format == "json":
-        handler.setFormatter(_JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    handler.setFormatter(_JsonFormatter() if log_format == "json" else _TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level)
+    root.setLevel(level.upper())
