@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
@@ -139,14 +140,20 @@ def test_either_of_two_coordinators_may_die_during_a_job(two_coordinators: Local
 def available_at(
     cluster: LocalCluster, coordinator: int, scenario: ShuffleScenario
 ) -> list[ResultPartitionID]:
-    """The scenario's partitions one coordinator knows and finds committed."""
-    answer = cluster.coordinator_stub(coordinator).GetPartitionStatus(
-        pb.GetPartitionStatusRequest(
-            application_id=external(scenario.master).application_id,
-            job_id=scenario.job.job_id,
-        ),
-        timeout=10,
-    )
+    """The scenario's partitions one coordinator knows and finds committed (none while a
+    restarted coordinator has not yet heard the application again)."""
+    try:
+        answer = cluster.coordinator_stub(coordinator).GetPartitionStatus(
+            pb.GetPartitionStatusRequest(
+                application_id=external(scenario.master).application_id,
+                job_id=scenario.job.job_id,
+            ),
+            timeout=10,
+        )
+    except grpc.RpcError as error:
+        if isinstance(error, grpc.Call) and error.code() == grpc.StatusCode.NOT_FOUND:
+            return []
+        raise
     return sorted(partition_of(s.location.partition) for s in answer.partitions if s.available)
 
 
