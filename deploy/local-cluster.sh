@@ -12,7 +12,8 @@
 # client.toml, the settings clients use.
 #
 # Environment:
-#   PYSHUFFLE                    the pyshuffle command (default: pyshuffle on the PATH)
+#   PYSHUFFLE                    the pyshuffle command (default: pyshuffle on the PATH, else
+#                                this checkout's .venv/bin/pyshuffle)
 #   PYSHUFFLE_CLUSTER_DIR        the run directory (default: .pyshuffle-cluster in the current
 #                                directory). Set it for the command only
 #                                (PYSHUFFLE_CLUSTER_DIR=/tmp/c deploy/local-cluster.sh start),
@@ -32,7 +33,9 @@ readonly MAX_WORKERS=100
 readonly SHUTDOWN_GRACE=5
 readonly FACTORY=external_shuffle.ExternalShuffleServiceFactory
 
-PYSHUFFLE_COMMAND=${PYSHUFFLE:-pyshuffle}
+# pyshuffle on the PATH, else the one `make demo` / `make setup` installed in this checkout.
+CHECKOUT_PYSHUFFLE="$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/pyshuffle"
+PYSHUFFLE_COMMAND=${PYSHUFFLE:-$(command -v pyshuffle || echo "$CHECKOUT_PYSHUFFLE")}
 RUN_DIR=${PYSHUFFLE_CLUSTER_DIR:-.pyshuffle-cluster}
 START_TIMEOUT=${LOCAL_CLUSTER_START_TIMEOUT:-60}
 STOP_TIMEOUT=${LOCAL_CLUSTER_STOP_TIMEOUT:-20}

@@ -837,3 +837,22 @@ def test_local_cluster_runs_real_daemons_that_serve_a_shuffle(
     stopped = _cluster("stop", env=real)
     assert stopped.returncode == 0, stopped.stderr
     assert _all_gone(pids.values(), timeout=30)
+
+
+def test_local_cluster_uses_this_checkouts_pyshuffle_when_none_is_on_the_path(
+    local_cluster: tuple[Path, dict[str, str]],
+) -> None:
+    # After `make demo` the README's `deploy/local-cluster.sh start 2` must work as it is:
+    # pyshuffle is then in the checkout's .venv, not on the PATH.
+    run_dir, env = local_cluster
+    bare = {key: value for key, value in env.items() if key != "PYSHUFFLE"}
+    bare["PATH"] = os.pathsep.join(
+        directory for directory in ("/usr/bin", "/bin") if not Path(directory, "pyshuffle").exists()
+    )
+    started = _cluster("start", "1", env=bare)
+    assert started.returncode == 0, started.stderr
+    pids = _pids(run_dir)
+    command_line = Path(f"/proc/{pids['coordinator']}/cmdline").read_bytes().split(b"\0")
+    assert str(REPO / ".venv" / "bin" / "pyshuffle").encode() in command_line
+    assert _cluster("stop", env=bare).returncode == 0
+    assert _all_gone(pids.values(), timeout=30)
