@@ -2,40 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from importlib.metadata import version
 from pathlib import Path
 
-from shuffle_api.config import ENV_PREFIX
+from tests.pyshuffle_command import WITHOUT_PYSHUFFLE_VARIABLES
+from tests.pyshuffle_command import pyshuffle as _pyshuffle
 
 ROOT = Path(__file__).resolve().parents[2]
-# A daemon's configuration refuses PYSHUFFLE_* variables it does not know (a client's, which
-# this run may have set): unset them.
-_WITHOUT_PYSHUFFLE_VARIABLES: dict[str, str | None] = dict.fromkeys(
-    (name for name in os.environ if name.startswith(ENV_PREFIX)), None
-)
-
-
-def _pyshuffle(
-    *args: str, env: dict[str, str | None] | None = None
-) -> subprocess.CompletedProcess[str]:
-    """``pyshuffle ARGS`` with ``env`` over this process's environment (None: unset)."""
-    merged = {**os.environ, **(env or {})}
-    return subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from shuffle_api.cli import main; sys.exit(main())",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={name: value for name, value in merged.items() if value is not None},
-        check=False,
-    )
 
 
 def test_demo_runs_the_pyspark_pipeline_and_verifies_it(tmp_path: Path) -> None:
@@ -107,7 +80,7 @@ def test_options_lists_the_keys_of_every_part() -> None:
 def test_options_checks_the_daemons_own_config_file() -> None:
     # What deploy/README.md and the file's own header tell an operator to run.
     daemon_file = ROOT / "deploy" / "pyshuffle-daemon.toml"
-    result = _pyshuffle("options", "--config", str(daemon_file), env=_WITHOUT_PYSHUFFLE_VARIABLES)
+    result = _pyshuffle("options", "--config", str(daemon_file), env=WITHOUT_PYSHUFFLE_VARIABLES)
     assert result.returncode == 0, result.stderr
     assert "valid for a daemon" in result.stdout
     assert "\nexternal-shuffle.worker.port = " in result.stdout
@@ -118,7 +91,7 @@ def test_options_refuses_a_file_that_mixes_the_roles(tmp_path: Path) -> None:
     mixed.write_text(
         '[external-shuffle.worker]\nport = 7000\n[netty-like]\nsort-buffer.size = "1m"\n'
     )
-    result = _pyshuffle("options", "--config", str(mixed), env=_WITHOUT_PYSHUFFLE_VARIABLES)
+    result = _pyshuffle("options", "--config", str(mixed), env=WITHOUT_PYSHUFFLE_VARIABLES)
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert "unknown config key 'netty-like.sort-buffer.size'" in result.stderr

@@ -4,10 +4,8 @@ new partitions go elsewhere and its own stay readable."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
 
 import pytest
@@ -16,6 +14,7 @@ from external_shuffle.descriptor import ExternalShuffleDescriptor
 from external_shuffle.local_cluster import LocalCluster
 from external_shuffle.wire import WorkerAddress
 from shuffle_api.ids import new_id
+from tests.pyshuffle_command import WITHOUT_PYSHUFFLE_VARIABLES, pyshuffle
 from tests.reliability.external_cluster import (
     ALL,
     PARTITIONS,
@@ -36,21 +35,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 
 def admin(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            *(
-                sys.executable,
-                "-c",
-                "import sys; from shuffle_api.cli import main; sys.exit(main())",
-            ),
-            *("admin", "--config", str(cluster.client_config_file()), *args),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={k: v for k, v in os.environ.items() if not k.startswith("PYSHUFFLE_")},
-        check=False,
-    )
+    config = str(cluster.client_config_file())
+    return pyshuffle("admin", "--config", config, *args, env=WITHOUT_PYSHUFFLE_VARIABLES)
 
 
 def _rows(output: str) -> dict[str, list[str]]:

@@ -713,10 +713,17 @@ def test_daemon_without_a_token_refuses_to_start(tmp_path: Path, token_file: str
         lines.append(f'"external-shuffle.auth.token-file" = "{tmp_path / "token"}"')
     config = tmp_path / "coordinator.toml"
     config.write_text("\n".join(lines) + "\n")
-    finished = subprocess.run(
+    finished = _start_daemon("coordinator", config)
+    assert finished.returncode != 0
+    assert "external-shuffle.auth.token-file" in finished.stderr
+
+
+def _start_daemon(role: str, config: Path) -> subprocess.CompletedProcess[str]:
+    """A daemon process that is expected to refuse to start (it is killed after a minute)."""
+    return subprocess.run(
         [
             *(sys.executable, "-m", "external_shuffle.daemon"),
-            *("--role", "coordinator", "--config", str(config)),
+            *("--role", role, "--config", str(config)),
         ],
         capture_output=True,
         text=True,
@@ -724,25 +731,13 @@ def test_daemon_without_a_token_refuses_to_start(tmp_path: Path, token_file: str
         env={k: v for k, v in os.environ.items() if not k.startswith("PYSHUFFLE_")},
         check=False,
     )
-    assert finished.returncode != 0
-    assert "external-shuffle.auth.token-file" in finished.stderr
 
 
 def test_a_second_daemon_on_a_port_in_use_refuses_to_start(tmp_path: Path) -> None:
     # gRPC binds with SO_REUSEPORT unless told not to: two daemons on one port would each
     # take part of the connections, and clients would reach the wrong one.
     with LocalCluster(tmp_path / "cluster", workers=1) as cluster:
-        finished = subprocess.run(
-            [
-                *(sys.executable, "-m", "external_shuffle.daemon"),
-                *("--role", "worker", "--config", str(cluster.directory / "worker-0.toml")),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env={k: v for k, v in os.environ.items() if not k.startswith("PYSHUFFLE_")},
-            check=False,
-        )
+        finished = _start_daemon("worker", cluster.directory / "worker-0.toml")
         assert finished.returncode != 0
         assert f"cannot listen on 127.0.0.1:{cluster.worker_ports[0]}" in finished.stderr
         assert cluster.alive_workers() == {cluster.worker_target(0)}
