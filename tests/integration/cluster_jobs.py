@@ -35,22 +35,36 @@ ROWS = 40_000
 SLOW_SECONDS = 1.5
 
 
+PACKED_ENVIRONMENT = "environment.tar.gz"
+"""In the work directory: a packed virtual environment with pyshuffle in it (venv-pack). The
+executors then get pyshuffle from it alone (``spark.archives``), as on a real cluster."""
+
+
 def cluster_session(work: Path) -> SparkSession:
     require_java()
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    session = (
+    builder = (
         SparkSession.builder.master("local-cluster[2,1,1024]")
         .appName("pyshuffle-cluster-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.local.dir", str(work / "local"))
-        .config("spark.executorEnv.PYTHONPATH", os.pathsep.join(sys.path))
         .config("spark.executorEnv.TMPDIR", str(work / "executor-tmp"))
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.task.maxFailures", "4")
-        .getOrCreate()
     )
+    archive = work / PACKED_ENVIRONMENT
+    if archive.exists():
+        # PySpark hands PYSPARK_PYTHON to the executors: the archive's, unpacked in their
+        # working directories. The JVMs started from here inherit this process's environment,
+        # and Python workers its PYTHONPATH: none, so nothing of this checkout reaches them.
+        os.environ["PYSPARK_PYTHON"] = "./environment/bin/python"
+        os.environ.pop("PYTHONPATH", None)
+        builder = builder.config("spark.archives", f"{archive}#environment")
+    else:
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        builder = builder.config("spark.executorEnv.PYTHONPATH", os.pathsep.join(sys.path))
+    session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session
 
@@ -197,10 +211,24 @@ def kill_during_reduce(spark: SparkSession, shuffle: SparkShuffle, kill: Kill) -
     }
 
 
+def packed(spark: SparkSession, shuffle: SparkShuffle, kill: Kill) -> dict[str, Any]:
+    """A repartition whose executors import pyshuffle from the shipped archive only."""
+    frame = data(spark)
+    equal = multiset(shuffle.repartition(frame, "k", num_partitions=4)) == multiset(frame)
+    imported_from = (
+        spark.sparkContext.parallelize(range(4), 4)
+        .map(lambda _: __import__("pyspark_shuffle").__file__)
+        .distinct()
+        .collect()
+    )
+    return {"equal": equal, "imported_from": imported_from}
+
+
 SCENARIOS = {
     "operations": operations,
     "kill_during_map": kill_during_map,
     "kill_during_reduce": kill_during_reduce,
+    "packed": packed,
 }
 
 
