@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint java browser setup proto docs clean
+.PHONY: demo test lint java browser setup proto docs manifests clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit("pyshuffle needs Python >= 3.11, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
@@ -42,6 +42,10 @@ proto: $(STAMP)
 # docs/configuration.md's option tables, from the options' own docs.
 docs: $(STAMP)
 	$(BIN)/python scripts/generate_config_docs.py
+
+# deploy/kubernetes/: the Helm chart rendered with its defaults.
+manifests: $(STAMP)
+	$(BIN)/python scripts/render_manifests.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -1,7 +1,7 @@
-"""deploy/ checked without running a real daemon: the Kubernetes manifests against the Kubernetes
-schemas and against the daemon's config, the TOML files and the Spark snippet against the
-options they set, the systemd unit and the Containerfile against the config they run, and
-local-cluster.sh driving stand-in daemons."""
+"""deploy/ checked without running a real daemon (the Kubernetes manifests and the Helm chart
+have test_deploy_kubernetes.py): the TOML files and the Spark snippet against the options they
+set, the systemd unit and the Containerfiles against the config they run, and local-cluster.sh
+driving stand-in daemons."""
 
 from __future__ import annotations
 
@@ -20,9 +20,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
-import kubernetes_validate
 import pytest
-import yaml  # type: ignore[import-untyped, unused-ignore]
 
 from external_shuffle.options import (
     AUTH_TOKEN,
@@ -33,7 +31,6 @@ from external_shuffle.options import (
     DAEMON_OPTIONS,
     METRICS_PORT,
     SHUTDOWN_GRACE,
-    WORKER_ADVERTISED_HOST,
     WORKER_PORT,
     WORKER_STORE_URL,
 )
@@ -41,8 +38,7 @@ from shuffle_api import SubpartitionRange
 from shuffle_api.config import ENV_PREFIX, ConfigOption, Configuration
 from shuffle_api.options import CORE_OPTIONS, SHUFFLE_SERVICE_FACTORY_CLASS
 from shuffle_api.testing import ConformanceHarness, ShuffleScenario, make_batches
-
-Document = dict[str, Any]
+from tests.kubernetes_manifests import Manifests
 
 REPO: Final = Path(__file__).resolve().parents[2]
 DEPLOY: Final = REPO / "deploy"
@@ -51,12 +47,9 @@ DAEMON_TOML: Final = DEPLOY / "pyshuffle-daemon.toml"
 SYSTEMD_UNIT: Final = DEPLOY / "pyshuffle-daemon.service"
 SPARK_DEFAULTS: Final = DEPLOY / "spark-defaults.conf"
 CONTAINERFILE: Final = DEPLOY / "Containerfile"
+SPARK_CONTAINERFILE: Final = DEPLOY / "Containerfile.spark"
 LOCAL_CLUSTER: Final = DEPLOY / "local-cluster.sh"
 
-# The oldest Kubernetes the manifests are written for, and the newest schema bundled.
-KUBERNETES_VERSIONS: Final = ("1.33.0", "1.37.0")
-EXPECTED_KINDS: Final = {"Secret", "ConfigMap", "Deployment", "Service", "StatefulSet"}
-CONFIGMAP_TOML_KEY: Final = "pyshuffle-daemon.toml"
 ROLES: Final = ("coordinator", "worker", "all")
 FACTORY: Final = "external_shuffle.ExternalShuffleServiceFactory"
 SPARK_PREFIX: Final = "spark.pyshuffle."
@@ -76,88 +69,7 @@ LOCAL_CLUSTER_PORTS: Final = (19097, 19099, 19100, 19101, 19200, 19201)
 # --- loading ---------------------------------------------------------------------------------
 
 
-def _load_manifests() -> list[tuple[str, Document]]:
-    documents: list[tuple[str, Document]] = []
-    for path in sorted([*KUBERNETES.glob("*.yaml"), *KUBERNETES.glob("*.yml")]):
-        with path.open(encoding="utf-8") as handle:
-            documents += [(path.name, doc) for doc in yaml.safe_load_all(handle) if doc]
-    return documents
-
-
-MANIFESTS: Final = _load_manifests()
-
-
-def _objects(kind: str) -> list[Document]:
-    return [document for _, document in MANIFESTS if document["kind"] == kind]
-
-
-def _one(kind: str) -> Document:
-    found = _objects(kind)
-    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
-    return found[0]
-
-
-def _workloads() -> list[Document]:
-    return [*_objects("Deployment"), *_objects("StatefulSet")]
-
-
-def _pod_spec(workload: Document) -> Document:
-    spec: Document = workload["spec"]["template"]["spec"]
-    return spec
-
-
-def _container(workload: Document) -> Document:
-    containers: list[Document] = _pod_spec(workload)["containers"]
-    assert len(containers) == 1, workload["metadata"]["name"]
-    return containers[0]
-
-
-def _container_port(workload: Document, name: str) -> int:
-    ports = {port["name"]: port["containerPort"] for port in _container(workload)["ports"]}
-    assert name in ports, f"{workload['metadata']['name']} has no port named {name!r}"
-    port: int = ports[name]
-    return port
-
-
-def _role(workload: Document) -> str:
-    args: list[str] = _container(workload)["args"]
-    return args[args.index("--role") + 1]
-
-
-def _workload_of_role(role: str) -> Document:
-    found = [workload for workload in _workloads() if _role(workload) == role]
-    assert len(found) == 1, f"expected one workload with --role {role}, found {len(found)}"
-    return found[0]
-
-
-def _selects(service: Document, workload: Document) -> bool:
-    selector: Mapping[str, str] = service["spec"]["selector"]
-    labels: Mapping[str, str] = workload["spec"]["template"]["metadata"]["labels"]
-    return all(labels.get(key) == value for key, value in selector.items())
-
-
-def _service_of(workload: Document) -> Document:
-    found = [service for service in _objects("Service") if _selects(service, workload)]
-    assert len(found) == 1, f"expected one Service for {workload['metadata']['name']}"
-    return found[0]
-
-
-def _configmap_toml() -> str:
-    data: Mapping[str, str] = _one("ConfigMap")["data"]
-    assert CONFIGMAP_TOML_KEY in data, f"the ConfigMap has no {CONFIGMAP_TOML_KEY}"
-    return data[CONFIGMAP_TOML_KEY]
-
-
-def _load_toml(tmp_path: Path, text: str) -> Configuration:
-    path = tmp_path / "daemon.toml"
-    path.write_text(text, encoding="utf-8")
-    return Configuration.load(toml_file=path, environ={})
-
-
-@pytest.fixture
-def configmap_config(tmp_path: Path) -> Configuration:
-    """The daemon config the Kubernetes pods run with."""
-    return _load_toml(tmp_path, _configmap_toml())
+PLAIN_MANIFESTS: Final = Manifests.load(KUBERNETES)
 
 
 @pytest.fixture
@@ -214,11 +126,11 @@ def _systemd_seconds(value: str) -> float:
     return total
 
 
-def _containerfile_instructions() -> list[tuple[str, str]]:
+def _containerfile_instructions(path: Path = CONTAINERFILE) -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
     instructions: list[tuple[str, str]] = []
     pending = ""
-    for raw in CONTAINERFILE.read_text(encoding="utf-8").splitlines():
+    for raw in path.read_text(encoding="utf-8").splitlines():
         line = raw.strip()
         if not pending and (not line or line.startswith("#")):
             continue
@@ -230,220 +142,6 @@ def _containerfile_instructions() -> list[tuple[str, str]]:
         instruction, _, arguments = text.partition(" ")
         instructions.append((instruction.upper(), arguments.strip()))
     return instructions
-
-
-# --- Kubernetes: schema and shape ------------------------------------------------------------
-
-
-@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
-@pytest.mark.parametrize(
-    "document",
-    [document for _, document in MANIFESTS],
-    ids=[f"{name}:{doc['kind']}/{doc['metadata']['name']}" for name, doc in MANIFESTS],
-)
-def test_every_manifest_document_validates_against_the_kubernetes_schema(
-    document: Document, version: str
-) -> None:
-    validated = kubernetes_validate.validate(document, version, strict=True)
-    assert validated == version.rsplit(".", 1)[0]
-
-
-def test_manifests_define_every_expected_kind() -> None:
-    kinds = {document["kind"] for _, document in MANIFESTS}
-    assert kinds >= EXPECTED_KINDS, f"missing {EXPECTED_KINDS - kinds}"
-
-
-def test_manifests_leave_the_namespace_to_kubectl() -> None:
-    namespaced = [doc["metadata"]["name"] for _, doc in MANIFESTS if "namespace" in doc["metadata"]]
-    assert namespaced == []
-
-
-def test_coordinator_is_one_replica_never_two_at_once() -> None:
-    coordinator = _workload_of_role("coordinator")
-    assert coordinator["kind"] == "Deployment"
-    assert coordinator["spec"]["replicas"] == 1
-    assert coordinator["spec"]["strategy"]["type"] == "Recreate"
-
-
-def test_workers_keep_their_store_on_a_claim_across_restarts(
-    configmap_config: Configuration,
-) -> None:
-    workers = _workload_of_role("worker")
-    assert workers["kind"] == "StatefulSet"
-    assert workers["spec"]["replicas"] >= 2
-    claims = {claim["metadata"]["name"] for claim in workers["spec"]["volumeClaimTemplates"]}
-    mounts = {m["mountPath"]: m["name"] for m in _container(workers)["volumeMounts"]}
-    store = configmap_config.get(WORKER_STORE_URL)
-    assert mounts.get(store) in claims, f"store-url {store!r} is not on a volumeClaimTemplate"
-
-
-def test_workers_are_governed_by_a_headless_service() -> None:
-    workers = _workload_of_role("worker")
-    service = _service_of(workers)
-    assert workers["spec"]["serviceName"] == service["metadata"]["name"]
-    assert service["spec"]["clusterIP"] == "None"
-
-
-def test_workers_advertise_their_pod_ip() -> None:
-    variable = WORKER_ADVERTISED_HOST.env_name
-    env = {item["name"]: item for item in _container(_workload_of_role("worker"))["env"]}
-    assert variable in env, f"the worker container does not set {variable}"
-    assert env[variable]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
-
-
-def test_every_pyshuffle_variable_in_the_pods_is_a_daemon_option() -> None:
-    known = {option.env_name for option in DAEMON_ALL}
-    for workload in _workloads():
-        names = {item["name"] for item in _container(workload).get("env", [])}
-        assert {name for name in names if name.startswith(ENV_PREFIX)} <= known
-
-
-def test_no_service_injects_pyshuffle_variables_into_pods() -> None:
-    # Kubernetes gives pods a NAME_SERVICE_HOST, NAME_PORT, ... variable for every Service with
-    # a cluster IP in their namespace; a PYSHUFFLE_* one is an unknown option to pyshuffle.
-    for service in _objects("Service"):
-        prefix = re.sub(r"[^A-Za-z0-9]", "_", service["metadata"]["name"]).upper() + "_"
-        if service["spec"].get("clusterIP") != "None":
-            assert not prefix.startswith(ENV_PREFIX), service["metadata"]["name"]
-    for workload in _workloads():
-        assert _pod_spec(workload)["enableServiceLinks"] is False, workload["metadata"]["name"]
-
-
-def test_containers_run_unprivileged_on_a_read_only_root() -> None:
-    for workload in _workloads():
-        name = workload["metadata"]["name"]
-        security = _container(workload)["securityContext"]
-        assert security["runAsNonRoot"] is True, name
-        assert security["readOnlyRootFilesystem"] is True, name
-        assert security["allowPrivilegeEscalation"] is False, name
-        assert security["capabilities"]["drop"] == ["ALL"], name
-        assert _pod_spec(workload)["securityContext"]["runAsUser"] != 0, name
-
-
-def test_containers_request_and_limit_cpu_and_memory() -> None:
-    for workload in _workloads():
-        resources = _container(workload)["resources"]
-        for bound in ("requests", "limits"):
-            assert set(resources[bound]) >= {"cpu", "memory"}, workload["metadata"]["name"]
-
-
-def test_pods_outlive_the_daemons_shutdown_grace(configmap_config: Configuration) -> None:
-    grace = configmap_config.get(SHUTDOWN_GRACE)
-    for workload in _workloads():
-        period = _pod_spec(workload)["terminationGracePeriodSeconds"]
-        assert period > grace, f"{workload['metadata']['name']}: {period} s <= {grace} s"
-
-
-# --- Kubernetes: ports, probes, metrics, config, token ---------------------------------------
-
-
-def test_option_defaults_are_the_documented_ports() -> None:
-    assert _port_of(COORDINATOR_ADDRESS.default) == COORDINATOR_GRPC_PORT
-    assert WORKER_PORT.default == WORKER_GRPC_PORT
-    assert METRICS_PORT.default == METRICS_HTTP_PORT
-
-
-def test_container_ports_are_the_ports_the_config_serves(configmap_config: Configuration) -> None:
-    coordinator, workers = _workload_of_role("coordinator"), _workload_of_role("worker")
-    coordinator_port = _port_of(configmap_config.get(COORDINATOR_ADDRESS))
-    assert _container_port(coordinator, "grpc") == coordinator_port == COORDINATOR_GRPC_PORT
-    assert _container_port(workers, "grpc") == configmap_config.get(WORKER_PORT)
-    assert _container_port(workers, "grpc") == WORKER_GRPC_PORT
-    for workload in (coordinator, workers):
-        assert _container_port(workload, "metrics") == configmap_config.get(METRICS_PORT)
-        assert _container_port(workload, "metrics") == METRICS_HTTP_PORT
-
-
-def test_services_expose_the_container_ports() -> None:
-    for workload in _workloads():
-        service = _service_of(workload)
-        for port in service["spec"]["ports"]:
-            target = port["targetPort"]
-            target_number = target if isinstance(target, int) else None
-            if isinstance(target, str):
-                target_number = _container_port(workload, target)
-            assert port["port"] == target_number, f"{service['metadata']['name']}: {port}"
-
-
-def test_the_coordinator_address_is_the_coordinator_service(
-    configmap_config: Configuration,
-) -> None:
-    host, _, port = configmap_config.get(COORDINATOR_ADDRESS).rpartition(":")
-    service = _service_of(_workload_of_role("coordinator"))
-    assert host.split(".")[0] == service["metadata"]["name"]
-    assert int(port) in {item["port"] for item in service["spec"]["ports"]}
-
-
-def test_probes_ask_the_grpc_health_service_of_the_serving_port() -> None:
-    for workload in _workloads():
-        container = _container(workload)
-        grpc_port = _container_port(workload, "grpc")
-        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-            assert container[probe]["grpc"]["port"] == grpc_port, (workload["kind"], probe)
-            assert container[probe]["grpc"].get("service", "") == ""
-
-
-def test_pods_are_annotated_for_prometheus_scraping() -> None:
-    for workload in _workloads():
-        annotations = workload["spec"]["template"]["metadata"]["annotations"]
-        assert annotations["prometheus.io/scrape"] == "true"
-        assert int(annotations["prometheus.io/port"]) == _container_port(workload, "metrics")
-        assert annotations["prometheus.io/path"] == "/metrics"
-
-
-def test_configmap_toml_is_a_valid_daemon_config(configmap_config: Configuration) -> None:
-    configmap_config.validate(DAEMON_ALL)
-    assert configmap_config.contains(WORKER_STORE_URL)
-
-
-def test_pods_mount_the_configmap_toml_they_are_started_with() -> None:
-    configmap = _one("ConfigMap")["metadata"]["name"]
-    for workload in _workloads():
-        args: list[str] = _container(workload)["args"]
-        config = Path(args[args.index("--config") + 1])
-        volumes = {
-            volume["name"]
-            for volume in _pod_spec(workload)["volumes"]
-            if volume.get("configMap", {}).get("name") == configmap
-        }
-        mounted = [
-            mount
-            for mount in _container(workload)["volumeMounts"]
-            if mount["name"] in volumes and Path(mount["mountPath"]) == config.parent
-        ]
-        assert mounted, f"{workload['metadata']['name']} does not mount {config}"
-        assert config.name == CONFIGMAP_TOML_KEY
-
-
-def test_the_token_file_is_inside_the_mounted_token_secret(
-    configmap_config: Configuration,
-) -> None:
-    secret = _one("Secret")
-    keys = {*secret.get("stringData", {}), *secret.get("data", {})}
-    token_file = Path(configmap_config.get(AUTH_TOKEN_FILE))
-    assert not configmap_config.get(AUTH_TOKEN), "the token belongs in the Secret"
-    for workload in _workloads():
-        volumes = {
-            volume["name"]: volume["secret"]
-            for volume in _pod_spec(workload)["volumes"]
-            if volume.get("secret", {}).get("secretName") == secret["metadata"]["name"]
-        }
-        mounts = [m for m in _container(workload)["volumeMounts"] if m["name"] in volumes]
-        assert mounts, f"{workload['metadata']['name']} does not mount the token Secret"
-        files = {
-            Path(mount["mountPath"]) / key
-            for mount in mounts
-            for key in keys
-            if "items" not in volumes[mount["name"]]
-        }
-        assert token_file in files, f"{token_file} is none of {sorted(map(str, files))}"
-
-
-def test_the_daemons_listen_beyond_loopback(
-    configmap_config: Configuration, daemon_toml_config: Configuration
-) -> None:
-    for config in (configmap_config, daemon_toml_config):
-        assert config.get(BIND_HOST) in ("0.0.0.0", "::")
 
 
 # --- deploy/pyshuffle-daemon.toml ------------------------------------------------------------
@@ -458,7 +156,14 @@ def test_daemon_toml_reads_the_token_from_a_file(daemon_toml_config: Configurati
     assert not daemon_toml_config.get(AUTH_TOKEN)
 
 
+def test_option_defaults_are_the_documented_ports() -> None:
+    assert _port_of(COORDINATOR_ADDRESS.default) == COORDINATOR_GRPC_PORT
+    assert WORKER_PORT.default == WORKER_GRPC_PORT
+    assert METRICS_PORT.default == METRICS_HTTP_PORT
+
+
 def test_daemon_toml_serves_the_documented_ports(daemon_toml_config: Configuration) -> None:
+    assert daemon_toml_config.get(BIND_HOST) in ("0.0.0.0", "::")
     assert _port_of(daemon_toml_config.get(COORDINATOR_ADDRESS)) == COORDINATOR_GRPC_PORT
     assert daemon_toml_config.get(WORKER_PORT) == WORKER_GRPC_PORT
     assert daemon_toml_config.get(METRICS_PORT) == METRICS_HTTP_PORT
@@ -530,19 +235,19 @@ def test_spark_defaults_select_the_external_service() -> None:
 
 def test_spark_defaults_address_the_coordinator_service() -> None:
     address = _active_spark_settings()[SPARK_PREFIX + COORDINATOR_ADDRESS.key]
-    service = _service_of(_workload_of_role("coordinator"))
+    service = PLAIN_MANIFESTS.service_of(PLAIN_MANIFESTS.workload_of_role("coordinator"))
     assert address.split(".")[0] == service["metadata"]["name"]
 
 
 def test_spark_pods_mount_the_token_secret_where_the_token_file_is() -> None:
     active = _active_spark_settings()
-    secret = _one("Secret")
+    secret = PLAIN_MANIFESTS.token_secret_name()
     token_file = Path(active[SPARK_PREFIX + AUTH_TOKEN_FILE.key])
-    keys = {*secret.get("stringData", {}), *secret.get("data", {})}
     for side in ("driver", "executor"):
-        mount = active[f"spark.kubernetes.{side}.secrets.{secret['metadata']['name']}"]
+        mount = active[f"spark.kubernetes.{side}.secrets.{secret}"]
         assert token_file.parent == Path(mount), side
-        assert token_file.name in keys
+        # The key the daemons read too (the user creates the Secret with it).
+        assert token_file.name == "token"
 
 
 # --- Containerfile ---------------------------------------------------------------------------
@@ -572,17 +277,64 @@ def test_containerfile_volume_holds_the_default_config_store(
     )
 
 
-def test_containerfile_copies_every_package_and_installs_the_external_extra() -> None:
-    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
-    copied = " ".join(args for op, args in _containerfile_instructions() if op == "COPY").split()
+def _pyproject() -> dict[str, Any]:
+    return tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+
+
+def _spark_extra(package: str) -> list[str]:
+    """The requirements of the spark extra that name ``package``."""
+    extra: list[str] = _pyproject()["project"]["optional-dependencies"]["spark"]
+    return [requirement for requirement in extra if requirement.startswith(package)]
+
+
+def _runs(path: Path) -> str:
+    return " ".join(args for op, args in _containerfile_instructions(path) if op == "RUN")
+
+
+@pytest.mark.parametrize("path", [CONTAINERFILE, SPARK_CONTAINERFILE], ids=lambda p: p.name)
+def test_containerfile_copies_every_package_and_installs_the_external_extra(path: Path) -> None:
+    pyproject = _pyproject()
+    copied = " ".join(args for op, args in _containerfile_instructions(path) if op == "COPY")
     packages = [
         pattern.rstrip("*")
         for pattern in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
     ]
     for needed in [*packages, pyproject["project"]["readme"], "pyproject.toml"]:
-        assert needed in copied, f"the Containerfile does not copy {needed}"
-    runs = " ".join(args for op, args in _containerfile_instructions() if op == "RUN")
-    assert re.search(r"pip install \S*\[external\]", runs)
+        assert needed in copied.split(), f"{path.name} does not copy {needed}"
+    assert re.search(r"pip install (--\S+ \S+ )*\S*\[external\]", _runs(path))
+
+
+def test_the_spark_image_adds_pyshuffle_to_an_official_spark_image() -> None:
+    instructions = _containerfile_instructions(SPARK_CONTAINERFILE)
+    arguments = dict(args.split("=", 1) for op, args in instructions if op == "ARG" and "=" in args)
+    image = arguments["SPARK_IMAGE"]
+    assert image.startswith("apache/spark:"), image
+    # A Spark the spark extra admits (pyspark>=X,<Y).
+    (pyspark,) = _spark_extra("pyspark")
+    low, high = re.findall(r"\d+(?:\.\d+)*", pyspark)
+    version = tuple(int(part) for part in image.split(":")[1].split("-")[0].split("."))
+    assert tuple(map(int, low.split("."))) <= version < tuple(map(int, high.split("."))), pyspark
+    froms = [args for op, args in instructions if op == "FROM"]
+    assert froms[-1] == "${SPARK_IMAGE}"
+    users = [args for op, args in instructions if op == "USER"]
+    assert users[-1] not in ("root", "0"), "the image must end as Spark's unprivileged user"
+
+
+def test_the_spark_image_runs_python_workers_in_pyshuffles_environment() -> None:
+    instructions = _containerfile_instructions(SPARK_CONTAINERFILE)
+    env = " ".join(args for op, args in instructions if op == "ENV")
+    runs = _runs(SPARK_CONTAINERFILE)
+    venv = re.search(r"uv venv --python (\S+) (\S+)", runs)
+    assert venv is not None, "the environment is made by uv venv"
+    required = re.search(r">=\s*([\d.]+)", _pyproject()["project"]["requires-python"])
+    assert required is not None
+    assert venv.group(1) == required.group(1), "the interpreter pyshuffle requires"
+    for variable in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON"):
+        assert f"{variable}={venv.group(2)}/bin/python" in env, variable
+    # PySpark is the image's own: a second copy in the environment could differ from the JVM.
+    assert "pyspark" not in runs and "[spark" not in runs
+    (pandas,) = _spark_extra("pandas")
+    assert f'"{pandas}"' in runs, "pandas in the range of the spark extra"
 
 
 # --- local-cluster.sh ------------------------------------------------------------------------

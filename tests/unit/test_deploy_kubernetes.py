@@ -1,0 +1,467 @@
+"""The Helm chart deploy/helm/pyshuffle and the plain manifests rendered from it
+(deploy/kubernetes/), checked without a cluster: helm lints and renders the chart, every object
+validates against the Kubernetes schemas, and the pods agree with the daemon config they run.
+
+Every check of the objects runs on two renders: the plain manifests as checked in (the chart's
+defaults), and the chart with other values (TLS, a ServiceMonitor, the chart's own token Secret,
+other ports, sizes and counts), so that no value is right only by coincidence with a default.
+What needs a cluster (helm's lookup keeping a generated token across upgrades, a real
+Prometheus Operator) is not checked here."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Final
+
+import kubernetes_validate
+import pytest
+
+from external_shuffle.options import (
+    AUTH_TOKEN,
+    AUTH_TOKEN_FILE,
+    BIND_HOST,
+    COORDINATOR_ADDRESS,
+    COORDINATOR_STATUS_PORT,
+    DAEMON_OPTIONS,
+    METRICS_PORT,
+    SHUTDOWN_GRACE,
+    TLS_CA_FILE,
+    TLS_CERT_FILE,
+    TLS_KEY_FILE,
+    WORKER_ADVERTISED_HOST,
+    WORKER_MEMORY_BUDGET,
+    WORKER_PORT,
+    WORKER_STORE_URL,
+)
+from shuffle_api.config import ENV_PREFIX, ConfigOption, Configuration
+from shuffle_api.options import CORE_OPTIONS
+from tests.kubernetes_manifests import (
+    REPO,
+    Document,
+    Manifests,
+    container,
+    container_port,
+    pod_spec,
+    render_chart,
+)
+
+CHART: Final = REPO / "deploy" / "helm" / "pyshuffle"
+PLAIN: Final = REPO / "deploy" / "kubernetes"
+HELM: Final = Path(sys.executable).parent / "helm"
+
+# The oldest Kubernetes the chart is written for (Chart.yaml), and the newest schema bundled.
+KUBERNETES_VERSIONS: Final = ("1.33.0", "1.37.0")
+# Kinds without a schema in kubernetes_validate (custom resources), checked by hand below.
+CUSTOM_KINDS: Final = {"ServiceMonitor"}
+DAEMON_ALL: Final[tuple[ConfigOption[Any], ...]] = (*CORE_OPTIONS, *DAEMON_OPTIONS)
+
+# The chart with every value that changes the objects set away from its default.
+FULL_VALUES: Final = (
+    "auth.existingSecret=",
+    "auth.token=a-test-token-of-the-chart",
+    "tls.enabled=true",
+    "tls.secretName=pyshuffle-tls",
+    "metrics.serviceMonitor.enabled=true",
+    "metrics.serviceMonitor.labels.release=prometheus",
+    "worker.replicas=5",
+    "worker.port=7001",
+    "worker.memoryBudgetMiB=3072",
+    "worker.memoryOverheadMiB=1024",
+    "worker.storage.storageClassName=local-ssd",
+    "coordinator.port=7000",
+    "coordinator.statusPort=-1",
+    "config.metricsPort=7002",
+    "config.shutdownGraceSeconds=60",
+    "imagePullSecrets[0]=registry",
+)
+
+
+def _helm(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(HELM), *args], capture_output=True, text=True, check=False)
+
+
+def _render(tmp_path: Path, *values: str) -> Manifests:
+    completed = render_chart(tmp_path, values)
+    assert completed.returncode == 0, completed.stderr
+    return Manifests.load(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory: pytest.TempPathFactory) -> Manifests:
+    return _render(tmp_path_factory.mktemp("full"), *FULL_VALUES)
+
+
+@pytest.fixture(params=["plain", "full"])
+def manifests(request: pytest.FixtureRequest) -> Iterator[Manifests]:
+    if request.param == "plain":
+        yield Manifests.load(PLAIN)
+    else:
+        yield request.getfixturevalue("full")
+
+
+def _config(manifests: Manifests, tmp_path: Path) -> Configuration:
+    path = tmp_path / "daemon.toml"
+    path.write_text(manifests.configmap_toml(), encoding="utf-8")
+    return Configuration.load(toml_file=path, environ={})
+
+
+def _port_of(address: str) -> int:
+    return int(address.rpartition(":")[2])
+
+
+def _mounted_files(workload: Document, secret_name: str, keys: set[str]) -> set[Path]:
+    """The paths at which ``workload``'s container sees the ``keys`` of a Secret."""
+    volumes = {
+        volume["name"]: volume["secret"]
+        for volume in pod_spec(workload)["volumes"]
+        if volume.get("secret", {}).get("secretName") == secret_name
+    }
+    return {
+        Path(mount["mountPath"]) / key
+        for mount in container(workload)["volumeMounts"]
+        if mount["name"] in volumes and "items" not in volumes[mount["name"]]
+        for key in keys
+    }
+
+
+def _mebibytes(quantity: str) -> int:
+    match = re.fullmatch(r"(\d+)(Mi|Gi)", quantity)
+    assert match is not None, f"not a Mi/Gi quantity: {quantity}"
+    return int(match.group(1)) * (1024 if match.group(2) == "Gi" else 1)
+
+
+# --- the chart and the plain manifests ---------------------------------------------------------
+
+
+def test_the_chart_passes_helm_lint() -> None:
+    linted = _helm("lint", "--strict", str(CHART), "--kube-version", "1.33.0")
+    assert linted.returncode == 0, linted.stdout + linted.stderr
+
+
+def test_the_plain_manifests_are_the_chart_rendered_with_its_defaults() -> None:
+    checked = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "render_manifests.py"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_the_plain_manifests_carry_no_token() -> None:
+    # Applying deploy/kubernetes/ must never install a known token: users create the Secret.
+    plain = Manifests.load(PLAIN)
+    assert plain.objects("Secret") == []
+    assert plain.token_secret_name() == "pyshuffle-token"
+    assert "kubectl -n pyshuffle create secret generic pyshuffle-token" in (
+        (REPO / "deploy" / "README.md").read_text(encoding="utf-8")
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "complaint"),
+    [
+        ("coordinator.serviceName=pyshuffle-coordinator", "serviceName"),
+        ("worker.replicas=0", "replicas"),
+        ("tls.enabled=true", "secretName"),
+        ("worker.replica=3", "replica"),
+        ("config.logFormat=xml", "logFormat"),
+        ("worker.memoryBudgetMiB=1g", "memoryBudgetMiB"),
+        ("coordinator.statusPort=0", "statusPort"),
+    ],
+)
+def test_the_chart_refuses_bad_values(tmp_path: Path, value: str, complaint: str) -> None:
+    completed = render_chart(tmp_path, [value])
+    assert completed.returncode != 0
+    assert complaint in completed.stderr
+    assert not list(tmp_path.glob("*.yaml"))
+
+
+def test_the_chart_makes_a_random_token_when_none_is_given(tmp_path: Path) -> None:
+    tokens = []
+    for attempt in ("first", "second"):
+        rendered = _render(tmp_path / attempt, "auth.existingSecret=")
+        secret = rendered.one("Secret")
+        assert secret["metadata"]["name"] == rendered.token_secret_name()
+        # helm uninstall keeps it: running Spark jobs and a reinstall hold this token.
+        assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+        tokens.append(secret["stringData"]["token"])
+    assert all(len(token) >= 32 for token in tokens)
+    assert tokens[0] != tokens[1]
+
+
+def test_pods_restart_when_the_config_changes_and_only_then(tmp_path: Path) -> None:
+    def checksums(rendered: Manifests) -> set[str]:
+        return {
+            workload["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+            for workload in rendered.workloads()
+        }
+
+    same = checksums(_render(tmp_path / "same", "worker.replicas=7"))
+    changed = checksums(_render(tmp_path / "changed", "config.chunkSize=8m"))
+    assert same == checksums(Manifests.load(PLAIN))
+    assert len(same) == 1 and len(changed) == 1
+    assert same != changed
+
+
+# --- every object, in both renders ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_every_object_validates_against_the_kubernetes_schema(
+    manifests: Manifests, version: str
+) -> None:
+    for name, document in manifests.documents:
+        if document["kind"] in CUSTOM_KINDS:
+            continue
+        validated = kubernetes_validate.validate(document, version, strict=True)
+        assert validated == version.rsplit(".", 1)[0], (name, document["kind"])
+
+
+def test_the_renders_define_the_expected_kinds(manifests: Manifests, full: Manifests) -> None:
+    kinds = {document["kind"] for _, document in manifests.documents}
+    expected = {"ConfigMap", "Deployment", "Service", "StatefulSet", "PodDisruptionBudget"}
+    if manifests is full:
+        expected |= {"Secret", "ServiceMonitor"}
+    assert kinds == expected
+
+
+def test_objects_leave_the_namespace_to_the_installer(manifests: Manifests) -> None:
+    assert [doc for _, doc in manifests.documents if "namespace" in doc["metadata"]] == []
+
+
+def test_coordinator_is_one_replica_never_two_at_once(manifests: Manifests) -> None:
+    coordinator = manifests.workload_of_role("coordinator")
+    assert coordinator["kind"] == "Deployment"
+    assert coordinator["spec"]["replicas"] == 1
+    assert coordinator["spec"]["strategy"]["type"] == "Recreate"
+
+
+def test_workers_keep_their_store_on_a_claim_across_restarts(
+    manifests: Manifests, tmp_path: Path
+) -> None:
+    workers = manifests.workload_of_role("worker")
+    assert workers["kind"] == "StatefulSet"
+    assert workers["spec"]["replicas"] >= 2
+    claims = {claim["metadata"]["name"] for claim in workers["spec"]["volumeClaimTemplates"]}
+    mounts = {m["mountPath"]: m["name"] for m in container(workers)["volumeMounts"]}
+    store = _config(manifests, tmp_path).get(WORKER_STORE_URL)
+    assert mounts.get(store) in claims, f"store-url {store!r} is not on a volumeClaimTemplate"
+
+
+def test_workers_are_governed_by_a_headless_service(manifests: Manifests) -> None:
+    workers = manifests.workload_of_role("worker")
+    service = manifests.service_of(workers)
+    assert workers["spec"]["serviceName"] == service["metadata"]["name"]
+    assert service["spec"]["clusterIP"] == "None"
+
+
+def test_voluntary_disruptions_take_workers_one_at_a_time(manifests: Manifests) -> None:
+    budget = manifests.one("PodDisruptionBudget")
+    workers = manifests.workload_of_role("worker")
+    assert budget["spec"]["maxUnavailable"] == 1
+    assert budget["spec"]["selector"]["matchLabels"] == workers["spec"]["selector"]["matchLabels"]
+
+
+def test_workers_advertise_their_pod_ip(manifests: Manifests) -> None:
+    variable = WORKER_ADVERTISED_HOST.env_name
+    env = {item["name"]: item for item in container(manifests.workload_of_role("worker"))["env"]}
+    assert variable in env, f"the worker container does not set {variable}"
+    assert env[variable]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+
+
+def test_every_pyshuffle_variable_in_the_pods_is_a_daemon_option(manifests: Manifests) -> None:
+    known = {option.env_name for option in DAEMON_ALL}
+    for workload in manifests.workloads():
+        names = {item["name"] for item in container(workload).get("env", [])}
+        assert {name for name in names if name.startswith(ENV_PREFIX)} <= known
+
+
+def test_no_service_injects_pyshuffle_variables_into_pods(manifests: Manifests) -> None:
+    # Kubernetes gives pods a NAME_SERVICE_HOST, NAME_PORT, ... variable for every Service of
+    # their namespace; a PYSHUFFLE_* one is an unknown option to pyshuffle (Spark's pods too).
+    for service in manifests.objects("Service"):
+        prefix = re.sub(r"[^A-Za-z0-9]", "_", service["metadata"]["name"]).upper() + "_"
+        assert not prefix.startswith(ENV_PREFIX), service["metadata"]["name"]
+    for workload in manifests.workloads():
+        assert pod_spec(workload)["enableServiceLinks"] is False, workload["metadata"]["name"]
+
+
+def test_containers_run_unprivileged_on_a_read_only_root(manifests: Manifests) -> None:
+    for workload in manifests.workloads():
+        name = workload["metadata"]["name"]
+        security = container(workload)["securityContext"]
+        assert security["runAsNonRoot"] is True, name
+        assert security["readOnlyRootFilesystem"] is True, name
+        assert security["allowPrivilegeEscalation"] is False, name
+        assert security["capabilities"]["drop"] == ["ALL"], name
+        assert pod_spec(workload)["securityContext"]["runAsUser"] != 0, name
+        assert pod_spec(workload)["automountServiceAccountToken"] is False, name
+
+
+def test_containers_request_and_limit_cpu_and_memory(manifests: Manifests) -> None:
+    for workload in manifests.workloads():
+        resources = container(workload)["resources"]
+        for bound in ("requests", "limits"):
+            assert set(resources[bound]) >= {"cpu", "memory"}, workload["metadata"]["name"]
+
+
+def test_the_workers_memory_is_their_budget_and_room_for_the_rest(
+    manifests: Manifests, tmp_path: Path
+) -> None:
+    resources = container(manifests.workload_of_role("worker"))["resources"]
+    limit = _mebibytes(resources["limits"]["memory"])
+    budget = _config(manifests, tmp_path).get(WORKER_MEMORY_BUDGET) >> 20
+    assert _mebibytes(resources["requests"]["memory"]) == limit
+    # Python, pyarrow and gRPC need at least 1 GiB beside what the budget lets the worker hold.
+    assert limit - budget >= 1024, (limit, budget)
+
+
+def test_pods_outlive_the_daemons_shutdown_grace(manifests: Manifests, tmp_path: Path) -> None:
+    grace = _config(manifests, tmp_path).get(SHUTDOWN_GRACE)
+    for workload in manifests.workloads():
+        period = pod_spec(workload)["terminationGracePeriodSeconds"]
+        assert period > grace, f"{workload['metadata']['name']}: {period} s <= {grace} s"
+
+
+def test_container_ports_are_the_ports_the_config_serves(
+    manifests: Manifests, tmp_path: Path
+) -> None:
+    config = _config(manifests, tmp_path)
+    coordinator = manifests.workload_of_role("coordinator")
+    workers = manifests.workload_of_role("worker")
+    assert container_port(coordinator, "grpc") == _port_of(config.get(COORDINATOR_ADDRESS))
+    assert container_port(workers, "grpc") == config.get(WORKER_PORT)
+    for workload in (coordinator, workers):
+        assert container_port(workload, "metrics") == config.get(METRICS_PORT)
+    ports = container(coordinator)["ports"]
+    status = [port["containerPort"] for port in ports if port["name"] == "status"]
+    expected = config.get(COORDINATOR_STATUS_PORT)
+    assert status == ([] if expected == -1 else [expected])
+
+
+def test_services_expose_the_container_ports(manifests: Manifests) -> None:
+    for workload in manifests.workloads():
+        service = manifests.service_of(workload)
+        for port in service["spec"]["ports"]:
+            target = port["targetPort"]
+            number = container_port(workload, target) if isinstance(target, str) else target
+            assert port["port"] == number, f"{service['metadata']['name']}: {port}"
+
+
+def test_the_coordinator_address_is_the_coordinator_service(
+    manifests: Manifests, tmp_path: Path
+) -> None:
+    host, _, port = _config(manifests, tmp_path).get(COORDINATOR_ADDRESS).rpartition(":")
+    service = manifests.service_of(manifests.workload_of_role("coordinator"))
+    assert host.split(".")[0] == service["metadata"]["name"]
+    assert int(port) in {item["port"] for item in service["spec"]["ports"]}
+
+
+def test_probes_ask_the_grpc_health_service_of_the_serving_port(manifests: Manifests) -> None:
+    for workload in manifests.workloads():
+        grpc_port = container_port(workload, "grpc")
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert container(workload)[probe]["grpc"]["port"] == grpc_port, probe
+            assert container(workload)[probe]["grpc"].get("service", "") == ""
+
+
+def test_pods_are_annotated_for_prometheus_scraping(manifests: Manifests) -> None:
+    for workload in manifests.workloads():
+        annotations = workload["spec"]["template"]["metadata"]["annotations"]
+        assert annotations["prometheus.io/scrape"] == "true"
+        assert int(annotations["prometheus.io/port"]) == container_port(workload, "metrics")
+        assert annotations["prometheus.io/path"] == "/metrics"
+
+
+def test_configmap_toml_is_a_valid_daemon_config(manifests: Manifests, tmp_path: Path) -> None:
+    config = _config(manifests, tmp_path)
+    config.validate(DAEMON_ALL)
+    assert config.contains(WORKER_STORE_URL)
+    assert config.get(BIND_HOST) in ("0.0.0.0", "::")
+
+
+def test_pods_mount_the_configmap_toml_they_are_started_with(manifests: Manifests) -> None:
+    configmap = manifests.one("ConfigMap")["metadata"]["name"]
+    for workload in manifests.workloads():
+        args: list[str] = container(workload)["args"]
+        config = Path(args[args.index("--config") + 1])
+        volumes = {
+            volume["name"]
+            for volume in pod_spec(workload)["volumes"]
+            if volume.get("configMap", {}).get("name") == configmap
+        }
+        mounted = [
+            mount
+            for mount in container(workload)["volumeMounts"]
+            if mount["name"] in volumes and Path(mount["mountPath"]) == config.parent
+        ]
+        assert mounted, f"{workload['metadata']['name']} does not mount {config}"
+        assert config.name in manifests.one("ConfigMap")["data"]
+
+
+def test_the_token_file_is_inside_the_mounted_token_secret(
+    manifests: Manifests, tmp_path: Path
+) -> None:
+    config = _config(manifests, tmp_path)
+    assert not config.get(AUTH_TOKEN), "the token belongs in the Secret"
+    name = manifests.token_secret_name()
+    made = [secret for secret in manifests.objects("Secret") if secret["metadata"]["name"] == name]
+    # A Secret the user creates holds the key "token" (deploy/README.md's kubectl command).
+    keys = {*made[0].get("stringData", {}), *made[0].get("data", {})} if made else {"token"}
+    for workload in manifests.workloads():
+        files = _mounted_files(workload, name, keys)
+        assert Path(config.get(AUTH_TOKEN_FILE)) in files, sorted(map(str, files))
+
+
+# --- what only the full render has ------------------------------------------------------------
+
+
+def test_tls_files_are_inside_the_mounted_tls_secret(full: Manifests, tmp_path: Path) -> None:
+    config = _config(full, tmp_path)
+    keys = {"tls.crt", "tls.key", "ca.crt"}
+    for workload in full.workloads():
+        files = _mounted_files(workload, "pyshuffle-tls", keys)
+        for option in (TLS_CERT_FILE, TLS_KEY_FILE, TLS_CA_FILE):
+            assert Path(config.get(option)) in files, (option.key, sorted(map(str, files)))
+
+
+def test_the_plain_manifests_run_without_tls(tmp_path: Path) -> None:
+    config = _config(Manifests.load(PLAIN), tmp_path)
+    assert not config.get(TLS_CERT_FILE)
+    for workload in Manifests.load(PLAIN).workloads():
+        assert "tls" not in {volume["name"] for volume in pod_spec(workload)["volumes"]}
+
+
+def test_the_service_monitor_scrapes_every_daemon(full: Manifests) -> None:
+    monitor = full.one("ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["path"] == "/metrics"
+    for workload in full.workloads():
+        service = full.service_of(workload)
+        assert selector.items() <= service["metadata"]["labels"].items()
+        ports = {port["name"]: port for port in service["spec"]["ports"]}
+        assert endpoint["port"] in ports
+        target = ports[endpoint["port"]]["targetPort"]
+        assert container_port(workload, target) == 7002
+
+
+def test_values_reach_the_objects(full: Manifests, tmp_path: Path) -> None:
+    workers = full.workload_of_role("worker")
+    config = _config(full, tmp_path)
+    assert workers["spec"]["replicas"] == 5
+    assert config.get(WORKER_MEMORY_BUDGET) == 3072 << 20
+    assert container(workers)["resources"]["limits"]["memory"] == "4096Mi"
+    (claim,) = workers["spec"]["volumeClaimTemplates"]
+    assert claim["spec"]["storageClassName"] == "local-ssd"
+    assert pod_spec(workers)["terminationGracePeriodSeconds"] == 75
+    for workload in full.workloads():
+        assert pod_spec(workload)["imagePullSecrets"] == [{"name": "registry"}]
+    assert full.one("Secret")["stringData"]["token"] == "a-test-token-of-the-chart"
