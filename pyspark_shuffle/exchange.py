@@ -16,8 +16,9 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 from pyspark import RDD, TaskContext
-from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import Row, SparkSession
 
+from pyspark_shuffle.inputs import MapInput
 from pyspark_shuffle.options import MAX_RECOVERY_ATTEMPTS, PROGRESS_INTERVAL
 from pyspark_shuffle.partitioners import Partitioner
 from pyspark_shuffle.progress import StageProgress
@@ -75,7 +76,8 @@ def _producer_of(row: Row) -> ProducerDescriptor:
 
 
 class Exchange:
-    """One DataFrame shuffled by one partitioner through the service's master."""
+    """One map input (a DataFrame, or a source its tasks read) shuffled by one partitioner
+    through the service's master."""
 
     def __init__(
         self,
@@ -85,7 +87,7 @@ class Exchange:
         job: RecordingJobContext,
         configuration: Configuration,
         secret: bytes,
-        frame: DataFrame,
+        map_input: MapInput,
         partitioner: Partitioner,
         name: str,
         automatic_reducers: bool,
@@ -94,12 +96,12 @@ class Exchange:
         self._master = master
         self._job = job
         self._configuration = configuration
-        self.frame_schema = frame.schema
+        self.frame_schema = map_input.schema
         self.name = name
         # Reducers from bytes written (neighbouring subpartitions coalesced), or one each.
         self.automatic_reducers = automatic_reducers
         self.result_id = f"{re.sub(r'[^A-Za-z0-9_.-]', '-', name)[:60]}-{new_id()[:12]}"
-        number_of_maps = frame.rdd.getNumPartitions()
+        number_of_maps = map_input.number_of_maps
         self.spec = MapStageSpec(configuration, self.result_id, number_of_maps, partitioner, secret)
         spec = self.spec
         context = spark.sparkContext
@@ -114,7 +116,7 @@ class Exchange:
             bytes_written.add(sum(metadata.column("bytes")[0].as_py()))
             yield metadata
 
-        self._mapped = frame.mapInArrow(map_partition, MAP_OUTPUT_SCHEMA)
+        self._mapped = map_input.map_in_arrow(map_partition, MAP_OUTPUT_SCHEMA)
         # The map stage as a Spark shuffle of its metadata rows into one partition: the
         # driver collects them, and reduce stages depend on it (see held_map_outputs).
         result_id = self.result_id

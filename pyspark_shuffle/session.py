@@ -22,6 +22,7 @@ from pyspark.sql.types import ArrayType, MapType, StructField, StructType
 
 from blob import BLOB_OPTIONS, BlobStore, blob_store_url
 from pyspark_shuffle.exchange import Exchange
+from pyspark_shuffle.inputs import FrameInput, MapInput
 from pyspark_shuffle.operations import (
     BatchFunction,
     GroupApply,
@@ -38,6 +39,8 @@ from pyspark_shuffle.options import (
     RANGE_SAMPLE_SIZE,
     SPARK_CONF_PREFIX,
 )
+from pyspark_shuffle.outputs import TaskOutput, collect_arrow, write_parquet
+from pyspark_shuffle.parquet import ParquetFilter, ParquetInput, ParquetSink, ParquetSource
 from pyspark_shuffle.partitioners import (
     HashPartitioner,
     Partitioner,
@@ -145,6 +148,8 @@ class _Result:
     bytes_read: Accumulator[int]
     reruns_read: Accumulator[MapOutputs]
     deployments: Broadcast[tuple[ConsumerDeploymentDescriptor, ...]]
+    output: TaskOutput
+    """The reduce tasks: their rows, and what each runs on them."""
 
 
 def _column_names(columns: str | Sequence[str]) -> tuple[str, ...]:
@@ -168,13 +173,15 @@ def _check_keys(frame: DataFrame, keys: Sequence[str], what: str) -> None:
             )
 
 
-def _arrow_schema(spark: SparkSession, schema: StructType) -> pa.Schema:
-    """The Arrow schema Spark hands ``mapInArrow`` for ``schema`` (used when no map task
-    wrote a row, so none reported the schema it saw)."""
+def _arrow_schema(
+    spark: SparkSession, schema: StructType, *, timezone: str | None = None
+) -> pa.Schema:
+    """The Arrow schema Spark hands ``mapInArrow`` for ``schema`` (timestamps in the
+    session's time zone; ``toArrow`` says ``timezone="UTC"``)."""
     large = str(spark.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false"))
     arrow: pa.Schema = to_arrow_schema(
         schema,
-        timezone=spark.conf.get("spark.sql.session.timeZone"),
+        timezone=timezone or spark.conf.get("spark.sql.session.timeZone"),
         prefers_large_types=large.lower() == "true",
     )
     return arrow
@@ -266,6 +273,7 @@ class SparkShuffle:
         self._job = RecordingJobContext(f"spark-{new_id()[:16]}")
         self._master.register_job(self._job)
         self._results: dict[int, tuple[weakref.ref[DataFrame], _Result]] = {}
+        self._sources: dict[int, tuple[weakref.ref[DataFrame], ParquetSource]] = {}
         self._exchanges: list[Exchange] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -288,6 +296,55 @@ class SparkShuffle:
                     " the running shuffle service, so set it before SparkShuffle starts"
                 )
         return now
+
+    # -- sources and sinks ----------------------------------------------------------------
+
+    def read_parquet(
+        self,
+        path: str | Sequence[str],
+        *,
+        columns: Sequence[str] | None = None,
+        filter: ParquetFilter | None = None,
+    ) -> DataFrame:
+        """Parquet files (a directory, Hive-style ``key=value`` subdirectories as columns, or
+        files; any fsspec URL Spark can read too) as a DataFrame. Consumed by an operation of
+        this object, it is read by pyarrow in the map tasks (``columns`` only, row groups
+        pruned by ``filter``, pyarrow's ``filters`` form), so its rows never cross the JVM;
+        used by Spark otherwise, it is ``spark.read.parquet(path)`` filtered and selected."""
+        source = ParquetSource.of(path, columns, filter)
+        frame = source.frame(self._spark)
+        with self._lock:
+            self._sources = {k: v for k, v in self._sources.items() if v[0]() is not None}
+            self._sources[id(frame)] = (weakref.ref(frame), source)
+        return frame
+
+    def write_parquet(
+        self,
+        frame: DataFrame,
+        path: str,
+        *,
+        partition_by: str | Sequence[str] = (),
+        mode: str = "error",
+        compression: str = "snappy",
+    ) -> int:
+        """``frame.write.mode(mode).partitionBy(...).parquet(path)``, written by pyarrow: by
+        the reduce tasks themselves for a result of this object (its rows never cross the
+        JVM), else by tasks over ``frame``'s partitions. ``path``: any fsspec URL that every
+        executor and the driver reach. Each task attempt stages its files apart; the driver
+        commits the one attempt Spark reports per task, so a retried or speculative task never
+        leaves a duplicate, then writes ``_SUCCESS``. Returns the number of files written."""
+        names = (partition_by,) if isinstance(partition_by, str) else tuple(partition_by)
+        sink = ParquetSink(
+            path, names, new_id()[:16], _arrow_schema(self._spark, frame.schema), compression
+        )
+        return write_parquet(self._task_output(frame), sink, mode)
+
+    def to_arrow(self, frame: DataFrame) -> pa.Table:
+        """``frame`` as a ``pyarrow.Table`` in the driver, in its order: a result of this
+        object straight from its reduce tasks as Arrow IPC (the JVM sees opaque chunks, not
+        rows)."""
+        schema = _arrow_schema(self._spark, frame.schema, timezone="UTC")  # as toArrow's
+        return collect_arrow(self._task_output(frame), schema)
 
     # -- operations ---------------------------------------------------------------------
 
@@ -555,7 +612,7 @@ class SparkShuffle:
             job=self._job,
             configuration=self.configuration,
             secret=self._secret,
-            frame=frame,
+            map_input=self._map_input(frame),
             partitioner=partitioner,
             name=name,
             automatic_reducers=automatic,
@@ -564,6 +621,26 @@ class SparkShuffle:
             self._exchanges.append(exchange)
         exchange.write()
         return exchange
+
+    def _task_output(self, frame: DataFrame) -> TaskOutput:
+        """The tasks that make ``frame``: its reduce tasks when it is a result of this object,
+        else its own partitions."""
+        with self._lock:
+            entry = self._results.get(id(frame))
+        if entry is not None and entry[0]() is frame:
+            return entry[1].output
+        return TaskOutput(frame, lambda batches: batches, "DataFrame")
+
+    def _map_input(self, frame: DataFrame) -> MapInput:
+        """What the map tasks read: the source behind ``frame`` when it is one this object
+        made and Spark did not change since, else the rows Spark hands over."""
+        with self._lock:
+            entry = self._sources.get(id(frame))
+        if entry is not None and entry[0]() is frame:
+            return ParquetInput(
+                self._spark, entry[1], frame.schema, _arrow_schema(self._spark, frame.schema)
+            )
+        return FrameInput(frame)
 
     def _sample(self, frame: DataFrame, keys: Sequence[str]) -> pa.Table:
         """A uniform sample of the key columns, taken in the JVM (no Python pass)."""
@@ -660,6 +737,8 @@ class SparkShuffle:
             per_reducer = reducer_indexes.map(lambda index: (index, None, None, None))
         reducers = self._spark.createDataFrame(per_reducer, REDUCER_ROW_SCHEMA)
         result = reducers.mapInArrow(reduce_partition, schema)
+        names = ", ".join(exchange.name for exchange in exchanges)
+        output = TaskOutput(reducers, reduce_partition, f"reduce stage of {names}")
         consumed = [group for each in groups.exchanges for group in each.consumed]
         with self._lock:
             self._results[id(result)] = (
@@ -674,6 +753,7 @@ class SparkShuffle:
                     bytes_read,
                     reruns_read,
                     deployments,
+                    output,
                 ),
             )
         return result

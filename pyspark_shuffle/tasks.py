@@ -62,6 +62,7 @@ __all__ = [
     "ReduceStageSpec",
     "run_map_task",
     "run_reduce_task",
+    "task_attempt_id",
     "task_environment",
 ]
 
@@ -130,7 +131,7 @@ class MapStageSpec:
         )
 
 
-def _task_attempt_id() -> str:
+def task_attempt_id() -> str:
     """The running Spark task attempt, as the attempt id of what it writes or reads.
 
     Structured, not random (as Flink's ExecutionAttemptID): a producer's attempt id is in its
@@ -155,7 +156,7 @@ def run_map_task(
     """Write ``batches`` as partition ``map_index`` under this task attempt's id; return the
     metadata row. An error fails the writer, which leaves nothing behind."""
     environment = task_environment(spec.configuration, spec.secret)
-    attempt = _task_attempt_id()
+    attempt = task_attempt_id()
     descriptor = spec.partition_descriptor(map_index)
     # Placement is the environment's: the master learns of the partition when the driver
     # registers this attempt, which is also why a retried attempt is never read twice.
@@ -282,7 +283,7 @@ def run_reduce_task(
     """Read what reducer ``reducer`` reads of every input (the attempts Spark holds, ``held``,
     where it reran a map task); apply the operation."""
     environment = task_environment(spec.configuration, spec.secret)
-    owner = ShuffleIOOwner(f"reducer {reducer}", _task_attempt_id())
+    owner = ShuffleIOOwner(f"reducer {reducer}", task_attempt_id())
     references = spec.deployments.value[reducer].inputs
     cache_bytes = spec.configuration.get(BLOB_CACHE_MAX_SIZE)
     reruns: set[tuple[str, int, bytes]] = set()

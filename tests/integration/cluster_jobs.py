@@ -12,8 +12,10 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -169,7 +171,26 @@ def operations(spark: SparkSession, shuffle: SparkShuffle, kill: Kill) -> dict[s
 
     for how in ("inner", "left", "right", "full", "semi", "anti"):
         checks[f"join_{how}"] = functools.partial(join_equal, how)
-    results = {name: check() for name, check in checks.items()}
+    files = Path(tempfile.mkdtemp(prefix="pyshuffle-parquet-"))
+    try:
+        frame.write.partitionBy("k").parquet(str(files / "in"))
+
+        def parquet_round_trip() -> bool:
+            # Read by the map tasks, written by the reduce tasks of both executors.
+            source = shuffle.read_parquet(str(files / "in"), columns=["k", "x"])
+            grouped = shuffle.group_apply(source, "k", per_group, "k long, n long")
+            shuffle.write_parquet(grouped, str(files / "out"))
+            expected = frame.groupBy("k").count().withColumnRenamed("count", "n")
+            return multiset(spark.read.parquet(str(files / "out"))) == multiset(expected)
+
+        checks["parquet_round_trip"] = parquet_round_trip
+        checks["to_arrow"] = lambda: (
+            shuffle.to_arrow(shuffle.sort(frame, ["x", "id"])).to_pylist()
+            == frame.orderBy("x", "id").toArrow().to_pylist()
+        )
+        results = {name: check() for name, check in checks.items()}
+    finally:
+        shutil.rmtree(files, ignore_errors=True)
     return {"equal": results}
 
 

@@ -69,6 +69,8 @@ def operations(
         "group_apply",
         "sort",
         *(f"join_{how}" for how in ("inner", "left", "right", "full", "semi", "anti")),
+        "parquet_round_trip",
+        "to_arrow",
     ],
 )
 def test_operations_across_two_executors_equal_spark(

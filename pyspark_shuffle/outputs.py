@@ -1,0 +1,109 @@
+"""A result's rows out of the tasks that make them, without the JVM turning them into rows:
+as Parquet files the tasks write (committed once per task), or as Arrow IPC chunks collected
+into a ``pyarrow.Table`` on the driver."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Final
+
+import pyarrow as pa
+from pyspark import TaskContext
+from pyspark.sql import DataFrame
+
+from pyspark_shuffle.exchange import stage_failure
+from pyspark_shuffle.parquet import WRITE_MODES, WRITE_REPORT_SCHEMA, ParquetSink
+from pyspark_shuffle.progress import JobLabel
+from pyspark_shuffle.tasks import task_attempt_id
+from shuffle_api import InvalidOperationError
+
+__all__ = ["TaskOutput", "collect_arrow", "write_parquet"]
+
+Produce = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+
+_CHUNK_SCHEMA: Final = "task long, chunk binary"
+
+
+@dataclass(frozen=True, slots=True)
+class TaskOutput:
+    """The tasks that make a result: task ``i`` turns the batches of partition ``i`` of
+    ``tasks`` into its rows with ``produce``."""
+
+    tasks: DataFrame
+    produce: Produce
+    description: str
+
+
+def _task_index() -> int:
+    task = TaskContext.get()
+    assert task is not None, "Spark sets the TaskContext of every Python task"
+    return task.partitionId()
+
+
+def collect_arrow(output: TaskOutput, schema: pa.Schema) -> pa.Table:
+    """The result in task order, each task's batches as IPC streams (Spark's driver result
+    limit, spark.driver.maxResultSize, applies as to ``toArrow``)."""
+    produce = output.produce
+
+    def chunks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        task = _task_index()
+        for batch in produce(batches):
+            if batch.num_rows:
+                sink = pa.BufferOutputStream()
+                with pa.ipc.new_stream(sink, batch.schema) as writer:
+                    writer.write_batch(batch)
+                yield pa.record_batch(
+                    {"task": pa.array([task], pa.int64()), "chunk": [sink.getvalue().to_pybytes()]}
+                )
+
+    context = output.tasks.sparkSession.sparkContext
+    with JobLabel(context, f"{output.description} to Arrow"):
+        try:
+            rows = output.tasks.mapInArrow(chunks, _CHUNK_SCHEMA).collect()
+        except Exception as error:
+            raise stage_failure(f"{output.description} to Arrow", error) from error
+    batches = [
+        batch for row in rows for batch in pa.ipc.open_stream(pa.py_buffer(bytes(row["chunk"])))
+    ]
+    return pa.Table.from_batches(
+        [batch.cast(schema) if batch.schema != schema else batch for batch in batches], schema
+    )
+
+
+def write_parquet(output: TaskOutput, sink: ParquetSink, mode: str) -> int:
+    """Write the result with ``sink`` as Spark's ``write.mode(mode).parquet`` would; the
+    number of files committed (0 when ``mode`` is ignore and the path exists)."""
+    if mode not in WRITE_MODES:
+        raise InvalidOperationError(f"write mode {mode!r}: one of {list(WRITE_MODES)}")
+    for name in sink.partition_by:
+        if name not in sink.schema.names:
+            raise InvalidOperationError(
+                f"partition_by: no column {name!r}; columns: {sink.schema.names}"
+            )
+    if len(sink.partition_by) == len(sink.schema.names):
+        raise InvalidOperationError("partition_by names every column: no data would be left")
+    if sink.existing():
+        if mode in ("error", "errorifexists"):
+            raise InvalidOperationError(
+                f"path {sink.url} already exists; mode 'overwrite', 'append' or 'ignore'"
+            )
+        if mode == "ignore":
+            return 0
+    produce = output.produce
+
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        yield sink.write_task(_task_index(), task_attempt_id(), produce(batches))
+
+    description = f"{output.description} to Parquet {sink.url}"
+    context = output.tasks.sparkSession.sparkContext
+    try:
+        with JobLabel(context, description):
+            reports = output.tasks.mapInArrow(write, WRITE_REPORT_SCHEMA).collect()
+    except Exception as error:
+        sink.abort()
+        raise stage_failure(description, error) from error
+    return sink.commit(
+        [(row["task"], row["attempt"], list(row["files"])) for row in reports],
+        overwrite=mode == "overwrite",
+    )
