@@ -97,6 +97,7 @@ class Exchange:
         self._job = job
         self._configuration = configuration
         self.frame_schema = map_input.schema
+        self.upstream = tuple(map_input.upstream)
         self.name = name
         # Reducers from bytes written (neighbouring subpartitions coalesced), or one each.
         self.automatic_reducers = automatic_reducers
@@ -128,6 +129,11 @@ class Exchange:
         self._schema: pa.Schema | None = None
         self._lock = threading.Lock()
         self.runs = _Runs()
+        self.consumed = False
+        """Whether a result reads it (set by SparkShuffle)."""
+        self.pinned = False
+        """Whether the user holds it (released only when asked, never as unreachable)."""
+        self.released = False
 
     @property
     def number_of_maps(self) -> int:
@@ -359,5 +365,6 @@ class Exchange:
     def release(self) -> None:
         with self._lock:
             outputs, self._outputs = list(self._outputs.values()), {}
+            self.released = True
         for output in outputs:
             self._master.release_partition_externally(output.descriptor)

@@ -4,11 +4,15 @@ that the map tasks read themselves (see :mod:`pyspark_shuffle.parquet`)."""
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
+
+if TYPE_CHECKING:
+    from pyspark_shuffle.exchange import Exchange
 
 __all__ = ["BatchWriter", "FrameInput", "MapInput"]
 
@@ -32,6 +36,11 @@ class MapInput(abc.ABC):
     def map_in_arrow(self, write: BatchWriter, schema: str) -> DataFrame:
         """The map tasks as a DataFrame of what ``write`` yields (Spark DDL ``schema``): task
         ``i`` hands ``write`` the batches of partition ``i``."""
+
+    @property
+    def upstream(self) -> Sequence[Exchange]:
+        """The exchanges the map tasks read (a fused stage's), which must outlive them."""
+        return ()
 
 
 class FrameInput(MapInput):

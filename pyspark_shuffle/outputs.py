@@ -1,24 +1,27 @@
 """A result's rows out of the tasks that make them, without the JVM turning them into rows:
-as Parquet files the tasks write (committed once per task), or as Arrow IPC chunks collected
-into a ``pyarrow.Table`` on the driver."""
+straight into the map side of the next exchange (a fused stage), as Parquet files the tasks
+write (committed once per task), or as Arrow IPC chunks collected into a ``pyarrow.Table``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
 import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql import DataFrame
+from pyspark.sql.types import StructType
 
-from pyspark_shuffle.exchange import stage_failure
+from pyspark_shuffle.exchange import Exchange, stage_failure
+from pyspark_shuffle.inputs import BatchWriter, MapInput
 from pyspark_shuffle.parquet import WRITE_MODES, WRITE_REPORT_SCHEMA, ParquetSink
 from pyspark_shuffle.progress import JobLabel
 from pyspark_shuffle.tasks import task_attempt_id
 from shuffle_api import InvalidOperationError
+from shuffle_api.batches import conform
 
-__all__ = ["TaskOutput", "collect_arrow", "write_parquet"]
+__all__ = ["FusedInput", "TaskOutput", "collect_arrow", "write_parquet"]
 
 Produce = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 
@@ -66,9 +69,7 @@ def collect_arrow(output: TaskOutput, schema: pa.Schema) -> pa.Table:
     batches = [
         batch for row in rows for batch in pa.ipc.open_stream(pa.py_buffer(bytes(row["chunk"])))
     ]
-    return pa.Table.from_batches(
-        [batch.cast(schema) if batch.schema != schema else batch for batch in batches], schema
-    )
+    return pa.Table.from_batches([conform(batch, schema) for batch in batches], schema)
 
 
 def write_parquet(output: TaskOutput, sink: ParquetSink, mode: str) -> int:
@@ -107,3 +108,36 @@ def write_parquet(output: TaskOutput, sink: ParquetSink, mode: str) -> int:
         [(row["task"], row["attempt"], list(row["files"])) for row in reports],
         overwrite=mode == "overwrite",
     )
+
+
+class FusedInput(MapInput):
+    """An earlier result as the input of a map stage, never through the JVM: each map task is
+    one of the result's reduce tasks, whose rows (of the result's declared types) go straight
+    into the new exchange's writer."""
+
+    def __init__(
+        self, output: TaskOutput, schema: StructType, exchanges: Sequence[Exchange]
+    ) -> None:
+        self._output = output
+        self._schema = schema
+        self._exchanges = tuple(exchanges)
+
+    @property
+    def schema(self) -> StructType:
+        return self._schema
+
+    @property
+    def number_of_maps(self) -> int:
+        return self._output.tasks.rdd.getNumPartitions()
+
+    @property
+    def upstream(self) -> Sequence[Exchange]:
+        return self._exchanges
+
+    def map_in_arrow(self, write: BatchWriter, schema: str) -> DataFrame:
+        produce = self._output.produce
+
+        def reduce_and_write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            return write(produce(batches))
+
+        return self._output.tasks.mapInArrow(reduce_and_write, schema)

@@ -28,6 +28,7 @@ from pyspark.sql.types import StructType
 
 from pyspark_shuffle.inputs import BatchWriter, MapInput
 from shuffle_api import InvalidOperationError
+from shuffle_api.batches import conform
 
 __all__ = ["WRITE_MODES", "ParquetFilter", "ParquetInput", "ParquetSink", "ParquetSource"]
 
@@ -248,19 +249,7 @@ class _FragmentReader:
     def _conform(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         # Spark's types for the same column (hive partition values inferred narrower, say, or
         # nanosecond timestamps, which Spark truncates to microseconds).
-        return _conform(batch, self._target, safe=False)
-
-
-def _conform(batch: pa.RecordBatch, target: pa.Schema, *, safe: bool) -> pa.RecordBatch:
-    """``batch`` with the columns of ``target``, by name, cast to its types."""
-    columns = [batch.column(field.name) for field in target]
-    return pa.RecordBatch.from_arrays(
-        [
-            column if column.type == field.type else column.cast(field.type, safe=safe)
-            for column, field in zip(columns, target, strict=True)
-        ],
-        schema=target,
-    )
+        return conform(batch, self._target, safe=False)
 
 
 class ParquetInput(MapInput):
@@ -347,7 +336,7 @@ class ParquetSink:
             for batch in batches:
                 if batch.num_rows:
                     rows += batch.num_rows
-                    yield _conform(batch, self.schema, safe=True)
+                    yield conform(batch, self.schema)
 
         partitioning = None
         if self.partition_by:

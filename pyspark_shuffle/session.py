@@ -18,7 +18,13 @@ from pyspark import RDD, Broadcast
 from pyspark.accumulators import Accumulator
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import ArrayType, MapType, StructField, StructType
+from pyspark.sql.types import (
+    ArrayType,
+    MapType,
+    StructField,
+    StructType,
+    _parse_datatype_string,
+)
 
 from blob import BLOB_OPTIONS, BlobStore, blob_store_url
 from pyspark_shuffle.exchange import Exchange
@@ -39,7 +45,7 @@ from pyspark_shuffle.options import (
     RANGE_SAMPLE_SIZE,
     SPARK_CONF_PREFIX,
 )
-from pyspark_shuffle.outputs import TaskOutput, collect_arrow, write_parquet
+from pyspark_shuffle.outputs import FusedInput, TaskOutput, collect_arrow, write_parquet
 from pyspark_shuffle.parquet import ParquetFilter, ParquetInput, ParquetSink, ParquetSource
 from pyspark_shuffle.partitioners import (
     HashPartitioner,
@@ -79,6 +85,7 @@ from shuffle_api import (
     load_shuffle_service_factory,
     new_id,
 )
+from shuffle_api.batches import conform
 from shuffle_api.options import CORE_OPTIONS, SHUFFLE_SERVICE_FACTORY_CLASS
 
 __all__ = ["ShuffleStatistics", "SparkShuffle", "spark_configuration"]
@@ -135,6 +142,12 @@ class ShuffleStatistics:
     bytes_per_reducer: tuple[int, ...]
     skewed_subpartitions: tuple[int, ...]
     unsplittable_subpartitions: tuple[int, ...]
+    fused_inputs: int = 0
+    """This result's exchanges whose map tasks read an earlier result straight from its
+    reduce tasks (a fused stage), not through the JVM."""
+    upstream_released: int = 0
+    """Exchanges earlier in this result's chain already released (no live result reads
+    them)."""
 
 
 @dataclass
@@ -228,6 +241,18 @@ def _adopt_reruns(result: _Result) -> None:
             by_id[result_id].adopt(map_index, producer)
         except ShuffleError as error:  # the rest still go; its executor's end removes it
             _LOG.warning("map output %d of %s not registered: %s", map_index, result_id, error)
+
+
+def _upstream_of(result: _Result) -> list[Exchange]:
+    """Every exchange the fused stages behind ``result`` read, transitively."""
+    found: dict[int, Exchange] = {}
+    stack = [upstream for exchange in result.exchanges for upstream in exchange.upstream]
+    while stack:
+        exchange = stack.pop()
+        if id(exchange) not in found:
+            found[id(exchange)] = exchange
+            stack.extend(exchange.upstream)
+    return list(found.values())
 
 
 class SparkShuffle:
@@ -353,7 +378,8 @@ class SparkShuffle:
     ) -> DataFrame:
         """Rows with equal keys in the same partition (by hash); ``num_partitions`` fixed, or
         automatic from the bytes the map stage wrote."""
-        return self.read(self.hash_exchange(frame, keys, num_partitions=num_partitions))
+        exchange = self._hash_exchange(frame, _column_names(keys), num_partitions, "repartition")
+        return self.read(exchange)
 
     def repartition_map(
         self,
@@ -367,7 +393,7 @@ class SparkShuffle:
         """``repartition(frame, keys).mapInArrow(function, schema)`` with ``function`` run in
         the reduce tasks themselves: the shuffled batches go straight from the input gate to
         it, never back to the JVM and out again."""
-        exchange = self.hash_exchange(frame, keys, num_partitions=num_partitions)
+        exchange = self._hash_exchange(frame, _column_names(keys), num_partitions, "repartition")
         return self._reduce([exchange], MapBatches(function), schema)
 
     def rebalance(
@@ -377,15 +403,18 @@ class SparkShuffle:
         about ``pyspark-shuffle.reducer.target-size`` bytes; with ``num_partitions`` automatic,
         a skewed key's rows are split among several partitions (so, unlike
         :meth:`repartition`, equal keys may land in different partitions)."""
-        exchange = self.hash_exchange(frame, keys, num_partitions=num_partitions)
+        exchange = self._hash_exchange(frame, _column_names(keys), num_partitions, "rebalance")
         return self._reduce([exchange], PassThrough(rebalance=True), exchange.frame_schema)
 
     def hash_exchange(
         self, frame: DataFrame, keys: str | Sequence[str], *, num_partitions: int | None = None
     ) -> Exchange:
         """The map stage of :meth:`repartition` alone: ``frame`` written, partitioned by the
-        hash of ``keys``; :meth:`read` is the reduce stage."""
-        return self._hash_exchange(frame, _column_names(keys), num_partitions, "repartition")
+        hash of ``keys``; :meth:`read` is the reduce stage. It stays until :meth:`close`
+        (or :meth:`release` of a result that reads it), whatever results of it are dropped."""
+        exchange = self._hash_exchange(frame, _column_names(keys), num_partitions, "repartition")
+        exchange.pinned = True
+        return exchange
 
     def read(self, exchange: Exchange) -> DataFrame:
         """The reduce stage: a DataFrame of the exchange's rows, partitioned as written (first
@@ -495,6 +524,7 @@ class SparkShuffle:
 
     def statistics(self, result: DataFrame) -> ShuffleStatistics:
         found = self._result(result)
+        self._release_unreachable()
         _adopt_reruns(found)
         return ShuffleStatistics(
             map_tasks=sum(exchange.number_of_maps for exchange in found.exchanges),
@@ -510,6 +540,8 @@ class SparkShuffle:
             bytes_per_reducer=tuple(task.bytes for task in found.plan.tasks),
             skewed_subpartitions=found.plan.skewed,
             unsplittable_subpartitions=found.plan.unsplittable,
+            fused_inputs=sum(1 for exchange in found.exchanges if exchange.upstream),
+            upstream_released=sum(1 for exchange in _upstream_of(found) if exchange.released),
         )
 
     def release(self, result: DataFrame) -> None:
@@ -525,17 +557,56 @@ class SparkShuffle:
                 for exchange in other.exchanges
             }
         if entry is not None:
-            _adopt_reruns(entry[1])
-            # Unpersisted, not destroyed: the executors' copies go now, and the driver's when
-            # Spark's cleaner sees the result gone. Reading the released result again still
-            # reaches the reduce tasks, which name the partitions they no longer find.
-            if self._spark_running():
-                entry[1].deployments.unpersist()
-            for group in entry[1].consumed_groups:
-                self._descriptors.invalidate(group)
+            self._forget(entry[1])
             for exchange in entry[1].exchanges:
                 if id(exchange) not in still_read:
                     exchange.release()
+
+    def _forget(self, result: _Result) -> None:
+        """Drop what the driver and executors keep to read ``result``."""
+        _adopt_reruns(result)
+        # Unpersisted, not destroyed: the executors' copies go now, and the driver's when
+        # Spark's cleaner sees the result gone. Reading a released result again still reaches
+        # the reduce tasks, which name the partitions they no longer find.
+        if self._spark_running():
+            result.deployments.unpersist()
+        for group in result.consumed_groups:
+            self._descriptors.invalidate(group)
+
+    def _release_unreachable(self) -> None:
+        """Release the exchanges that results read but no live result can read again: the
+        user dropped every result that reads them (they were garbage collected), and no
+        exchange still needed may have to rerun its map tasks from them (a fused stage
+        whose partitions live on the executors that wrote them reruns from its input). So a
+        chain's store holds its widest step, not every step."""
+        with self._lock:
+            dead = [key for key, (frame, _) in self._results.items() if frame() is None]
+            dropped = [self._results.pop(key)[1] for key in dead]
+            needed: set[int] = set()
+            stack = [
+                exchange for _, result in self._results.values() for exchange in result.exchanges
+            ]
+            while stack:
+                exchange = stack.pop()
+                if id(exchange) not in needed:
+                    needed.add(id(exchange))
+                    if exchange.held_map_outputs() is not None:
+                        stack.extend(exchange.upstream)
+            unreachable = [
+                exchange
+                for exchange in self._exchanges
+                if exchange.consumed
+                and not (exchange.pinned or exchange.released)
+                and id(exchange) not in needed
+            ]
+            self._exchanges = [
+                e for e in self._exchanges if id(e) not in {id(u) for u in unreachable}
+            ]
+        for result in dropped:
+            self._forget(result)
+        for exchange in unreachable:
+            _LOG.info("released %s: no live result reads it", exchange.name)
+            exchange.release()
 
     def close(self) -> None:
         """Release every shuffle this object made and stop its master. Results it made can no
@@ -606,6 +677,7 @@ class SparkShuffle:
     ) -> Exchange:
         if self._closed:
             raise ShuffleServiceClosedError("this SparkShuffle is closed")
+        self._release_unreachable()
         exchange = Exchange(
             self._spark,
             master=self._master,
@@ -632,10 +704,14 @@ class SparkShuffle:
         return TaskOutput(frame, lambda batches: batches, "DataFrame")
 
     def _map_input(self, frame: DataFrame) -> MapInput:
-        """What the map tasks read: the source behind ``frame`` when it is one this object
-        made and Spark did not change since, else the rows Spark hands over."""
+        """What the map tasks read: when ``frame`` is a result or a source this object made
+        and Spark did not change since, its reduce tasks (fused) or the source's files; else
+        the rows Spark hands over."""
         with self._lock:
+            result = self._results.get(id(frame))
             entry = self._sources.get(id(frame))
+        if result is not None and result[0]() is frame:
+            return FusedInput(result[1].output, frame.schema, result[1].exchanges)
         if entry is not None and entry[0]() is frame:
             return ParquetInput(
                 self._spark, entry[1], frame.schema, _arrow_schema(self._spark, frame.schema)
@@ -702,6 +778,10 @@ class SparkShuffle:
             reruns_read,
         )
 
+        struct = _parse_datatype_string(schema) if isinstance(schema, str) else schema
+        assert isinstance(struct, StructType), f"not a struct schema: {schema!r}"
+        output_schema = _arrow_schema(self._spark, struct)
+
         def reduce_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             reducers: dict[int, None] = {}
             held: dict[tuple[str, int], bytes] = {}
@@ -713,7 +793,10 @@ class SparkShuffle:
                     if result_id is not None:
                         held[result_id, map_index] = producer
             for reducer in reducers:
-                yield from run_reduce_task(spec, reducer, held)
+                # The declared types (an operation's function may return int32 for a long, say),
+                # so that Spark, a fused stage and a sink all get the same.
+                for batch in run_reduce_task(spec, reducer, held):
+                    yield conform(batch, output_schema)
 
         # Each reducer's rows: one per map output Spark holds for its inputs (see
         # Exchange.held_map_outputs); through them Spark reruns, inside the action, the map
@@ -741,6 +824,8 @@ class SparkShuffle:
         output = TaskOutput(reducers, reduce_partition, f"reduce stage of {names}")
         consumed = [group for each in groups.exchanges for group in each.consumed]
         with self._lock:
+            for exchange in exchanges:
+                exchange.consumed = True
             self._results[id(result)] = (
                 weakref.ref(result),
                 _Result(

@@ -9,12 +9,13 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from shuffle_api.errors import ShuffleError
+from shuffle_api.errors import SchemaMismatchError, ShuffleError
 
 __all__ = [
     "SubpartitionIndexes",
     "chop",
     "coalesce",
+    "conform",
     "reorder_by_subpartition",
     "split_by_subpartition",
 ]
@@ -167,3 +168,27 @@ def _concatenate(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
         return batches[0]
     combined: pa.RecordBatch = pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
     return combined
+
+
+def conform(batch: pa.RecordBatch, schema: pa.Schema, *, safe: bool = True) -> pa.RecordBatch:
+    """``batch`` with ``schema``'s columns, taken by name and cast to its types (``safe``:
+    refusing casts that lose data); :class:`SchemaMismatchError` when that cannot be done."""
+    if batch.schema == schema:
+        return batch
+    columns = []
+    for field in schema:
+        index = batch.schema.get_field_index(field.name)
+        if index < 0:
+            raise SchemaMismatchError(
+                f"no column {field.name!r} in a batch with columns {batch.schema.names}"
+            )
+        column = batch.column(index)
+        try:
+            columns.append(
+                column if column.type == field.type else column.cast(field.type, safe=safe)
+            )
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
+            raise SchemaMismatchError(
+                f"column {field.name!r} of type {column.type} cannot be {field.type}: {error}"
+            ) from error
+    return pa.RecordBatch.from_arrays(columns, schema=schema)

@@ -1,0 +1,153 @@
+"""Chains of pyshuffle operations in a real local Spark session, on both services: an operation
+whose input is the untouched result of an earlier one reads it straight from that result's
+reduce tasks (a fused stage), equal to Spark's answer for the same chain; the earlier result
+stays a valid DataFrame; and the exchanges of results the user dropped are released while the
+chain goes on, where no later rerun can need them."""
+
+from __future__ import annotations
+
+import gc
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from pyspark_shuffle import SparkShuffle
+from tests.integration.services import ShuffleService
+from tests.integration.spark_rows import multiset, ordered
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+ROWS = 30_000
+SUMMARY = "user long, events long, total double"
+
+
+@pytest.fixture(scope="module")
+def events(spark: SparkSession) -> DataFrame:
+    frame: DataFrame = spark.range(0, ROWS, 1, 4).selectExpr(
+        "id",
+        "case when id % 17 = 0 then null else id % 211 end as user",
+        "cast(id % 23 as double) * 1.5 as amount",
+        "concat('c', id % 4) as category",
+    )
+    return frame.cache()
+
+
+@pytest.fixture(scope="module")
+def users(spark: SparkSession) -> DataFrame:
+    frame: DataFrame = spark.range(0, 200).selectExpr(
+        "id as user", "concat('s', id % 5) as segment"
+    )
+    return frame.cache()
+
+
+def summarize(table: pa.Table) -> pa.Table:
+    return pa.table(
+        {
+            "user": table["user"][:1],
+            "events": pa.array([table.num_rows], pa.int64()),
+            "total": pa.array([pc.sum(table["amount"]).as_py()], pa.float64()),
+        }
+    )
+
+
+def per_segment(table: pa.Table) -> pa.Table:
+    return pa.table(
+        {
+            "segment": table["segment"][:1],
+            "users": pa.array([table.num_rows], pa.int64()),
+            "total": pa.array([pc.sum(table["total"]).as_py()], pa.float64()),
+        }
+    )
+
+
+def _spark_summary(events: DataFrame) -> DataFrame:
+    from pyspark.sql import functions as F  # noqa: N812, PLC0415
+
+    return events.groupBy("user").agg(F.count("*").alias("events"), F.sum("amount").alias("total"))
+
+
+def test_a_chain_runs_fused_and_equals_spark(
+    shuffle: SparkShuffle, events: DataFrame, users: DataFrame
+) -> None:
+    from pyspark.sql import functions as F  # noqa: N812, PLC0415
+
+    summary = shuffle.group_apply(events, "user", summarize, SUMMARY)
+    joined = shuffle.join(summary, users, "user")
+    segments = shuffle.group_apply(
+        joined, "segment", per_segment, "segment string, users long, total double"
+    )
+    ranked = shuffle.sort(segments, ["total", "segment"], ascending=[False, True])
+
+    spark_joined = _spark_summary(events).join(users, "user")
+    spark_segments = spark_joined.groupBy("segment").agg(
+        F.count("*").alias("users"), F.sum("total").alias("total")
+    )
+    assert ordered(ranked) == ordered(spark_segments.orderBy(F.desc("total"), "segment"))
+    assert shuffle.statistics(summary).fused_inputs == 0
+    assert shuffle.statistics(joined).fused_inputs == 1  # the left side; users from the JVM
+    assert shuffle.statistics(segments).fused_inputs == 1
+    assert shuffle.statistics(ranked).fused_inputs == 1
+    # Each earlier result is still an ordinary DataFrame.
+    assert multiset(summary) == multiset(_spark_summary(events))
+    assert multiset(joined) == multiset(spark_joined)
+
+
+def test_a_result_changed_by_spark_is_an_ordinary_input(
+    shuffle: SparkShuffle, events: DataFrame
+) -> None:
+    summary = shuffle.group_apply(events, "user", summarize, SUMMARY)
+    busy = summary.filter("events > 140")
+    result = shuffle.repartition(busy, "user", num_partitions=3)
+    assert shuffle.statistics(result).fused_inputs == 0
+    assert multiset(result) == multiset(_spark_summary(events).filter("events > 140"))
+
+
+def test_a_fused_stage_casts_what_a_function_returns_to_the_declared_schema(
+    shuffle: SparkShuffle, events: DataFrame
+) -> None:
+    def narrow(table: pa.Table) -> pa.Table:  # int32 and float32 where long and double are declared
+        return pa.table(
+            {
+                "user": table["user"][:1].cast(pa.int32()),
+                "events": pa.array([table.num_rows], pa.int32()),
+                "total": pa.array([pc.sum(table["amount"]).as_py()], pa.float32()),
+            }
+        )
+
+    summary = shuffle.group_apply(events, "user", narrow, SUMMARY)
+    again = shuffle.repartition(summary, "user", num_partitions=2)
+    assert shuffle.statistics(again).fused_inputs == 1
+    assert multiset(again) == multiset(summary)
+
+
+def test_dropped_results_are_released_while_the_chain_goes_on(
+    shuffle: SparkShuffle, service: ShuffleService, events: DataFrame, users: DataFrame
+) -> None:
+    before = len(service.stored_paths())
+    summary = shuffle.group_apply(events, "user", summarize, SUMMARY)
+    joined = shuffle.join(summary, users, "user")
+    del summary
+    gc.collect()
+    segments = shuffle.group_apply(
+        joined, "segment", per_segment, "segment string, users long, total double"
+    )
+    del joined
+    gc.collect()
+    while_chained = len(service.stored_paths())
+    ranked = shuffle.sort(segments, ["total"])
+    statistics = shuffle.statistics(ranked)
+    after = len(service.stored_paths())
+    assert ranked.count() == 5
+    if service.name == "external_shuffle":
+        # Replicated on the workers: a rerun of a later stage never needs an earlier one, so
+        # the group_apply's and the join's exchanges go as soon as their results are dropped.
+        assert statistics.upstream_released == 3
+        assert after - before < while_chained - before
+    else:
+        # On the executors that wrote them: kept for a later stage that may rerun from them.
+        assert statistics.upstream_released == 0
+    shuffle.release(ranked)
+    shuffle.release(segments)
