@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+import numpy as np
 import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql import DataFrame
@@ -21,7 +22,7 @@ from pyspark_shuffle.tasks import task_attempt_id
 from shuffle_api import InvalidOperationError
 from shuffle_api.batches import conform
 
-__all__ = ["FusedInput", "TaskOutput", "collect_arrow", "write_parquet"]
+__all__ = ["FusedInput", "TaskOutput", "collect_arrow", "sample_rows", "write_parquet"]
 
 Produce = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 
@@ -141,3 +142,51 @@ class FusedInput(MapInput):
             return write(produce(batches))
 
         return self._output.tasks.mapInArrow(reduce_and_write, schema)
+
+
+def sample_rows(output: TaskOutput, schema: pa.Schema, wanted: int) -> pa.Table:
+    """About ``wanted`` rows of ``schema``'s columns, drawn uniformly from the result, in one
+    job whose tasks send the driver their samples as Arrow IPC (never rows through the JVM).
+    Each task keeps up to three times its even share (as Spark's RangePartitioner), in random
+    order; the driver then takes the first rows of each in proportion to the rows it had."""
+    produce, names = output.produce, schema.names
+
+    def sample(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        task = _task_index()
+        keys = [batch.select(names) for batch in produce(batches) if batch.num_rows]
+        table = pa.Table.from_batches(keys) if keys else None
+        rows = 0 if table is None else table.num_rows
+        sink = pa.BufferOutputStream()
+        if table is not None:
+            keep = min(rows, share)
+            chosen = np.random.default_rng(task).choice(rows, keep, replace=False)
+            with pa.ipc.new_stream(sink, table.schema) as writer:
+                writer.write_table(table.take(pa.array(chosen)))
+        yield pa.record_batch(
+            {
+                "task": pa.array([task], pa.int64()),
+                "rows": pa.array([rows], pa.int64()),
+                "chunk": [sink.getvalue().to_pybytes()],
+            }
+        )
+
+    tasks = output.tasks.rdd.getNumPartitions()
+    share = max(1, -(-3 * wanted // max(1, tasks)))
+    context = output.tasks.sparkSession.sparkContext
+    description = f"sample of {', '.join(names)} from {output.description}"
+    with JobLabel(context, description):
+        try:
+            reports = output.tasks.mapInArrow(
+                sample, "task long, rows long, chunk binary"
+            ).collect()
+        except Exception as error:
+            raise stage_failure(description, error) from error
+    total = sum(int(report["rows"]) for report in reports)
+    pieces = []
+    for report in reports:
+        if not report["rows"]:
+            continue
+        table = pa.ipc.open_stream(pa.py_buffer(bytes(report["chunk"]))).read_all()
+        take = min(table.num_rows, -(-wanted * int(report["rows"]) // total))
+        pieces.append(table.slice(0, take))
+    return pa.concat_tables(pieces) if pieces else schema.empty_table()

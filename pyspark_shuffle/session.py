@@ -45,7 +45,13 @@ from pyspark_shuffle.options import (
     RANGE_SAMPLE_SIZE,
     SPARK_CONF_PREFIX,
 )
-from pyspark_shuffle.outputs import FusedInput, TaskOutput, collect_arrow, write_parquet
+from pyspark_shuffle.outputs import (
+    FusedInput,
+    TaskOutput,
+    collect_arrow,
+    sample_rows,
+    write_parquet,
+)
 from pyspark_shuffle.parquet import ParquetFilter, ParquetInput, ParquetSink, ParquetSource
 from pyspark_shuffle.partitioners import (
     HashPartitioner,
@@ -694,32 +700,49 @@ class SparkShuffle:
         exchange.write()
         return exchange
 
+    def _live_result(self, frame: DataFrame) -> _Result | None:
+        """The result of this object that ``frame`` is, untouched by Spark since; ``None`` for
+        any other DataFrame, and for one the user cached (Spark's cache then holds its rows,
+        and reading them beats rerunning the reduce)."""
+        with self._lock:
+            entry = self._results.get(id(frame))
+        if entry is None or entry[0]() is not frame or frame.is_cached:
+            return None
+        return entry[1]
+
     def _task_output(self, frame: DataFrame) -> TaskOutput:
         """The tasks that make ``frame``: its reduce tasks when it is a result of this object,
         else its own partitions."""
-        with self._lock:
-            entry = self._results.get(id(frame))
-        if entry is not None and entry[0]() is frame:
-            return entry[1].output
+        result = self._live_result(frame)
+        if result is not None:
+            return result.output
         return TaskOutput(frame, lambda batches: batches, "DataFrame")
 
     def _map_input(self, frame: DataFrame) -> MapInput:
         """What the map tasks read: when ``frame`` is a result or a source this object made
         and Spark did not change since, its reduce tasks (fused) or the source's files; else
         the rows Spark hands over."""
+        result = self._live_result(frame)
+        if result is not None:
+            return FusedInput(result.output, frame.schema, result.exchanges)
         with self._lock:
-            result = self._results.get(id(frame))
             entry = self._sources.get(id(frame))
-        if result is not None and result[0]() is frame:
-            return FusedInput(result[1].output, frame.schema, result[1].exchanges)
-        if entry is not None and entry[0]() is frame:
+        if entry is not None and entry[0]() is frame and not frame.is_cached:
             return ParquetInput(
                 self._spark, entry[1], frame.schema, _arrow_schema(self._spark, frame.schema)
             )
         return FrameInput(frame)
 
     def _sample(self, frame: DataFrame, keys: Sequence[str]) -> pa.Table:
-        """A uniform sample of the key columns, taken in the JVM (no Python pass)."""
+        """A uniform sample of the key columns: from the reduce tasks of a result of this
+        object (fused: no rows through the JVM), else taken in the JVM (no Python pass)."""
+        result = self._live_result(frame)
+        if result is not None:
+            keys_schema = pa.schema(
+                [_arrow_schema(self._spark, frame.schema).field(key) for key in keys]
+            )
+            wanted = self.configuration.get(RANGE_SAMPLE_SIZE)
+            return sample_rows(result.output, keys_schema, wanted)
         keys_only = frame.select(*keys)
         with JobLabel(self._spark.sparkContext, f"sample of {', '.join(keys)} for range bounds"):
             rows = keys_only.count()

@@ -105,6 +105,18 @@ def test_a_result_changed_by_spark_is_an_ordinary_input(
     assert multiset(result) == multiset(_spark_summary(events).filter("events > 140"))
 
 
+def test_a_result_the_user_cached_is_read_from_spark_s_cache(
+    shuffle: SparkShuffle, events: DataFrame
+) -> None:
+    summary = shuffle.group_apply(events, "user", summarize, SUMMARY).cache()
+    try:
+        ranked = shuffle.sort(summary, ["total", "user"])
+        assert shuffle.statistics(ranked).fused_inputs == 0
+        assert ordered(ranked) == ordered(_spark_summary(events).orderBy("total", "user"))
+    finally:
+        summary.unpersist()
+
+
 def test_a_fused_stage_casts_what_a_function_returns_to_the_declared_schema(
     shuffle: SparkShuffle, events: DataFrame
 ) -> None:
