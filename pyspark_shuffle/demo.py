@@ -1,9 +1,15 @@
-"""``pyshuffle demo``: a PySpark pipeline whose every exchange goes through the shuffle service.
+"""``pyshuffle demo``: a Python user's PySpark pipeline, through pyshuffle and through Spark.
 
-Generated events (user, time, amount, category) and a users dimension: sessions per user
-(group-apply: a new session after 30 idle minutes), joined with the users, totals per segment
-and per category, and every session in a global order by amount. ``--verify`` computes the
-same with Spark's own operators and compares.
+Generated events (user, time, amount, category) and a users dimension are written to Parquet
+first. The pipeline: sessions per user (a Python function: a new session after 30 idle
+minutes), joined with the users, totals per segment and per category (Python functions), and
+every session in a global order by amount, written to Parquet.
+
+pyshuffle reads the Parquet files in its tasks, runs each step fused into the next and writes
+Parquet from its reduce tasks: no data row crosses between the JVM and Python. Beside it runs
+the same pipeline as a Python user writes it in Spark: the same functions through
+``applyInArrow``. ``--verify`` also runs it in Spark's own SQL (window functions) and checks
+that the three agree.
 """
 
 from __future__ import annotations
@@ -12,15 +18,19 @@ import argparse
 import itertools
 import logging
 import math
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final, TypeVar
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame, Row, SparkSession, Window
+import pyarrow.parquet as pq
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as sf
 
 from pyspark_shuffle.local_spark import local_spark_session
@@ -83,7 +93,8 @@ def sessionize(events: pa.Table) -> pa.Table:
     starts = np.flatnonzero(np.diff(micros, prepend=micros[0]) > SESSION_GAP_SECONDS * 1_000_000)
     starts = np.concatenate(([0], starts))
     ends = np.append(starts[1:], len(micros))
-    time_type = ordered.schema.field("time").type
+    # UTC whatever the input's zone: what Spark's applyInArrow wants back.
+    time_type = pa.timestamp("us", tz="UTC")
     return pa.table(
         {
             "user": np.full(len(starts), ordered.column("user")[0].as_py()),
@@ -131,54 +142,73 @@ def _totals_by(key: str, distinct: str | None) -> Callable[[pa.Table], pa.Table]
     return totals
 
 
-@dataclass
+@dataclass(frozen=True)
 class Outcome:
-    sessions: list[Row]
-    segments: list[Row]
-    categories: list[Row]
-    ordered: list[Row]
+    """A pipeline's answers: sessions in their global order, totals per segment and category."""
+
+    sessions: pa.Table
+    segments: pa.Table
+    categories: pa.Table
 
 
 def run_with_pyshuffle(
-    shuffle: SparkShuffle, events: DataFrame, users: DataFrame
+    shuffle: SparkShuffle, events_path: str, users_path: str, out: str
 ) -> tuple[Outcome, list[str]]:
-    lines: list[str] = []
-
-    def timed(name: str, result: DataFrame, action: Callable[[DataFrame], T]) -> T:
-        started = time.perf_counter()
-        rows = action(result)
-        elapsed = time.perf_counter() - started
+    events = shuffle.read_parquet(events_path)
+    users = shuffle.read_parquet(users_path)
+    sessions = shuffle.group_apply(events, "user", sessionize, SESSIONS_SCHEMA)
+    enriched = shuffle.join(sessions, users, "user", "inner")
+    segments = shuffle.group_apply(
+        enriched, "segment", _totals_by("segment", None), SEGMENTS_SCHEMA
+    )
+    categories = shuffle.group_apply(
+        events, "category", _totals_by("category", "user"), CATEGORIES_SCHEMA
+    )
+    ordered = shuffle.sort(enriched, ["amount", "user", "session"], ascending=[False, True, True])
+    shuffle.write_parquet(ordered, out, mode="overwrite")
+    outcome = Outcome(pq.read_table(out), shuffle.to_arrow(segments), shuffle.to_arrow(categories))
+    lines = []
+    for name, result in (
+        ("sessions (group-apply)", sessions),
+        ("join with users", enriched),
+        ("totals per segment", segments),
+        ("totals per category", categories),
+        ("sessions by amount", ordered),
+    ):
         stats = shuffle.statistics(result)
+        source = "fused" if stats.fused_inputs else "Parquet"
         lines.append(
             f"  {name:<22} {stats.map_tasks:>4} maps -> {stats.reducers:>3} reducers"
             f" {stats.rows_written:>12,} rows {stats.bytes_written / 1e6:>9,.1f} MB"
-            f"  map {stats.map_seconds:6.2f} s  reduce+action {elapsed:6.2f} s"
+            f"  map {stats.map_seconds:6.2f} s  input: {source}"
         )
-        return rows
-
-    sessions = shuffle.group_apply(events, "user", sessionize, SESSIONS_SCHEMA).cache()
-    session_rows = timed("sessions (group-apply)", sessions, lambda frame: frame.collect())
-    enriched = shuffle.join(sessions, users, "user", "inner").cache()
-    timed("join with users", enriched, lambda frame: frame.count())
-    segments = shuffle.group_apply_sorted(
-        enriched, "segment", _totals_by("segment", None), SEGMENTS_SCHEMA
-    )
-    segment_rows = timed("totals per segment", segments, lambda frame: frame.collect())
-    categories = shuffle.group_apply_sorted(
-        events, "category", _totals_by("category", "user"), CATEGORIES_SCHEMA
-    )
-    category_rows = timed("totals per category", categories, lambda frame: frame.collect())
-    ordered = shuffle.sort(enriched, ["amount", "user", "session"], ascending=[False, True, True])
-    ordered_rows = timed(
-        "sessions by amount",
-        ordered,
-        lambda frame: frame.select("amount", "user", "session").collect(),
-    )
-    return Outcome(session_rows, segment_rows, category_rows, ordered_rows), lines
+    return outcome, lines
 
 
-def run_with_spark(events: DataFrame, users: DataFrame) -> Outcome:
-    """The same pipeline with Spark's own operators."""
+def run_with_spark_udfs(
+    spark: SparkSession, events_path: str, users_path: str, out: str
+) -> Outcome:
+    """The same pipeline as a Python user writes it in Spark: the same functions, per group,
+    through ``applyInArrow``; Spark's join and sort."""
+    events = spark.read.parquet(events_path)
+    users = spark.read.parquet(users_path)
+    sessions = events.groupBy("user").applyInArrow(sessionize, SESSIONS_SCHEMA)
+    enriched = sessions.join(users, on="user", how="inner")
+    segments = enriched.groupBy("segment").applyInArrow(
+        _totals_by("segment", None), SEGMENTS_SCHEMA
+    )
+    categories = events.groupBy("category").applyInArrow(
+        _totals_by("category", "user"), CATEGORIES_SCHEMA
+    )
+    ordered = enriched.orderBy(sf.col("amount").desc(), "user", "session")
+    ordered.write.mode("overwrite").parquet(out)
+    return Outcome(pq.read_table(out), segments.toArrow(), categories.toArrow())
+
+
+def run_with_spark_sql(spark: SparkSession, events_path: str, users_path: str) -> Outcome:
+    """The same pipeline in Spark's own SQL: window functions instead of the Python ones."""
+    events = spark.read.parquet(events_path)
+    users = spark.read.parquet(users_path)
     by_user = Window.partitionBy("user").orderBy("time")
     starts = events.withColumn(
         "new_session",
@@ -209,28 +239,44 @@ def run_with_spark(events: DataFrame, users: DataFrame) -> Outcome:
         sf.countDistinct("user").alias("users"),
         sf.round(sf.sum("amount"), 2).alias("amount"),
     )
-    ordered = enriched.orderBy(sf.col("amount").desc(), "user", "session").select(
-        "amount", "user", "session"
-    )
-    return Outcome(sessions.collect(), segments.collect(), categories.collect(), ordered.collect())
+    ordered = enriched.orderBy(sf.col("amount").desc(), "user", "session")
+    return Outcome(ordered.toArrow(), segments.toArrow(), categories.toArrow())
 
 
-def _in_order(rows: Sequence[Row]) -> bool:
-    """Amount descending, then user and session ascending, by the rows' own values (the two
+def _in_order(sessions: pa.Table) -> bool:
+    """Amount descending, then user and session ascending, by the rows' own values (two
     pipelines may round a sum of floats differently in the last cent)."""
-    keys = [(-row["amount"], row["user"], row["session"]) for row in rows]
+    keys = zip(
+        (-amount for amount in sessions.column("amount").to_pylist()),
+        sessions.column("user").to_pylist(),
+        sessions.column("session").to_pylist(),
+        strict=True,
+    )
     return all(before <= after for before, after in itertools.pairwise(keys))
 
 
-def _same_rows(got: Sequence[Row], want: Sequence[Row]) -> bool:
-    """The same rows in any order, floats within a cent."""
+def _rows(table: pa.Table, names: Sequence[str]) -> list[tuple[Any, ...]]:
+    """The rows of ``names``, sorted; times as UTC microseconds (the pipelines type them with
+    and without a time zone), floats last so that a last-cent difference cannot pair rows
+    differently."""
+    columns = []
+    for name in names:
+        column = table.column(name)
+        if pa.types.is_timestamp(column.type):
+            column = column.cast(pa.timestamp("us")).cast(pa.int64())
+        columns.append(column.to_pylist())
+    rows = [
+        tuple(value for value in row if not isinstance(value, float))
+        + tuple(value for value in row if isinstance(value, float))
+        for row in zip(*columns, strict=True)
+    ]
+    return sorted(rows)
 
-    def normal(row: Row) -> tuple[Any, ...]:
-        # Floats last: a last-cent difference must not change which rows are paired.
-        exact = tuple(value for value in row if not isinstance(value, float))
-        return exact + tuple(round(value, 2) for value in row if isinstance(value, float))
 
-    mine, theirs = sorted(normal(row) for row in got), sorted(normal(row) for row in want)
+def _same_rows(got: pa.Table, want: pa.Table) -> bool:
+    """The same rows in any order (the columns of ``want``), floats within a cent."""
+    names = want.column_names
+    mine, theirs = _rows(got, names), _rows(want, names)
     return len(mine) == len(theirs) and all(
         all(
             math.isclose(a, b, abs_tol=0.011) if isinstance(a, float) else a == b
@@ -240,65 +286,109 @@ def _same_rows(got: Sequence[Row], want: Sequence[Row]) -> bool:
     )
 
 
+def _agree(ours: Outcome, theirs: Outcome) -> dict[str, bool]:
+    return {
+        "sessions": _same_rows(ours.sessions, theirs.sessions),
+        "segments": _same_rows(ours.segments, theirs.segments),
+        "categories": _same_rows(ours.categories, theirs.categories),
+        "global order": _in_order(ours.sessions),
+    }
+
+
+def _write_inputs(
+    spark: SparkSession, work: Path, rows: int, users: int, cores: int
+) -> tuple[str, str]:
+    events, dimension = generate(spark, rows, users, cores * 4)
+    events_path, users_path = str(work / "events"), str(work / "users")
+    events.write.parquet(events_path)
+    dimension.write.parquet(users_path)
+    return events_path, users_path
+
+
+def _start_python_workers(spark: SparkSession, cores: int) -> None:
+    """Start Spark's Python workers (and their pyarrow) before any timing, so neither pipeline
+    pays for it on the other's behalf."""
+    spark.range(0, cores, 1, cores).mapInArrow(lambda batches: batches, "id long").count()
+
+
+def _timed(run: Callable[[], T]) -> tuple[T, float]:
+    started = time.perf_counter()
+    value = run()
+    return value, time.perf_counter() - started
+
+
+def _print_outcome(outcome: Outcome) -> None:
+    print(f"{outcome.sessions.num_rows:,} sessions; totals per segment:")
+    for row in sorted(outcome.segments.to_pylist(), key=lambda row: row["segment"]):
+        print(
+            f"  {row['segment']:<8} {row['sessions']:>10,} sessions"
+            f" {row['events']:>12,} events {row['amount']:>16,.2f}"
+        )
+    print("totals per category:")
+    for row in sorted(outcome.categories.to_pylist(), key=lambda row: row["category"]):
+        print(
+            f"  {row['category']:<8} {row['events']:>10,} events"
+            f" {row['users']:>8,} users {row['amount']:>16,.2f}"
+        )
+    print("top sessions by amount:")
+    for row in outcome.sessions.slice(0, 5).to_pylist():
+        print(f"  user {row['user']:>8} session {row['session']:>3}: {row['amount']:>10,.2f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pyshuffle demo", description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000, help="events to generate")
     parser.add_argument("--users", type=int, default=50_000, help="users in the dimension")
     parser.add_argument("--cores", type=int, default=2, help="local Spark cores")
     parser.add_argument("--config", help="pyshuffle TOML config file")
-    parser.add_argument("--verify", action="store_true", help="compare with Spark's own operators")
+    parser.add_argument(
+        "--work", type=Path, help="directory for the Parquet files (kept); default: a temporary one"
+    )
+    parser.add_argument(
+        "--verify", action="store_true", help="also run Spark's own SQL and check all agree"
+    )
     args = parser.parse_args(argv)
     # The library logs; the command shows its warnings, and the map stages' progress lines.
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     logging.getLogger("pyspark_shuffle.progress").setLevel(logging.INFO)
 
-    started = time.perf_counter()
-    spark = local_spark_session("pyshuffle-demo", cores=args.cores, driver_memory="4g")
-    seconds = time.perf_counter() - started
+    spark, seconds = _timed(
+        lambda: local_spark_session("pyshuffle-demo", cores=args.cores, driver_memory="4g")
+    )
     print(f"Spark {spark.version} local[{args.cores}] started in {seconds:.1f} s")
-    events, users = generate(spark, args.rows, args.users, args.cores * 4)
-    events = events.cache()
-    events.count()
-    print(f"generated {args.rows:,} events of {args.users:,} users")
+    work = args.work or Path(tempfile.mkdtemp(prefix="pyshuffle-demo-"))
     try:
+        events, users = _write_inputs(spark, work, args.rows, args.users, args.cores)
+        print(f"wrote {args.rows:,} events of {args.users:,} users as Parquet under {work}")
+        _start_python_workers(spark, args.cores)
         with SparkShuffle(spark, config_file=args.config) as shuffle:
             factory = shuffle.configuration.get(SHUFFLE_SERVICE_FACTORY_CLASS)
             print(f"shuffle service: {factory}")
-            began = time.perf_counter()
-            outcome, lines = run_with_pyshuffle(shuffle, events, users)
-            pipeline_seconds = time.perf_counter() - began
+            (outcome, lines), ours_seconds = _timed(
+                lambda: run_with_pyshuffle(shuffle, events, users, str(work / "pyshuffle-out"))
+            )
         print("shuffle statistics per result:")
         print("\n".join(lines))
-        print(f"pipeline through pyshuffle: {pipeline_seconds:.1f} s")
-        print(f"{len(outcome.sessions):,} sessions; totals per segment:")
-        for row in sorted(outcome.segments):
-            print(
-                f"  {row['segment']:<8} {row['sessions']:>10,} sessions"
-                f" {row['events']:>12,} events {row['amount']:>16,.2f}"
-            )
-        print("totals per category:")
-        for row in sorted(outcome.categories):
-            print(
-                f"  {row['category']:<8} {row['events']:>10,} events"
-                f" {row['users']:>8,} users {row['amount']:>16,.2f}"
-            )
-        print("top sessions by amount:")
-        for row in outcome.ordered[:5]:
-            print(f"  user {row['user']:>8} session {row['session']:>3}: {row['amount']:>10,.2f}")
-        if not args.verify:
-            return 0
-        began = time.perf_counter()
-        expected = run_with_spark(events, users)
-        print(f"the same with Spark's own operators: {time.perf_counter() - began:.1f} s")
-        checks = {
-            "sessions": _same_rows(outcome.sessions, expected.sessions),
-            "segments": _same_rows(outcome.segments, expected.segments),
-            "categories": _same_rows(outcome.categories, expected.categories),
-            "global order": _in_order(outcome.ordered)
-            and _same_rows(outcome.ordered, expected.ordered),
-        }
+        _print_outcome(outcome)
+        spark_outcome, spark_seconds = _timed(
+            lambda: run_with_spark_udfs(spark, events, users, str(work / "spark-out"))
+        )
+        print(f"pipeline through pyshuffle:                      {ours_seconds:6.1f} s")
+        print(
+            f"the same functions through Spark's applyInArrow: {spark_seconds:6.1f} s"
+            f"  (pyshuffle {spark_seconds / ours_seconds:.1f}x faster)"
+        )
+        checks = _agree(outcome, spark_outcome)
+        if args.verify:
+            sql_outcome, sql_seconds = _timed(lambda: run_with_spark_sql(spark, events, users))
+            print(f"the same in Spark's own SQL (window functions):  {sql_seconds:6.1f} s")
+            checks = {
+                name: same and _agree(outcome, sql_outcome)[name] for name, same in checks.items()
+            }
         for name, same in checks.items():
             print(f"verified {name}: {'OK' if same else 'MISMATCH'}")
         return 0 if all(checks.values()) else 1
     finally:
         spark.stop()
+        if args.work is None:
+            shutil.rmtree(work, ignore_errors=True)

@@ -27,6 +27,8 @@ def test_demo_runs_the_pyspark_pipeline_and_verifies_it(tmp_path: Path) -> None:
     for check in ("sessions", "segments", "categories", "global order"):
         assert f"verified {check}: OK" in result.stdout
     assert "20,000 rows" in result.stdout  # the statistics of the sessions' group-apply
+    assert "input: fused" in result.stdout  # the join reads the sessions' reduce tasks
+    assert "the same functions through Spark's applyInArrow" in result.stdout
     assert list(store.iterdir()) == []  # the demo releases everything it wrote
 
 
