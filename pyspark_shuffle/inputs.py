@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -14,10 +15,23 @@ from pyspark.sql.types import StructType
 if TYPE_CHECKING:
     from pyspark_shuffle.exchange import Exchange
 
-__all__ = ["BatchWriter", "FrameInput", "MapInput"]
+__all__ = ["BatchWriter", "FrameInput", "MapInput", "Produce", "TaskOutput"]
 
 BatchWriter = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 """What a map task runs on its input's batches: it writes them, and yields its metadata row."""
+
+Produce = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+"""What a task runs on the batches of its partition of ``TaskOutput.tasks`` to make its rows."""
+
+
+@dataclass(frozen=True, slots=True)
+class TaskOutput:
+    """The tasks that make some rows: task ``i`` turns the batches of partition ``i`` of
+    ``tasks`` into its rows with ``produce``."""
+
+    tasks: DataFrame
+    produce: Produce
+    description: str
 
 
 class MapInput(abc.ABC):
@@ -33,14 +47,28 @@ class MapInput(abc.ABC):
     def number_of_maps(self) -> int: ...
 
     @abc.abstractmethod
-    def map_in_arrow(self, write: BatchWriter, schema: str) -> DataFrame:
-        """The map tasks as a DataFrame of what ``write`` yields (Spark DDL ``schema``): task
-        ``i`` hands ``write`` the batches of partition ``i``."""
+    def task_output(self) -> TaskOutput:
+        """The tasks that read the input, one per map task, and what makes their rows."""
+
+    def map_in_arrow(self, write: BatchWriter, schema: StructType | str) -> DataFrame:
+        """The map tasks as a DataFrame of what ``write`` yields (of ``schema``): task ``i``
+        hands ``write`` the rows of map task ``i``."""
+        output = self.task_output()
+        produce = output.produce
+
+        def read_and_write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            return write(produce(batches))
+
+        return output.tasks.mapInArrow(read_and_write, schema)
 
     @property
     def upstream(self) -> Sequence[Exchange]:
         """The exchanges the map tasks read (a fused stage's), which must outlive them."""
         return ()
+
+
+def _unchanged(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    return batches
 
 
 class FrameInput(MapInput):
@@ -57,5 +85,5 @@ class FrameInput(MapInput):
     def number_of_maps(self) -> int:
         return self._frame.rdd.getNumPartitions()
 
-    def map_in_arrow(self, write: BatchWriter, schema: str) -> DataFrame:
-        return self._frame.mapInArrow(write, schema)
+    def task_output(self) -> TaskOutput:
+        return TaskOutput(self._frame, _unchanged, "DataFrame")

@@ -12,6 +12,7 @@ from scheduling.options import SCHEDULING_OPTIONS
 from shuffle_api.config import ConfigOption, float_option, int_option, memory_option
 
 __all__ = [
+    "JOIN_BROADCAST_THRESHOLD",
     "MAX_RECOVERY_ATTEMPTS",
     "MAX_SUBPARTITIONS",
     "PROGRESS_INTERVAL",
@@ -52,6 +53,14 @@ RANGE_SAMPLE_SIZE = int_option(
     "Rows of keys sampled from the input to choose range boundaries for a sort.",
     minimum=1,
 )
+JOIN_BROADCAST_THRESHOLD = memory_option(
+    "pyspark-shuffle.join.broadcast-threshold",
+    10 << 20,
+    "A join side (the one Spark may broadcast for the join type) whose map stage wrote at most"
+    " this many bytes is broadcast: read whole by every task of the other side, which is not"
+    " shuffled (Spark's spark.sql.autoBroadcastJoinThreshold); 0: only when join() asks.",
+    minimum=0,
+)
 PROGRESS_INTERVAL = float_option(
     "pyspark-shuffle.progress.interval",
     5.0,
@@ -70,6 +79,7 @@ PYSPARK_SHUFFLE_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
     REDUCER_TARGET_SIZE,
     REDUCER_MIN_COUNT,
     RANGE_SAMPLE_SIZE,
+    JOIN_BROADCAST_THRESHOLD,
     PROGRESS_INTERVAL,
     MAX_RECOVERY_ATTEMPTS,
     *SCHEDULING_OPTIONS,

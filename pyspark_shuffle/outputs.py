@@ -4,39 +4,25 @@ write (committed once per task), or as Arrow IPC chunks collected into a ``pyarr
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 from typing import Final
 
 import numpy as np
 import pyarrow as pa
 from pyspark import TaskContext
-from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
 from pyspark_shuffle.exchange import Exchange, stage_failure
-from pyspark_shuffle.inputs import BatchWriter, MapInput
+from pyspark_shuffle.inputs import MapInput, TaskOutput
 from pyspark_shuffle.parquet import WRITE_MODES, WRITE_REPORT_SCHEMA, ParquetSink
 from pyspark_shuffle.progress import JobLabel
 from pyspark_shuffle.tasks import task_attempt_id
 from shuffle_api import InvalidOperationError
 from shuffle_api.batches import conform
 
-__all__ = ["FusedInput", "TaskOutput", "collect_arrow", "sample_rows", "write_parquet"]
-
-Produce = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+__all__ = ["FusedInput", "collect_arrow", "sample_rows", "write_parquet"]
 
 _CHUNK_SCHEMA: Final = "task long, chunk binary"
-
-
-@dataclass(frozen=True, slots=True)
-class TaskOutput:
-    """The tasks that make a result: task ``i`` turns the batches of partition ``i`` of
-    ``tasks`` into its rows with ``produce``."""
-
-    tasks: DataFrame
-    produce: Produce
-    description: str
 
 
 def _task_index() -> int:
@@ -135,13 +121,8 @@ class FusedInput(MapInput):
     def upstream(self) -> Sequence[Exchange]:
         return self._exchanges
 
-    def map_in_arrow(self, write: BatchWriter, schema: str) -> DataFrame:
-        produce = self._output.produce
-
-        def reduce_and_write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            return write(produce(batches))
-
-        return self._output.tasks.mapInArrow(reduce_and_write, schema)
+    def task_output(self) -> TaskOutput:
+        return self._output
 
 
 def sample_rows(output: TaskOutput, schema: pa.Schema, wanted: int) -> pa.Table:

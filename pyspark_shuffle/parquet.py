@@ -26,7 +26,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 (Spark's own spelling)
 from pyspark.sql.types import StructType
 
-from pyspark_shuffle.inputs import BatchWriter, MapInput
+from pyspark_shuffle.inputs import MapInput, TaskOutput
 from shuffle_api import InvalidOperationError
 from shuffle_api.batches import conform
 
@@ -288,16 +288,12 @@ class ParquetInput(MapInput):
     def number_of_maps(self) -> int:
         return len(self._tasks)
 
-    def map_in_arrow(self, write: BatchWriter, schema: str) -> DataFrame:
+    def task_output(self) -> TaskOutput:
         rows = [(pickle.dumps(task),) for task in self._tasks]
         tasks = self._spark.sparkContext.parallelize(rows, len(rows))
-        reader = _FragmentReader(self._dataset_schema, self._condition, self._arrow_schema)
-
-        def read_and_write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            return write(reader.read(batches))
-
         frame = self._spark.createDataFrame(tasks, "row_groups binary")
-        return frame.mapInArrow(read_and_write, schema)
+        reader = _FragmentReader(self._dataset_schema, self._condition, self._arrow_schema)
+        return TaskOutput(frame, reader.read, "Parquet source")
 
 
 WRITE_MODES: Final = ("error", "errorifexists", "overwrite", "append", "ignore")

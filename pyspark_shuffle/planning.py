@@ -19,7 +19,7 @@ from scheduling.skew import (
 )
 from shuffle_api import Configuration
 
-__all__ = ["adaptive_plan", "one_reducer_per_subpartition"]
+__all__ = ["adaptive_plan", "one_reducer", "one_reducer_per_subpartition"]
 
 BytesMatrix = npt.NDArray[np.int64]
 """Bytes map task m wrote to subpartition s, at ``[m, s]``."""
@@ -30,6 +30,12 @@ def one_reducer_per_subpartition(inputs: Sequence[BytesMatrix]) -> ConsumerPlan:
     subpartitions = inputs[0].shape[1]
     # min = max = S: one reducer per subpartition, empty ones too.
     bounds = ParallelismBounds(subpartitions, subpartitions, bytes_per_task=1)
+    return plan_consumers(inputs, bounds, skew=None, splittable=(False,) * len(inputs))
+
+
+def one_reducer(inputs: Sequence[BytesMatrix]) -> ConsumerPlan:
+    """A single reducer that reads every subpartition of every map task (a side read whole)."""
+    bounds = ParallelismBounds(1, 1, bytes_per_task=1)
     return plan_consumers(inputs, bounds, skew=None, splittable=(False,) * len(inputs))
 
 

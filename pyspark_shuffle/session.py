@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import pyarrow as pa
 from pyspark import RDD, Broadcast
@@ -27,8 +27,9 @@ from pyspark.sql.types import (
 )
 
 from blob import BLOB_OPTIONS, BlobStore, blob_store_url
+from pyspark_shuffle.broadcast import BroadcastSide, broadcast_join, broadcast_side, ipc_bytes
 from pyspark_shuffle.exchange import Exchange
-from pyspark_shuffle.inputs import FrameInput, MapInput
+from pyspark_shuffle.inputs import FrameInput, MapInput, TaskOutput
 from pyspark_shuffle.operations import (
     BatchFunction,
     GroupApply,
@@ -40,6 +41,7 @@ from pyspark_shuffle.operations import (
     SortWithin,
 )
 from pyspark_shuffle.options import (
+    JOIN_BROADCAST_THRESHOLD,
     MAX_SUBPARTITIONS,
     PYSPARK_SHUFFLE_OPTIONS,
     RANGE_SAMPLE_SIZE,
@@ -47,7 +49,6 @@ from pyspark_shuffle.options import (
 )
 from pyspark_shuffle.outputs import (
     FusedInput,
-    TaskOutput,
     collect_arrow,
     sample_rows,
     write_parquet,
@@ -59,7 +60,7 @@ from pyspark_shuffle.partitioners import (
     RangePartitioner,
     choose_boundaries,
 )
-from pyspark_shuffle.planning import adaptive_plan, one_reducer_per_subpartition
+from pyspark_shuffle.planning import adaptive_plan, one_reducer, one_reducer_per_subpartition
 from pyspark_shuffle.progress import JobLabel
 from pyspark_shuffle.sorting import sort_keys_of
 from pyspark_shuffle.tasks import (
@@ -70,7 +71,6 @@ from pyspark_shuffle.tasks import (
     run_reduce_task,
 )
 from scheduling.deployment import (
-    ConsumerDeploymentDescriptor,
     DescriptorCache,
     consumer_deployments,
     planned_reads,
@@ -154,6 +154,9 @@ class ShuffleStatistics:
     upstream_released: int = 0
     """Exchanges earlier in this result's chain already released (no live result reads
     them)."""
+    broadcast_side: str | None = None
+    """For a join: the side broadcast (``"left"`` or ``"right"``; the figures above are that
+    side's, ``reducers`` the other side's tasks that joined with it), or ``None``."""
 
 
 @dataclass
@@ -166,9 +169,12 @@ class _Result:
     rows_read: Accumulator[int]
     bytes_read: Accumulator[int]
     reruns_read: Accumulator[MapOutputs]
-    deployments: Broadcast[tuple[ConsumerDeploymentDescriptor, ...]]
+    broadcasts: tuple[Broadcast[Any], ...]
+    """What the executors keep to read it: the reducers' deployments, a broadcast side."""
     output: TaskOutput
     """The reduce tasks: their rows, and what each runs on them."""
+    broadcast: BroadcastSide | None = None
+    """A broadcast join's: ``exchanges`` are then those its tasks read through a fused input."""
 
 
 def _column_names(columns: str | Sequence[str]) -> tuple[str, ...]:
@@ -498,9 +504,18 @@ class SparkShuffle:
         how: str = "inner",
         *,
         num_partitions: int | None = None,
+        broadcast: str = "auto",
     ) -> DataFrame:
         """Spark's ``left.join(right, on=keys, how=how)`` for ``how`` in inner, left, right,
-        full, semi, anti: both sides hash-partitioned alike, joined per reducer in Arrow."""
+        full, semi, anti, joined in Arrow: both sides hash-partitioned alike and joined per
+        reducer, or one side broadcast - read whole by every task of the other side, which is
+        then not shuffled at all.
+
+        ``broadcast``: ``"auto"`` broadcasts the side Spark may broadcast for ``how`` (the
+        right for inner, left, semi and anti; the left for right) when its map stage wrote at
+        most ``pyspark-shuffle.join.broadcast-threshold`` bytes, else shuffles both (reusing
+        what that side wrote); ``"left"`` or ``"right"`` broadcast that side whatever its size,
+        where ``how`` allows it; ``"none"`` always shuffles both."""
         names = _column_names(on)
         operation = Join(names, how)  # refuses an unknown join type before any Spark job
         _check_keys(left, names, "join (left side)")
@@ -514,13 +529,78 @@ class SparkShuffle:
                 )
         # Before any Spark job: it refuses columns on both sides.
         schema = _join_schema(left.schema, right.schema, names, how)
+        threshold = self.configuration.get(JOIN_BROADCAST_THRESHOLD)
+        side = broadcast_side(how, broadcast, threshold)
         partitioner = self._hash(names, num_partitions)
         automatic = num_partitions is None
+        frames = {"left": left, "right": right}
+        written: dict[str, Exchange] = {}
+        if side is not None:
+            written[side] = self._exchange(
+                frames[side], partitioner, f"join-{side}{names}", automatic=automatic
+            )
+            if broadcast == side or sum(written[side].bytes_per_subpartition) <= threshold:
+                other = "left" if side == "right" else "right"
+                return self._broadcast_join(written[side], side, frames[other], operation, schema)
         exchanges = [
-            self._exchange(left, partitioner, f"join-left{names}", automatic=automatic),
-            self._exchange(right, partitioner, f"join-right{names}", automatic=automatic),
+            written.get(name)
+            or self._exchange(frames[name], partitioner, f"join-{name}{names}", automatic=automatic)
+            for name in ("left", "right")
         ]
         return self._reduce(exchanges, operation, schema)
+
+    def _broadcast_join(
+        self,
+        small: Exchange,
+        side: str,
+        streamed_frame: DataFrame,
+        operation: Join,
+        schema: StructType,
+    ) -> DataFrame:
+        """Join ``streamed_frame`` task by task with the whole of what ``small`` wrote: read
+        by one reducer into the driver, then shared with Spark's broadcast (as Spark's own
+        broadcast joins are); ``small`` is released once read."""
+        reader = self._reduce(
+            [small], PassThrough(), small.frame_schema, plan=one_reducer([small.bytes_matrix()])
+        )
+        table = collect_arrow(
+            self._result(reader).output, _arrow_schema(self._spark, small.frame_schema)
+        )
+        rows, size = sum(small.rows_per_subpartition), sum(small.bytes_per_subpartition)
+        self.release(reader)
+        context = self._spark.sparkContext
+        shared = context.broadcast(ipc_bytes(table))
+        streamed = self._map_input(streamed_frame)
+        output = broadcast_join(
+            streamed.task_output(),
+            _arrow_schema(self._spark, streamed.schema),
+            side=side,
+            shared=shared,
+            operation=operation,
+            output_schema=_arrow_schema(self._spark, schema),
+        )
+        result = output.tasks.mapInArrow(output.produce, schema)
+        figures = BroadcastSide(
+            side, small.number_of_maps, small.runs.seconds, rows, size, streamed.number_of_maps
+        )
+        with self._lock:
+            self._results[id(result)] = (
+                weakref.ref(result),
+                _Result(
+                    list(streamed.upstream),
+                    operation,
+                    schema,
+                    ConsumerPlan((), (), ()),
+                    [],
+                    context.accumulator(0),
+                    context.accumulator(0),
+                    context.accumulator(frozenset(), MapOutputsParam()),
+                    (shared,),
+                    output,
+                    figures,
+                ),
+            )
+        return result
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -532,6 +612,26 @@ class SparkShuffle:
         found = self._result(result)
         self._release_unreachable()
         _adopt_reruns(found)
+        if found.broadcast is not None:
+            side = found.broadcast
+            return ShuffleStatistics(
+                map_tasks=side.map_tasks,
+                map_seconds=side.map_seconds,
+                reducers=side.joining_tasks,
+                rows_written=side.rows,
+                bytes_written=side.bytes,
+                rows_read=side.rows,
+                bytes_read=side.bytes,
+                map_tasks_rerun=0,
+                bytes_per_reducer=(),
+                skewed_subpartitions=(),
+                unsplittable_subpartitions=(),
+                fused_inputs=int(bool(found.exchanges)),
+                upstream_released=sum(
+                    1 for exchange in (*found.exchanges, *_upstream_of(found)) if exchange.released
+                ),
+                broadcast_side=side.side,
+            )
         return ShuffleStatistics(
             map_tasks=sum(exchange.number_of_maps for exchange in found.exchanges),
             map_seconds=sum(exchange.runs.seconds for exchange in found.exchanges),
@@ -575,7 +675,8 @@ class SparkShuffle:
         # Spark's cleaner sees the result gone. Reading a released result again still reaches
         # the reduce tasks, which name the partitions they no longer find.
         if self._spark_running():
-            result.deployments.unpersist()
+            for shared in result.broadcasts:
+                shared.unpersist()
         for group in result.consumed_groups:
             self._descriptors.invalidate(group)
 
@@ -635,7 +736,8 @@ class SparkShuffle:
         # Last: the data is gone already whatever Spark answers here.
         if self._spark_running():
             for result in results:
-                result.deployments.destroy()
+                for shared in result.broadcasts:
+                    shared.destroy()
 
     def __enter__(self) -> Self:
         return self
@@ -716,7 +818,7 @@ class SparkShuffle:
         result = self._live_result(frame)
         if result is not None:
             return result.output
-        return TaskOutput(frame, lambda batches: batches, "DataFrame")
+        return FrameInput(frame).task_output()
 
     def _map_input(self, frame: DataFrame) -> MapInput:
         """What the map tasks read: when ``frame`` is a result or a source this object made
@@ -757,10 +859,12 @@ class SparkShuffle:
         exchanges: Sequence[Exchange],
         operation: ReduceOperation,
         schema: StructType | str,
+        *,
+        plan: ConsumerPlan | None = None,
     ) -> DataFrame:
         for exchange in exchanges:
             exchange.recover()
-        plan = self._plan(exchanges, operation)
+        plan = plan or self._plan(exchanges, operation)
         graph = StageGraph(
             [
                 *(Stage(f"map-{i}", e.number_of_maps) for i, e in enumerate(exchanges)),
@@ -860,7 +964,7 @@ class SparkShuffle:
                     rows_read,
                     bytes_read,
                     reruns_read,
-                    deployments,
+                    (deployments,),
                     output,
                 ),
             )

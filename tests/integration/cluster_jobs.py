@@ -165,12 +165,15 @@ def operations(spark: SparkSession, shuffle: SparkShuffle, kill: Kill) -> dict[s
         ),
     }
 
-    def join_equal(how: str) -> bool:
-        ours = shuffle.join(frame, dimension, "k", how)
+    def join_equal(how: str, broadcast: str) -> bool:
+        ours = shuffle.join(frame, dimension, "k", how, broadcast=broadcast)
         return multiset(ours) == multiset(frame.join(dimension, "k", how))
 
+    # The dimension is small: auto broadcasts it where the join type allows.
     for how in ("inner", "left", "right", "full", "semi", "anti"):
-        checks[f"join_{how}"] = functools.partial(join_equal, how)
+        checks[f"join_{how}"] = functools.partial(join_equal, how, "auto")
+    checks["join_inner_shuffled"] = functools.partial(join_equal, "inner", "none")
+    checks["join_right_broadcast_left"] = functools.partial(join_equal, "right", "left")
     files = Path(tempfile.mkdtemp(prefix="pyshuffle-parquet-"))
     try:
         frame.write.partitionBy("k").parquet(str(files / "in"))

@@ -69,6 +69,8 @@ def operations(
         "group_apply",
         "sort",
         *(f"join_{how}" for how in ("inner", "left", "right", "full", "semi", "anti")),
+        "join_inner_shuffled",
+        "join_right_broadcast_left",
         "parquet_round_trip",
         "to_arrow",
     ],

@@ -140,7 +140,7 @@ def test_dropped_results_are_released_while_the_chain_goes_on(
 ) -> None:
     before = len(service.stored_paths())
     summary = shuffle.group_apply(events, "user", summarize, SUMMARY)
-    joined = shuffle.join(summary, users, "user")
+    joined = shuffle.join(summary, users, "user", broadcast="none")  # two exchanges of its own
     del summary
     gc.collect()
     segments = shuffle.group_apply(

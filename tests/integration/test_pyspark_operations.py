@@ -276,14 +276,22 @@ def sides(spark: SparkSession, data: DataFrame) -> tuple[DataFrame, DataFrame]:
     + [(how, ["k", "s"]) for how in ("full", "semi", "anti")],
     ids=lambda value: value if isinstance(value, str) else "-".join(value),
 )
+@pytest.mark.parametrize("broadcast", ["none", "auto"])
 def test_join_equals_spark_join(
-    shuffle: SparkShuffle, sides: tuple[DataFrame, DataFrame], how: str, keys: list[str]
+    shuffle: SparkShuffle,
+    sides: tuple[DataFrame, DataFrame],
+    how: str,
+    keys: list[str],
+    broadcast: str,
 ) -> None:
     left, right = sides
     # Only the keys may be on both sides.
     others = [name for name in ("k", "nk", "s") if name not in keys]
     right = right.drop(*others)
-    result = shuffle.join(left, right, keys, how, num_partitions=4)
+    result = shuffle.join(left, right, keys, how, num_partitions=4, broadcast=broadcast)
+    # auto: every join type but full broadcasts a side here (both are small).
+    broadcast_side = shuffle.statistics(result).broadcast_side
+    assert (broadcast_side is not None) == (broadcast == "auto" and how != "full")
     expected = left.join(right, on=keys, how=SPARK_JOIN_NAMES.get(how, how))
     assert result.columns == expected.columns
     got = multiset(result)
@@ -422,9 +430,10 @@ def test_repartition_map_equals_repartition_then_map_in_arrow(
     assert sum(row["rows"] for row in fused.collect()) == data.count()
 
 
+@pytest.mark.parametrize("broadcast", ["none", "auto"])
 @pytest.mark.parametrize("how", ["inner", "left", "right", "full"])
 def test_join_on_a_float_key_keeps_each_rows_own_zero(
-    shuffle: SparkShuffle, spark: SparkSession, how: str
+    shuffle: SparkShuffle, spark: SparkSession, how: str, broadcast: str
 ) -> None:
     # -0.0 joins 0.0 (Spark normalises the key to compare it) yet each output row keeps its
     # own key as Spark does: the left's, the right's for a right join, either for a full one.
@@ -432,7 +441,7 @@ def test_join_on_a_float_key_keeps_each_rows_own_zero(
         [(-0.0, 1), (0.0, 2), (1.5, 3), (-0.0, 4), (2.5, 5)], "x double, a long"
     )
     right = spark.createDataFrame([(0.0, 10), (-0.0, 20), (3.5, 30)], "x double, b long")
-    result = shuffle.join(left, right, "x", how, num_partitions=2)
+    result = shuffle.join(left, right, "x", how, num_partitions=2, broadcast=broadcast)
     expected = left.join(right, on="x", how=SPARK_JOIN_NAMES.get(how, how))
 
     def signed(frame: DataFrame) -> Counter[tuple[object, ...]]:

@@ -106,7 +106,8 @@ def test_a_group_apply_keeps_the_skewed_key_whole_and_reports_it(
 def test_a_join_splits_the_skewed_side_and_replicates_the_other(
     adaptive: SparkShuffle, skewed: DataFrame, dimension: DataFrame, how: str
 ) -> None:
-    result = adaptive.join(skewed, dimension, "key", how)
+    # Shuffled, not broadcast: the dimension is small enough for a broadcast join.
+    result = adaptive.join(skewed, dimension, "key", how, broadcast="none")
     assert multiset(result) == multiset(skewed.join(dimension, "key", how))
     shuffled = adaptive.statistics(result)
     assert len(shuffled.skewed_subpartitions) == 1
@@ -116,7 +117,7 @@ def test_a_join_splits_the_skewed_side_and_replicates_the_other(
 def test_a_right_join_cannot_split_its_left_side_and_still_joins_right(
     adaptive: SparkShuffle, skewed: DataFrame, dimension: DataFrame
 ) -> None:
-    result = adaptive.join(skewed, dimension, "key", "right")
+    result = adaptive.join(skewed, dimension, "key", "right", broadcast="none")
     assert multiset(result) == multiset(skewed.join(dimension, "key", "right"))
     assert len(adaptive.statistics(result).unsplittable_subpartitions) == 1
 
