@@ -24,6 +24,12 @@ apart from data rows. Both pipelines' outputs are read back and compared. Last, 
 less than that over the cores, which caps the ratio any engine could reach
 (``ceiling_speedup_vs_arrow``).
 
+Then single operations, Parquet in and out, each beside Spark's own on the same files: the join
+of all event columns with the dimension (inner and left; both sides broadcast the dimension)
+and a global sort of the events by amount (``speedup_join``: the slower of the two joins'
+ratios; ``speedup_sort``). Their outputs are compared by row count, totals and, for the sort,
+the order of amounts. ``--skip-operations`` leaves them out.
+
 Each figure is the median of ``--repeat`` runs (applyInPandas: one run). Printed, and saved as
 JSON (``--output``, default ``benchmarks/results/pipeline_vs_spark.json``)::
 
@@ -34,6 +40,7 @@ JSON (``--output``, default ``benchmarks/results/pipeline_vs_spark.json``)::
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import re
@@ -171,6 +178,51 @@ def function_floor(events: str, cores: int) -> float:
     return (time.process_time() - started) / cores
 
 
+def join_through_pyshuffle(
+    shuffle: SparkShuffle, events: str, dimension: str, out: str, how: str
+) -> None:
+    joined = shuffle.join(
+        shuffle.read_parquet(events), shuffle.read_parquet(dimension), "user", how
+    )
+    shuffle.write_parquet(joined, out, mode="overwrite")
+
+
+def join_through_spark(
+    spark: SparkSession, events: str, dimension: str, out: str, how: str
+) -> None:
+    joined = spark.read.parquet(events).join(spark.read.parquet(dimension), "user", how)
+    joined.write.mode("overwrite").parquet(out)
+
+
+def sort_through_pyshuffle(shuffle: SparkShuffle, events: str, out: str) -> None:
+    ordered = shuffle.sort(shuffle.read_parquet(events), ["amount"])
+    shuffle.write_parquet(ordered, out, mode="overwrite")
+
+
+def sort_through_spark(spark: SparkSession, events: str, out: str) -> None:
+    spark.read.parquet(events).orderBy("amount").write.mode("overwrite").parquet(out)
+
+
+def same_join(ours: str, theirs: str) -> bool:
+    """Equal rows, totals and rows per segment (nulls for the left join's unmatched)."""
+    mine, spark = (pq.read_table(path, columns=["amount", "segment"]) for path in (ours, theirs))
+    per_segment = [
+        sorted(pc.value_counts(table["segment"]).to_pylist(), key=lambda row: str(row["values"]))
+        for table in (mine, spark)
+    ]
+    return (
+        mine.num_rows == spark.num_rows
+        and abs(pc.sum(mine["amount"]).as_py() - pc.sum(spark["amount"]).as_py()) < 1e-3
+        and per_segment[0] == per_segment[1]
+    )
+
+
+def same_order(ours: str, theirs: str) -> bool:
+    """The files, read in order, give the same amounts in the same (ascending) order."""
+    mine, spark = (pq.read_table(path, columns=["amount"])["amount"] for path in (ours, theirs))
+    return mine.equals(spark) and bool(pc.all(pc.less_equal(mine[:-1], mine[1:])).as_py())
+
+
 def timed(runs: int, run: Callable[[], None]) -> float:
     seconds = []
     for _ in range(runs):
@@ -295,6 +347,55 @@ def crossings(spark: SparkSession, since: tuple[int, int]) -> dict[str, float]:
     return {**map_stage_rows(spark, since[1]), **python_rows(spark, since[0])}
 
 
+def single_operations(spark: SparkSession, runs: int, work: Path) -> dict[str, dict[str, Any]]:
+    """The joins and the sort, each through pyshuffle and through Spark on the same files."""
+    events, dimension = str(work / "events"), str(work / "users")
+    found: dict[str, dict[str, Any]] = {}
+    with SparkShuffle(spark, config={"pyspark-shuffle.progress.interval": 0}) as shuffle:
+        for how in ("inner", "left"):
+            ours, theirs = str(work / f"join-{how}-ours"), str(work / f"join-{how}-spark")
+            found[f"join_{how}"] = _side_by_side(
+                runs,
+                functools.partial(join_through_pyshuffle, shuffle, events, dimension, ours, how),
+                functools.partial(join_through_spark, spark, events, dimension, theirs, how),
+                functools.partial(same_join, ours, theirs),
+            )
+        ours, theirs = str(work / "sort-ours"), str(work / "sort-spark")
+        found["sort"] = _side_by_side(
+            runs,
+            lambda: sort_through_pyshuffle(shuffle, events, ours),
+            lambda: sort_through_spark(spark, events, theirs),
+            lambda: same_order(ours, theirs),
+        )
+    return found
+
+
+def _side_by_side(
+    runs: int, ours: Callable[[], None], theirs: Callable[[], None], equal: Callable[[], bool]
+) -> dict[str, Any]:
+    ours()  # warm-up of this operation's code in the workers
+    pyshuffle_seconds = timed(runs, ours)
+    spark_seconds = timed(runs, theirs)
+    return {
+        "pyshuffle_seconds": pyshuffle_seconds,
+        "spark_seconds": spark_seconds,
+        "speedup": spark_seconds / pyshuffle_seconds,
+        "equal": equal(),
+    }
+
+
+def operation_results(operations: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    if not operations:
+        return {}
+    return {
+        "operations": operations,
+        "speedup_join": min(
+            operations["join_inner"]["speedup"], operations["join_left"]["speedup"]
+        ),
+        "speedup_sort": operations["sort"]["speedup"],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=10_000_000)
@@ -302,6 +403,7 @@ def main() -> None:
     parser.add_argument("--cores", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--skip-pandas", action="store_true")
+    parser.add_argument("--skip-operations", action="store_true")
     parser.add_argument("--work", type=Path, default=None, help="directory for the files")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     args = parser.parse_args()
@@ -334,6 +436,7 @@ def main() -> None:
             pandas_seconds = timed(
                 1, lambda: through_spark(spark, events, dimension, pandas_out, pandas=True)
             )
+        operations = {} if args.skip_operations else single_operations(spark, args.repeat, work)
         floor_seconds = function_floor(events, args.cores)
         same = output_rows(ours) == output_rows(arrow)
         if pandas_seconds is not None:
@@ -366,6 +469,7 @@ def main() -> None:
             key: value for key, value in spark_per_run.items() if not key.startswith("map")
         },
         "outputs_equal": same,
+        **operation_results(operations),
         "machine": machine(pyarrow=pa.__version__),
     }
     print(f"pipeline on {args.rows:,} events, {args.users:,} users, local[{args.cores}]")
@@ -398,6 +502,12 @@ def main() -> None:
         f" {per_run['map_tasks']:,.0f} tasks)"
     )
     print(f"  outputs equal: {same}")
+    for name, figures in operations.items():
+        print(
+            f"  {name:<10} pyshuffle {figures['pyshuffle_seconds']:6.2f} s"
+            f"  Spark {figures['spark_seconds']:6.2f} s"
+            f"  pyshuffle {figures['speedup']:.2f}x faster  outputs equal: {figures['equal']}"
+        )
     save_results(args.output, results)
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Final
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark import Broadcast
 
 from pyspark_shuffle.inputs import TaskOutput
@@ -67,6 +68,52 @@ def broadcast_side(how: str, choice: str, threshold: int) -> str | None:
     return choice
 
 
+class _UniqueKeyLookup:
+    """A broadcast join where the broadcast side has one key column whose values are unique
+    (a dimension table, the common case): each streamed batch finds its row of the broadcast
+    side by a hash lookup, and its own columns are kept or filtered, never reordered. Batch by
+    batch, so a task holds one batch of its partition at a time."""
+
+    def __init__(self, small: pa.Table, operation: Join, side: str) -> None:
+        [self._key] = operation.keys
+        self._small_keys = small.column(self._key).combine_chunks()
+        self._small_rest = small.drop_columns([self._key])
+        self._how = operation.how
+        self._broadcast_left = side == "left"
+
+    @staticmethod
+    def applies(small: pa.Table, operation: Join) -> bool:
+        if len(operation.keys) != 1:
+            return False
+        keys = small.column(operation.keys[0])
+        # Floats: Spark's join equates -0.0 with 0.0 and NaN with NaN; left to the hash join.
+        if pa.types.is_floating(keys.type):
+            return False
+        distinct = pc.count_distinct(keys, mode="only_valid").as_py()
+        return bool(distinct == len(keys) - keys.null_count)
+
+    def join(self, batch: pa.RecordBatch) -> pa.Table:
+        streamed = pa.Table.from_batches([batch])
+        # Null keys match nothing (skip_nulls), as in Spark's equi-join.
+        found = pc.index_in(streamed.column(self._key), value_set=self._small_keys, skip_nulls=True)
+        matched = pc.is_valid(found)
+        if self._how == "semi":
+            return streamed.filter(matched)
+        if self._how == "anti":
+            return streamed.filter(pc.invert(matched))
+        if self._how == "inner":
+            streamed, found = streamed.filter(matched), found.filter(matched)
+        # Left join (or right, broadcasting the left): unmatched rows take nulls.
+        looked_up = self._small_rest.take(found)
+        keys = streamed.select([self._key])
+        rest = streamed.drop_columns([self._key])
+        left, right = (looked_up, rest) if self._broadcast_left else (rest, looked_up)
+        return pa.Table.from_arrays(
+            [*keys.columns, *left.columns, *right.columns],
+            names=[self._key, *left.column_names, *right.column_names],
+        )
+
+
 def ipc_bytes(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
@@ -92,6 +139,12 @@ def broadcast_join(
         # Spark loads a broadcast's value once per worker process; Arrow reads it in place.
         small = pa.ipc.open_stream(pa.py_buffer(shared.value)).read_all()
         rows = produce(batches)
+        if _UniqueKeyLookup.applies(small, operation):
+            lookup = _UniqueKeyLookup(small, operation, side)
+            for batch in rows:
+                for joined in lookup.join(batch).to_batches():
+                    yield conform(joined, output_schema)
+            return
         whole = iter(small.to_batches())
         inputs, schemas = (
             ([whole, rows], [small.schema, streamed_schema])
