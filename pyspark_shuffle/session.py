@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import inspect
 import logging
 import threading
@@ -438,7 +439,15 @@ class SparkShuffle:
         (an action on it failed with :class:`PartitionNotFoundError`). ``result`` itself keeps
         naming the lost attempts; run the action on the returned DataFrame."""
         found = self._result(result)
-        return self._reduce(found.exchanges, found.operation, found.schema)
+        if found.broadcast is None:
+            return self._reduce(found.exchanges, found.operation, found.schema)
+        # A broadcast join: the broadcast side lives in Spark's broadcast; only what its
+        # tasks read through a fused input can have been lost.
+        for exchange in found.exchanges:
+            exchange.recover()
+        again = found.output.tasks.mapInArrow(found.output.produce, found.schema)
+        self._remember(again, dataclasses.replace(found))
+        return again
 
     def group_apply(
         self,
@@ -583,24 +592,30 @@ class SparkShuffle:
         figures = BroadcastSide(
             side, small.number_of_maps, small.runs.seconds, rows, size, streamed.number_of_maps
         )
-        with self._lock:
-            self._results[id(result)] = (
-                weakref.ref(result),
-                _Result(
-                    list(streamed.upstream),
-                    operation,
-                    schema,
-                    ConsumerPlan((), (), ()),
-                    [],
-                    context.accumulator(0),
-                    context.accumulator(0),
-                    context.accumulator(frozenset(), MapOutputsParam()),
-                    (shared,),
-                    output,
-                    figures,
-                ),
-            )
+        self._remember(
+            result,
+            _Result(
+                list(streamed.upstream),
+                operation,
+                schema,
+                ConsumerPlan((), (), ()),
+                [],
+                context.accumulator(0),
+                context.accumulator(0),
+                context.accumulator(frozenset(), MapOutputsParam()),
+                (shared,),
+                output,
+                figures,
+            ),
+        )
         return result
+
+    def _remember(self, frame: DataFrame, result: _Result) -> None:
+        """Keep what reads ``frame``, a result of this object, while the user holds it."""
+        with self._lock:
+            for exchange in result.exchanges:
+                exchange.consumed = True
+            self._results[id(frame)] = (weakref.ref(frame), result)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -735,9 +750,10 @@ class SparkShuffle:
         atexit.unregister(self.close)
         # Last: the data is gone already whatever Spark answers here.
         if self._spark_running():
-            for result in results:
-                for shared in result.broadcasts:
-                    shared.destroy()
+            # Once each: a recovered broadcast join shares its broadcast side.
+            shared = {id(each): each for result in results for each in result.broadcasts}
+            for each in shared.values():
+                each.destroy()
 
     def __enter__(self) -> Self:
         return self
@@ -950,24 +966,21 @@ class SparkShuffle:
         names = ", ".join(exchange.name for exchange in exchanges)
         output = TaskOutput(reducers, reduce_partition, f"reduce stage of {names}")
         consumed = [group for each in groups.exchanges for group in each.consumed]
-        with self._lock:
-            for exchange in exchanges:
-                exchange.consumed = True
-            self._results[id(result)] = (
-                weakref.ref(result),
-                _Result(
-                    list(exchanges),
-                    operation,
-                    schema,
-                    plan,
-                    consumed,
-                    rows_read,
-                    bytes_read,
-                    reruns_read,
-                    (deployments,),
-                    output,
-                ),
-            )
+        self._remember(
+            result,
+            _Result(
+                list(exchanges),
+                operation,
+                schema,
+                plan,
+                consumed,
+                rows_read,
+                bytes_read,
+                reruns_read,
+                (deployments,),
+                output,
+            ),
+        )
         return result
 
     def _plan(self, exchanges: Sequence[Exchange], operation: ReduceOperation) -> ConsumerPlan:

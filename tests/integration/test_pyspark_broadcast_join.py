@@ -174,6 +174,9 @@ def test_fused_and_parquet_inputs_join_in_their_own_tasks(
     assert (statistics.broadcast_side, statistics.fused_inputs) == ("right", 1)
     spark_counts = facts.groupBy("k").count().withColumnRenamed("count", "n")
     assert multiset(joined) == multiset(spark_counts.join(dimension, "k", "left"))
+    recovered = shuffle.recover(joined)  # nothing lost: the same rows again
+    assert shuffle.statistics(recovered).broadcast_side == "right"
+    assert multiset(recovered) == multiset(joined)
     # A broadcast join's result feeds the next operation fused, too.
     again = shuffle.repartition(joined, "name", num_partitions=3)
     assert shuffle.statistics(again).fused_inputs == 1
