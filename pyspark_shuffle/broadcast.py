@@ -12,11 +12,12 @@ import pyarrow.compute as pc
 from pyspark import Broadcast
 
 from pyspark_shuffle.inputs import TaskOutput
+from pyspark_shuffle.ipc import from_ipc_stream
 from pyspark_shuffle.operations import JOIN_TYPES, Join
 from shuffle_api import InvalidOperationError
 from shuffle_api.batches import conform
 
-__all__ = ["BROADCAST_CHOICES", "BroadcastSide", "broadcast_join", "broadcast_side", "ipc_bytes"]
+__all__ = ["BROADCAST_CHOICES", "BroadcastSide", "broadcast_join", "broadcast_side"]
 
 BROADCAST_CHOICES: Final = ("auto", "left", "right", "none")
 
@@ -83,6 +84,7 @@ class _UniqueKeyLookup:
 
     @staticmethod
     def applies(small: pa.Table, operation: Join) -> bool:
+        """Whether ``small``, as broadcast for ``operation``, can be joined by lookup."""
         if len(operation.keys) != 1:
             return False
         keys = small.column(operation.keys[0])
@@ -114,16 +116,10 @@ class _UniqueKeyLookup:
         )
 
 
-def ipc_bytes(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return bytes(sink.getvalue().to_pybytes())
-
-
 def broadcast_join(
     streamed: TaskOutput,
     streamed_schema: pa.Schema,
+    small: pa.Table,
     *,
     side: str,
     shared: Broadcast[bytes],
@@ -131,25 +127,28 @@ def broadcast_join(
     output_schema: pa.Schema,
 ) -> TaskOutput:
     """The tasks of the streamed side, each joining its rows with the whole broadcast side
-    (Arrow IPC in ``shared``) on ``side``; their rows of ``output_schema``."""
+    ``small`` (which the tasks read from ``shared``, its Arrow IPC) on ``side``; their rows of
+    ``output_schema``."""
     produce = streamed.produce
     broadcast_left = side == "left"
+    by_lookup = _UniqueKeyLookup.applies(small, operation)  # once, here in the driver
 
     def join(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         # Spark loads a broadcast's value once per worker process; Arrow reads it in place.
-        small = pa.ipc.open_stream(pa.py_buffer(shared.value)).read_all()
+        # Not ``small`` itself: the closure would carry the table in every task.
+        table = from_ipc_stream(shared.value)
         rows = produce(batches)
-        if _UniqueKeyLookup.applies(small, operation):
-            lookup = _UniqueKeyLookup(small, operation, side)
+        if by_lookup:
+            lookup = _UniqueKeyLookup(table, operation, side)
             for batch in rows:
                 for joined in lookup.join(batch).to_batches():
                     yield conform(joined, output_schema)
             return
-        whole = iter(small.to_batches())
+        whole = iter(table.to_batches())
         inputs, schemas = (
-            ([whole, rows], [small.schema, streamed_schema])
+            ([whole, rows], [table.schema, streamed_schema])
             if broadcast_left
-            else ([rows, whole], [streamed_schema, small.schema])
+            else ([rows, whole], [streamed_schema, table.schema])
         )
         for batch in operation.apply(inputs, schemas):
             yield conform(batch, output_schema)

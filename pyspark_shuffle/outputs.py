@@ -14,6 +14,7 @@ from pyspark.sql.types import StructType
 
 from pyspark_shuffle.exchange import Exchange, stage_failure
 from pyspark_shuffle.inputs import MapInput, TaskOutput
+from pyspark_shuffle.ipc import from_ipc_stream, to_ipc_stream
 from pyspark_shuffle.parquet import WRITE_MODES, WRITE_REPORT_SCHEMA, ParquetSink
 from pyspark_shuffle.progress import JobLabel
 from pyspark_shuffle.tasks import task_attempt_id
@@ -40,11 +41,8 @@ def collect_arrow(output: TaskOutput, schema: pa.Schema) -> pa.Table:
         task = _task_index()
         for batch in produce(batches):
             if batch.num_rows:
-                sink = pa.BufferOutputStream()
-                with pa.ipc.new_stream(sink, batch.schema) as writer:
-                    writer.write_batch(batch)
                 yield pa.record_batch(
-                    {"task": pa.array([task], pa.int64()), "chunk": [sink.getvalue().to_pybytes()]}
+                    {"task": pa.array([task], pa.int64()), "chunk": [to_ipc_stream(batch)]}
                 )
 
     context = output.tasks.sparkSession.sparkContext
@@ -53,9 +51,7 @@ def collect_arrow(output: TaskOutput, schema: pa.Schema) -> pa.Table:
             rows = output.tasks.mapInArrow(chunks, _CHUNK_SCHEMA).collect()
         except Exception as error:
             raise stage_failure(f"{output.description} to Arrow", error) from error
-    batches = [
-        batch for row in rows for batch in pa.ipc.open_stream(pa.py_buffer(bytes(row["chunk"])))
-    ]
+    batches = [batch for row in rows for batch in from_ipc_stream(bytes(row["chunk"])).to_batches()]
     return pa.Table.from_batches([conform(batch, schema) for batch in batches], schema)
 
 
@@ -137,17 +133,15 @@ def sample_rows(output: TaskOutput, schema: pa.Schema, wanted: int) -> pa.Table:
         keys = [batch.select(names) for batch in produce(batches) if batch.num_rows]
         table = pa.Table.from_batches(keys) if keys else None
         rows = 0 if table is None else table.num_rows
-        sink = pa.BufferOutputStream()
+        chunk = b""
         if table is not None:
-            keep = min(rows, share)
-            chosen = np.random.default_rng(task).choice(rows, keep, replace=False)
-            with pa.ipc.new_stream(sink, table.schema) as writer:
-                writer.write_table(table.take(pa.array(chosen)))
+            chosen = np.random.default_rng(task).choice(rows, min(rows, share), replace=False)
+            chunk = to_ipc_stream(table.take(pa.array(chosen)))
         yield pa.record_batch(
             {
                 "task": pa.array([task], pa.int64()),
                 "rows": pa.array([rows], pa.int64()),
-                "chunk": [sink.getvalue().to_pybytes()],
+                "chunk": [chunk],
             }
         )
 
@@ -167,7 +161,7 @@ def sample_rows(output: TaskOutput, schema: pa.Schema, wanted: int) -> pa.Table:
     for report in reports:
         if not report["rows"]:
             continue
-        table = pa.ipc.open_stream(pa.py_buffer(bytes(report["chunk"]))).read_all()
+        table = from_ipc_stream(bytes(report["chunk"]))
         take = min(table.num_rows, -(-wanted * int(report["rows"]) // total))
         pieces.append(table.slice(0, take))
     return pa.concat_tables(pieces) if pieces else schema.empty_table()

@@ -28,9 +28,10 @@ from pyspark.sql.types import (
 )
 
 from blob import BLOB_OPTIONS, BlobStore, blob_store_url
-from pyspark_shuffle.broadcast import BroadcastSide, broadcast_join, broadcast_side, ipc_bytes
+from pyspark_shuffle.broadcast import BroadcastSide, broadcast_join, broadcast_side
 from pyspark_shuffle.exchange import Exchange
 from pyspark_shuffle.inputs import FrameInput, MapInput, TaskOutput
+from pyspark_shuffle.ipc import to_ipc_stream
 from pyspark_shuffle.operations import (
     BatchFunction,
     GroupApply,
@@ -578,11 +579,12 @@ class SparkShuffle:
         rows, size = sum(small.rows_per_subpartition), sum(small.bytes_per_subpartition)
         self.release(reader)
         context = self._spark.sparkContext
-        shared = context.broadcast(ipc_bytes(table))
+        shared = context.broadcast(to_ipc_stream(table))
         streamed = self._map_input(streamed_frame)
         output = broadcast_join(
             streamed.task_output(),
             _arrow_schema(self._spark, streamed.schema),
+            table,
             side=side,
             shared=shared,
             operation=operation,
