@@ -45,7 +45,6 @@ import itertools
 import json
 import re
 import shutil
-import socket
 import statistics
 import tempfile
 import time
@@ -63,6 +62,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as sf
 from results_file import machine, save_results
 
+from external_shuffle.local_cluster import free_port
 from pyspark_shuffle import SparkShuffle
 from pyspark_shuffle.local_spark import local_spark_session
 
@@ -244,13 +244,6 @@ def output_rows(path: str) -> Counter[tuple[Any, ...]]:
 # -- Spark's own metrics ---------------------------------------------------------------------
 
 PYTHON_BYTES = ("data sent to Python workers", "data returned from Python workers")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def _rest(spark: SparkSession, path: str) -> Any:
