@@ -144,7 +144,7 @@ from shuffle_api.format import (
     SortMergePartitionWriter,
     write_all,
 )
-from shuffle_api.options import COMPRESSION_CODEC, TARGET_BATCH_SIZE
+from shuffle_api.options import COMPRESSION_AUTO_BANDWIDTH, COMPRESSION_CODEC, TARGET_BATCH_SIZE
 from shuffle_api.serialization import deserialize, serialize
 from shuffle_api.store import Store
 
@@ -691,6 +691,7 @@ class Client:
             codec=codec,
             memory_budget=config.get(SORT_BUFFER_SIZE),
             target_batch_bytes=config.get(TARGET_BATCH_SIZE),
+            auto_bandwidth=config.get(COMPRESSION_AUTO_BANDWIDTH),
         )
         with writer:
             for batch, indexes in zip(self.workload.batches, self.workload.indexes, strict=True):

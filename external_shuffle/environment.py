@@ -45,7 +45,7 @@ from shuffle_api import (
 )
 from shuffle_api.format import SortMergePartitionWriter
 from shuffle_api.gate import OpenGates
-from shuffle_api.options import COMPRESSION_CODEC, TARGET_BATCH_SIZE
+from shuffle_api.options import COMPRESSION_AUTO_BANDWIDTH, COMPRESSION_CODEC, TARGET_BATCH_SIZE
 
 __all__ = ["SUPPORTED_PARTITION_TYPES", "ExternalShuffleEnvironment"]
 
@@ -121,6 +121,7 @@ class ExternalShuffleEnvironment(ShuffleEnvironment):
             self.partition_sink(descriptor),
             descriptor.number_of_subpartitions,
             codec=self._config.get(COMPRESSION_CODEC),
+            auto_bandwidth=self._config.get(COMPRESSION_AUTO_BANDWIDTH),
             memory_budget=self._config.get(SORT_BUFFER_SIZE),
             target_batch_bytes=self._config.get(TARGET_BATCH_SIZE),
         )

@@ -51,7 +51,7 @@ from shuffle_api import (
 )
 from shuffle_api.format import SortMergePartitionWriter, StoreSink
 from shuffle_api.gate import OpenGates
-from shuffle_api.options import COMPRESSION_CODEC, TARGET_BATCH_SIZE
+from shuffle_api.options import COMPRESSION_AUTO_BANDWIDTH, COMPRESSION_CODEC, TARGET_BATCH_SIZE
 from shuffle_api.store import Store
 
 __all__ = ["NettyShuffleEnvironment"]
@@ -205,6 +205,7 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
             StoreSink(self._store, partition),
             descriptor.number_of_subpartitions,
             codec=self._config.get(COMPRESSION_CODEC),
+            auto_bandwidth=self._config.get(COMPRESSION_AUTO_BANDWIDTH),
             memory_budget=self._config.get(SORT_BUFFER_SIZE),
             target_batch_bytes=target,
             on_commit=on_commit,

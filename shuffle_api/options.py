@@ -13,6 +13,7 @@ from shuffle_api.config import (
 )
 
 __all__ = [
+    "COMPRESSION_AUTO_BANDWIDTH",
     "COMPRESSION_CODEC",
     "CORE_OPTIONS",
     "DEFAULT_FACTORY",
@@ -31,9 +32,18 @@ SHUFFLE_SERVICE_FACTORY_CLASS = str_option(
 
 COMPRESSION_CODEC = choice_option(
     "shuffle.compression.codec",
-    "lz4",
-    "Arrow IPC buffer compression of stored and sent partition data.",
-    ("none", "lz4", "zstd"),
+    "auto",
+    "Arrow IPC buffer compression of stored and sent partition data; auto: per partition, the"
+    " codec that saves more time than it costs on its first batch (or none).",
+    ("auto", "none", "lz4", "zstd"),
+)
+
+COMPRESSION_AUTO_BANDWIDTH = memory_option(
+    "shuffle.compression.auto.bandwidth",
+    512 << 20,
+    "Bytes per second one writer's data moves at through the slowest step it crosses (disk or"
+    " network), which the auto codec weighs a byte saved against; lower it on slow links.",
+    minimum=1 << 20,
 )
 
 TARGET_BATCH_SIZE = memory_option(
@@ -46,6 +56,7 @@ TARGET_BATCH_SIZE = memory_option(
 CORE_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
     SHUFFLE_SERVICE_FACTORY_CLASS,
     COMPRESSION_CODEC,
+    COMPRESSION_AUTO_BANDWIDTH,
     TARGET_BATCH_SIZE,
     HOST_CONFIG_FILE,
 )

@@ -26,6 +26,7 @@ class SortMergePartitionWriter(SplittingPartitionWriter):
         codec: str,
         memory_budget: int,
         target_batch_bytes: int,
+        auto_bandwidth: int,
         on_commit: Callable[[ResultPartitionID], None] | None = None,
     ) -> None:
         super().__init__(
@@ -37,6 +38,7 @@ class SortMergePartitionWriter(SplittingPartitionWriter):
             codec=codec,
             memory_budget=memory_budget,
             target_batch_bytes=target_batch_bytes,
+            auto_bandwidth=auto_bandwidth,
         )
         self._on_commit = on_commit
 

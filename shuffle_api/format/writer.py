@@ -13,6 +13,7 @@ Layout of a committed partition (see ``docs/format.md``):
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -22,10 +23,11 @@ import xxhash
 
 from shuffle_api.batches import coalesce
 from shuffle_api.errors import ShuffleError
+from shuffle_api.format.codec_choice import AUTO, choose_codec
 from shuffle_api.format.manifest import CODECS, INDEX_SCHEMA, PartitionManifest
 from shuffle_api.format.sink import DataStream, PartitionSink, write_all
 from shuffle_api.io import BROADCAST, PartitionStatistics
-from shuffle_api.options import TARGET_BATCH_SIZE
+from shuffle_api.options import COMPRESSION_AUTO_BANDWIDTH, TARGET_BATCH_SIZE
 from shuffle_api.store import storage_errors
 
 __all__ = ["MAX_RUN_BYTES", "PartitionFileWriter", "ipc_write_options"]
@@ -83,6 +85,9 @@ class PartitionFileWriter:
     writes it while the next region fills (pyarrow releases the GIL for that work, so a producer
     and its spill use two cores). At most one region is in flight, so the writer holds at most
     about twice the budget.
+
+    With ``codec="auto"`` the codec is chosen when the first run is written, from its first
+    batch (see :mod:`shuffle_api.format.codec_choice`); the manifest records the choice.
     """
 
     def __init__(
@@ -93,12 +98,15 @@ class PartitionFileWriter:
         codec: str,
         memory_budget: int,
         target_batch_bytes: int = TARGET_BATCH_SIZE.default,
+        auto_bandwidth: int = COMPRESSION_AUTO_BANDWIDTH.default,
     ) -> None:
         self._sink = sink
         self._partition = sink.partition
         self._subpartitions = number_of_subpartitions
-        self._options = ipc_write_options(codec)
+        if codec != AUTO:
+            ipc_write_options(codec)  # an unknown codec fails here, not in the spill thread
         self._codec = codec
+        self._auto_bandwidth = auto_bandwidth
         self._memory_budget = memory_budget
         self._target_batch_bytes = target_batch_bytes
         self._schema: pa.Schema | None = None
@@ -195,15 +203,18 @@ class PartitionFileWriter:
         self._write_run(BROADCAST, [batch])
         self._regions += 1
 
-    def _open(self) -> tuple[_HashingSink, pa.ipc.RecordBatchFileWriter]:
+    def _open(
+        self, first_batch: pa.RecordBatch
+    ) -> tuple[_HashingSink, pa.ipc.RecordBatchFileWriter]:
         if self._data is not None and self._ipc is not None:
             return self._data, self._ipc
         schema = self._schema
         assert schema is not None
+        self._codec = choose_codec(self._codec, first_batch, self._auto_bandwidth)
         with storage_errors(self._sink.where):
             self._data = _HashingSink(self._sink.open_data())
             self._ipc = pa.ipc.new_file(
-                pa.PythonFile(self._data, mode="w"), schema, options=self._options
+                pa.PythonFile(self._data, mode="w"), schema, options=ipc_write_options(self._codec)
             )
             # Forces the header and schema out now, so every run's range holds only batches.
             self._ipc.write_batch(
@@ -216,10 +227,14 @@ class PartitionFileWriter:
 
     def _write_run(self, subpartition: int, batches: Iterable[pa.RecordBatch]) -> None:
         """Write ``batches`` as runs of at most about :data:`MAX_RUN_BYTES` each."""
-        sink, ipc = self._open()
+        pending = iter(batches)
+        first = next(pending, None)
+        if first is None:
+            return
+        sink, ipc = self._open(first)
         batches_in_run = rows_in_run = 0
         with storage_errors(self._sink.where):
-            for batch in batches:
+            for batch in itertools.chain((first,), pending):
                 ipc.write_batch(batch)
                 batches_in_run += 1
                 rows_in_run += batch.num_rows
