@@ -21,8 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+from common import machine, save_results
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from results_file import machine, save_results
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc

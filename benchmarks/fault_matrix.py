@@ -12,7 +12,7 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-from results_file import machine, save_results
+from common import machine, save_results
 
 # The cells and their runner are the test's own: one definition of the matrix.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

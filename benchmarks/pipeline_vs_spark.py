@@ -58,9 +58,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from common import machine, save_results
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as sf
-from results_file import machine, save_results
 
 from external_shuffle.local_cluster import free_port
 from pyspark_shuffle import SparkShuffle

@@ -44,9 +44,9 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+from common import machine, save_results
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as sf
-from results_file import machine, save_results
 
 from pyspark_shuffle import SparkShuffle
 from pyspark_shuffle.local_spark import local_spark_session

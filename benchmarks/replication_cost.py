@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from results_file import machine, save_results
+from common import machine, save_results
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from external_shuffle.local_cluster import LocalCluster

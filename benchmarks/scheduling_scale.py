@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from results_file import machine, save_results
+from common import machine, save_results
 
 from blob import BlobStore
 from netty_like.descriptor import NettyShuffleDescriptor
