@@ -53,10 +53,11 @@ fetch, store read: each raw phase right after the one it is compared with):
   ``PartitionFileReader`` (checksums and decoding, no gRPC).
 
 MB/s are 10**6 wire bytes per second (with a compressing codec, compressed bytes: raw streams
-the same number). Every figure is the median of ``--repeat`` repetitions. The goal stated by
-the issue, at least 70 % of raw, is checked on the transport: the encoded push and the fetch
-(the push with the writer is shown beside it; raw grpcio streams bytes that already exist,
-and making them is the writer's cost, shown as "writer alone"). CPU seconds of the client processes
+the same number). Every figure is the median of ``--repeat`` repetitions. The goals stated by
+the issue are checked on the transport: ``fetch_ratio`` (the fetch over the raw fetch) >= 0.85
+and ``push_ratio_vs_storing`` (the encoded push over the raw push into a file) >= 0.90; the
+push with the writer is shown beside it (raw grpcio streams bytes that already exist, and
+making them is the writer's cost, shown as "writer alone"). CPU seconds of the client processes
 and of the serving process (the worker daemon, or the raw server) are recorded too, read from
 ``/proc`` (Linux): on a machine with few cores every side competes for them, so CPU seconds
 per GB are what the throughput ratios follow.
@@ -101,16 +102,20 @@ import grpc
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from arrow_data import (
+from common import (
     BATCH_ROWS,
     DISTINCT_KEYS,
     MB,
     ROW_BYTES,
     Indexes,
+    codec_list,
+    format_rows,
+    machine,
+    positive,
     random_batches,
+    save_results,
     subpartition_indexes,
 )
-from results_file import machine, save_results
 
 import external_shuffle.descriptor  # noqa: F401 (registers the descriptor kind for deserialize)
 from external_shuffle.allocator import keep_message_buffers
@@ -149,7 +154,9 @@ from shuffle_api.serialization import deserialize, serialize
 from shuffle_api.store import Store
 
 SEED = 20240607
-GOAL_RATIO = 0.70
+# The issue's goals, for 1 and 2 writers: the fetch over raw grpcio's fetch, and the encoded
+# push over raw grpcio storing what it receives (storing is what a push must do).
+GOALS = {"fetch_ratio": 0.85, "push_ratio_vs_storing": 0.90}
 HANDLER_THREADS = 64  # as the daemon's gRPC server (external_shuffle.daemon)
 MESSAGE_OVERHEAD = 64 << 10  # as ExternalShuffleEnvironment: room for a push message's fields
 START_LEAD = 0.1  # seconds between sending a round's commands and its common start instant
@@ -163,9 +170,6 @@ RAW_FETCH = f"/{RAW_SERVICE}/Fetch"
 _COUNT = struct.Struct("<Q")  # raw push answer: bytes received
 _FETCH_REQUEST = struct.Struct("<QQ")  # raw fetch request: bytes to send, message size
 
-# The goal compares the transport with raw grpcio: the encoded push and the fetch. The push
-# with the writer is reported beside it (its encoding is the writer's cost, as "writer alone").
-GOAL_PHASES = ("push_encoded", "fetch")
 PHASES = (
     "push",
     "raw_push",
@@ -941,13 +945,23 @@ class Cell:
             phase: self.ratio(phase)
             for phase in ("push", "push_encoded", "raw_push_to_file", "fetch")
         }
+        # The goals compare the transport: the encoded push carries the same bytes, already
+        # made, as raw grpcio; the push with the writer is beside it (its encoding is the
+        # writer's cost, shown as "writer alone").
+        storing = self.median_mb_per_s("raw_push_to_file")
+        figures = {
+            "fetch_ratio": ratios["fetch"],
+            "push_ratio_vs_storing": self.median_mb_per_s("push_encoded") / storing,
+            "push_with_writer_ratio_vs_storing": self.median_mb_per_s("push") / storing,
+        }
         return {
             "codec": self.codec,
             "writers": self.writers,
             "uncompressed_bytes_per_writer": self.uncompressed_bytes,
             "phases": phases,
             "ratios": ratios,
-            "goal_met": {phase: ratios[phase] >= GOAL_RATIO for phase in GOAL_PHASES},
+            **figures,
+            "goal_met": {key: figures[key] >= goal for key, goal in GOALS.items()},
         }
 
 
@@ -1101,15 +1115,16 @@ def render_table(summaries: Sequence[dict[str, Any]]) -> str:
         "push MB/s (encoded / with writer)",
         "raw push MB/s (discarded / into a file)",
         "push % of raw (encoded / with writer / raw into a file)",
+        "push % of raw into a file (encoded / with writer)",
         "fetch MB/s",
         "raw fetch MB/s",
         "fetch % of raw",
-        f"goal ({GOAL_RATIO:.0%})",
+        "goals (push >= {push_ratio_vs_storing:.0%}, fetch >= {fetch_ratio:.0%})".format(**GOALS),
     )
     rows: list[tuple[str, ...]] = []
     for summary in summaries:
         phases, ratios, met = summary["phases"], summary["ratios"], summary["goal_met"]
-        missed = [phase for phase in GOAL_PHASES if not met[phase]]
+        missed = [key for key in GOALS if not met[key]]
         rows.append(
             (
                 summary["codec"],
@@ -1120,6 +1135,8 @@ def render_table(summaries: Sequence[dict[str, Any]]) -> str:
                 f" / {phases['raw_push_to_file']['median_mb_per_s']:.0f}",
                 f"{ratios['push_encoded']:.0%} / {ratios['push']:.0%}"
                 f" / {ratios['raw_push_to_file']:.0%}",
+                f"{summary['push_ratio_vs_storing']:.0%}"
+                f" / {summary['push_with_writer_ratio_vs_storing']:.0%}",
                 f"{phases['fetch']['median_mb_per_s']:.0f}",
                 f"{phases['raw_fetch']['median_mb_per_s']:.0f}",
                 f"{ratios['fetch']:.0%}",
@@ -1161,16 +1178,6 @@ def render_breakdown(summaries: Sequence[dict[str, Any]]) -> str:
     return format_rows(headers, rows)
 
 
-def format_rows(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-    lines = [
-        " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)),
-        "-|-".join("-" * w for w in widths),
-        *(" | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows),
-    ]
-    return "\n".join(line.rstrip() for line in lines)
-
-
 # --- entry point -------------------------------------------------------------------------------
 
 
@@ -1186,13 +1193,6 @@ class Namespace(argparse.Namespace):
     worker_options: list[tuple[str, str]]
     directory: Path | None
     output: Path
-
-
-def positive(text: str) -> int:
-    value = int(text.replace("_", ""))
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be >= 1")
-    return value
 
 
 def positive_float(text: str) -> float:
@@ -1219,14 +1219,6 @@ def key_value(text: str) -> tuple[str, str]:
     return key.strip(), value.strip()
 
 
-def codec_list(text: str) -> list[str]:
-    codecs = [codec.strip() for codec in text.split(",") if codec.strip()]
-    unknown = [codec for codec in codecs if codec not in ("none", "lz4", "zstd")]
-    if not codecs or unknown:
-        raise argparse.ArgumentTypeError("codecs are a comma-separated subset of none,lz4,zstd")
-    return codecs
-
-
 def parse_args(argv: list[str] | None) -> Namespace:
     parser = argparse.ArgumentParser(
         description="external_shuffle push/fetch throughput of one worker vs raw grpcio.",
@@ -1244,7 +1236,10 @@ def parse_args(argv: list[str] | None) -> Namespace:
     parser.add_argument("--subpartitions", type=positive, default=16, help="per partition")
     parser.add_argument("--repeat", type=positive, default=3, help="repetitions (median reported)")
     parser.add_argument(
-        "--codecs", type=codec_list, default=["none", "lz4"], help="e.g. none,lz4,zstd"
+        "--codecs",
+        type=codec_list,
+        default=["none", "lz4", "auto"],
+        help="e.g. none,lz4,zstd,auto",
     )
     parser.add_argument(
         "--chunk-size",
@@ -1409,7 +1404,7 @@ def main(argv: list[str] | None = None) -> int:
         "data": data,
         "environment": environment,
         "load_average_after": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-        "goal_ratio": GOAL_RATIO,
+        "goals": GOALS,
         "results": summaries,
     }
     save_results(args.output, document)
