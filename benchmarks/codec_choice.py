@@ -1,7 +1,7 @@
 """What the ``auto`` codec sees on this machine: per kind of data, the bytes each codec keeps,
 its CPU cost, the bandwidth at which it breaks even, and what ``auto`` chooses.
 
-Each figure is the median of ``--repeat`` trials of ``shuffle_api.format.codec_choice.try_codec``
+Each figure is the median of ``--repeat`` trials of ``shuffle_api.format.codec_choice.try_codecs``
 on a 4 MiB batch (the writer's target batch size), sampled as the writer samples it. The
 break-even bandwidth is where ``2 * (plain - compressed) / B`` equals the cost: below it the
 codec pays. Run from the repository root::
@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 from common import MB, format_rows, machine, positive, random_batches, save_results
 
-from shuffle_api.format.codec_choice import AUTO, AUTO_CANDIDATES, choose_codec, try_codec
+from shuffle_api.format.codec_choice import AUTO, AUTO_CANDIDATES, choose_codec, try_codecs
 from shuffle_api.options import COMPRESSION_AUTO_BANDWIDTH, TARGET_BATCH_SIZE
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "codec_choice.json"
@@ -76,8 +76,9 @@ def of_target_size(make: Any) -> pa.RecordBatch:
 
 def measure(batch: pa.RecordBatch, repeat: int, bandwidth: int) -> dict[str, Any]:
     codecs: dict[str, Any] = {}
-    for codec in AUTO_CANDIDATES:
-        trials = [try_codec(batch, codec) for _ in range(repeat)]
+    runs = [try_codecs(batch, AUTO_CANDIDATES) for _ in range(repeat)]
+    for position, codec in enumerate(AUTO_CANDIDATES):
+        trials = [run[position] for run in runs]
         cost = statistics.median(trial.cost_seconds for trial in trials)
         plain, compressed = trials[0].plain_bytes, trials[0].compressed_bytes
         saved = plain - compressed

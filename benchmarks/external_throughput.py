@@ -1238,8 +1238,8 @@ def parse_args(argv: list[str] | None) -> Namespace:
     parser.add_argument(
         "--codecs",
         type=codec_list,
-        default=["none", "lz4", "auto"],
-        help="e.g. none,lz4,zstd,auto",
+        default=["none", "lz4"],
+        help="e.g. none,lz4,zstd",
     )
     parser.add_argument(
         "--chunk-size",
@@ -1279,6 +1279,10 @@ def parse_args(argv: list[str] | None) -> Namespace:
     )
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="JSON results file")
     args = parser.parse_args(argv, namespace=Namespace())
+    if "auto" in args.codecs:
+        # Its phases compare bytes written apart (encoded, written alone, pushed): auto may
+        # choose differently each time. benchmarks/codec_choice.py says what it chooses.
+        parser.error("give the codec auto chooses, not auto: each phase writes anew")
     if args.max_message_size <= MESSAGE_OVERHEAD:
         parser.error(f"--max-message-size must exceed {MESSAGE_OVERHEAD}")
     return args

@@ -40,7 +40,7 @@ COMPRESSION_CODEC = choice_option(
 
 COMPRESSION_AUTO_BANDWIDTH = memory_option(
     "shuffle.compression.auto.bandwidth",
-    512 << 20,
+    256 << 20,
     "Bytes per second one writer's data moves at through the slowest step it crosses (disk or"
     " network), which the auto codec weighs a byte saved against; lower it on slow links.",
     minimum=1 << 20,

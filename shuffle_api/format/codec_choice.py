@@ -3,14 +3,15 @@
 Compression trades CPU for bytes. Each byte it saves is saved twice (written to the store,
 read back by a consumer), at the speed of the slowest step it crosses: a disk or a network,
 ``shuffle.compression.auto.bandwidth`` per writer. The CPU cost is measured here, on this
-machine and this data: a sample of the first batch is encoded plain and with each candidate
-codec, and decoded back. The codec with the largest net saving wins; ``none`` when no codec
-saves more time than it costs. The rule and its figures are in ``docs/format.md``.
+machine and this data: a sample of the first batch is encoded as Arrow IPC plain and with
+each candidate codec, and decoded back. The codec with the largest net saving wins; ``none``
+when no codec saves more time than it costs. The rule and its figures are in ``docs/format.md``.
 """
 
 from __future__ import annotations
 
 import logging
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,18 +25,23 @@ __all__ = [
     "SAMPLE_BYTES",
     "CodecTrial",
     "choose_codec",
-    "try_codec",
+    "try_codecs",
 ]
 
 _LOG = logging.getLogger(__name__)
 
 AUTO: Final = "auto"
-AUTO_CANDIDATES: Final = ("lz4", "zstd")
-SAMPLE_BYTES: Final = 1 << 20
-"""At most this much of the first batch is tried: enough for stable timings (about a
-millisecond per codec), little enough to cost nothing beside a partition's write."""
+AUTO_CANDIDATES: Final = ("lz4",)
+"""zstd saves more bytes at twice lz4's CPU or more: it wins on slow links only, where a
+fixed ``zstd`` is the better setting; trying it too would double the trial."""
+SAMPLE_BYTES: Final = 512 << 10
+"""At most this much of the first batch is tried: enough to amortize a codec's fixed cost per
+buffer and for stable timings (about a millisecond each), little enough to cost next to
+nothing beside a partition's write (about 5 ms for the whole trial, on the spill thread)."""
 
-_TIMINGS: Final = 2  # the fastest of two: one pause of the machine does not decide
+_TIMINGS: Final = 3
+"""Each encoding is timed this many times, interleaved, and the median kept: one pause of the
+machine, or one lucky run, must not decide a sub-millisecond timing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,41 +62,43 @@ class CodecTrial:
 
 
 def _round_trip(batch: pa.RecordBatch, codec: str, clock: Callable[[], float]) -> tuple[int, float]:
-    """Bytes of ``batch`` as an IPC stream with ``codec``, and the fastest encode + decode."""
+    """Bytes of ``batch`` as an IPC stream with ``codec``, and seconds to encode and decode it
+    (into fresh buffers, as a writer and a reader do)."""
     options = pa.ipc.IpcWriteOptions(compression=None if codec == "none" else codec)
-    best = float("inf")
-    size = 0
-    for _ in range(_TIMINGS):
-        started = clock()
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, batch.schema, options=options) as writer:
-            writer.write_batch(batch)
-        encoded = sink.getvalue()
-        pa.ipc.open_stream(encoded).read_all()
-        best = min(best, clock() - started)
-        size = encoded.size
-    return size, best
+    started = clock()
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema, options=options) as writer:
+        writer.write_batch(batch)
+    encoded = sink.getvalue()
+    pa.ipc.open_stream(encoded).read_all()
+    return encoded.size, clock() - started
 
 
-def _sample(batch: pa.RecordBatch, sample_bytes: int) -> pa.RecordBatch:
-    if batch.nbytes <= sample_bytes or batch.num_rows <= 1:
-        return batch
-    rows = max(1, batch.num_rows * sample_bytes // batch.nbytes)
-    return batch.slice(0, rows)
-
-
-def try_codec(
+def try_codecs(
     batch: pa.RecordBatch,
-    codec: str,
+    codecs: Sequence[str],
     *,
     sample_bytes: int = SAMPLE_BYTES,
     clock: Callable[[], float] = time.perf_counter,
-) -> CodecTrial:
-    """Encode and decode up to ``sample_bytes`` of ``batch`` plain and with ``codec``."""
-    sample = _sample(batch, sample_bytes)
-    plain_bytes, plain_seconds = _round_trip(sample, "none", clock)
-    compressed_bytes, seconds = _round_trip(sample, codec, clock)
-    return CodecTrial(codec, plain_bytes, compressed_bytes, max(0.0, seconds - plain_seconds))
+) -> list[CodecTrial]:
+    """Encode and decode up to ``sample_bytes`` of ``batch`` plain and with each codec, each
+    :data:`_TIMINGS` times, interleaved; a codec's cost is its median over plain's."""
+    if batch.nbytes > sample_bytes and batch.num_rows > 1:
+        batch = batch.slice(0, max(1, batch.num_rows * sample_bytes // batch.nbytes))
+    encodings = ("none", *codecs)
+    seconds: dict[str, list[float]] = {codec: [] for codec in encodings}
+    sizes = dict.fromkeys(encodings, 0)
+    for _ in range(_TIMINGS):
+        for codec in encodings:
+            sizes[codec], taken = _round_trip(batch, codec, clock)
+            seconds[codec].append(taken)
+    plain = statistics.median(seconds["none"])
+    return [
+        CodecTrial(
+            codec, sizes["none"], sizes[codec], max(0.0, statistics.median(seconds[codec]) - plain)
+        )
+        for codec in codecs
+    ]
 
 
 def choose_codec(
@@ -104,7 +112,7 @@ def choose_codec(
     """The codec to store with: ``setting`` itself unless it is :data:`AUTO`."""
     if setting != AUTO:
         return setting
-    trials = [try_codec(first_batch, codec, clock=clock) for codec in candidates]
+    trials = try_codecs(first_batch, candidates, clock=clock)
     best = max(trials, key=lambda trial: trial.net_seconds(bandwidth))
     chosen = best.codec if best.net_seconds(bandwidth) > 0 else "none"
     _LOG.debug(

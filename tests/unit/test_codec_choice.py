@@ -13,7 +13,7 @@ import pytest
 
 from shuffle_api import IntermediateResultPartitionID, ResultPartitionID, SubpartitionRange
 from shuffle_api.format import PartitionFileReader, PartitionFileWriter, StoreSink
-from shuffle_api.format.codec_choice import CodecTrial, choose_codec, try_codec
+from shuffle_api.format.codec_choice import CodecTrial, choose_codec, try_codecs
 from shuffle_api.store import Store
 
 MIB = 1 << 20
@@ -52,9 +52,10 @@ def test_the_rule_weighs_bytes_saved_twice_against_the_cpu_they_cost() -> None:
 def test_a_trial_measures_the_codec_on_a_sample_of_the_batch() -> None:
     batch = compressible(200_000)
 
-    trial = try_codec(batch, "lz4", sample_bytes=256 << 10)
+    trial, other = try_codecs(batch, ("lz4", "zstd"), sample_bytes=256 << 10)
 
-    assert trial.codec == "lz4"
+    assert (trial.codec, other.codec) == ("lz4", "zstd")
+    assert other.plain_bytes == trial.plain_bytes
     assert 256 << 10 <= trial.plain_bytes < 320 << 10  # the sample, with IPC framing
     assert trial.compressed_bytes < trial.plain_bytes // 4
     assert trial.cost_seconds >= 0
