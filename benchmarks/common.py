@@ -32,6 +32,7 @@ __all__ = [
     "positive",
     "random_batches",
     "save_results",
+    "settle",
     "subpartition_indexes",
 ]
 
@@ -73,6 +74,12 @@ def subpartition_indexes(keys: npt.NDArray[np.int64], subpartitions: int) -> Ind
     """A cheap hash of the key (Fibonacci hashing: multiply, keep the high bits) mod n."""
     mixed = keys.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
     return ((mixed >> np.uint64(32)) % np.uint64(subpartitions)).astype(np.int64)
+
+
+def settle() -> None:
+    """Before a timed write: flush what earlier phases left dirty in the page cache (and the
+    discards of the files they deleted), so that no side pays for another's writes."""
+    os.sync()
 
 
 def mb_per_s(nbytes: int, seconds: float) -> float:

@@ -12,7 +12,9 @@ hash of ``key``) is computed before timing too: it is the engine's work.
 
 For each codec (``--codecs``) and each number of writers W (``--writers``), ``--repeat`` times
 (in the order push encoded, raw push, raw push into a file, writer alone, push, fetch, raw
-fetch, store read: each raw phase right after the one it is compared with):
+fetch, raw fetch from a file, store read: each raw phase right after the one it is compared
+with; every timed write to disk starts after ``os.sync()``, so none pays for the dirty pages
+another left):
 
 * **push**: W clients at once each write the whole dataset as one partition of
   ``--subpartitions`` subpartitions through ``ExternalShuffleEnvironment``'s writer (split by
@@ -114,6 +116,7 @@ from common import (
     positive,
     random_batches,
     save_results,
+    settle,
     subpartition_indexes,
 )
 
@@ -1064,6 +1067,7 @@ class Bench:
             serialize(ResultPartitionDeploymentDescriptor(p, d)) for p, d in registered_encoded
         ]
         self.clients.round([Encode(codec, deployment) for deployment in encoded], None)
+        settle()
         push_encoded = self.clients.round(
             [PushEncoded(codec, deployment) for deployment in encoded], self.worker_pid
         )
@@ -1073,6 +1077,7 @@ class Bench:
             [RawPush(nbytes, self.chunk_size) for nbytes in pushed], self.raw_server.pid
         )
         cell.add("raw_push", raw_push, sum(pushed))
+        settle()
         raw_push_to_file = self.clients.round(
             [RawPush(nbytes, self.chunk_size, to_file=True) for nbytes in pushed],
             self.raw_server.pid,
@@ -1086,6 +1091,7 @@ class Bench:
             ],
             None,
         )
+        settle()
         push = self.clients.round(
             [
                 Push(codec, serialize(ResultPartitionDeploymentDescriptor(p, d)))

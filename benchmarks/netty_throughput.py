@@ -57,7 +57,6 @@ import cProfile
 import datetime as dt
 import io
 import json
-import os
 import pstats
 import shutil
 import statistics
@@ -86,6 +85,7 @@ from common import (
     positive,
     random_batches,
     save_results,
+    settle,
     subpartition_indexes,
 )
 from fsspec.implementations.local import LocalFileSystem
@@ -532,12 +532,6 @@ def measure_codec(args: Namespace, data: Dataset, store_url: str, codec: str) ->
     finally:
         service.close()
     return run
-
-
-def settle() -> None:
-    """Before a timed write: flush what earlier phases left dirty in the page cache (and the
-    discards of the files they deleted), so that no side pays for another's writes."""
-    os.sync()
 
 
 def gather_alone(data: Dataset, subpartitions: int) -> float:
