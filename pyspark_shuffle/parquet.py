@@ -181,25 +181,32 @@ class ParquetSource:
 class _RowGroup:
     fragment: ds.ParquetFileFragment
     size: int
+    uncompressed_size: int
 
 
 def _row_groups(
     dataset: ds.Dataset, condition: ds.Expression | None, columns: set[str]
 ) -> list[_RowGroup]:
-    """Every row group the condition may match (by its statistics), with the compressed bytes
-    of the columns read from it."""
+    """Every row group the condition may match (by its statistics), with the compressed and
+    uncompressed bytes of the columns read from it."""
     found = []
     for fragment in dataset.get_fragments():
         metadata = fragment.metadata
         for piece in fragment.split_by_row_group(condition, schema=dataset.schema):
             (group,) = piece.row_groups
             chunks = metadata.row_group(group.id)
-            size = sum(
-                chunks.column(index).total_compressed_size
+            read = [
+                chunks.column(index)
                 for index in range(chunks.num_columns)
                 if chunks.column(index).path_in_schema.split(".")[0] in columns
+            ]
+            found.append(
+                _RowGroup(
+                    piece,
+                    sum(chunk.total_compressed_size for chunk in read),
+                    sum(chunk.total_uncompressed_size for chunk in read),
+                )
             )
-            found.append(_RowGroup(piece, size))
     return found
 
 
@@ -235,16 +242,21 @@ class _FragmentReader:
     def read(self, tasks: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for task in tasks:
             for encoded in task.column("row_groups").to_pylist():
-                for fragment in pickle.loads(encoded):
-                    scanner = ds.Scanner.from_fragment(
-                        fragment,
-                        schema=self._dataset_schema,
-                        columns=self._target.names,
-                        filter=self._condition,
-                    )
-                    for batch in scanner.to_batches():
-                        if batch.num_rows:
-                            yield self._conform(batch)
+                yield from self.read_fragments(pickle.loads(encoded))
+
+    def read_fragments(
+        self, fragments: Sequence[ds.ParquetFileFragment]
+    ) -> Iterator[pa.RecordBatch]:
+        for fragment in fragments:
+            scanner = ds.Scanner.from_fragment(
+                fragment,
+                schema=self._dataset_schema,
+                columns=self._target.names,
+                filter=self._condition,
+            )
+            for batch in scanner.to_batches():
+                if batch.num_rows:
+                    yield self._conform(batch)
 
     def _conform(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         # Spark's types for the same column (hive partition values inferred narrower, say, or
@@ -279,6 +291,8 @@ class ParquetInput(MapInput):
         )
         splits = split_by_size([group.size for group in groups], max_split, open_cost)
         self._tasks = [[groups[index].fragment for index in split] for split in splits] or [[]]
+        # What Parquet says the columns read take decoded (its dictionaries still encoded).
+        self.uncompressed_bytes = sum(group.uncompressed_size for group in groups)
 
     @property
     def schema(self) -> StructType:
@@ -292,8 +306,18 @@ class ParquetInput(MapInput):
         rows = [(pickle.dumps(task),) for task in self._tasks]
         tasks = self._spark.sparkContext.parallelize(rows, len(rows))
         frame = self._spark.createDataFrame(tasks, "row_groups binary")
-        reader = _FragmentReader(self._dataset_schema, self._condition, self._arrow_schema)
-        return TaskOutput(frame, reader.read, "Parquet source")
+        return TaskOutput(frame, self._reader().read, "Parquet source")
+
+    def read_table(self) -> pa.Table:
+        """Every row, read here (in the driver) rather than by map tasks: for a side small
+        enough to broadcast, a Spark job costs more than the read."""
+        fragments = [fragment for task in self._tasks for fragment in task]
+        return pa.Table.from_batches(
+            list(self._reader().read_fragments(fragments)), schema=self._arrow_schema
+        )
+
+    def _reader(self) -> _FragmentReader:
+        return _FragmentReader(self._dataset_schema, self._condition, self._arrow_schema)
 
 
 WRITE_MODES: Final = ("error", "errorifexists", "overwrite", "append", "ignore")

@@ -7,6 +7,7 @@ import dataclasses
 import inspect
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -546,12 +547,17 @@ class SparkShuffle:
         frames = {"left": left, "right": right}
         written: dict[str, Exchange] = {}
         if side is not None:
+            other = "left" if side == "right" else "right"
+            forced = broadcast == side
+            small = self._small_parquet_side(frames[side], side, None if forced else threshold)
+            if small is not None:
+                return self._broadcast_join(small, side, frames[other], operation, schema)
             written[side] = self._exchange(
                 frames[side], partitioner, f"join-{side}{names}", automatic=automatic
             )
-            if broadcast == side or sum(written[side].bytes_per_subpartition) <= threshold:
-                other = "left" if side == "right" else "right"
-                return self._broadcast_join(written[side], side, frames[other], operation, schema)
+            if forced or sum(written[side].bytes_per_subpartition) <= threshold:
+                small = self._collect_broadcast_side(written[side], side)
+                return self._broadcast_join(small, side, frames[other], operation, schema)
         exchanges = [
             written.get(name)
             or self._exchange(frames[name], partitioner, f"join-{name}{names}", automatic=automatic)
@@ -559,17 +565,28 @@ class SparkShuffle:
         ]
         return self._reduce(exchanges, operation, schema)
 
-    def _broadcast_join(
-        self,
-        small: Exchange,
-        side: str,
-        streamed_frame: DataFrame,
-        operation: Join,
-        schema: StructType,
-    ) -> DataFrame:
-        """Join ``streamed_frame`` task by task with the whole of what ``small`` wrote: read
-        by one reducer into the driver, then shared with Spark's broadcast (as Spark's own
-        broadcast joins are); ``small`` is released once read."""
+    def _small_parquet_side(
+        self, frame: DataFrame, side: str, threshold: int | None
+    ) -> tuple[pa.Table, BroadcastSide] | None:
+        """A side that is a Parquet source of this object, read whole in the driver when
+        Parquet's own sizes (then the table's) are within ``threshold`` (None: forced): no
+        Spark job for it at all. None for any other side, or a larger one."""
+        source = self._map_input(frame)
+        if not isinstance(source, ParquetInput):
+            return None
+        if threshold is not None and source.uncompressed_bytes > threshold:
+            return None
+        started = time.perf_counter()
+        table = source.read_table()
+        if threshold is not None and table.nbytes > threshold:
+            _LOG.info("a Parquet join side decoded to %d bytes: shuffled instead", table.nbytes)
+            return None
+        seconds = time.perf_counter() - started
+        return table, BroadcastSide(side, 0, seconds, table.num_rows, table.nbytes, 0)
+
+    def _collect_broadcast_side(self, small: Exchange, side: str) -> tuple[pa.Table, BroadcastSide]:
+        """What ``small`` wrote, read by one reducer into the driver; ``small`` is released
+        once read."""
         reader = self._reduce(
             [small], PassThrough(), small.frame_schema, plan=one_reducer([small.bytes_matrix()])
         )
@@ -578,6 +595,19 @@ class SparkShuffle:
         )
         rows, size = sum(small.rows_per_subpartition), sum(small.bytes_per_subpartition)
         self.release(reader)
+        return table, BroadcastSide(side, small.number_of_maps, small.runs.seconds, rows, size, 0)
+
+    def _broadcast_join(
+        self,
+        small: tuple[pa.Table, BroadcastSide],
+        side: str,
+        streamed_frame: DataFrame,
+        operation: Join,
+        schema: StructType,
+    ) -> DataFrame:
+        """Join ``streamed_frame`` task by task with the whole ``small`` side, shared with
+        Spark's broadcast (as Spark's own broadcast joins are)."""
+        table, written = small
         context = self._spark.sparkContext
         shared = context.broadcast(to_ipc_stream(table))
         streamed = self._map_input(streamed_frame)
@@ -591,9 +621,7 @@ class SparkShuffle:
             output_schema=_arrow_schema(self._spark, schema),
         )
         result = output.tasks.mapInArrow(output.produce, schema)
-        figures = BroadcastSide(
-            side, small.number_of_maps, small.runs.seconds, rows, size, streamed.number_of_maps
-        )
+        figures = dataclasses.replace(written, joining_tasks=streamed.number_of_maps)
         self._remember(
             result,
             _Result(

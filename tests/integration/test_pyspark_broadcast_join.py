@@ -1,7 +1,8 @@
 """Broadcast joins in a real local Spark session, on both services: the side Spark may
 broadcast for each join type is broadcast when its map stage wrote little (the other side is
 never shuffled), a larger one is shuffled with what it wrote reused, a hint forces a side the
-join type allows and is refused otherwise; fused and Parquet inputs join in their own tasks.
+join type allows and is refused otherwise; fused and Parquet inputs join in their own tasks; a
+small Parquet side is read by the driver, with no Spark job of its own.
 Every result equals Spark's join of the same DataFrames."""
 
 from __future__ import annotations
@@ -188,3 +189,53 @@ def test_fused_and_parquet_inputs_join_in_their_own_tasks(
     assert shuffle.statistics(from_files).broadcast_side == "right"
     expected = facts.select("k", "amount").join(dimension, "k", "left_semi")
     assert multiset(from_files) == multiset(expected)
+
+
+@pytest.mark.parametrize("how", ["inner", "left", "anti"])
+def test_a_small_parquet_side_is_read_by_the_driver_with_no_spark_job_of_its_own(
+    shuffle: SparkShuffle,
+    facts: DataFrame,
+    dimension: DataFrame,
+    tmp_path: Path,
+    how: str,
+) -> None:
+    dimension.write.parquet(str(tmp_path / "dimension"))
+    # Columns and a filter, as Spark would read them: keys 0..199 and the null key.
+    source = shuffle.read_parquet(
+        str(tmp_path / "dimension"), columns=["k", "name"], filter=[("k", "<", 200)]
+    )
+    result = shuffle.join(facts, source, "k", how)
+    statistics = shuffle.statistics(result)
+    assert statistics.broadcast_side == "right"
+    # No map task wrote the side: the driver read its files, and all of its rows.
+    assert (statistics.map_tasks, statistics.rows_written) == (0, 200)
+    assert statistics.reducers == facts.rdd.getNumPartitions()
+    expected = facts.join(
+        dimension.select("k", "name").where("k < 200"), "k", SPARK_JOIN_NAMES.get(how, how)
+    )
+    assert result.columns == expected.columns
+    assert multiset(result) == multiset(expected)
+    shuffle.release(result)
+
+
+def test_a_parquet_side_larger_than_the_threshold_is_shuffled_unless_forced(
+    shuffle: SparkShuffle,
+    spark: SparkSession,
+    facts: DataFrame,
+    dimension: DataFrame,
+    tmp_path: Path,
+) -> None:
+    dimension.write.parquet(str(tmp_path / "dimension"))
+    source = shuffle.read_parquet(str(tmp_path / "dimension"))
+    expected = multiset(facts.join(dimension, "k", "left"))
+    with broadcast_threshold(spark, "1k"):
+        shuffled = shuffle.join(facts, source, "k", "left")
+        forced = shuffle.join(facts, source, "k", "left", broadcast="right")
+    assert shuffle.statistics(shuffled).broadcast_side is None
+    assert len(shuffle.exchanges(shuffled)) == 2
+    assert multiset(shuffled) == expected
+    assert (shuffle.statistics(forced).broadcast_side, shuffle.statistics(forced).map_tasks) == (
+        "right",
+        0,
+    )
+    assert multiset(forced) == expected
