@@ -551,13 +551,13 @@ class SparkShuffle:
             forced = broadcast == side
             small = self._small_parquet_side(frames[side], side, None if forced else threshold)
             if small is not None:
-                return self._broadcast_join(small, side, frames[other], operation, schema)
+                return self._broadcast_join(small, frames[other], operation, schema)
             written[side] = self._exchange(
                 frames[side], partitioner, f"join-{side}{names}", automatic=automatic
             )
             if forced or sum(written[side].bytes_per_subpartition) <= threshold:
                 small = self._collect_broadcast_side(written[side], side)
-                return self._broadcast_join(small, side, frames[other], operation, schema)
+                return self._broadcast_join(small, frames[other], operation, schema)
         exchanges = [
             written.get(name)
             or self._exchange(frames[name], partitioner, f"join-{name}{names}", automatic=automatic)
@@ -600,7 +600,6 @@ class SparkShuffle:
     def _broadcast_join(
         self,
         small: tuple[pa.Table, BroadcastSide],
-        side: str,
         streamed_frame: DataFrame,
         operation: Join,
         schema: StructType,
@@ -615,7 +614,7 @@ class SparkShuffle:
             streamed.task_output(),
             _arrow_schema(self._spark, streamed.schema),
             table,
-            side=side,
+            side=written.side,
             shared=shared,
             operation=operation,
             output_schema=_arrow_schema(self._spark, schema),
