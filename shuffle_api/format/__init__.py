@@ -1,5 +1,6 @@
 """The on-store partition format shared by every implementation (data + index + manifest)."""
 
+from shuffle_api.format.codec_choice import ipc_write_options
 from shuffle_api.format.layout import partition_directory
 from shuffle_api.format.manifest import FORMAT_VERSION, PartitionManifest
 from shuffle_api.format.partition_writer import SortMergePartitionWriter
@@ -11,7 +12,7 @@ from shuffle_api.format.reader import (
     verify_run,
 )
 from shuffle_api.format.sink import DataStream, PartitionSink, StoreSink, write_all
-from shuffle_api.format.writer import PartitionFileWriter, ipc_write_options
+from shuffle_api.format.writer import PartitionFileWriter
 
 __all__ = [
     "FORMAT_VERSION",

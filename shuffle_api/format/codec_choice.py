@@ -1,4 +1,5 @@
-"""The ``auto`` codec: whether compressing a partition pays, measured on its first batch.
+"""Codecs: the Arrow IPC write options of each, and the ``auto`` codec, which decides whether
+compressing a partition pays, measured on its first batch.
 
 Compression trades CPU for bytes. Each byte it saves is saved twice (written to the store,
 read back by a consumer), at the speed of the slowest step it crosses: a disk or a network,
@@ -19,12 +20,16 @@ from typing import Final
 
 import pyarrow as pa
 
+from shuffle_api.errors import ShuffleError
+from shuffle_api.format.manifest import CODECS
+
 __all__ = [
     "AUTO",
     "AUTO_CANDIDATES",
     "SAMPLE_BYTES",
     "CodecTrial",
     "choose_codec",
+    "ipc_write_options",
     "try_codecs",
 ]
 
@@ -37,11 +42,18 @@ fixed ``zstd`` is the better setting; trying it too would double the trial."""
 SAMPLE_BYTES: Final = 512 << 10
 """At most this much of the first batch is tried: enough to amortize a codec's fixed cost per
 buffer and for stable timings (about a millisecond each), little enough to cost next to
-nothing beside a partition's write (about 5 ms for the whole trial, on the spill thread)."""
+nothing beside a partition's write (about 2 ms for the whole trial, on the spill thread)."""
 
 _TIMINGS: Final = 3
 """Each encoding is timed this many times, interleaved, and the median kept: one pause of the
 machine, or one lucky run, must not decide a sub-millisecond timing."""
+
+
+def ipc_write_options(codec: str) -> pa.ipc.IpcWriteOptions:
+    """How Arrow IPC writes with one of the stored :data:`CODECS`."""
+    if codec not in CODECS:
+        raise ShuffleError(f"unknown codec {codec!r}; choose one of {', '.join(CODECS)}")
+    return pa.ipc.IpcWriteOptions(compression=None if codec == "none" else codec)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +76,7 @@ class CodecTrial:
 def _round_trip(batch: pa.RecordBatch, codec: str, clock: Callable[[], float]) -> tuple[int, float]:
     """Bytes of ``batch`` as an IPC stream with ``codec``, and seconds to encode and decode it
     (into fresh buffers, as a writer and a reader do)."""
-    options = pa.ipc.IpcWriteOptions(compression=None if codec == "none" else codec)
+    options = ipc_write_options(codec)
     started = clock()
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, batch.schema, options=options) as writer:

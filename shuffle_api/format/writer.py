@@ -23,24 +23,18 @@ import xxhash
 
 from shuffle_api.batches import coalesce
 from shuffle_api.errors import ShuffleError
-from shuffle_api.format.codec_choice import AUTO, choose_codec
-from shuffle_api.format.manifest import CODECS, INDEX_SCHEMA, PartitionManifest
+from shuffle_api.format.codec_choice import AUTO, choose_codec, ipc_write_options
+from shuffle_api.format.manifest import INDEX_SCHEMA, PartitionManifest
 from shuffle_api.format.sink import DataStream, PartitionSink, write_all
 from shuffle_api.io import BROADCAST, PartitionStatistics
 from shuffle_api.options import COMPRESSION_AUTO_BANDWIDTH, TARGET_BATCH_SIZE
 from shuffle_api.store import storage_errors
 
-__all__ = ["MAX_RUN_BYTES", "PartitionFileWriter", "ipc_write_options"]
+__all__ = ["MAX_RUN_BYTES", "PartitionFileWriter"]
 
 MAX_RUN_BYTES = 8 << 20
 """A run is cut once it reaches this size: a run is what the data port sends as one frame, so
 runs stay far below ``netty-like.network.max-frame-size`` whatever the sort buffer holds."""
-
-
-def ipc_write_options(codec: str) -> pa.ipc.IpcWriteOptions:
-    if codec not in CODECS:
-        raise ShuffleError(f"unknown codec {codec!r}; choose one of {', '.join(CODECS)}")
-    return pa.ipc.IpcWriteOptions(compression=None if codec == "none" else codec)
 
 
 class _HashingSink:
