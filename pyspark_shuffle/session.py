@@ -503,7 +503,7 @@ class SparkShuffle:
             subpartitions,
         )
         exchange = self._exchange(
-            frame, partitioner, f"sort{names}", automatic=num_partitions is None
+            self._map_input(frame), partitioner, f"sort{names}", automatic=num_partitions is None
         )
         return self._reduce([exchange], SortWithin(sort_keys), frame.schema)
 
@@ -549,29 +549,34 @@ class SparkShuffle:
         if side is not None:
             other = "left" if side == "right" else "right"
             forced = broadcast == side
-            small = self._small_parquet_side(frames[side], side, None if forced else threshold)
+            source = self._map_input(frames[side])  # built once: a Parquet one lists its files
+            small = self._small_parquet_side(source, side, None if forced else threshold)
             if small is not None:
                 return self._broadcast_join(small, frames[other], operation, schema)
             written[side] = self._exchange(
-                frames[side], partitioner, f"join-{side}{names}", automatic=automatic
+                source, partitioner, f"join-{side}{names}", automatic=automatic
             )
             if forced or sum(written[side].bytes_per_subpartition) <= threshold:
                 small = self._collect_broadcast_side(written[side], side)
                 return self._broadcast_join(small, frames[other], operation, schema)
         exchanges = [
             written.get(name)
-            or self._exchange(frames[name], partitioner, f"join-{name}{names}", automatic=automatic)
+            or self._exchange(
+                self._map_input(frames[name]),
+                partitioner,
+                f"join-{name}{names}",
+                automatic=automatic,
+            )
             for name in ("left", "right")
         ]
         return self._reduce(exchanges, operation, schema)
 
     def _small_parquet_side(
-        self, frame: DataFrame, side: str, threshold: int | None
+        self, source: MapInput, side: str, threshold: int | None
     ) -> tuple[pa.Table, BroadcastSide] | None:
         """A side that is a Parquet source of this object, read whole in the driver when
         Parquet's own sizes (then the table's) are within ``threshold`` (None: forced): no
         Spark job for it at all. None for any other side, or a larger one."""
-        source = self._map_input(frame)
         if not isinstance(source, ParquetInput):
             return None
         if threshold is not None and source.uncompressed_bytes > threshold:
@@ -819,14 +824,14 @@ class SparkShuffle:
     ) -> Exchange:
         _check_keys(frame, keys, what)
         return self._exchange(
-            frame,
+            self._map_input(frame),
             self._hash(keys, num_partitions),
             f"{what}{keys}",
             automatic=num_partitions is None,
         )
 
     def _exchange(
-        self, frame: DataFrame, partitioner: Partitioner, name: str, *, automatic: bool
+        self, source: MapInput, partitioner: Partitioner, name: str, *, automatic: bool
     ) -> Exchange:
         if self._closed:
             raise ShuffleServiceClosedError("this SparkShuffle is closed")
@@ -837,7 +842,7 @@ class SparkShuffle:
             job=self._job,
             configuration=self.configuration,
             secret=self._secret,
-            map_input=self._map_input(frame),
+            map_input=source,
             partitioner=partitioner,
             name=name,
             automatic_reducers=automatic,
