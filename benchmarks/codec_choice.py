@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,7 @@ DATASETS = {
 }
 
 
-def of_target_size(make: Any) -> pa.RecordBatch:
+def of_target_size(make: Callable[[int], pa.RecordBatch]) -> pa.RecordBatch:
     """A batch of about the writer's target size, as the writer's first run hands it over."""
     probe = make(10_000)
     rows = max(1, int(10_000 * TARGET_BATCH_SIZE.default / probe.nbytes))
