@@ -3,8 +3,10 @@
 
 They stay the protobuf messages ``proto/`` defines (any generated client or server reads and
 writes them), but their ``data`` field is never copied into or out of a message object:
-a chunk is sent as its other fields, serialized by protobuf, joined with the data field in one
-copy; a received chunk's data is a view of the received bytes. Through message objects each
+a pushed chunk is sent as its other fields, serialized by protobuf, joined with the data field
+in one copy; a fetched chunk is its fields and the data field's tag and length (the prefix),
+with the data read from the file straight after them; a received chunk's data is a view of
+the received bytes. Through message objects each
 4 MiB chunk was copied three more times on each side (set, serialize; parse, read the field).
 Every other method of the Worker service keeps the generated (de)serializers.
 """
@@ -26,7 +28,7 @@ __all__ = [
     "FetchChunk",
     "PushChunk",
     "fetch_data_call",
-    "frame_fetch",
+    "fetch_prefix",
     "frame_push",
     "push_data_call",
     "read_fetch",
@@ -84,14 +86,19 @@ def _read_varint(view: memoryview, position: int) -> tuple[int, int]:
     raise SerializationError(f"malformed message: a varint at byte {position} does not end")
 
 
-def _with_data(header: bytes, field_number: int, parts: Sequence[Bytes], size: int) -> bytes:
-    """``header`` (a serialized message without the field) and the field, whose value is
-    ``parts`` (``size`` bytes in all), joined: one copy of the data. Protobuf parsers take
-    fields in any order, so the field may follow the others."""
+def _before_data(header: bytes, field_number: int, size: int) -> bytes:
+    """What precedes a field of ``size`` bytes that ends the message: ``header`` (a serialized
+    message without the field), the field's tag and its length. Protobuf parsers take fields
+    in any order, so the field may follow the others."""
     if not size:
         return header  # proto3 leaves an empty bytes field out
-    tag = _varint(field_number << 3 | _LENGTH_DELIMITED)
-    return b"".join((header, tag, _varint(size), *parts))
+    return header + _varint(field_number << 3 | _LENGTH_DELIMITED) + _varint(size)
+
+
+def _with_data(header: bytes, field_number: int, parts: Sequence[Bytes], size: int) -> bytes:
+    """``header`` and the field whose value is ``parts`` (``size`` bytes in all), joined:
+    one copy of the data."""
+    return b"".join((_before_data(header, field_number, size), *parts))
 
 
 def _split(message: bytes, field_number: int) -> tuple[bytes, memoryview]:
@@ -156,12 +163,13 @@ def read_push(message: bytes) -> PushChunk:
     return PushChunk(_parse(pb.PushDataRequest, others), data)
 
 
-def frame_fetch(data: Bytes, *, end_of_run: bool, run_checksum: int) -> bytes:
-    """The serialized ``FetchDataResponse`` of one chunk of a run."""
+def fetch_prefix(size: int, *, end_of_run: bool, run_checksum: int) -> bytes:
+    """The start of the serialized ``FetchDataResponse`` of one chunk of a run, ``size``
+    bytes of data: the message is this prefix followed by the data."""
     header = pb.FetchDataResponse(
         end_of_run=end_of_run, run_checksum=run_checksum
     ).SerializeToString()
-    return _with_data(header, _FETCH_DATA_FIELD, (data,), len(data))
+    return _before_data(header, _FETCH_DATA_FIELD, size)
 
 
 def read_fetch(message: bytes) -> FetchChunk:
@@ -218,7 +226,7 @@ _HANDLER_KINDS = {
 # Worker methods served with framed messages: (request deserializer, response serializer).
 _FRAMED: dict[str, tuple[Callable[[bytes], Any], Callable[[Any], bytes] | None]] = {
     "PushData": (_never_raising(read_push), pb.PushDataResponse.SerializeToString),
-    # FetchData's handler yields messages already framed by frame_fetch (or serialized).
+    # FetchData's handler yields messages it framed (fetch_prefix and the data) or serialized.
     "FetchData": (pb.FetchDataRequest.FromString, None),
 }
 

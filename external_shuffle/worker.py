@@ -21,7 +21,7 @@ import grpc
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
-from external_shuffle.framing import PushChunk, frame_fetch
+from external_shuffle.framing import PushChunk, fetch_prefix
 from external_shuffle.metrics import DaemonMetrics
 from external_shuffle.options import MIN_CHUNK_SIZE
 from external_shuffle.statuses import reports_errors
@@ -436,17 +436,16 @@ class WorkerService(pb_grpc.WorkerServicer):
             chunk_size = self._fetch_chunk_size(request.max_chunk_bytes)
             yield pb.FetchDataResponse(manifest=reader.manifest.to_json()).SerializeToString()
             for run in reader.runs(subpartitions):
-                data = memoryview(reader.read_run(run, verify=False))  # the client verifies it
-                for offset in range(0, max(len(data), 1), chunk_size):
-                    last = offset + chunk_size >= len(data)
-                    yield frame_fetch(
-                        data[offset : offset + chunk_size],
-                        end_of_run=last,
-                        run_checksum=run.checksum if last else 0,
+                for start in range(0, max(run.length, 1), chunk_size):
+                    length = min(chunk_size, run.length - start)
+                    last = start + length == run.length
+                    prefix = fetch_prefix(
+                        length, end_of_run=last, run_checksum=run.checksum if last else 0
                     )
+                    yield reader.read_after(prefix, run, start, length)  # the client verifies
                     # Sent (a client that stops reading leaves the stream idle here).
                     self._streams.touch(stream)
-                self.metrics.bytes_out.inc(len(data))
+                self.metrics.bytes_out.inc(run.length)
         finally:
             self._streams.close(stream)
             self.metrics.fetch_seconds.observe(time.perf_counter() - started)

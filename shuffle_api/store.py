@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import ctypes
 import errno
 import os
 import shutil
@@ -61,6 +62,11 @@ class RangeReader(abc.ABC):
     @abc.abstractmethod
     def read_range(self, offset: int, length: int) -> pa.Buffer: ...
 
+    def read_after(self, prefix: bytes, offset: int, length: int) -> bytes:
+        """``prefix`` followed by the range, as one new ``bytes`` (a message whose framing
+        comes before its data); shorter if the file ends first."""
+        return b"".join((prefix, self.read_range(offset, length)))
+
 
 class _MappedRanges(RangeReader):
     """Zero-copy slices of a memory-mapped local file (the buffers keep the mapping alive)."""
@@ -77,6 +83,36 @@ class _MappedRanges(RangeReader):
             return self._mapped.read_buffer(available)
 
 
+_new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
+_new_bytes.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
+_new_bytes.restype = ctypes.py_object
+
+
+def _pread_after(prefix: bytes, fd: int, offset: int, length: int) -> bytes:
+    """``prefix`` and up to ``length`` bytes of ``fd`` at ``offset``, read straight into the
+    bytes object returned. It is made as C code makes one (``PyBytes_FromStringAndSize(NULL,
+    n)``, filled before anything else sees it): ``os.pread`` and a join would copy every
+    byte once more, a tenth of a worker's CPU time when it serves fetches."""
+    size = len(prefix) + length
+    if not size:
+        return b""  # the shared empty bytes object, never to be written
+    message: bytes = _new_bytes(None, size)
+    address = ctypes.cast(ctypes.c_char_p(message), ctypes.c_void_p).value
+    assert address is not None
+    view = memoryview((ctypes.c_char * size).from_address(address)).cast("B")
+    try:
+        view[: len(prefix)] = prefix
+        filled = len(prefix)
+        while filled < size:
+            read = os.preadv(fd, [view[filled:]], offset + filled - len(prefix))
+            if not read:  # the file ends early
+                return message[:filled]
+            filled += read
+    finally:
+        view.release()
+    return message
+
+
 class _PositionedRanges(RangeReader):
     """Positioned reads of a local file: one copy, and a file truncated under the reader gives
     short reads, never a fault."""
@@ -88,6 +124,10 @@ class _PositionedRanges(RangeReader):
     def read_range(self, offset: int, length: int) -> pa.Buffer:
         with storage_errors(self._path):
             return pa.py_buffer(os.pread(self._file.fileno(), length, offset))
+
+    def read_after(self, prefix: bytes, offset: int, length: int) -> bytes:
+        with storage_errors(self._path):
+            return _pread_after(prefix, self._file.fileno(), offset, length)
 
 
 class _FsspecRanges(RangeReader):

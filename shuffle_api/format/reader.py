@@ -234,26 +234,41 @@ class PartitionFileReader:
             for position in chosen:
                 yield self._runs[int(position)]
 
-    def read_run(self, run: Run, *, verify: bool = True) -> pa.Buffer:
-        """A run's bytes, verified against its checksum unless the receiver verifies them."""
+    def _ranges(self) -> RangeReader:
         try:
             if self._data is None:
                 self._data = self._store.open_ranges(self._data_path)
-            data = self._data.read_range(run.offset, run.length)
         except FileNotFoundError as error:
             raise PartitionNotFoundError(
                 f"data file of partition {self._partition} is gone from {self._store.url}",
                 self._partition,
             ) from error
-        if data.size != run.length:  # checked even unverified: the receiver's check is too late
+        return self._data
+
+    def _check_length(self, read: int, wanted: int, offset: int) -> None:
+        """Checked even where the receiver verifies: its check would come too late."""
+        if read != wanted:
             raise ChecksumMismatchError(
                 f"data file of partition {self._partition} on {self._store.url} is truncated:"
-                f" {data.size} of the {run.length} bytes of a run at {run.offset}",
+                f" {read} of the {wanted} bytes at {offset}",
                 self._partition,
             )
+
+    def read_run(self, run: Run, *, verify: bool = True) -> pa.Buffer:
+        """A run's bytes, verified against its checksum unless the receiver verifies them."""
+        data = self._ranges().read_range(run.offset, run.length)
+        self._check_length(data.size, run.length, run.offset)
         if verify:
             verify_run(data, run, self._partition)
         return data
+
+    def read_after(self, prefix: bytes, run: Run, start: int, length: int) -> bytes:
+        """``prefix`` and bytes ``start .. start + length`` of a run, unverified, as one new
+        ``bytes``: a message to send, framing first, with no copy after the read."""
+        offset = run.offset + start
+        message = self._ranges().read_after(prefix, offset, length)
+        self._check_length(len(message) - len(prefix), length, offset)
+        return message
 
     def read(self, subpartitions: SubpartitionRange) -> Iterator[pa.RecordBatch]:
         """Every batch of these subpartitions."""

@@ -629,6 +629,46 @@ def test_data_file_truncated_inside_a_run_raises_checksum_mismatch(
     assert caught.value.partition_id == partition
 
 
+@pytest.fixture(params=["mapped", "positioned", "memory"])
+def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """Each way a store reads ranges: a memory map, positioned reads, fsspec."""
+    if request.param != "memory":
+        yield Store(str(tmp_path / "store"), memory_map=request.param == "mapped")
+        return
+    memory = Store(f"memory://pyshuffle-unit-{uuid.uuid4().hex}")
+    yield memory
+    memory.delete_tree(memory.path())
+
+
+def test_a_run_read_after_a_prefix_is_the_prefix_and_the_run_bytes(
+    any_store: Store, partition: ResultPartitionID
+) -> None:
+    write_partition(any_store, partition, SPREAD_WRITES, codec="none")
+    reader = PartitionFileReader(any_store, partition)
+    for run in reader.runs(SubpartitionRange(0, 2)):
+        data = reader.read_run(run).to_pybytes()
+        middle = run.length // 3
+        for start, length in [(0, run.length), (middle, run.length - middle), (0, 0)]:
+            message = reader.read_after(b"prefix", run, start, length)
+            assert message == b"prefix" + data[start : start + length]
+
+
+def test_a_run_read_after_a_prefix_from_a_truncated_file_raises_checksum_mismatch(
+    any_store: Store, partition: ResultPartitionID
+) -> None:
+    write_partition(any_store, partition, SPREAD_WRITES, codec="none")
+    reader = PartitionFileReader(any_store, partition)
+    run = next(iter(reader.runs(SubpartitionRange.single(0))))
+    data_path = file_path(any_store, partition, DATA_FILE)
+    rewrite(any_store, data_path, any_store.read_bytes(data_path)[: run.offset + run.length // 2])
+
+    reader = PartitionFileReader(any_store, partition)
+
+    with pytest.raises(ChecksumMismatchError, match="truncated") as caught:
+        reader.read_after(b"prefix", run, 0, run.length)
+    assert caught.value.partition_id == partition
+
+
 @pytest.mark.parametrize("keep", [0, 16])
 def test_data_file_truncated_before_a_run_raises_partition_corrupted(
     store: Store, partition: ResultPartitionID, keep: int

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
-from external_shuffle.framing import frame_fetch, frame_push, read_fetch, read_push
+from external_shuffle.framing import fetch_prefix, frame_push, read_fetch, read_push
 from shuffle_api import SerializationError
 
 KEY = pb.PartitionKey(result_id="result-a", partition_index=3, producer_attempt_id="task-7")
@@ -35,10 +35,11 @@ def test_a_push_serialized_by_protobuf_reads_back_with_its_data_as_a_view(
 
 
 @pytest.mark.parametrize("end_of_run", [False, True])
-def test_a_framed_fetch_chunk_parses_with_protobuf(end_of_run: bool) -> None:
-    framed = frame_fetch(memoryview(DATA), end_of_run=end_of_run, run_checksum=2**63 + 1)
-    parsed = pb.FetchDataResponse.FromString(framed)
-    assert parsed.data == DATA
+@pytest.mark.parametrize("data", [b"", b"x", DATA])
+def test_a_fetch_prefix_and_its_data_parse_with_protobuf(end_of_run: bool, data: bytes) -> None:
+    prefix = fetch_prefix(len(data), end_of_run=end_of_run, run_checksum=2**63 + 1)
+    parsed = pb.FetchDataResponse.FromString(prefix + data)
+    assert parsed.data == data
     assert parsed.end_of_run is end_of_run
     assert parsed.run_checksum == 2**63 + 1
     assert not parsed.manifest
