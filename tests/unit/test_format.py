@@ -613,22 +613,6 @@ def test_deleted_data_file_raises_partition_not_found(
     assert str(partition) in str(caught.value)
 
 
-def test_data_file_truncated_inside_a_run_raises_checksum_mismatch(
-    store: Store, partition: ResultPartitionID
-) -> None:
-    write_partition(store, partition, SPREAD_WRITES, codec="none")
-    reader = PartitionFileReader(store, partition)
-    run = next(iter(reader.runs(SubpartitionRange.single(0))))
-    data_path = file_path(store, partition, DATA_FILE)
-    rewrite(store, data_path, store.read_bytes(data_path)[: run.offset + run.length // 2])
-
-    reader = PartitionFileReader(store, partition)
-
-    with pytest.raises(ChecksumMismatchError) as caught:
-        list(reader.read(SubpartitionRange.single(0)))
-    assert caught.value.partition_id == partition
-
-
 @pytest.fixture(params=["mapped", "positioned", "memory"])
 def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     """Each way a store reads ranges: a memory map, positioned reads, fsspec."""
@@ -653,7 +637,7 @@ def test_a_run_read_after_a_prefix_is_the_prefix_and_the_run_bytes(
             assert message == b"prefix" + data[start : start + length]
 
 
-def test_a_run_read_after_a_prefix_from_a_truncated_file_raises_checksum_mismatch(
+def test_data_file_truncated_inside_a_run_raises_checksum_mismatch(
     any_store: Store, partition: ResultPartitionID
 ) -> None:
     write_partition(any_store, partition, SPREAD_WRITES, codec="none")
@@ -664,9 +648,11 @@ def test_a_run_read_after_a_prefix_from_a_truncated_file_raises_checksum_mismatc
 
     reader = PartitionFileReader(any_store, partition)
 
-    with pytest.raises(ChecksumMismatchError, match="truncated") as caught:
+    with pytest.raises(ChecksumMismatchError) as read:
+        list(reader.read(SubpartitionRange.single(0)))
+    with pytest.raises(ChecksumMismatchError, match="truncated") as read_after:
         reader.read_after(b"prefix", run, 0, run.length)
-    assert caught.value.partition_id == partition
+    assert read.value.partition_id == read_after.value.partition_id == partition
 
 
 @pytest.mark.parametrize("keep", [0, 16])
