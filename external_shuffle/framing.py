@@ -6,8 +6,8 @@ writes them), but their ``data`` field is never copied into or out of a message 
 a pushed chunk is sent as its other fields, serialized by protobuf, joined with the data field
 in one copy; a fetched chunk is its fields and the data field's tag and length (the prefix),
 with the data read from the file straight after them; a received chunk's data is a view of
-the received bytes. Through message objects each
-4 MiB chunk was copied three more times on each side (set, serialize; parse, read the field).
+the received bytes. Through message objects each 4 MiB chunk was copied three more times on
+each side (set, serialize; parse, read the field).
 Every other method of the Worker service keeps the generated (de)serializers.
 """
 
