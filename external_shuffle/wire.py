@@ -38,12 +38,15 @@ def statistics_to_pb(statistics: PartitionStatistics) -> pb.PartitionStatistics:
     return pb.PartitionStatistics(
         rows_per_subpartition=statistics.rows_per_subpartition,
         bytes_per_subpartition=statistics.bytes_per_subpartition,
+        arrow_bytes_per_subpartition=statistics.arrow_bytes_per_subpartition,
     )
 
 
 def statistics_from_pb(message: pb.PartitionStatistics) -> PartitionStatistics:
     return PartitionStatistics(
-        tuple(message.rows_per_subpartition), tuple(message.bytes_per_subpartition)
+        tuple(message.rows_per_subpartition),
+        tuple(message.bytes_per_subpartition),
+        tuple(message.arrow_bytes_per_subpartition),
     )
 
 

@@ -217,7 +217,8 @@ def decode_hosted(body: memoryview) -> tuple[HostedState, ResultPartitionID]:
 
 
 def encode_statuses(statuses: Sequence[PartitionStatistics | None]) -> bytes:
-    """Per partition: held or not, and a held one's rows and bytes per subpartition."""
+    """Per partition: held or not, and a held one's rows, bytes and Arrow bytes per
+    subpartition."""
     parts = [_COUNT.pack(len(statuses))]
     for statistics in statuses:
         if statistics is None:
@@ -227,6 +228,7 @@ def encode_statuses(statuses: Sequence[PartitionStatistics | None]) -> bytes:
         parts.append(_STATE.pack(1) + _COUNT.pack(count))
         parts.append(struct.pack(f"!{count}q", *statistics.rows_per_subpartition))
         parts.append(struct.pack(f"!{count}q", *statistics.bytes_per_subpartition))
+        parts.append(struct.pack(f"!{count}q", *statistics.arrow_bytes_per_subpartition))
     return b"".join(parts)
 
 
@@ -244,10 +246,11 @@ def decode_statuses(body: memoryview) -> list[PartitionStatistics | None]:
             (subpartitions,) = _COUNT.unpack_from(body, offset)
             offset += _COUNT.size
             numbers = struct.Struct(f"!{subpartitions}q")
-            rows = numbers.unpack_from(body, offset)
-            sizes = numbers.unpack_from(body, offset + numbers.size)
-            offset += 2 * numbers.size
-            statuses.append(PartitionStatistics(tuple(rows), tuple(sizes)))
+            rows, sizes, arrow_sizes = (
+                numbers.unpack_from(body, offset + column * numbers.size) for column in range(3)
+            )
+            offset += 3 * numbers.size
+            statuses.append(PartitionStatistics(rows, sizes, arrow_sizes))
     except struct.error as error:
         raise TransportError(f"a status reply does not decode: {error}") from None
     return statuses

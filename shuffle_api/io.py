@@ -30,10 +30,17 @@ BROADCAST = -1
 
 @dataclass(frozen=True, slots=True)
 class PartitionStatistics:
-    """Rows and stored bytes a reader of each subpartition gets (broadcast data included)."""
+    """Rows and bytes a reader of each subpartition gets (broadcast data included): bytes as
+    stored, and as Arrow buffers (``RecordBatch.nbytes``), which the codec does not change.
+    Arrow bytes not counted (an empty tuple) are taken as the stored bytes."""
 
     rows_per_subpartition: tuple[int, ...]
     bytes_per_subpartition: tuple[int, ...]
+    arrow_bytes_per_subpartition: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.arrow_bytes_per_subpartition:
+            object.__setattr__(self, "arrow_bytes_per_subpartition", self.bytes_per_subpartition)
 
     @property
     def total_rows(self) -> int:

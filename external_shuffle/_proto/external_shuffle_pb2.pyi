@@ -53,12 +53,14 @@ class PartitionLocation(_message.Message):
     def __init__(self, partition: _Optional[_Union[PartitionKey, _Mapping]] = ..., replicas: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ...) -> None: ...
 
 class PartitionStatistics(_message.Message):
-    __slots__ = ("rows_per_subpartition", "bytes_per_subpartition")
+    __slots__ = ("rows_per_subpartition", "bytes_per_subpartition", "arrow_bytes_per_subpartition")
     ROWS_PER_SUBPARTITION_FIELD_NUMBER: _ClassVar[int]
     BYTES_PER_SUBPARTITION_FIELD_NUMBER: _ClassVar[int]
+    ARROW_BYTES_PER_SUBPARTITION_FIELD_NUMBER: _ClassVar[int]
     rows_per_subpartition: _containers.RepeatedScalarFieldContainer[int]
     bytes_per_subpartition: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, rows_per_subpartition: _Optional[_Iterable[int]] = ..., bytes_per_subpartition: _Optional[_Iterable[int]] = ...) -> None: ...
+    arrow_bytes_per_subpartition: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, rows_per_subpartition: _Optional[_Iterable[int]] = ..., bytes_per_subpartition: _Optional[_Iterable[int]] = ..., arrow_bytes_per_subpartition: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
     __slots__ = ("worker", "load", "committed")

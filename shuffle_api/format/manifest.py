@@ -82,6 +82,7 @@ class PartitionManifest:
             "num_regions": self.num_regions,
             "rows_per_subpartition": list(self.statistics.rows_per_subpartition),
             "bytes_per_subpartition": list(self.statistics.bytes_per_subpartition),
+            "arrow_bytes_per_subpartition": list(self.statistics.arrow_bytes_per_subpartition),
         }
         return json.dumps(document, indent=1).encode("utf-8")
 
@@ -116,6 +117,8 @@ class PartitionManifest:
                 statistics=PartitionStatistics(
                     tuple(int(v) for v in document["rows_per_subpartition"]),
                     tuple(int(v) for v in document["bytes_per_subpartition"]),
+                    # Absent from the manifests of pyshuffle before 2026-11-26.
+                    tuple(int(v) for v in document.get("arrow_bytes_per_subpartition", ())),
                 ),
                 num_regions=int(document["num_regions"]),
                 data_bytes=int(document["data_bytes"]),

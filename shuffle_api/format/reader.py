@@ -136,8 +136,13 @@ def check_commit(
             f"{what}: {count} subpartitions, outside 1..{MAX_SUBPARTITIONS}", partition
         )
     statistics = manifest.statistics
-    if len(statistics.rows_per_subpartition) != count or (
-        len(statistics.bytes_per_subpartition) != count
+    if any(
+        len(counts) != count
+        for counts in (
+            statistics.rows_per_subpartition,
+            statistics.bytes_per_subpartition,
+            statistics.arrow_bytes_per_subpartition,
+        )
     ):
         raise PartitionCorruptedError(
             f"{what}: statistics of {len(statistics.rows_per_subpartition)} subpartitions"

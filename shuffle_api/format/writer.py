@@ -119,8 +119,10 @@ class PartitionFileWriter:
         self._index: dict[str, list[int]] = {field.name: [] for field in INDEX_SCHEMA}
         self._rows = np.zeros(number_of_subpartitions, dtype=np.int64)
         self._bytes = np.zeros(number_of_subpartitions, dtype=np.int64)
+        self._arrow_bytes = np.zeros(number_of_subpartitions, dtype=np.int64)
         self._broadcast_rows = 0
         self._broadcast_bytes = 0
+        self._broadcast_arrow_bytes = 0
 
     @property
     def buffered_bytes(self) -> int:
@@ -226,19 +228,20 @@ class PartitionFileWriter:
         if first is None:
             return
         sink, ipc = self._open(first)
-        batches_in_run = rows_in_run = 0
+        batches_in_run = rows_in_run = arrow_bytes_in_run = 0
         with storage_errors(self._sink.where):
             for batch in itertools.chain((first,), pending):
                 ipc.write_batch(batch)
                 batches_in_run += 1
                 rows_in_run += batch.num_rows
+                arrow_bytes_in_run += batch.nbytes
                 if sink.tell() - self._run_start >= MAX_RUN_BYTES:
-                    self._index_run(subpartition, batches_in_run, rows_in_run)
-                    batches_in_run = rows_in_run = 0
+                    self._index_run(subpartition, batches_in_run, rows_in_run, arrow_bytes_in_run)
+                    batches_in_run = rows_in_run = arrow_bytes_in_run = 0
         if batches_in_run:
-            self._index_run(subpartition, batches_in_run, rows_in_run)
+            self._index_run(subpartition, batches_in_run, rows_in_run, arrow_bytes_in_run)
 
-    def _index_run(self, subpartition: int, batches: int, rows: int) -> None:
+    def _index_run(self, subpartition: int, batches: int, rows: int, arrow_bytes: int) -> None:
         assert self._data is not None
         start = self._run_start
         self._run_start = self._data.tell()
@@ -258,9 +261,11 @@ class PartitionFileWriter:
         if subpartition == BROADCAST:
             self._broadcast_rows += rows
             self._broadcast_bytes += length
+            self._broadcast_arrow_bytes += arrow_bytes
         else:
             self._rows[subpartition] += rows
             self._bytes[subpartition] += length
+            self._arrow_bytes[subpartition] += arrow_bytes
 
     # --- commit and abort ----------------------------------------------------------------------
 
@@ -282,6 +287,7 @@ class PartitionFileWriter:
         statistics = PartitionStatistics(
             tuple(int(v) + self._broadcast_rows for v in self._rows),
             tuple(int(v) + self._broadcast_bytes for v in self._bytes),
+            tuple(int(v) + self._broadcast_arrow_bytes for v in self._arrow_bytes),
         )
         manifest = PartitionManifest(
             partition=self._partition,

@@ -408,6 +408,50 @@ def test_statistics_match_what_was_written_and_what_is_read(
     assert reader.manifest.data_bytes == store.size(file_path(store, partition, DATA_FILE))
 
 
+def test_arrow_bytes_are_the_same_whatever_the_codec(
+    store: Store, partition: ResultPartitionID
+) -> None:
+    """What plans weigh does not depend on the codec a map task chose (``auto``)."""
+    writes = [(s, make_batch(1000 * s, 4000)) for s in range(3)] + [(BROADCAST, make_batch(0, 50))]
+    written = {}
+    for codec in ("none", "lz4", "zstd"):
+        attempt = ResultPartitionID(partition.partition_id, f"attempt-{codec}")
+        writer = PartitionFileWriter(StoreSink(store, attempt), 3, codec=codec, memory_budget=64)
+        for subpartition, batch in writes:
+            writer.add(subpartition, batch)
+        written[codec] = writer.commit()
+        assert PartitionFileReader(store, attempt).manifest.statistics == written[codec]
+
+    assert len({statistics.arrow_bytes_per_subpartition for statistics in written.values()}) == 1
+    assert all(
+        compressed < plain
+        for compressed, plain in zip(
+            written["zstd"].bytes_per_subpartition,
+            written["none"].bytes_per_subpartition,
+            strict=True,
+        )
+    )
+    for subpartition in range(3):
+        batches = [batch for target, batch in writes if target in (subpartition, BROADCAST)]
+        assert written["none"].arrow_bytes_per_subpartition[subpartition] == sum(
+            batch.nbytes for batch in batches
+        )
+
+
+def test_a_manifest_without_arrow_bytes_takes_the_stored_bytes(
+    store: Store, partition: ResultPartitionID
+) -> None:
+    write_partition(store, partition, SPREAD_WRITES)
+    manifest_path = file_path(store, partition, MANIFEST_FILE)
+    document = json.loads(store.read_bytes(manifest_path))
+    del document["arrow_bytes_per_subpartition"]  # as pyshuffle wrote them before
+    rewrite(store, manifest_path, json.dumps(document).encode())
+
+    statistics = PartitionFileReader(store, partition).manifest.statistics
+
+    assert statistics.arrow_bytes_per_subpartition == statistics.bytes_per_subpartition
+
+
 # --- readable with plain pyarrow -----------------------------------------------------------
 
 
