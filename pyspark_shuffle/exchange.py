@@ -21,6 +21,7 @@ from pyspark.sql import Row, SparkSession
 from pyspark_shuffle.inputs import MapInput
 from pyspark_shuffle.options import MAX_RECOVERY_ATTEMPTS, PROGRESS_INTERVAL
 from pyspark_shuffle.partitioners import Partitioner
+from pyspark_shuffle.planning import codec_neutral_bytes
 from pyspark_shuffle.progress import StageProgress
 from pyspark_shuffle.tasks import MAP_OUTPUT_SCHEMA, MapStageSpec, run_map_task
 from shuffle_api import (
@@ -58,6 +59,7 @@ class MapOutput:
     descriptor: ShuffleDescriptor
     rows_per_subpartition: tuple[int, ...]
     bytes_per_subpartition: tuple[int, ...]
+    arrow_bytes_per_subpartition: tuple[int, ...]
 
 
 @dataclass
@@ -271,6 +273,7 @@ class Exchange:
                 descriptor,
                 previous.rows_per_subpartition,
                 previous.bytes_per_subpartition,
+                previous.arrow_bytes_per_subpartition,
             )
         )
 
@@ -285,7 +288,15 @@ class Exchange:
         map_index = int(row["map_index"])
         if row["arrow_schema"] is not None and self._schema is None:
             self._schema = pa.ipc.read_schema(pa.py_buffer(bytes(row["arrow_schema"])))
-        self._replace(MapOutput(map_index, descriptor, tuple(row["rows"]), tuple(row["bytes"])))
+        self._replace(
+            MapOutput(
+                map_index,
+                descriptor,
+                tuple(row["rows"]),
+                tuple(row["bytes"]),
+                tuple(row["arrow_bytes"]),
+            )
+        )
 
     def _replace(self, output: MapOutput) -> None:
         """Make ``output`` the registered attempt of its map task; release the one before."""
@@ -355,12 +366,16 @@ class Exchange:
         return tuple(outputs[index].descriptor for index in range(self.number_of_maps))
 
     def bytes_matrix(self) -> npt.NDArray[np.int64]:
-        """Bytes map task m wrote to subpartition s, at ``[m, s]``."""
-        outputs = self.outputs
-        return np.array(
-            [outputs[index].bytes_per_subpartition for index in range(self.number_of_maps)],
-            dtype=np.int64,
-        ).reshape(self.number_of_maps, self.spec.partitioner.number_of_subpartitions)
+        """Bytes map task m wrote to subpartition s, at ``[m, s]``, as plans weigh them
+        (:func:`~pyspark_shuffle.planning.codec_neutral_bytes`)."""
+        by_index = self.outputs
+        outputs = [by_index[index] for index in range(self.number_of_maps)]
+        shape = (self.number_of_maps, self.spec.partitioner.number_of_subpartitions)
+        stored, arrow = (
+            np.array([getattr(output, what) for output in outputs], dtype=np.int64).reshape(shape)
+            for what in ("bytes_per_subpartition", "arrow_bytes_per_subpartition")
+        )
+        return codec_neutral_bytes(stored, arrow)
 
     def release(self) -> None:
         with self._lock:

@@ -19,10 +19,24 @@ from scheduling.skew import (
 )
 from shuffle_api import Configuration
 
-__all__ = ["adaptive_plan", "one_reducer", "one_reducer_per_subpartition"]
+__all__ = ["adaptive_plan", "codec_neutral_bytes", "one_reducer", "one_reducer_per_subpartition"]
 
 BytesMatrix = npt.NDArray[np.int64]
 """Bytes map task m wrote to subpartition s, at ``[m, s]``."""
+
+
+def codec_neutral_bytes(stored: BytesMatrix, arrow: BytesMatrix) -> BytesMatrix:
+    """What plans weigh: each map task's Arrow bytes per subpartition, scaled so that they
+    add up to the bytes stored. With the ``auto`` codec, map tasks of one exchange may store
+    the same rows compressed or not; by stored bytes, a reducer of uncompressed outputs would
+    get twice the rows of one of compressed outputs. Scaled, sizes keep the meaning of stored
+    bytes (the target size, the skew threshold). Rounded up: a subpartition with rows never
+    weighs nothing."""
+    stored_total, arrow_total = int(stored.sum()), int(arrow.sum())
+    if not arrow_total:
+        return stored
+    scaled: BytesMatrix = np.ceil(arrow * (stored_total / arrow_total)).astype(np.int64)
+    return scaled
 
 
 def one_reducer_per_subpartition(inputs: Sequence[BytesMatrix]) -> ConsumerPlan:

@@ -67,7 +67,8 @@ __all__ = [
 ]
 
 MAP_OUTPUT_SCHEMA: Final = (
-    "map_index long, producer binary, rows array<long>, bytes array<long>, arrow_schema binary"
+    "map_index long, producer binary, rows array<long>, bytes array<long>,"
+    " arrow_bytes array<long>, arrow_schema binary"
 )
 """The one metadata row each map task returns (Spark DDL)."""
 
@@ -183,6 +184,7 @@ def run_map_task(
             ),
             "rows": _int64_list(statistics.rows_per_subpartition),
             "bytes": _int64_list(statistics.bytes_per_subpartition),
+            "arrow_bytes": _int64_list(statistics.arrow_bytes_per_subpartition),
             "arrow_schema": pa.array(
                 [None if schema is None else schema.serialize().to_pybytes()], pa.binary()
             ),

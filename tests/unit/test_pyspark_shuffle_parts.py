@@ -19,7 +19,11 @@ import pytest
 from pyspark_shuffle.hashing import hash_keys
 from pyspark_shuffle.operations import GroupApply, Join, PassThrough, SortWithin, group_ids
 from pyspark_shuffle.partitioners import HashPartitioner, RangePartitioner, choose_boundaries
-from pyspark_shuffle.planning import adaptive_plan, one_reducer_per_subpartition
+from pyspark_shuffle.planning import (
+    adaptive_plan,
+    codec_neutral_bytes,
+    one_reducer_per_subpartition,
+)
 from pyspark_shuffle.sorting import SortKey, sort_indices, sort_keys_of
 from scheduling.skew import InputSlice, ProducerRange
 from shuffle_api import Configuration, InvalidOperationError, SubpartitionRange
@@ -335,6 +339,40 @@ def test_adaptive_plan_takes_its_bounds_and_skew_limits_from_the_configuration()
     whole = adaptive_plan(configuration, [matrix], [False], default_parallelism=2)
     assert whole.unsplittable == (5,)
     assert max(task.bytes for task in whole.tasks) == 400
+
+
+def test_map_tasks_that_stored_the_same_rows_with_different_codecs_weigh_alike() -> None:
+    # Four map tasks wrote the same rows to subpartition 1 (skewed) and a few to the 7
+    # others; tasks 0 and 1 compressed theirs to a third. Split by stored bytes, one reducer
+    # would read the rows of tasks 0 and 1 together, twice those of each other reducer.
+    arrow = np.full((4, 8), 300, dtype=np.int64)
+    arrow[:, 1] = 30_000
+    stored = arrow.copy()
+    stored[:2] //= 3
+    weighed = codec_neutral_bytes(stored, arrow)
+    assert (weighed[:, 1] == weighed[0, 1]).all()
+    assert 0 <= int(weighed.sum()) - int(stored.sum()) < weighed.size  # rounded up, cell by cell
+    configuration = Configuration.load(
+        {
+            "pyspark-shuffle.reducer.target-size": str(int(weighed[0, 1])),
+            "pyspark-shuffle.reducer.min-count": "1",
+            "scheduling.skew.threshold": str(int(weighed[:, 1].sum()) // 2),
+        }
+    )
+    plan = adaptive_plan(configuration, [weighed], [True], default_parallelism=1)
+    assert plan.skewed == (1,)
+    map_tasks_per_reducer = sorted(
+        len(task.inputs[0].producers)
+        for task in plan.tasks
+        if task.inputs[0].subpartitions == SubpartitionRange.single(1)
+    )
+    assert map_tasks_per_reducer == [1, 1, 1, 1]
+
+
+def test_a_subpartition_with_rows_never_weighs_nothing() -> None:
+    arrow = np.array([[1, 0, 1_000_000]], dtype=np.int64)
+    weighed = codec_neutral_bytes(arrow // 1000, arrow)
+    assert weighed[0, 0] > 0 and weighed[0, 1] == 0
 
 
 def test_adaptive_plan_gives_every_core_a_reducer_by_default() -> None:
