@@ -32,7 +32,7 @@ SHUFFLE_SERVICE_FACTORY_CLASS = str_option(
 
 COMPRESSION_CODEC = choice_option(
     "shuffle.compression.codec",
-    "lz4",
+    "auto",
     "Arrow IPC buffer compression of stored and sent partition data; auto: per partition, the"
     " codec that saves more time than it costs on its first batch (or none).",
     ("auto", "none", "lz4", "zstd"),
