@@ -46,7 +46,7 @@ def write_toml(tmp_path: Path, text: str) -> Path:
 def test_unset_options_read_as_their_defaults() -> None:
     configuration = Configuration.load({}, environ={})
 
-    assert configuration.get(COMPRESSION_CODEC) == "lz4"
+    assert configuration.get(COMPRESSION_CODEC) == "auto"
     assert configuration.get(TARGET_BATCH_SIZE) == 4 << 20
     assert (
         configuration.get(SHUFFLE_SERVICE_FACTORY_CLASS) == "netty_like.NettyShuffleServiceFactory"
