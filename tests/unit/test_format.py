@@ -8,7 +8,7 @@ import json
 import os
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
@@ -442,10 +442,8 @@ def test_a_manifest_without_arrow_bytes_takes_the_stored_bytes(
     store: Store, partition: ResultPartitionID
 ) -> None:
     write_partition(store, partition, SPREAD_WRITES)
-    manifest_path = file_path(store, partition, MANIFEST_FILE)
-    document = json.loads(store.read_bytes(manifest_path))
-    del document["arrow_bytes_per_subpartition"]  # as pyshuffle wrote them before
-    rewrite(store, manifest_path, json.dumps(document).encode())
+    # As pyshuffle wrote manifests before.
+    edit_manifest(store, partition, lambda document: document.pop("arrow_bytes_per_subpartition"))
 
     statistics = PartitionFileReader(store, partition).manifest.statistics
 
@@ -620,6 +618,15 @@ def rewrite(store: Store, path: str, data: bytes) -> None:
     store.filesystem.pipe_file(path, data)
 
 
+def edit_manifest(
+    store: Store, partition: ResultPartitionID, change: Callable[[dict[str, Any]], object]
+) -> None:
+    manifest_path = file_path(store, partition, MANIFEST_FILE)
+    document = json.loads(store.read_bytes(manifest_path))
+    change(document)
+    rewrite(store, manifest_path, json.dumps(document).encode())
+
+
 def test_flipped_byte_in_a_run_raises_checksum_mismatch_naming_partition_and_subpartition(
     store: Store, partition: ResultPartitionID
 ) -> None:
@@ -779,10 +786,7 @@ def test_manifest_of_a_newer_format_version_is_unsupported(
     store: Store, partition: ResultPartitionID
 ) -> None:
     write_partition(store, partition, SPREAD_WRITES)
-    manifest_path = file_path(store, partition, MANIFEST_FILE)
-    document = json.loads(store.read_bytes(manifest_path))
-    document["format_version"] = 99
-    rewrite(store, manifest_path, json.dumps(document).encode())
+    edit_manifest(store, partition, lambda document: document.update(format_version=99))
 
     with pytest.raises(UnsupportedFormatVersionError) as caught:
         PartitionFileReader(store, partition)
