@@ -135,7 +135,8 @@ def spark_configuration(
 @dataclass(frozen=True, slots=True)
 class ShuffleStatistics:
     """What the shuffles behind one result wrote, and what its reducers read so far.
-    ``bytes_per_reducer``: what each reducer reads by the map tasks' own counts;
+    ``bytes_per_reducer``: what each reducer reads, as the plan weighs it (stored bytes,
+    shared out by the rows' Arrow bytes: see ``planning.codec_neutral_bytes``);
     ``skewed_subpartitions``: split among reducers; ``unsplittable_subpartitions``: skewed
     but read whole by one reducer (the operation keeps a key in one reducer, or one map task
     wrote it all)."""
