@@ -28,9 +28,9 @@ BytesMatrix = npt.NDArray[np.int64]
 def codec_neutral_bytes(stored: BytesMatrix, arrow: BytesMatrix) -> BytesMatrix:
     """What plans weigh: each map task's Arrow bytes per subpartition, scaled so that they
     add up to the bytes stored. With the ``auto`` codec, map tasks of one exchange may store
-    the same rows compressed or not; by stored bytes, a reducer of uncompressed outputs would
-    get twice the rows of one of compressed outputs. Scaled, sizes keep the meaning of stored
-    bytes (the target size, the skew threshold). Rounded up: a subpartition with rows never
+    the same rows compressed or not; by stored bytes, a reducer of compressed outputs would
+    get more rows than one of uncompressed outputs. Scaled, sizes keep the meaning of stored
+    bytes (the target size, the skew threshold). Rounded up: what holds Arrow bytes never
     weighs nothing."""
     stored_total, arrow_total = int(stored.sum()), int(arrow.sum())
     if not arrow_total:
