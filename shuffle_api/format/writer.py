@@ -117,12 +117,10 @@ class PartitionFileWriter:
         self._batches = 0
         self._regions = 0
         self._index: dict[str, list[int]] = {field.name: [] for field in INDEX_SCHEMA}
-        self._rows = np.zeros(number_of_subpartitions, dtype=np.int64)
-        self._bytes = np.zeros(number_of_subpartitions, dtype=np.int64)
-        self._arrow_bytes = np.zeros(number_of_subpartitions, dtype=np.int64)
-        self._broadcast_rows = 0
-        self._broadcast_bytes = 0
-        self._broadcast_arrow_bytes = 0
+        # Rows, stored bytes and Arrow bytes (the rows of PartitionStatistics): per
+        # subpartition, and of the broadcast runs, which every subpartition's reader gets.
+        self._counts = np.zeros((3, number_of_subpartitions), dtype=np.int64)
+        self._broadcast_counts = np.zeros(3, dtype=np.int64)
 
     @property
     def buffered_bytes(self) -> int:
@@ -258,14 +256,11 @@ class PartitionFileWriter:
         ):
             self._index[name].append(value)
         self._batches += batches
+        counts = (rows, length, arrow_bytes)
         if subpartition == BROADCAST:
-            self._broadcast_rows += rows
-            self._broadcast_bytes += length
-            self._broadcast_arrow_bytes += arrow_bytes
+            self._broadcast_counts += counts
         else:
-            self._rows[subpartition] += rows
-            self._bytes[subpartition] += length
-            self._arrow_bytes[subpartition] += arrow_bytes
+            self._counts[:, subpartition] += counts
 
     # --- commit and abort ----------------------------------------------------------------------
 
@@ -284,11 +279,8 @@ class PartitionFileWriter:
         with pa.ipc.new_file(index, INDEX_SCHEMA) as index_writer:
             index_writer.write_table(pa.table(self._index, schema=INDEX_SCHEMA))
         index_bytes = index.getvalue().to_pybytes()
-        statistics = PartitionStatistics(
-            tuple(int(v) + self._broadcast_rows for v in self._rows),
-            tuple(int(v) + self._broadcast_bytes for v in self._bytes),
-            tuple(int(v) + self._broadcast_arrow_bytes for v in self._arrow_bytes),
-        )
+        totals = self._counts + self._broadcast_counts[:, np.newaxis]
+        statistics = PartitionStatistics(*(tuple(int(v) for v in row) for row in totals))
         manifest = PartitionManifest(
             partition=self._partition,
             number_of_subpartitions=self._subpartitions,
