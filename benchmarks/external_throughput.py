@@ -705,14 +705,16 @@ class Client:
             for batch in gate:
                 rows += batch.num_rows
         ended, cpu = time.monotonic(), time.process_time() - cpu
+        self.check_rows(rows)
+        return Done(started, ended, cpu, 0, rows)
+
+    def check_rows(self, rows: int) -> None:
         if rows != self.workload.rows:
             raise AssertionError(f"read {rows} rows, {self.workload.rows} were written")
-        return Done(started, ended, cpu, 0, rows)
 
     def check(self, read: Tally) -> None:
         """Fail unless every row came back with the right values."""
-        if read.rows != self.workload.rows:
-            raise AssertionError(f"read {read.rows} rows, {self.workload.rows} were written")
+        self.check_rows(read.rows)
         expected = self.workload.value_sum
         if abs(read.value_sum - expected) / max(abs(expected), 1e-300) > 1e-6:
             raise AssertionError(f"sum of value read {read.value_sum!r}, wrote {expected!r}")
