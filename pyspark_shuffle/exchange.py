@@ -4,6 +4,7 @@ partitions to reducers, release them."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 import time
@@ -26,6 +27,7 @@ from pyspark_shuffle.progress import StageProgress
 from pyspark_shuffle.tasks import MAP_OUTPUT_SCHEMA, MapStageSpec, run_map_task
 from shuffle_api import (
     Configuration,
+    PartitionStatistics,
     ProducerDescriptor,
     RecordingJobContext,
     SerializationError,
@@ -57,9 +59,7 @@ class MapOutput:
 
     map_index: int
     descriptor: ShuffleDescriptor
-    rows_per_subpartition: tuple[int, ...]
-    bytes_per_subpartition: tuple[int, ...]
-    arrow_bytes_per_subpartition: tuple[int, ...]
+    statistics: PartitionStatistics
 
 
 @dataclass
@@ -157,7 +157,7 @@ class Exchange:
     def _sum_per_subpartition(self, what: str) -> tuple[int, ...]:
         totals = np.zeros(self.spec.partitioner.number_of_subpartitions, dtype=np.int64)
         for output in self.outputs.values():
-            totals += np.asarray(getattr(output, what), dtype=np.int64)
+            totals += np.asarray(getattr(output.statistics, what), dtype=np.int64)
         return tuple(int(value) for value in totals)
 
     def write(self) -> None:
@@ -267,15 +267,7 @@ class Exchange:
         if previous is None:  # the exchange was released: so is this attempt
             self._master.release_partition_externally(descriptor)
             return
-        self._replace(
-            MapOutput(
-                map_index,
-                descriptor,
-                previous.rows_per_subpartition,
-                previous.bytes_per_subpartition,
-                previous.arrow_bytes_per_subpartition,
-            )
-        )
+        self._replace(dataclasses.replace(previous, descriptor=descriptor))
 
     def _submit_registration(
         self, row: Row, producer: ProducerDescriptor
@@ -288,15 +280,10 @@ class Exchange:
         map_index = int(row["map_index"])
         if row["arrow_schema"] is not None and self._schema is None:
             self._schema = pa.ipc.read_schema(pa.py_buffer(bytes(row["arrow_schema"])))
-        self._replace(
-            MapOutput(
-                map_index,
-                descriptor,
-                tuple(row["rows"]),
-                tuple(row["bytes"]),
-                tuple(row["arrow_bytes"]),
-            )
+        statistics = PartitionStatistics(
+            tuple(row["rows"]), tuple(row["bytes"]), tuple(row["arrow_bytes"])
         )
+        self._replace(MapOutput(map_index, descriptor, statistics))
 
     def _replace(self, output: MapOutput) -> None:
         """Make ``output`` the registered attempt of its map task; release the one before."""
@@ -372,7 +359,9 @@ class Exchange:
         outputs = [by_index[index] for index in range(self.number_of_maps)]
         shape = (self.number_of_maps, self.spec.partitioner.number_of_subpartitions)
         stored, arrow = (
-            np.array([getattr(output, what) for output in outputs], dtype=np.int64).reshape(shape)
+            np.array(
+                [getattr(output.statistics, what) for output in outputs], dtype=np.int64
+            ).reshape(shape)
             for what in ("bytes_per_subpartition", "arrow_bytes_per_subpartition")
         )
         return codec_neutral_bytes(stored, arrow)
