@@ -8,7 +8,6 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from netty_like.handshake import open_handshake
 from netty_like.protocol import (
     BufferHeader,
     FrameType,
@@ -17,7 +16,6 @@ from netty_like.protocol import (
     encode_credit,
     error_from_code,
     read_frame,
-    write_frame,
 )
 from shuffle_api import (
     AuthenticationError,
@@ -28,6 +26,7 @@ from shuffle_api import (
     TransportError,
 )
 from shuffle_api.format import decode_run, verify_checksum
+from shuffle_api.sockets import open_handshake, write_frame
 
 __all__ = ["CreditSettings", "read_remote"]
 

@@ -7,7 +7,6 @@ import socket
 import threading
 from collections.abc import Sequence
 
-from netty_like.handshake import open_handshake
 from netty_like.protocol import (
     FrameType,
     HostedState,
@@ -17,7 +16,6 @@ from netty_like.protocol import (
     encode_partitions,
     error_from_code,
     read_frame,
-    write_frame,
 )
 from shuffle_api import (
     PartitionStatistics,
@@ -25,6 +23,7 @@ from shuffle_api import (
     ShuffleError,
     TransportError,
 )
+from shuffle_api.sockets import open_handshake, write_frame
 
 __all__ = ["ControlConnection"]
 

@@ -1,9 +1,7 @@
 """Frames of the data port (credit-based flow control after Flink's netty shuffle).
 
-Every frame: ``!IB`` (length of the rest, type), a fixed header for the type, then a payload.
-A connection opens with a handshake: the server sends CHALLENGE (a nonce), the client answers
-AUTH (its own nonce and proof that it holds the application's secret), the server AUTH_OK (its
-proof). Then:
+Frames and the handshake that opens a connection are :mod:`shuffle_api.sockets`'; each frame
+here is a fixed header for its type, then a payload. After the handshake:
 Consumer -> producer: REQUEST (with initial credit), CREDIT, CANCEL.
 Producer -> consumer: SCHEMA, BUFFER (one per credit, carries the backlog), END, ERROR.
 Control, answered in order by ACK, STATUS_REPLY or ERROR: HOST (a process of the same
@@ -18,8 +16,6 @@ import socket
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import pyarrow as pa
 
 from shuffle_api import (
     AuthenticationError,
@@ -38,6 +34,7 @@ from shuffle_api import (
     StorageError,
     SubpartitionRange,
     TransportError,
+    sockets,
 )
 
 __all__ = [
@@ -55,10 +52,8 @@ __all__ = [
     "error_code",
     "error_from_code",
     "read_frame",
-    "write_frame",
 ]
 
-_PREFIX = struct.Struct("!IB")
 _REQUEST = struct.Struct("!IIII?")
 _CHANNEL = struct.Struct("!I")
 _CREDIT = struct.Struct("!II")
@@ -76,10 +71,10 @@ class FrameType(enum.IntEnum):
     SCHEMA = 4
     BUFFER = 5
     END = 6
-    ERROR = 7
-    CHALLENGE = 8
-    AUTH = 9
-    AUTH_OK = 10
+    ERROR = sockets.REFUSED  # a refusal and every other error share the layout
+    CHALLENGE = sockets.CHALLENGE
+    AUTH = sockets.AUTH
+    AUTH_OK = sockets.AUTH_OK
     HOST = 11
     STATUS = 12
     STATUS_REPLY = 13
@@ -290,6 +285,9 @@ def decode_credit(body: memoryview) -> tuple[int, int]:
     return int(channel), int(credits)
 
 
+_MAX_ERROR_TEXT = 4096
+
+
 def encode_error(channel: int, error: BaseException) -> bytes:
     return _ERROR.pack(channel, error_code(error)) + str(error)[:_MAX_ERROR_TEXT].encode("utf-8")
 
@@ -299,66 +297,13 @@ def decode_error(body: memoryview) -> tuple[int, int, str]:
     return int(channel), int(code), bytes(body[_ERROR.size :]).decode("utf-8", "replace")
 
 
-def write_frame(
-    sock: socket.socket, frame_type: FrameType, header: bytes, payload: pa.Buffer | bytes = b""
-) -> None:
-    """Send one frame; ``payload`` goes out without a copy."""
-    size = len(header) + len(payload)
-    sock.sendall(_PREFIX.pack(size, frame_type) + header)
-    if len(payload):
-        sock.sendall(memoryview(payload))
-
-
-# A frame's body is read in pieces of at most this size, so what a peer announces is allocated
-# only as its bytes arrive.
-_READ_PIECE = 4 << 20
-_MAX_ERROR_TEXT = 4096
-
-
-def _read_exactly(sock: socket.socket, size: int) -> pa.Buffer | None:
-    """``size`` bytes, or ``None`` if the peer closed before the first one (a timeout then
-    is the socket's ``TimeoutError``; after it, a :class:`TransportError`)."""
-    data = pa.allocate_buffer(min(size, _READ_PIECE))  # not zero-filled, unlike a bytearray
-    received = 0
-    while received < size:
-        if received == data.size:
-            grown = pa.allocate_buffer(min(size, 2 * data.size))
-            memoryview(grown)[:received] = memoryview(data)
-            data = grown
-        try:
-            count = sock.recv_into(memoryview(data)[received:], data.size - received)
-        except TimeoutError:
-            if received == 0:
-                raise
-            raise TransportError("the peer stopped in the middle of a frame") from None
-        if count == 0:
-            if received == 0:
-                return None
-            raise TransportError("connection closed in the middle of a frame")
-        received += count
-    return data
-
-
 def read_frame(sock: socket.socket, max_frame_size: int) -> tuple[FrameType, memoryview] | None:
     """The next frame, or ``None`` when the peer closed the connection between frames."""
-    prefix = _read_exactly(sock, _PREFIX.size)
-    if prefix is None:
+    frame = sockets.read_frame(sock, max_frame_size)
+    if frame is None:
         return None
-    size, raw_type = _PREFIX.unpack(memoryview(prefix))
-    if size > max_frame_size:
-        raise DataTooLargeError(
-            f"a frame of {size} bytes exceeds the limit of {max_frame_size} bytes here"
-        )
+    raw_type, body = frame
     try:
-        frame_type = FrameType(raw_type)
+        return FrameType(raw_type), body
     except ValueError:
         raise TransportError(f"unknown frame type {raw_type} on the data port") from None
-    if size == 0:
-        return frame_type, memoryview(b"")
-    try:
-        body = _read_exactly(sock, size)
-    except TimeoutError:
-        raise TransportError("the peer stopped in the middle of a frame") from None
-    if body is None:
-        raise TransportError("connection closed in the middle of a frame")
-    return frame_type, memoryview(body)

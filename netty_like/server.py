@@ -5,7 +5,7 @@ One thread accepts; one thread per connection reads control frames; one thread p
 channel sends, one BUFFER per credit. A consumer that disconnects releases its view, which frees
 the producer's queued buffers.
 
-Every connection first proves it holds the application's secret (:mod:`netty_like.handshake`).
+Every connection first proves it holds the application's secret (:mod:`shuffle_api.sockets`).
 Everything a peer can make this process hold is bounded: connections, channels per connection
 and in all, the size of a frame read (allocated only as its bytes arrive), and time: the
 handshake, an idle connection and a half-sent frame each time out.
@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from netty_like.handshake import accept_handshake
 from netty_like.partition_manager import EncodedRun, ResultPartitionManager, SubpartitionView
 from netty_like.protocol import (
     BUFFER_HEADER_SIZE,
@@ -38,15 +37,14 @@ from netty_like.protocol import (
     encode_error,
     encode_statuses,
     read_frame,
-    write_frame,
 )
 from shuffle_api import (
-    AuthenticationError,
     DataTooLargeError,
     InvalidOperationError,
     ShuffleError,
     TransportError,
 )
+from shuffle_api.sockets import AuthenticatedListener, write_frame
 
 __all__ = ["DataServer", "ServerLimits"]
 
@@ -96,14 +94,13 @@ class _Connection:
             write_frame(self.sock, frame_type, header, payload)
 
     def serve(self) -> None:
-        limits = self.server.limits
+        """Read control frames until the peer hangs up or idles (the listener did the
+        handshake)."""
         try:
-            self.sock.settimeout(limits.handshake_timeout)
-            accept_handshake(self.sock, self.server.secret)
-            self.sock.settimeout(limits.idle_timeout)
+            self.sock.settimeout(self.server.limits.idle_timeout)
             while not self.closed.is_set():
                 try:
-                    frame = read_frame(self.sock, limits.max_request_size)
+                    frame = read_frame(self.sock, self.server.limits.max_request_size)
                 except TimeoutError:
                     if self._open_channels():
                         continue  # a consumer waiting for data has nothing to say
@@ -112,10 +109,6 @@ class _Connection:
                 if frame is None:
                     break
                 self._handle(*frame)
-        except AuthenticationError as error:
-            _LOG.warning("data port: connection from %s refused: %s", self.peer, error)
-        except (OSError, ShuffleError) as error:
-            _LOG.info("data connection from %s ended: %s", self.peer, error)
         finally:
             self.close()
 
@@ -216,9 +209,7 @@ class _Connection:
         for channel in list(self.channels.values()):
             channel.cancel()
         with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)
-        self.sock.close()
-        self.server.forget(self)
+            self.sock.shutdown(socket.SHUT_RDWR)  # the listener closes it
 
 
 _CONTROL = frozenset({FrameType.STATUS, FrameType.RELEASE, FrameType.HOST, FrameType.SHUTDOWN})
@@ -327,57 +318,27 @@ class DataServer:
         on_shutdown: Callable[[], None] | None = None,
     ) -> None:
         self.manager = manager
-        self.secret = secret
         self.limits = limits
         self.hosts_partitions = hosts_partitions
         self.on_shutdown = on_shutdown
-        self._listener = socket.create_server((host, port))
-        self._connections: set[_Connection] = set()
+        self._listener = AuthenticatedListener(
+            host,
+            port,
+            secret=secret,
+            max_connections=limits.max_connections,
+            handshake_timeout=limits.handshake_timeout,
+            serve=lambda sock, peer: _Connection(sock, peer, self).serve(),
+            name="data port",
+        )
         self._channels = 0
         self._lock = threading.Lock()
-        self._accepting = threading.Thread(
-            target=self._accept, name="pyshuffle-accept", daemon=True
-        )
 
     @property
     def port(self) -> int:
-        return int(self._listener.getsockname()[1])
+        return self._listener.port
 
     def start(self) -> int:
-        self._accepting.start()
-        return self.port
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                sock, address = self._listener.accept()
-            except OSError:
-                return  # listener closed by stop()
-            peer = f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
-            with self._lock:
-                full = len(self._connections) >= self.limits.max_connections
-            if full:
-                _LOG.warning(
-                    "data port: connection from %s refused: %d connections are open already",
-                    peer,
-                    self.limits.max_connections,
-                )
-                with contextlib.suppress(OSError):
-                    refusal = TransportError(
-                        f"the data port serves {self.limits.max_connections} connections at"
-                        " once; try again"
-                    )
-                    sock.settimeout(1.0)
-                    write_frame(sock, FrameType.ERROR, encode_error(0, refusal))
-                sock.close()
-                continue
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            connection = _Connection(sock, peer, self)
-            with self._lock:
-                self._connections.add(connection)
-            threading.Thread(
-                target=connection.serve, name="pyshuffle-connection", daemon=True
-            ).start()
+        return self._listener.start()
 
     def take_channel(self) -> bool:
         with self._lock:
@@ -390,22 +351,9 @@ class DataServer:
         with self._lock:
             self._channels -= 1
 
-    def forget(self, connection: _Connection) -> None:
-        with self._lock:
-            self._connections.discard(connection)
-
     @property
     def connection_count(self) -> int:
-        with self._lock:
-            return len(self._connections)
+        return self._listener.connection_count
 
     def stop(self) -> None:
-        with contextlib.suppress(OSError):
-            self._listener.shutdown(socket.SHUT_RDWR)
-        self._listener.close()
-        with self._lock:
-            connections = list(self._connections)
-        for connection in connections:
-            connection.close()
-        if self._accepting.is_alive():
-            self._accepting.join(timeout=5)
+        self._listener.stop()

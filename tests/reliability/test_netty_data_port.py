@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from netty_like import NettyShuffleEnvironment
-from netty_like.handshake import open_handshake
 from netty_like.partition_manager import ResultPartitionManager
 from netty_like.protocol import (
     BufferHeader,
@@ -24,7 +23,6 @@ from netty_like.protocol import (
     encode_credit,
     error_from_code,
     read_frame,
-    write_frame,
 )
 from netty_like.server import DataServer, ServerLimits
 from shuffle_api import (
@@ -41,6 +39,7 @@ from shuffle_api import (
     SubpartitionRange,
 )
 from shuffle_api.format import partition_directory
+from shuffle_api.sockets import open_handshake, write_frame
 from shuffle_api.store import Store
 from shuffle_api.testing import ConformanceHarness, ShuffleScenario, make_batches
 from shuffle_api.testing.harness import route

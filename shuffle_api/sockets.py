@@ -1,0 +1,332 @@
+"""Framed TCP connections that authenticate both ends: what every plain-socket port of pyshuffle
+stands on (the default service's data port, the external worker's data port).
+
+A frame is ``!IB`` (length of the rest, type) and the rest. Frame types 7 to 10 belong to this
+module on every such port; each protocol numbers its own frames around them.
+
+A connection opens with a handshake in which both sides prove they hold a shared secret, and the
+secret itself never crosses the network. The server sends CHALLENGE (a random nonce); the client
+answers AUTH (a nonce of its own and an HMAC of both under the secret); the server checks it and
+answers AUTH_OK (its own HMAC), which the client checks. Each side's proof is bound to both
+nonces and to its role, so nothing recorded from one connection (or reflected from the other
+side) proves anything on another. A server that will not serve a connection says why in a
+REFUSED frame (channel 0, an error code, the reason; the default service's ERROR frames share
+the layout) and hangs up.
+
+:class:`AuthenticatedListener` accepts such connections within bounds: a cap on connections
+open at once (one thread each), and a time limit on the handshake.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import logging
+import secrets
+import socket
+import struct
+import threading
+from collections.abc import Callable
+from typing import Final
+
+import pyarrow as pa
+
+from shuffle_api.errors import (
+    AuthenticationError,
+    DataTooLargeError,
+    ShuffleError,
+    TransportError,
+)
+
+__all__ = [
+    "AUTH",
+    "AUTH_OK",
+    "CHALLENGE",
+    "FRAME_PREFIX",
+    "HANDSHAKE_FRAME_LIMIT",
+    "REFUSED",
+    "AuthenticatedListener",
+    "accept_handshake",
+    "open_handshake",
+    "read_frame",
+    "receive_into",
+    "refuse",
+    "write_frame",
+]
+
+_LOG = logging.getLogger(__name__)
+
+FRAME_PREFIX: Final = struct.Struct("!IB")
+REFUSED: Final = 7
+CHALLENGE: Final = 8
+AUTH: Final = 9
+AUTH_OK: Final = 10
+_REFUSAL = struct.Struct("!IB")
+# The codes a refusal carries (the default service's error codes for the same classes).
+_REFUSAL_OTHER: Final = 8
+_REFUSAL_AUTHENTICATION: Final = 9
+_MAX_REFUSAL_TEXT = 4096
+
+_NONCE: Final = 32
+_DIGEST: Final = hashlib.sha256().digest_size
+HANDSHAKE_FRAME_LIMIT: Final = 1024
+"""The largest frame read before a peer has proven itself."""
+
+# A frame's body is read in pieces of at most this size, so what a peer announces is allocated
+# only as its bytes arrive.
+_READ_PIECE = 4 << 20
+
+
+def write_frame(
+    sock: socket.socket, frame_type: int, header: bytes, payload: pa.Buffer | bytes = b""
+) -> None:
+    """Send one frame; ``payload`` goes out without a copy."""
+    size = len(header) + len(payload)
+    sock.sendall(FRAME_PREFIX.pack(size, frame_type) + header)
+    if len(payload):
+        sock.sendall(memoryview(payload))
+
+
+def _read_exactly(sock: socket.socket, size: int) -> pa.Buffer | None:
+    """``size`` bytes, or ``None`` if the peer closed before the first one (a timeout then
+    is the socket's ``TimeoutError``; after it, a :class:`TransportError`)."""
+    data = pa.allocate_buffer(min(size, _READ_PIECE))  # not zero-filled, unlike a bytearray
+    received = 0
+    while received < size:
+        if received == data.size:
+            grown = pa.allocate_buffer(min(size, 2 * data.size))
+            memoryview(grown)[:received] = memoryview(data)
+            data = grown
+        try:
+            count = sock.recv_into(memoryview(data)[received:], data.size - received)
+        except TimeoutError:
+            if received == 0:
+                raise
+            raise TransportError("the peer stopped in the middle of a frame") from None
+        if count == 0:
+            if received == 0:
+                return None
+            raise TransportError("connection closed in the middle of a frame")
+        received += count
+    return data
+
+
+def receive_into(sock: socket.socket, buffer: memoryview) -> None:
+    """Fill ``buffer`` from ``sock`` (bytes that follow a frame, of a size the frame gave)."""
+    received = 0
+    while received < len(buffer):
+        count = sock.recv_into(buffer[received:])
+        if count == 0:
+            raise TransportError(
+                f"connection closed after {received} of the {len(buffer)} bytes announced"
+            )
+        received += count
+
+
+def read_frame(sock: socket.socket, max_frame_size: int) -> tuple[int, memoryview] | None:
+    """The next frame's type and body, or ``None`` when the peer closed the connection between
+    frames. A frame larger than ``max_frame_size`` is refused before its body is read."""
+    prefix = _read_exactly(sock, FRAME_PREFIX.size)
+    if prefix is None:
+        return None
+    size, frame_type = FRAME_PREFIX.unpack(memoryview(prefix))
+    if size > max_frame_size:
+        raise DataTooLargeError(
+            f"a frame of {size} bytes exceeds the limit of {max_frame_size} bytes here"
+        )
+    if size == 0:
+        return frame_type, memoryview(b"")
+    try:
+        body = _read_exactly(sock, size)
+    except TimeoutError:
+        raise TransportError("the peer stopped in the middle of a frame") from None
+    if body is None:
+        raise TransportError("connection closed in the middle of a frame")
+    return frame_type, memoryview(body)
+
+
+def refuse(sock: socket.socket, error: ShuffleError) -> None:
+    """Tell the peer why it is not served (it raises the same class: an AuthenticationError,
+    else a TransportError); the caller hangs up."""
+    code = _REFUSAL_AUTHENTICATION if isinstance(error, AuthenticationError) else _REFUSAL_OTHER
+    text = str(error)[:_MAX_REFUSAL_TEXT].encode("utf-8")
+    write_frame(sock, REFUSED, _REFUSAL.pack(0, code) + text)
+
+
+def _refusal(body: memoryview, peer: str) -> ShuffleError:
+    if len(body) < _REFUSAL.size:
+        return TransportError(f"{peer} refused the connection")
+    _, code = _REFUSAL.unpack_from(body)
+    reason = bytes(body[_REFUSAL.size :]).decode("utf-8", "replace")
+    if code == _REFUSAL_AUTHENTICATION:
+        return AuthenticationError(f"{peer} refused the handshake: {reason}")
+    return TransportError(f"{peer} refused the connection: {reason}")
+
+
+def _proof(secret: bytes, role: bytes, first: bytes, second: bytes) -> bytes:
+    return hmac.digest(secret, b"pyshuffle-data-port/" + role + first + second, "sha256")
+
+
+def _expect(sock: socket.socket, frame_type: int, size: int, peer: str) -> memoryview:
+    frame = read_frame(sock, HANDSHAKE_FRAME_LIMIT)
+    if frame is None:
+        raise AuthenticationError(f"{peer} closed the connection during the handshake")
+    got, body = frame
+    if got == REFUSED:
+        raise _refusal(body, peer)
+    if got != frame_type or len(body) != size:
+        raise AuthenticationError(
+            f"{peer} sent a frame of type {got} and {len(body)} bytes where the handshake"
+            f" expects type {frame_type} of {size} bytes"
+        )
+    return body
+
+
+def accept_handshake(sock: socket.socket, secret: bytes) -> None:
+    """Server side; raises :class:`AuthenticationError` (after telling the peer) unless the
+    peer proves it holds ``secret``."""
+    server_nonce = secrets.token_bytes(_NONCE)
+    write_frame(sock, CHALLENGE, server_nonce)
+    try:
+        body = _expect(sock, AUTH, _NONCE + _DIGEST, "the client")
+    except (ShuffleError, TimeoutError) as error:
+        refusal = AuthenticationError(f"the data port refused the connection: {error}")
+        refuse(sock, refusal)
+        raise refusal from None
+    client_nonce, proof = bytes(body[:_NONCE]), bytes(body[_NONCE:])
+    if not hmac.compare_digest(proof, _proof(secret, b"client", server_nonce, client_nonce)):
+        refusal = AuthenticationError(
+            "the data port refused the connection: wrong secret (the client is not part of"
+            " this application, or holds another token)"
+        )
+        refuse(sock, refusal)
+        raise refusal
+    write_frame(sock, AUTH_OK, _proof(secret, b"server", client_nonce, server_nonce))
+
+
+def open_handshake(sock: socket.socket, secret: bytes, address: str) -> None:
+    """Client side; raises :class:`AuthenticationError` unless both sides prove ``secret``
+    (a :class:`TransportError` if the server is too busy to serve the connection)."""
+    server_nonce = bytes(_expect(sock, CHALLENGE, _NONCE, f"the data port {address}"))
+    client_nonce = secrets.token_bytes(_NONCE)
+    proof = _proof(secret, b"client", server_nonce, client_nonce)
+    write_frame(sock, AUTH, client_nonce + proof)
+    answer = bytes(_expect(sock, AUTH_OK, _DIGEST, f"the data port {address}"))
+    if not hmac.compare_digest(answer, _proof(secret, b"server", client_nonce, server_nonce)):
+        raise AuthenticationError(
+            f"the data port {address} did not prove it holds the application's secret"
+        )
+
+
+class AuthenticatedListener:
+    """Listens on ``host:port`` (0: any free port) until :meth:`stop`. Each connection gets a
+    thread, at most ``max_connections`` at once (beyond them a connection is refused), passes
+    the handshake within ``handshake_timeout`` and is then handed to ``serve(sock, peer)``,
+    which owns it until it returns; the listener closes it then. ``on_refused(peer)`` is called
+    for each peer that fails the handshake."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        secret: bytes,
+        max_connections: int,
+        handshake_timeout: float,
+        serve: Callable[[socket.socket, str], None],
+        name: str,
+        on_refused: Callable[[str], None] = lambda peer: None,
+    ) -> None:
+        self._secret = secret
+        self._on_refused = on_refused
+        self._max_connections = max_connections
+        self._handshake_timeout = handshake_timeout
+        self._serve = serve
+        self._name = name
+        self._listener = socket.create_server((host, port))
+        self._connections: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._accepting = threading.Thread(
+            target=self._accept, name=f"pyshuffle-{name}-accept", daemon=True
+        )
+
+    @property
+    def port(self) -> int:
+        return int(self._listener.getsockname()[1])
+
+    @property
+    def connection_count(self) -> int:
+        with self._lock:
+            return len(self._connections)
+
+    def start(self) -> int:
+        self._accepting.start()
+        return self.port
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, address = self._listener.accept()
+            except OSError:
+                return  # listener closed by stop()
+            peer = f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
+            with self._lock:
+                admitted = len(self._connections) < self._max_connections
+                if admitted:
+                    self._connections.add(sock)
+            if not admitted:
+                _LOG.warning(
+                    "%s: connection from %s refused: %d connections are open already",
+                    self._name,
+                    peer,
+                    self._max_connections,
+                )
+                with contextlib.suppress(OSError):
+                    sock.settimeout(1.0)
+                    refuse(
+                        sock,
+                        TransportError(
+                            f"the {self._name} serves {self._max_connections} connections at"
+                            " once; try again"
+                        ),
+                    )
+                sock.close()
+                continue
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(
+                target=self._connection,
+                args=(sock, peer),
+                name=f"pyshuffle-{self._name}-connection",
+                daemon=True,
+            ).start()
+
+    def _connection(self, sock: socket.socket, peer: str) -> None:
+        try:
+            sock.settimeout(self._handshake_timeout)
+            accept_handshake(sock, self._secret)
+            self._serve(sock, peer)
+        except AuthenticationError as error:
+            self._on_refused(peer)
+            _LOG.warning("%s: connection from %s refused: %s", self._name, peer, error)
+        except (OSError, ShuffleError) as error:
+            _LOG.info("%s: connection from %s ended: %s", self._name, peer, error)
+        finally:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+            with self._lock:
+                self._connections.discard(sock)
+
+    def stop(self) -> None:
+        """Stop accepting and end every connection (their reads and writes fail)."""
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+        with self._lock:
+            connections = list(self._connections)
+        for sock in connections:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        if self._accepting.is_alive():
+            self._accepting.join(timeout=5)
