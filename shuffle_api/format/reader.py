@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -274,6 +275,27 @@ class PartitionFileReader:
         message = self._ranges().read_after(prefix, offset, length)
         self._check_length(len(message) - len(prefix), length, offset)
         return message
+
+    def check_data_file(self) -> None:
+        """Raise ChecksumMismatchError if the data file is shorter than the manifest says (a
+        sender checks before it starts: once a run is under way, it can only hang up)."""
+        if not self.manifest.data_bytes:
+            return  # an empty partition may have no data file
+        try:
+            size = self._store.size(self._data_path)
+        except FileNotFoundError as error:
+            raise PartitionNotFoundError(
+                f"data file of partition {self._partition} is gone from {self._store.url}",
+                self._partition,
+            ) from error
+        self._check_length(min(size, self.manifest.data_bytes), self.manifest.data_bytes, 0)
+
+    def send_run(self, sock: socket.socket, header: bytes, run: Run) -> None:
+        """``header``, then the run's bytes, unverified (the receiver verifies), to ``sock``:
+        from the page cache, never through this process, where the store is a local file."""
+        sock.sendall(header)
+        sent = self._ranges().send_range(sock, run.offset, run.length)
+        self._check_length(sent, run.length, run.offset)
 
     def read(self, subpartitions: SubpartitionRange) -> Iterator[pa.RecordBatch]:
         """Every batch of these subpartitions."""

@@ -6,6 +6,7 @@ import errno
 import io
 import json
 import os
+import socket
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -36,6 +37,7 @@ from shuffle_api.format import (
     partition_directory,
 )
 from shuffle_api.format.manifest import DATA_FILE, INDEX_FILE, INDEX_SCHEMA, MANIFEST_FILE
+from shuffle_api.format.reader import Run
 from shuffle_api.store import Store
 
 SCHEMA = pa.schema([("key", pa.int64()), ("text", pa.string())])
@@ -688,6 +690,29 @@ def test_a_run_read_after_a_prefix_is_the_prefix_and_the_run_bytes(
             assert message == b"prefix" + data[start : start + length]
 
 
+def _sent(reader: PartitionFileReader, run: Run) -> bytes:
+    """What :meth:`PartitionFileReader.send_run` puts on a socket, read from its other end."""
+    sender, receiver = socket.socketpair()
+    with sender, receiver:
+        receiver.settimeout(10)
+        reader.send_run(sender, b"header", run)
+        sender.shutdown(socket.SHUT_WR)
+        received = bytearray()
+        while chunk := receiver.recv(1 << 20):
+            received += chunk
+    return bytes(received)
+
+
+def test_a_run_sent_to_a_socket_is_the_header_and_the_run_bytes(
+    any_store: Store, partition: ResultPartitionID
+) -> None:
+    write_partition(any_store, partition, SPREAD_WRITES, codec="none")
+    reader = PartitionFileReader(any_store, partition)
+    reader.check_data_file()
+    for run in reader.runs(SubpartitionRange(0, 2)):
+        assert _sent(reader, run) == b"header" + reader.read_run(run).to_pybytes()
+
+
 def test_data_file_truncated_inside_a_run_raises_checksum_mismatch(
     any_store: Store, partition: ResultPartitionID
 ) -> None:
@@ -703,7 +728,12 @@ def test_data_file_truncated_inside_a_run_raises_checksum_mismatch(
         list(reader.read(SubpartitionRange.single(0)))
     with pytest.raises(ChecksumMismatchError, match="truncated") as read_after:
         reader.read_after(b"prefix", run, 0, run.length)
+    with pytest.raises(ChecksumMismatchError, match="truncated") as checked:
+        reader.check_data_file()
+    with pytest.raises(ChecksumMismatchError, match="truncated") as sent:
+        _sent(reader, run)
     assert read.value.partition_id == read_after.value.partition_id == partition
+    assert checked.value.partition_id == sent.value.partition_id == partition
 
 
 @pytest.mark.parametrize("keep", [0, 16])
