@@ -26,6 +26,7 @@ from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.allocator import keep_message_buffers
 from external_shuffle.channels import ChannelPool, ClientSettings, channel_options
 from external_shuffle.coordinator import CoordinatorService
+from external_shuffle.data_port import DataPortLimits, WorkerDataPort
 from external_shuffle.framing import worker_rpc_handler
 from external_shuffle.logs import LEVELS, configure_logging
 from external_shuffle.metrics import COORDINATOR, WORKER, DaemonMetrics
@@ -42,6 +43,7 @@ from external_shuffle.options import (
     PLACEMENT,
     SHUTDOWN_GRACE,
     WORKER_ADVERTISED_HOST,
+    WORKER_DATA_PORT,
     WORKER_HEARTBEAT_INTERVAL,
     WORKER_MAX_STREAMS,
     WORKER_MAX_STREAMS_PER_PEER,
@@ -82,6 +84,8 @@ ROLES_SERVED: Final = {
 # checks, commits and status calls always find one. Calls past threads + queue are refused.
 _UNARY_THREADS: Final = 16
 _QUEUED_CALLS_PER_THREAD: Final = 4
+# The data port's time for a peer to prove it holds the token.
+_HANDSHAKE_TIMEOUT: Final = 10.0
 
 
 def _coordinator_port(configuration: Configuration) -> int:
@@ -122,6 +126,7 @@ class Daemon:
         self._served: list[_Served] = []
         self.coordinator: CoordinatorService | None = None
         self.worker: WorkerService | None = None
+        self.data_port: WorkerDataPort | None = None
         self.metrics_port: int | None = None
         self._status_page: StatusPage | None = None
         self.status_port: int | None = None
@@ -191,11 +196,13 @@ class Daemon:
                 max_streams_per_peer=config.get(WORKER_MAX_STREAMS_PER_PEER),
             )
             served = self._new_server(config.get(WORKER_PORT), limits.max_streams)
+            self.data_port = self._new_data_port(limits)
             self.worker = WorkerService(
                 # Never memory-mapped: a file truncated under a fetch must not kill the daemon.
                 Store(config.get(WORKER_STORE_URL), memory_map=False),
                 host=self._advertised_host(),
                 port=served.port,
+                data_port=0 if self.data_port is None else self.data_port.port,
                 store_shared=config.get(WORKER_STORE_SHARED),
                 memory_budget=config.get(WORKER_MEMORY_BUDGET),
                 budget_timeout=config.get(WORKER_MEMORY_BUDGET_TIMEOUT),
@@ -213,6 +220,8 @@ class Daemon:
             )
             self._reaper.start()
             served.server.start()
+            if self.data_port is not None:
+                self.data_port.start(self.worker)
             # Registered with each coordinator: any of them may place on it, and restart.
             for address in coordinator_addresses(config):
                 heartbeats = threading.Thread(
@@ -231,12 +240,36 @@ class Daemon:
                 self._heartbeats.append(heartbeats)
             logger.info(
                 "worker serving",
-                extra={"port": served.port, "worker_id": self.worker.address.worker_id},
+                extra={
+                    "port": served.port,
+                    "data_port": self.worker.address.data_port,
+                    "worker_id": self.worker.address.worker_id,
+                },
             )
         metrics_port = config.get(METRICS_PORT)
         if metrics_port >= 0:
             self.metrics_port = self.metrics.serve(self._bind, metrics_port)
             logger.info("metrics serving", extra={"port": self.metrics_port})
+
+    def _new_data_port(self, limits: StreamLimits) -> WorkerDataPort | None:
+        port = self._config.get(WORKER_DATA_PORT)
+        if port < 0:
+            return None
+        if self._credentials is not None:
+            logger.info("no data port: TLS is on, and the data port does not encrypt")
+            return None
+        try:
+            return WorkerDataPort(
+                self._bind,
+                port,
+                token=self._token,
+                limits=DataPortLimits(limits.max_streams, _HANDSHAKE_TIMEOUT, limits.idle_timeout),
+                metrics=self.metrics,
+            )
+        except OSError as error:
+            raise ConfigError(
+                f"cannot listen on {self._bind}:{port} ({WORKER_DATA_PORT.key}): {error}"
+            ) from error
 
     def _reap_worker(self, worker: WorkerService, period: float) -> None:
         while not self._stop_background.wait(period):
@@ -262,6 +295,8 @@ class Daemon:
         stopped = [served.server.stop(grace) for served in self._served]
         for event in stopped:
             event.wait()
+        if self.data_port is not None:
+            self.data_port.stop()
         self._stop_background.set()
         for thread in [*self._heartbeats, *([self._reaper] if self._reaper else [])]:
             thread.join(timeout=5)

@@ -19,6 +19,7 @@ from external_shuffle.options import (
     READ_FROM_STORE,
     REPLICATION_FACTOR,
     SORT_BUFFER_SIZE,
+    USE_DATA_PORT,
     coordinator_addresses,
     message_chunk_size,
     message_data_limit,
@@ -83,6 +84,11 @@ class ExternalShuffleEnvironment(ShuffleEnvironment):
             read_from_store=config.get(READ_FROM_STORE),
             unknown_timeout=self._timeout,
             max_chunk_bytes=message_data_limit(config),
+            # Not with TLS: the data port sends in the clear (and no worker offers it then).
+            data_port_secret=settings.token.encode("utf-8")
+            if config.get(USE_DATA_PORT) and settings.credentials is None
+            else None,
+            timeout=self._timeout,
         )
         self._gates = OpenGates()
         self._closed = False

@@ -1,6 +1,7 @@
 """The external service's input gate: each partition from its store when the store is shared,
-else fetched from its replicas in order (a failed replica's successor resumes after the runs
-already read: replicas hold the same bytes, so their runs match one for one)."""
+else fetched from its replicas in order, over a replica's data port or else over gRPC (a failed
+replica's successor resumes after the runs already read: replicas hold the same bytes, so their
+runs match one for one)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,17 @@ import logging
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 
-import grpc
 import pyarrow as pa
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
-from external_shuffle.channels import ChannelPool, translate_rpc_error
+from external_shuffle.channels import ChannelPool
+from external_shuffle.data_fetch import (
+    DataPortUnreachableError,
+    Received,
+    fetch_over_data_port,
+    fetch_over_grpc,
+)
 from external_shuffle.descriptor import ExternalShuffleDescriptor
-from external_shuffle.framing import fetch_data_call
 from external_shuffle.wire import WorkerAddress, key_of
 from shuffle_api import (
     InputGateDeploymentDescriptor,
@@ -37,7 +42,11 @@ logger = logging.getLogger(__name__)
 class GateSettings:
     read_from_store: bool
     unknown_timeout: float
-    max_chunk_bytes: int  # the most data bytes a fetched message may carry
+    max_chunk_bytes: int  # the most data bytes a fetched message (or frame) may carry
+    data_port_secret: bytes | None
+    """The token, to fetch from workers' data ports; None: over gRPC only."""
+    timeout: float
+    """For a data port's connection and each of its reads."""
 
 
 class ExternalInputGate(SequentialInputGate):
@@ -53,6 +62,7 @@ class ExternalInputGate(SequentialInputGate):
         self._channels = channels
         self._settings = settings
         self._on_unreachable = on_unreachable
+        self._grpc_only: set[str] = set()  # workers whose data port could not be reached
 
     def _read(self, descriptor: ShuffleDescriptor) -> Generator[pa.RecordBatch]:
         if not isinstance(descriptor, ExternalShuffleDescriptor):
@@ -92,36 +102,48 @@ class ExternalInputGate(SequentialInputGate):
     ) -> Iterator[list[pa.RecordBatch]]:
         """The batches of each run of the gate's subpartitions, run by run, after ``skip``."""
         what = f"fetch of {partition} from worker {worker.target}"
-        stream = fetch_data_call(self._channels.get(worker.target))(
-            pb.FetchDataRequest(
-                partition=key_of(partition),
-                first_subpartition=self.subpartitions.start,
-                last_subpartition=self.subpartitions.end,
-                max_chunk_bytes=self._settings.max_chunk_bytes,
-            )
+        request = pb.FetchDataRequest(
+            partition=key_of(partition),
+            first_subpartition=self.subpartitions.start,
+            last_subpartition=self.subpartitions.end,
+            max_chunk_bytes=self._settings.max_chunk_bytes,
         )
         schema: pa.Schema | None = None
-        pieces: list[memoryview] = []
         run = 0
-        try:
-            for chunk in stream:
-                message = chunk.header
-                if message.manifest:
-                    schema = PartitionManifest.from_json(message.manifest, what).schema
-                    continue
-                pieces.append(chunk.data)
-                if not message.end_of_run:
-                    continue
-                # A run in one message is decoded where it arrived, with no copy.
-                data = pa.py_buffer(pieces[0] if len(pieces) == 1 else b"".join(pieces))
-                pieces = []
-                run += 1
-                if run <= skip:
-                    continue
-                verify_checksum(data, message.run_checksum, partition, f"a run from {what}")
-                assert schema is not None, "the worker sends the manifest first"
-                yield list(decode_run(data, schema, partition))
-        except grpc.RpcError as error:
-            raise translate_rpc_error(error, what, partition) from error
-        finally:
-            stream.cancel()
+        for received in self._receive(worker, request, what, partition):
+            if isinstance(received, PartitionManifest):
+                schema = received.schema
+                continue
+            run += 1
+            if run <= skip:
+                continue
+            verify_checksum(received.data, received.checksum, partition, f"a run from {what}")
+            assert schema is not None, "the manifest comes first"
+            yield list(decode_run(received.data, schema, partition))
+
+    def _receive(
+        self,
+        worker: WorkerAddress,
+        request: pb.FetchDataRequest,
+        what: str,
+        partition: ResultPartitionID,
+    ) -> Iterator[Received]:
+        secret = self._settings.data_port_secret
+        if secret is not None and worker.data_port and worker.target not in self._grpc_only:
+            try:
+                yield from fetch_over_data_port(
+                    worker,
+                    request,
+                    secret=secret,
+                    timeout=self._settings.timeout,
+                    max_frame_size=self._settings.max_chunk_bytes,
+                    what=what,
+                    partition=partition,
+                )
+                return
+            except DataPortUnreachableError as error:
+                # Nothing was read: a network that lets only the gRPC port through still works.
+                self._grpc_only.add(worker.target)
+                logger.warning("%s; fetching from it over gRPC", error)
+        channel = self._channels.get(worker.target)
+        yield from fetch_over_grpc(channel, request, what, partition)

@@ -98,12 +98,13 @@ class LocalCluster:
         coordinator_names = ["coordinator", *(f"coordinator-{i}" for i in range(1, coordinators))]
         worker_names = [f"worker-{i}" for i in range(workers)]
         # Every port of the cluster at once: all distinct (gRPC servers share a port silently).
-        ports = free_ports(coordinators + workers + (coordinators + workers if metrics else 0))
+        ports = free_ports(coordinators + 2 * workers + (coordinators + workers if metrics else 0))
         self.coordinator_targets = [f"127.0.0.1:{port}" for port in ports[:coordinators]]
         # The option's value: every coordinator, comma-separated.
         self.coordinator_address = ",".join(self.coordinator_targets)
         self._ca_file = str((settings or {}).get(TLS_CA_FILE.key, ""))
         self.worker_ports = ports[coordinators : coordinators + workers]
+        self.worker_data_ports = ports[coordinators + workers : coordinators + 2 * workers]
         shared: dict[str, object] = {
             "external-shuffle.coordinator.address": self.coordinator_address,
             "external-shuffle.auth.token-file": str(self.token_file),
@@ -117,7 +118,7 @@ class LocalCluster:
         self.metrics_ports: dict[str, int] = {}
         if metrics:
             names = [*coordinator_names, *worker_names]
-            self.metrics_ports = dict(zip(names, ports[coordinators + workers :], strict=True))
+            self.metrics_ports = dict(zip(names, ports[coordinators + 2 * workers :], strict=True))
         self._processes = [
             self._process(
                 name,
@@ -139,6 +140,7 @@ class LocalCluster:
                         **shared,
                         **self._metrics_setting(f"worker-{index}"),
                         "external-shuffle.worker.port": port,
+                        "external-shuffle.worker.data-port": self.worker_data_ports[index],
                         "external-shuffle.worker.store-url": str(self.worker_store(index)),
                         "external-shuffle.worker.store-shared": store_shared,
                     },

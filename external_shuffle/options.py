@@ -44,7 +44,9 @@ __all__ = [
     "TLS_CA_FILE",
     "TLS_CERT_FILE",
     "TLS_KEY_FILE",
+    "USE_DATA_PORT",
     "WORKER_ADVERTISED_HOST",
+    "WORKER_DATA_PORT",
     "WORKER_HEARTBEAT_INTERVAL",
     "WORKER_MAX_STREAMS",
     "WORKER_MAX_STREAMS_PER_PEER",
@@ -140,6 +142,13 @@ READ_FROM_STORE = bool_option(
     "Read partitions straight from a worker's store when its descriptor says the store is"
     " shared (no worker in the path); false: always fetch from the worker.",
 )
+USE_DATA_PORT = bool_option(
+    "external-shuffle.client.use-data-port",
+    True,
+    "Fetch from a worker's data port when it has one (no gRPC framing, the worker sends with"
+    " sendfile); false: always over gRPC. A data port that cannot be reached is fetched from"
+    " over gRPC.",
+)
 CLIENT_TIMEOUT = float_option(
     "external-shuffle.client.timeout",
     30.0,
@@ -191,6 +200,15 @@ WORKER_PORT = int_option(
     9098,
     "gRPC port of the worker role; 0 picks a free one.",
     minimum=0,
+)
+WORKER_DATA_PORT = int_option(
+    "external-shuffle.worker.data-port",
+    9095,
+    "Port of the worker's data port: fetches over a plain TCP connection, sent from the page"
+    " cache with sendfile(2) and authenticated with the token; 0 picks a free one (a restarted"
+    " worker is then fetched from over gRPC), -1 turns it off. Off when TLS is configured (it"
+    " does not encrypt): clients then fetch over gRPC.",
+    minimum=-1,
 )
 WORKER_ADVERTISED_HOST = str_option(
     "external-shuffle.worker.advertised-host",
@@ -297,6 +315,7 @@ CLIENT_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
     MAX_IN_FLIGHT,
     REPLICATION_FACTOR,
     READ_FROM_STORE,
+    USE_DATA_PORT,
     CLIENT_TIMEOUT,
     CLIENT_RETRY_TIMEOUT,
     CLIENT_HEARTBEAT_INTERVAL,
@@ -312,6 +331,7 @@ DAEMON_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
     SHUTDOWN_GRACE,
     LOG_FORMAT,
     WORKER_PORT,
+    WORKER_DATA_PORT,
     WORKER_ADVERTISED_HOST,
     WORKER_STORE_URL,
     WORKER_STORE_SHARED,

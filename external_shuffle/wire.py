@@ -59,6 +59,8 @@ class WorkerAddress:
     port: int
     store_url: str
     store_shared: bool
+    data_port: int = 0
+    """Where the worker serves fetches over a plain socket (0: it does not)."""
 
     def __post_init__(self) -> None:
         validate_id(self.worker_id, "worker id")
@@ -75,10 +77,16 @@ class WorkerAddress:
             port=self.port,
             store_url=self.store_url,
             store_shared=self.store_shared,
+            data_port=self.data_port,
         )
 
     @classmethod
     def from_pb(cls, message: pb.WorkerInfo) -> WorkerAddress:
         return cls(
-            message.worker_id, message.host, message.port, message.store_url, message.store_shared
+            message.worker_id,
+            message.host,
+            message.port,
+            message.store_url,
+            message.store_shared,
+            message.data_port,
         )

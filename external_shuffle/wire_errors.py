@@ -5,6 +5,7 @@ the table) gets the class its status code stands for."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Final
 
@@ -38,7 +39,9 @@ __all__ = [
     "NotRegisteredError",
     "TooManyStreamsError",
     "UnavailableError",
+    "error_from_pb",
     "error_from_status",
+    "error_to_pb",
     "short",
     "status_for",
     "trailing_metadata",
@@ -109,12 +112,20 @@ def status_for(error: ShuffleError) -> grpc.StatusCode:
     return next(code for cls, code in WIRE_ERRORS if isinstance(error, cls))
 
 
+def _wire_class(error: ShuffleError) -> str:
+    return next(cls.__name__ for cls, _ in WIRE_ERRORS if isinstance(error, cls))
+
+
+def _partition_of_error(error: ShuffleError) -> ResultPartitionID | None:
+    partition = error.partition_id if isinstance(error, PartitionError) else None
+    return partition if isinstance(partition, ResultPartitionID) else None
+
+
 def trailing_metadata(error: ShuffleError) -> Sequence[tuple[str, str | bytes]]:
     """What tells the client the error's class and partition."""
-    name = next(cls.__name__ for cls, _ in WIRE_ERRORS if isinstance(error, cls))
-    metadata: list[tuple[str, str | bytes]] = [(ERROR_CLASS_KEY, name)]
-    partition = error.partition_id if isinstance(error, PartitionError) else None
-    if isinstance(partition, ResultPartitionID):
+    metadata: list[tuple[str, str | bytes]] = [(ERROR_CLASS_KEY, _wire_class(error))]
+    partition = _partition_of_error(error)
+    if partition is not None:
         metadata.append((PARTITION_KEY, key_of(partition).SerializeToString()))
     return metadata
 
@@ -127,6 +138,31 @@ def _partition_in(metadata: dict[str, str | bytes]) -> ResultPartitionID | None:
         return partition_of(pb.PartitionKey.FromString(value))
     except (ShuffleError, ValueError):
         return None  # not a partition id: the error names none
+
+
+def error_to_pb(error: ShuffleError) -> pb.DataPortError:
+    """A ShuffleError as the worker's data port reports it."""
+    partition = _partition_of_error(error)
+    return pb.DataPortError(
+        error_class=_wire_class(error),
+        partition=None if partition is None else key_of(partition),
+        message=short(str(error)),
+    )
+
+
+def error_from_pb(
+    message: pb.DataPortError, what: str, partition: ResultPartitionID | None
+) -> ShuffleError:
+    """The ShuffleError a data port reported (its class, else a ShuffleError)."""
+    cls = _BY_NAME.get(message.error_class, ShuffleError)
+    text = f"{what} failed: {message.error_class}: {short(message.message)}"
+    if issubclass(cls, PartitionError):
+        reported = None
+        if message.HasField("partition"):
+            with contextlib.suppress(ShuffleError):
+                reported = partition_of(message.partition)
+        return cls(text, reported or partition)
+    return cls(text)
 
 
 def error_from_status(

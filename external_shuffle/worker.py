@@ -10,6 +10,7 @@ partition is committed exactly when its manifest exists, which is what a restart
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -57,7 +58,7 @@ from shuffle_api.format.reader import check_commit
 from shuffle_api.ids import IntermediateResultPartitionID, new_id
 from shuffle_api.store import Store, storage_errors
 
-__all__ = ["MemoryBudget", "WorkerService"]
+__all__ = ["Fetch", "MemoryBudget", "WorkerService"]
 
 logger = logging.getLogger(__name__)
 
@@ -142,6 +143,16 @@ class _Upload:
 
 
 @dataclass(frozen=True, slots=True)
+class Fetch:
+    """A fetch the worker admitted: the partition's reader and the subpartitions asked for."""
+
+    reader: PartitionFileReader
+    subpartitions: SubpartitionRange
+    sent: Callable[[int], None]
+    """Called with the bytes of each piece sent: the fetch is not idle."""
+
+
+@dataclass(frozen=True, slots=True)
 class _Committed:
     statistics: PartitionStatistics
     stored_bytes: int
@@ -165,6 +176,7 @@ class WorkerService(pb_grpc.WorkerServicer):
         *,
         host: str,
         port: int,
+        data_port: int,
         store_shared: bool,
         memory_budget: int,
         budget_timeout: float,
@@ -188,7 +200,9 @@ class WorkerService(pb_grpc.WorkerServicer):
         # under them, and partitions apart do not wait for each other).
         self._partition_locks = [threading.Lock() for _ in range(_PARTITION_LOCK_STRIPES)]
         self._draining = False
-        self.address = WorkerAddress(self._load_worker_id(), host, port, store.url, store_shared)
+        self.address = WorkerAddress(
+            self._load_worker_id(), host, port, store.url, store_shared, data_port
+        )
         metrics.memory_in_use.set_function(lambda: self._budget.used)
         metrics.open_streams.set_function(lambda: len(self._streams))
         if store.is_local:
@@ -411,11 +425,12 @@ class WorkerService(pb_grpc.WorkerServicer):
                 self._update_gauges()
         return pb.CommitPartitionResponse()
 
-    @reports_errors
-    def FetchData(  # noqa: N802
-        self, request: pb.FetchDataRequest, context: grpc.ServicerContext
-    ) -> Iterator[bytes]:
-        """The manifest, then each run in chunks framed by hand (see ``framing``)."""
+    @contextlib.contextmanager
+    def open_fetch(
+        self, request: pb.FetchDataRequest, peer: str, cancel: Callable[[], object]
+    ) -> Iterator[Fetch]:
+        """Admit a fetch of ``peer`` (a stream: ``cancel`` ends it when idle) and open the
+        partition it names; the fetch counts as open until the block ends."""
         partition = partition_of(request.partition)
         if request.last_subpartition < request.first_subpartition:
             raise InvalidIdentifierError(
@@ -424,7 +439,7 @@ class WorkerService(pb_grpc.WorkerServicer):
             )
         subpartitions = SubpartitionRange(request.first_subpartition, request.last_subpartition)
         # Admitted before any file is read: a refused fetch costs no I/O.
-        stream = self._streams.open(context.peer(), context.cancel)
+        stream = self._streams.open(peer, cancel)
         started = time.perf_counter()
         try:
             reader = PartitionFileReader(self._store, partition)
@@ -433,9 +448,26 @@ class WorkerService(pb_grpc.WorkerServicer):
                     f"subpartitions {subpartitions.start}..{subpartitions.end} out of range:"
                     f" {partition} has {reader.manifest.number_of_subpartitions}"
                 )
+            yield Fetch(reader, subpartitions, functools.partial(self._sent, stream))
+        finally:
+            self._streams.close(stream)
+            self.metrics.fetch_seconds.observe(time.perf_counter() - started)
+
+    def _sent(self, stream: int, size: int) -> None:
+        # A client that stops reading leaves its stream idle before the next send.
+        self._streams.touch(stream)
+        self.metrics.bytes_out.inc(size)
+
+    @reports_errors
+    def FetchData(  # noqa: N802
+        self, request: pb.FetchDataRequest, context: grpc.ServicerContext
+    ) -> Iterator[bytes]:
+        """The manifest, then each run in chunks framed by hand (see ``framing``)."""
+        with self.open_fetch(request, context.peer(), context.cancel) as fetch:
+            reader = fetch.reader
             chunk_size = self._fetch_chunk_size(request.max_chunk_bytes)
             yield pb.FetchDataResponse(manifest=reader.manifest.to_json()).SerializeToString()
-            for run in reader.runs(subpartitions):
+            for run in reader.runs(fetch.subpartitions):
                 for start in range(0, max(run.length, 1), chunk_size):
                     length = min(chunk_size, run.length - start)
                     last = start + length == run.length
@@ -443,12 +475,7 @@ class WorkerService(pb_grpc.WorkerServicer):
                         length, end_of_run=last, run_checksum=run.checksum if last else 0
                     )
                     yield reader.read_after(prefix, run, start, length)  # the client verifies
-                    # Sent (a client that stops reading leaves the stream idle here).
-                    self._streams.touch(stream)
-                self.metrics.bytes_out.inc(run.length)
-        finally:
-            self._streams.close(stream)
-            self.metrics.fetch_seconds.observe(time.perf_counter() - started)
+                    fetch.sent(length)
 
     def _fetch_chunk_size(self, requested: int) -> int:
         """Data bytes per fetched message: as many as the client takes, within this worker's

@@ -17,18 +17,20 @@ class PartitionKey(_message.Message):
     def __init__(self, result_id: _Optional[str] = ..., partition_index: _Optional[int] = ..., producer_attempt_id: _Optional[str] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("worker_id", "host", "port", "store_url", "store_shared")
+    __slots__ = ("worker_id", "host", "port", "store_url", "store_shared", "data_port")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
     STORE_URL_FIELD_NUMBER: _ClassVar[int]
     STORE_SHARED_FIELD_NUMBER: _ClassVar[int]
+    DATA_PORT_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     host: str
     port: int
     store_url: str
     store_shared: bool
-    def __init__(self, worker_id: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., store_url: _Optional[str] = ..., store_shared: _Optional[bool] = ...) -> None: ...
+    data_port: int
+    def __init__(self, worker_id: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., store_url: _Optional[str] = ..., store_shared: _Optional[bool] = ..., data_port: _Optional[int] = ...) -> None: ...
 
 class WorkerLoad(_message.Message):
     __slots__ = ("stored_bytes", "partitions", "buffered_bytes", "decommissioning", "store_free_bytes")
@@ -322,6 +324,16 @@ class FetchDataResponse(_message.Message):
     run_checksum: int
     end_of_run: bool
     def __init__(self, manifest: _Optional[bytes] = ..., data: _Optional[bytes] = ..., run_checksum: _Optional[int] = ..., end_of_run: _Optional[bool] = ...) -> None: ...
+
+class DataPortError(_message.Message):
+    __slots__ = ("error_class", "partition", "message")
+    ERROR_CLASS_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    error_class: str
+    partition: PartitionKey
+    message: str
+    def __init__(self, error_class: _Optional[str] = ..., partition: _Optional[_Union[PartitionKey, _Mapping]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class WorkerReleasePartitionsRequest(_message.Message):
     __slots__ = ("partitions",)

@@ -143,6 +143,32 @@ def push_requests(
         yield pb.PushDataRequest(partition=key, sequence=sequence, data=chunks[sequence])
 
 
+def push(cluster: LocalCluster, worker: pb_grpc.WorkerStub, built: BuiltPartition) -> None:
+    chunks = built.chunks()
+    worker.PushData(
+        push_requests(built.key, chunks, range(len(chunks))), metadata=auth(cluster), timeout=30
+    )
+
+
+def commit(
+    cluster: LocalCluster,
+    worker: pb_grpc.WorkerStub,
+    built: BuiltPartition,
+    *,
+    index: bytes | None = None,
+    manifest: bytes | None = None,
+) -> None:
+    worker.CommitPartition(
+        pb.CommitPartitionRequest(
+            partition=built.key,
+            index=built.index if index is None else index,
+            manifest=built.manifest if manifest is None else manifest,
+        ),
+        metadata=auth(cluster),
+        timeout=30,
+    )
+
+
 def fetch_messages(
     stub: pb_grpc.WorkerStub,
     key: pb.PartitionKey,

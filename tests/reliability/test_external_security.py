@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -697,6 +698,10 @@ def test_tls_cluster_refuses_plaintext_and_untrusted_clients(
             pb.ListWorkersRequest(), metadata=auth(cluster), timeout=10
         )
     assert [entry.alive for entry in answer.workers] == [True]
+    # No data port beside TLS: it would send partitions in the clear.
+    assert [entry.worker.data_port for entry in answer.workers] == [0]
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", cluster.worker_data_ports[0]), timeout=10)
 
 
 # --- a daemon without a token -------------------------------------------------------------------

@@ -45,7 +45,9 @@ from tests.reliability.raw_worker import (
     auth,
     build_partition,
     code_of,
+    commit,
     fetch_all,
+    push,
     push_requests,
 )
 
@@ -54,32 +56,6 @@ from tests.reliability.raw_worker import (
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     with LocalCluster(tmp_path_factory.mktemp("worker-faults"), workers=1) as running:
         yield running
-
-
-def push(cluster: LocalCluster, worker: pb_grpc.WorkerStub, built: BuiltPartition) -> None:
-    chunks = built.chunks()
-    worker.PushData(
-        push_requests(built.key, chunks, range(len(chunks))), metadata=auth(cluster), timeout=30
-    )
-
-
-def commit(
-    cluster: LocalCluster,
-    worker: pb_grpc.WorkerStub,
-    built: BuiltPartition,
-    *,
-    index: bytes | None = None,
-    manifest: bytes | None = None,
-) -> None:
-    worker.CommitPartition(
-        pb.CommitPartitionRequest(
-            partition=built.key,
-            index=built.index if index is None else index,
-            manifest=built.manifest if manifest is None else manifest,
-        ),
-        metadata=auth(cluster),
-        timeout=30,
-    )
 
 
 def serves(cluster: LocalCluster, worker: pb_grpc.WorkerStub) -> None:
@@ -269,6 +245,7 @@ def _serving(store: Store) -> Iterator[tuple[WorkerService, pb_grpc.WorkerStub]]
         store,
         host="127.0.0.1",
         port=0,
+        data_port=0,
         store_shared=False,
         memory_budget=1 << 20,
         budget_timeout=10,

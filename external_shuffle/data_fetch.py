@@ -1,0 +1,140 @@
+"""Fetching a partition's runs from a worker: over its data port (see ``data_port``), or over
+gRPC. Either gives the manifest, then each run whole, unverified: the gate verifies and
+decodes."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import grpc
+import pyarrow as pa
+from google.protobuf.message import DecodeError
+
+from external_shuffle._proto import external_shuffle_pb2 as pb
+from external_shuffle.channels import translate_rpc_error
+from external_shuffle.data_frames import END, FAILED, FETCH, MANIFEST, RUN, RUN_HEADER
+from external_shuffle.framing import fetch_data_call
+from external_shuffle.wire import WorkerAddress
+from external_shuffle.wire_errors import error_from_pb
+from shuffle_api import AuthenticationError, ResultPartitionID, ShuffleError, TransportError
+from shuffle_api.format import PartitionManifest
+from shuffle_api.sockets import open_handshake, read_frame, receive_into, write_frame
+
+__all__ = [
+    "DataPortUnreachableError",
+    "FetchedRun",
+    "Received",
+    "fetch_over_data_port",
+    "fetch_over_grpc",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class FetchedRun:
+    data: pa.Buffer
+    checksum: int
+    """xxh3-64 of ``data``, as the worker's index holds it."""
+
+
+class DataPortUnreachableError(TransportError):
+    """A worker's data port could not be connected to, or refused the connection before the
+    request was sent (too busy): nothing was asked or read."""
+
+
+Received = PartitionManifest | FetchedRun
+
+
+def fetch_over_data_port(
+    worker: WorkerAddress,
+    request: pb.FetchDataRequest,
+    *,
+    secret: bytes,
+    timeout: float,
+    max_frame_size: int,
+    what: str,
+    partition: ResultPartitionID,
+) -> Iterator[Received]:
+    """``timeout``: for the connection, and for each read (a worker that stops sending)."""
+    address = f"{worker.host}:{worker.data_port}"
+    try:
+        sock = socket.create_connection((worker.host, worker.data_port), timeout=timeout)
+    except OSError as error:
+        raise DataPortUnreachableError(
+            f"{what}: cannot connect to the data port {address}: {error}"
+        ) from error
+    with sock:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            try:
+                open_handshake(sock, secret, address)
+            except (TransportError, OSError) as error:
+                if isinstance(error, AuthenticationError):
+                    raise
+                # Busy, or gone before it was asked anything: gRPC may still serve.
+                raise DataPortUnreachableError(f"{what}: {error}") from error
+            write_frame(sock, FETCH, request.SerializeToString())
+            yield from _receive(sock, max_frame_size, what, partition)
+        except ShuffleError:
+            raise  # some are OSErrors too (an AuthenticationError is a PermissionError)
+        except OSError as error:
+            raise TransportError(f"{what} over the data port {address} failed: {error}") from error
+
+
+def _receive(
+    sock: socket.socket, max_frame_size: int, what: str, partition: ResultPartitionID
+) -> Iterator[Received]:
+    manifest: PartitionManifest | None = None
+    while True:
+        frame = read_frame(sock, max_frame_size)
+        if frame is None:
+            raise TransportError(f"{what}: the worker hung up before the end")
+        frame_type, body = frame
+        if frame_type == MANIFEST and manifest is None:
+            manifest = PartitionManifest.from_json(bytes(body), what)
+            yield manifest
+        elif frame_type == RUN and manifest is not None and len(body) == RUN_HEADER.size:
+            length, checksum = RUN_HEADER.unpack(body)
+            if length > manifest.data_bytes:
+                raise TransportError(
+                    f"{what}: a run of {length} bytes announced, in {manifest.data_bytes} bytes"
+                    " of data"
+                )
+            data = pa.allocate_buffer(length)
+            receive_into(sock, memoryview(data))
+            yield FetchedRun(data, checksum)
+        elif frame_type == END and manifest is not None:
+            return
+        elif frame_type == FAILED:
+            try:
+                reported = pb.DataPortError.FromString(bytes(body))
+            except DecodeError as error:
+                raise TransportError(f"{what}: an error report does not decode: {error}") from None
+            raise error_from_pb(reported, what, partition)
+        else:
+            raise TransportError(f"{what}: unexpected frame of type {frame_type}")
+
+
+def fetch_over_grpc(
+    channel: grpc.Channel, request: pb.FetchDataRequest, what: str, partition: ResultPartitionID
+) -> Iterator[Received]:
+    stream = fetch_data_call(channel)(request)
+    pieces: list[memoryview] = []
+    try:
+        for chunk in stream:
+            message = chunk.header
+            if message.manifest:
+                yield PartitionManifest.from_json(message.manifest, what)
+                continue
+            pieces.append(chunk.data)
+            if not message.end_of_run:
+                continue
+            # A run in one message is decoded where it arrived, with no copy.
+            data = pa.py_buffer(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+            pieces = []
+            yield FetchedRun(data, message.run_checksum)
+    except grpc.RpcError as error:
+        raise translate_rpc_error(error, what, partition) from error
+    finally:
+        stream.cancel()

@@ -1,0 +1,161 @@
+"""The worker's data port: fetches over a plain TCP connection, each run sent from the page cache
+with sendfile(2). gRPC copies every message in user space at least twice on each side; here the
+worker's process never touches the bytes, and the client reads each run into one buffer.
+
+The frames are ``data_frames``'. The port holds what the
+gRPC port holds: the token proves the peer (the handshake of :mod:`shuffle_api.sockets`), a
+fetch is a worker stream (the same caps, per client and in all, and the same idle timeout), and
+errors reach the client as the same ShuffleError classes. It is not offered with TLS on: it
+does not encrypt, and a client told to use TLS must not be sent data in the clear.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from google.protobuf.message import DecodeError
+
+from external_shuffle._proto import external_shuffle_pb2 as pb
+from external_shuffle.data_frames import (
+    END,
+    FAILED,
+    FETCH,
+    MANIFEST,
+    MAX_REQUEST_SIZE,
+    RUN,
+    RUN_HEADER,
+)
+from external_shuffle.metrics import DaemonMetrics
+from external_shuffle.wire_errors import error_to_pb, short, status_for
+from external_shuffle.worker import WorkerService
+from shuffle_api import SerializationError, ShuffleError, TransportError
+from shuffle_api.sockets import FRAME_PREFIX, AuthenticatedListener, read_frame, write_frame
+
+__all__ = ["DataPortLimits", "WorkerDataPort"]
+
+logger = logging.getLogger(__name__)
+
+# The metric label of errors reported on the data port.
+_METHOD: Final = "DataPort.Fetch"
+# Connections beyond the worker's stream cap, so that a client over it hears
+# TooManyStreamsError (retried by the task) rather than a refused connection.
+_SPARE_CONNECTIONS: Final = 16
+
+
+@dataclass(frozen=True, slots=True)
+class DataPortLimits:
+    max_streams: int
+    """The worker's stream cap; connections are capped a little above it."""
+    handshake_timeout: float
+    idle_timeout: float
+    """For the request to arrive, and for each send to progress (a client that stops
+    reading)."""
+
+
+class WorkerDataPort:
+    """Listens on ``host:port`` (0: any free port) from construction; serves fetches from
+    :meth:`start` until :meth:`stop`."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        token: str,
+        limits: DataPortLimits,
+        metrics: DaemonMetrics,
+    ) -> None:
+        self._limits = limits
+        self._metrics = metrics
+        self._worker: WorkerService | None = None
+        self._listener = AuthenticatedListener(
+            host,
+            port,
+            secret=token.encode("utf-8"),
+            max_connections=limits.max_streams + _SPARE_CONNECTIONS,
+            handshake_timeout=limits.handshake_timeout,
+            serve=self._serve,
+            name="worker data port",
+            on_refused=lambda peer: metrics.auth_failures.labels(method=_METHOD).inc(),
+        )
+
+    @property
+    def port(self) -> int:
+        return self._listener.port
+
+    @property
+    def connection_count(self) -> int:
+        return self._listener.connection_count
+
+    def start(self, worker: WorkerService) -> None:
+        self._worker = worker
+        self._listener.start()
+
+    def stop(self) -> None:
+        self._listener.stop()
+
+    def _serve(self, sock: socket.socket, peer: str) -> None:
+        sock.settimeout(self._limits.idle_timeout)
+        try:
+            frame = read_frame(sock, MAX_REQUEST_SIZE)
+        except TimeoutError:
+            logger.info("closing idle data port connection from %s", peer)
+            return
+        if frame is None:
+            return
+        running = _Running()
+        try:
+            self._fetch(sock, peer, frame, running)
+        except ShuffleError as error:
+            self._metrics.errors.labels(method=_METHOD, code=status_for(error).name).inc()
+            logger.warning("%s from %s failed: %s", _METHOD, peer, short(str(error)))
+            if not running.mid_run:  # else the client is reading run bytes: it sees the hang-up
+                with contextlib.suppress(OSError):
+                    write_frame(sock, FAILED, error_to_pb(error).SerializeToString())
+
+    def _fetch(
+        self, sock: socket.socket, peer: str, frame: tuple[int, memoryview], running: _Running
+    ) -> None:
+        assert self._worker is not None, "started with its worker"
+        frame_type, body = frame
+        if frame_type != FETCH:
+            raise TransportError(f"the data port takes FETCH frames, not type {frame_type}")
+        try:
+            request = pb.FetchDataRequest.FromString(bytes(body))
+        except DecodeError as error:
+            raise SerializationError(f"{_METHOD}: the request does not decode: {error}") from None
+        # An idle fetch (a client that stopped reading) is ended by the worker's reaper.
+        cancel = _hang_up(sock)
+        with self._worker.open_fetch(request, peer, cancel) as fetch:
+            reader = fetch.reader
+            reader.check_data_file()
+            write_frame(sock, MANIFEST, reader.manifest.to_json())
+            for run in reader.runs(fetch.subpartitions):
+                header = FRAME_PREFIX.pack(RUN_HEADER.size, RUN) + RUN_HEADER.pack(
+                    run.length, run.checksum
+                )
+                running.mid_run = True
+                reader.send_run(sock, header, run)
+                running.mid_run = False
+                fetch.sent(run.length)
+            write_frame(sock, END, b"")
+
+
+@dataclass
+class _Running:
+    mid_run: bool = False
+
+
+def _hang_up(sock: socket.socket) -> Callable[[], None]:
+    """A callable ending the connection (the send or read under way fails)."""
+
+    def hang_up() -> None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+    return hang_up

@@ -1,0 +1,355 @@
+"""The worker's data port on real daemons: it serves what gRPC serves, and under hostile or
+careless peers it holds what the gRPC port holds (the token, typed errors, bounded connections
+and threads, no path outside the store); a client that cannot reach it fetches over gRPC."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import socket
+import struct
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import xxhash
+
+from external_shuffle._proto import external_shuffle_pb2 as pb
+from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
+from external_shuffle.data_fetch import FetchedRun, Received, fetch_over_data_port
+from external_shuffle.data_frames import FAILED, FETCH, MANIFEST
+from external_shuffle.descriptor import ExternalShuffleDescriptor
+from external_shuffle.local_cluster import LocalCluster
+from external_shuffle.wire import WorkerAddress
+from external_shuffle.wire_errors import TooManyStreamsError, error_from_pb
+from shuffle_api import (
+    AuthenticationError,
+    ChecksumMismatchError,
+    InvalidIdentifierError,
+    PartitionNotFoundError,
+    SerializationError,
+    ShuffleError,
+    TransportError,
+)
+from shuffle_api.format import PartitionManifest, partition_directory
+from shuffle_api.format.manifest import DATA_FILE
+from shuffle_api.sockets import CHALLENGE, REFUSED, open_handshake, read_frame, write_frame
+from shuffle_api.store import Store
+from tests.reliability.external_cluster import (
+    ALL,
+    batches,
+    list_workers,
+    rows_of,
+    scenario_on,
+    scrape,
+)
+from tests.reliability.raw_worker import (
+    SUBPARTITIONS,
+    BuiltPartition,
+    auth,
+    build_partition,
+    commit,
+    fetch_all,
+    new_partition,
+    push,
+)
+
+IDLE_TIMEOUT = 2.0
+MAX_STREAMS = 6
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    settings = {
+        "external-shuffle.worker.stream-idle-timeout": IDLE_TIMEOUT,
+        "external-shuffle.worker.max-streams": MAX_STREAMS,
+    }
+    directory = tmp_path_factory.mktemp("data-port")
+    with LocalCluster(directory, workers=1, settings=settings, metrics=True) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def address(cluster: LocalCluster) -> WorkerAddress:
+    [entry] = list_workers(cluster)
+    worker = WorkerAddress.from_pb(entry.worker)
+    assert worker.data_port == cluster.worker_data_ports[0]
+    return worker
+
+
+@pytest.fixture(scope="module")
+def secret(cluster: LocalCluster) -> bytes:
+    return cluster.token_file.read_text().strip().encode()
+
+
+@pytest.fixture(scope="module")
+def stored(cluster: LocalCluster, worker: pb_grpc.WorkerStub) -> BuiltPartition:
+    built = build_partition(rows=4_000)
+    push(cluster, worker, built)
+    commit(cluster, worker, built)
+    return built
+
+
+@pytest.fixture(scope="module")
+def large(cluster: LocalCluster, worker: pb_grpc.WorkerStub) -> BuiltPartition:
+    """Far more than the sockets between a worker and a client that reads nothing hold."""
+    built = build_partition(rows=600_000, memory_budget=8 << 20)
+    push(cluster, worker, built)
+    commit(cluster, worker, built)
+    return built
+
+
+def _request(built: BuiltPartition, first: int = 0, last: int = SUBPARTITIONS - 1) -> bytes:
+    return pb.FetchDataRequest(
+        partition=built.key, first_subpartition=first, last_subpartition=last
+    ).SerializeToString()
+
+
+def _fetch(address: WorkerAddress, secret: bytes, request: bytes) -> list[Received]:
+    return list(
+        fetch_over_data_port(
+            address,
+            pb.FetchDataRequest.FromString(request),
+            secret=secret,
+            timeout=10,
+            max_frame_size=64 << 20,
+            what="test fetch",
+            partition=new_partition(),
+        )
+    )
+
+
+def _connect(address: WorkerAddress) -> socket.socket:
+    return socket.create_connection((address.host, address.data_port), timeout=10)
+
+
+def _authenticated(address: WorkerAddress, secret: bytes) -> socket.socket:
+    sock = _connect(address)
+    open_handshake(sock, secret, "the worker")
+    return sock
+
+
+def _failure(sock: socket.socket) -> ShuffleError:
+    """The error a FAILED frame reports; the worker then hangs up."""
+    frame = read_frame(sock, 1 << 20)
+    assert frame is not None
+    frame_type, body = frame
+    assert frame_type == FAILED
+    assert sock.recv(1) == b""
+    return error_from_pb(pb.DataPortError.FromString(bytes(body)), "test", None)
+
+
+def _serves(address: WorkerAddress, secret: bytes, built: BuiltPartition) -> None:
+    received = _fetch(address, secret, _request(built))
+    runs = [item for item in received if isinstance(item, FetchedRun)]
+    assert runs and all(xxhash.xxh3_64_intdigest(run.data) == run.checksum for run in runs)
+
+
+# --- what it serves ------------------------------------------------------------------------------
+
+
+def test_a_fetch_over_the_data_port_gets_what_grpc_gets(
+    cluster: LocalCluster,
+    worker: pb_grpc.WorkerStub,
+    address: WorkerAddress,
+    secret: bytes,
+    stored: BuiltPartition,
+) -> None:
+    manifest, grpc_runs = fetch_all(worker, stored.key, auth(cluster))
+    received = _fetch(address, secret, _request(stored))
+    assert received[0] == PartitionManifest.from_json(manifest, "gRPC")
+    runs = [
+        (run.data.to_pybytes(), run.checksum) for run in received if isinstance(run, FetchedRun)
+    ]
+    assert len(runs) == len(received) - 1 > SUBPARTITIONS
+    assert runs == grpc_runs
+    # One subpartition: only its runs.
+    one = _fetch(address, secret, _request(stored, 2, 2))
+    assert 0 < len(one) - 1 < len(runs)
+
+
+def test_the_gate_reads_over_the_data_port_or_else_over_grpc(
+    cluster: LocalCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    data = batches()
+    expected = sorted(row for batch in data for row in batch.column("row").to_pylist())
+    with scenario_on(cluster) as scenario:
+        descriptors, _ = scenario.produce(data, partitions=2, subpartitions=2)
+        assert all(
+            replica.data_port
+            for descriptor in descriptors
+            if isinstance(descriptor, ExternalShuffleDescriptor)
+            for replica in descriptor.replicas
+        )
+        assert rows_of(scenario.read(scenario.consumer, descriptors, ALL)) == expected
+        # A data port the client cannot reach (a network that lets only gRPC through).
+        with socket.create_server(("127.0.0.1", 0)) as closed:
+            unreachable = closed.getsockname()[1]
+        blocked = [
+            dataclasses.replace(
+                descriptor,
+                replicas=tuple(
+                    dataclasses.replace(replica, data_port=unreachable)
+                    for replica in descriptor.replicas
+                ),
+            )
+            for descriptor in descriptors
+            if isinstance(descriptor, ExternalShuffleDescriptor)
+        ]
+        with caplog.at_level(logging.WARNING, logger="external_shuffle.gate"):
+            table = scenario.read(scenario.consumer, blocked, ALL)
+        assert rows_of(table) == expected
+        assert "fetching from it over gRPC" in caplog.text
+    with scenario_on(cluster, **{"external-shuffle.client.use-data-port": False}) as scenario:
+        descriptors, _ = scenario.produce(data, partitions=2, subpartitions=2)
+        assert rows_of(scenario.read(scenario.consumer, descriptors, ALL)) == expected
+
+
+# --- peers without the token ---------------------------------------------------------------------
+
+
+def _auth_failures(cluster: LocalCluster) -> float:
+    sample = 'pyshuffle_auth_failures_total{method="DataPort.Fetch"}'
+    return scrape(cluster, "worker-0").get(sample, 0.0)
+
+
+def test_a_peer_without_the_token_is_refused_and_reads_nothing(
+    cluster: LocalCluster, address: WorkerAddress, secret: bytes, stored: BuiltPartition
+) -> None:
+    before = _auth_failures(cluster)
+    with pytest.raises(AuthenticationError, match="refused"):
+        _fetch(address, b"not the token", _request(stored))
+    # Skipping the handshake: the request is refused unread.
+    with _connect(address) as sock:
+        frame = read_frame(sock, 1024)
+        assert frame is not None and frame[0] == CHALLENGE
+        write_frame(sock, FETCH, _request(stored))
+        frame = read_frame(sock, 1 << 20)
+        assert frame is not None and frame[0] == REFUSED
+        assert sock.recv(1) == b""
+    assert _auth_failures(cluster) == before + 2  # each counted
+    _serves(address, secret, stored)
+
+
+# --- bad requests get typed errors ---------------------------------------------------------------
+
+
+def test_bad_requests_get_typed_errors_and_the_worker_serves_on(
+    address: WorkerAddress, secret: bytes, stored: BuiltPartition, cluster: LocalCluster
+) -> None:
+    with _authenticated(address, secret) as sock:
+        write_frame(sock, FETCH, b"\xff\xff\xff not a protobuf")
+        assert isinstance(_failure(sock), SerializationError)
+    # A partition id that names a path outside the store.
+    escape = pb.FetchDataRequest(
+        partition=pb.PartitionKey(
+            result_id="../../etc", partition_index=0, producer_attempt_id="passwd"
+        ),
+        last_subpartition=0,
+    )
+    with _authenticated(address, secret) as sock:
+        write_frame(sock, FETCH, escape.SerializeToString())
+        assert isinstance(_failure(sock), InvalidIdentifierError)
+    with _authenticated(address, secret) as sock:
+        write_frame(sock, FETCH, _request(stored, 0, SUBPARTITIONS))
+        assert isinstance(_failure(sock), InvalidIdentifierError)
+    with _authenticated(address, secret) as sock:
+        write_frame(sock, FETCH, _request(stored, 3, 1))
+        assert isinstance(_failure(sock), InvalidIdentifierError)
+    with pytest.raises(PartitionNotFoundError):
+        _fetch(address, secret, _request(build_partition(rows=100)))  # never pushed
+    with _authenticated(address, secret) as sock:
+        write_frame(sock, MANIFEST, b"{}")
+        assert isinstance(_failure(sock), TransportError)
+    # A frame header announcing 64 MiB: refused before its body is read.
+    with _authenticated(address, secret) as sock:
+        sock.sendall(struct.pack("!IB", 64 << 20, FETCH))
+        assert sock.recv(1) == b""
+    _serves(address, secret, stored)
+    assert "Traceback" not in (cluster.directory / "worker-0.log").read_text()
+
+
+def test_a_truncated_data_file_is_a_checksum_error_not_a_short_run(
+    cluster: LocalCluster, worker: pb_grpc.WorkerStub, address: WorkerAddress, secret: bytes
+) -> None:
+    built = build_partition(rows=2_000)
+    push(cluster, worker, built)
+    commit(cluster, worker, built)
+    store = Store(str(cluster.worker_store(0)))
+    data_file = Path(partition_directory(store, built.partition)) / DATA_FILE
+    os.truncate(data_file, len(built.data) // 2)
+    with pytest.raises(ChecksumMismatchError, match="truncated") as raised:
+        _fetch(address, secret, _request(built))
+    assert raised.value.partition_id == built.partition
+
+
+# --- bounds --------------------------------------------------------------------------------------
+
+
+def test_idle_and_half_sent_connections_are_closed(
+    address: WorkerAddress, secret: bytes, stored: BuiltPartition
+) -> None:
+    with _authenticated(address, secret) as idle:
+        started = time.monotonic()
+        assert idle.recv(1) == b""  # no request within the idle timeout
+        assert time.monotonic() - started < IDLE_TIMEOUT + 5
+    with _authenticated(address, secret) as half:
+        half.sendall(struct.pack("!IB", 100, FETCH) + b"x" * 10)
+        assert half.recv(1) == b""
+    _serves(address, secret, stored)
+
+
+def test_a_client_that_stops_reading_loses_its_connection(
+    address: WorkerAddress, secret: bytes, stored: BuiltPartition, large: BuiltPartition
+) -> None:
+    with _authenticated(address, secret) as sock:
+        write_frame(sock, FETCH, _request(large))
+        # Reads nothing: the worker's sends stall, and the fetch is ended after the timeout.
+        time.sleep(IDLE_TIMEOUT * 3)
+        sock.settimeout(10)
+        received = 0
+        while chunk := sock.recv(1 << 20):
+            received += len(chunk)
+        assert received < len(large.data)
+    _serves(address, secret, stored)
+
+
+def test_connections_and_fetches_are_capped(
+    address: WorkerAddress, secret: bytes, stored: BuiltPartition, large: BuiltPartition
+) -> None:
+    # Connections that hold fetches open (they read nothing), up to the worker's stream cap.
+    holding = []
+    try:
+        for _ in range(MAX_STREAMS):
+            sock = _authenticated(address, secret)
+            write_frame(sock, FETCH, _request(large))
+            holding.append(sock)
+        time.sleep(0.5)
+        with pytest.raises(TooManyStreamsError):
+            _fetch(address, secret, _request(stored))
+        # Past the connection cap (the stream cap and some spare), connections are refused.
+        waiting = []
+        refused = 0
+        for _ in range(40):
+            sock = _connect(address)
+            waiting.append(sock)
+            frame = read_frame(sock, 1 << 20)
+            assert frame is not None
+            refused += frame[0] == REFUSED
+        assert refused >= 40 - 16
+        for sock in waiting:
+            sock.close()
+    finally:
+        for sock in holding:
+            sock.close()
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            _serves(address, secret, stored)
+            break
+        except (TooManyStreamsError, TransportError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
