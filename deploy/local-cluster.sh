@@ -3,7 +3,8 @@
 # coordinator and N workers, each a background `pyshuffle daemon` process with its own role.
 #
 #   deploy/local-cluster.sh start [N]   coordinator on port 19097, N workers (default 2) on
-#                                       19100..19100+N-1; metrics on 19099 and 19200+i
+#                                       19100..19100+N-1 (data ports 19300+i); metrics on
+#                                       19099 and 19200+i
 #   deploy/local-cluster.sh status      list the daemons, their ports and state
 #   deploy/local-cluster.sh stop        SIGTERM every daemon, SIGKILL what is left after a timeout
 #
@@ -28,6 +29,7 @@ readonly COORDINATOR_PORT=19097
 readonly COORDINATOR_METRICS_PORT=19099
 readonly WORKER_BASE_PORT=19100
 readonly WORKER_METRICS_BASE_PORT=19200
+readonly WORKER_DATA_BASE_PORT=19300
 readonly MAX_WORKERS=100
 # Local daemons need not wait long for in-flight streams when stopped.
 readonly SHUTDOWN_GRACE=5
@@ -153,6 +155,7 @@ write_config() {
         if [[ $name == worker-* ]]; then
             printf '\n[external-shuffle.worker]\nport = %s\nadvertised-host = "127.0.0.1"\n' \
                 "$(grpc_port "$name")"
+            printf 'data-port = %s\n' "$((WORKER_DATA_BASE_PORT + ${name#worker-}))"
             printf 'store-url = %s\n' "$(toml_string "$RUN_DIR/store/$name")"
         fi
     } >"$RUN_DIR/$name.toml"

@@ -31,6 +31,7 @@ from external_shuffle.options import (
     DAEMON_OPTIONS,
     METRICS_PORT,
     SHUTDOWN_GRACE,
+    WORKER_DATA_PORT,
     WORKER_PORT,
     WORKER_STORE_URL,
 )
@@ -60,10 +61,11 @@ CLIENT_ALL: Final[tuple[ConfigOption[Any], ...]] = (*CORE_OPTIONS, *CLIENT_OPTIO
 # The ports the deployment promises (and the option defaults they come from).
 COORDINATOR_GRPC_PORT: Final = 9097
 WORKER_GRPC_PORT: Final = 9098
+WORKER_DATA_PORT_NUMBER: Final = 9095
 METRICS_HTTP_PORT: Final = 9099
 
 # local-cluster.sh's fixed ports for `start 2`.
-LOCAL_CLUSTER_PORTS: Final = (19097, 19099, 19100, 19101, 19200, 19201)
+LOCAL_CLUSTER_PORTS: Final = (19097, 19099, 19100, 19101, 19200, 19201, 19300, 19301)
 
 
 # --- loading ---------------------------------------------------------------------------------
@@ -159,6 +161,7 @@ def test_daemon_toml_reads_the_token_from_a_file(daemon_toml_config: Configurati
 def test_option_defaults_are_the_documented_ports() -> None:
     assert _port_of(COORDINATOR_ADDRESS.default) == COORDINATOR_GRPC_PORT
     assert WORKER_PORT.default == WORKER_GRPC_PORT
+    assert WORKER_DATA_PORT.default == WORKER_DATA_PORT_NUMBER
     assert METRICS_PORT.default == METRICS_HTTP_PORT
 
 
@@ -166,6 +169,7 @@ def test_daemon_toml_serves_the_documented_ports(daemon_toml_config: Configurati
     assert daemon_toml_config.get(BIND_HOST) in ("0.0.0.0", "::")
     assert _port_of(daemon_toml_config.get(COORDINATOR_ADDRESS)) == COORDINATOR_GRPC_PORT
     assert daemon_toml_config.get(WORKER_PORT) == WORKER_GRPC_PORT
+    assert daemon_toml_config.get(WORKER_DATA_PORT) == WORKER_DATA_PORT_NUMBER
     assert daemon_toml_config.get(METRICS_PORT) == METRICS_HTTP_PORT
 
 
@@ -263,6 +267,7 @@ def test_containerfile_runs_the_daemon_as_a_non_root_user() -> None:
     assert set(arguments["EXPOSE"].split()) == {
         str(COORDINATOR_GRPC_PORT),
         str(WORKER_GRPC_PORT),
+        str(WORKER_DATA_PORT_NUMBER),
         str(METRICS_HTTP_PORT),
     }
 
@@ -390,8 +395,11 @@ if args.role == "coordinator":
 else:
     port = config.get(options.WORKER_PORT)
     assert os.path.isdir(config.get(options.WORKER_STORE_URL)), "no store directory"
+numbers = [port, config.get(options.METRICS_PORT)]
+if args.role != "coordinator" and config.get(options.WORKER_DATA_PORT) > 0:
+    numbers.append(config.get(options.WORKER_DATA_PORT))
 sockets = []
-for number in (port, config.get(options.METRICS_PORT)):
+for number in numbers:
     listener = socket.socket()
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind((config.get(options.BIND_HOST), number))

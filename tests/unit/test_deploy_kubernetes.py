@@ -33,6 +33,7 @@ from external_shuffle.options import (
     TLS_CERT_FILE,
     TLS_KEY_FILE,
     WORKER_ADVERTISED_HOST,
+    WORKER_DATA_PORT,
     WORKER_MEMORY_BUDGET,
     WORKER_PORT,
     WORKER_STORE_URL,
@@ -336,6 +337,7 @@ def test_container_ports_are_the_ports_the_config_serves(
     workers = manifests.workload_of_role("worker")
     assert container_port(coordinator, "grpc") == _port_of(config.get(COORDINATOR_ADDRESS))
     assert container_port(workers, "grpc") == config.get(WORKER_PORT)
+    assert container_port(workers, "data") == config.get(WORKER_DATA_PORT)
     for workload in (coordinator, workers):
         assert container_port(workload, "metrics") == config.get(METRICS_PORT)
     ports = container(coordinator)["ports"]
