@@ -3,7 +3,7 @@ grpcio streaming of the same bytes in the same run.
 
 Setup: one :class:`~external_shuffle.local_cluster.LocalCluster` (coordinator + 1 worker as
 daemon processes, the worker's store in a temp directory, ``store_shared=False`` so every read
-goes over gRPC), a shuffle master in this process, and ``max(--writers)`` client processes
+goes to the worker), a shuffle master in this process, and ``max(--writers)`` client processes
 (started once with ``spawn``, each with its own environments and its own interpreter, so the GIL
 of one writer does not slow another). Arrow record batches (int64 ``key``, float64 ``value``, a
 ~20-byte string ``text``; ``--megabytes`` of them) are generated once and written to an IPC file
@@ -11,10 +11,10 @@ that every client loads into memory before any timing. The subpartition of every
 hash of ``key``) is computed before timing too: it is the engine's work.
 
 For each codec (``--codecs``) and each number of writers W (``--writers``), ``--repeat`` times
-(in the order push encoded, raw push, raw push into a file, writer alone, push, fetch, raw
-fetch, raw fetch from a file, store read: each raw phase right after the one it is compared
-with; every timed write to disk starts after ``os.sync()``, so none pays for the dirty pages
-another left):
+(in the order push encoded, raw push, raw push into a file, writer alone, push, fetch, fetch
+over gRPC, raw fetch, raw fetch from a file, store read: each raw phase right after the one it
+is compared with; every timed write to disk starts after ``os.sync()``, so none pays for the
+dirty pages another left):
 
 * **push**: W clients at once each write the whole dataset as one partition of
   ``--subpartitions`` subpartitions through ``ExternalShuffleEnvironment``'s writer (split by
@@ -28,14 +28,18 @@ another left):
   ``Worker.PushData``, ``CommitPartition``). This is the transport the raw push compares with:
   the same bytes, already made. Bytes: the same data files.
 * **fetch**: W clients at once each read one of those partitions (all subpartitions) through an
-  input gate with ``external-shuffle.client.read-from-store = false`` (``Worker.FetchData``
-  server stream, checksum verification, IPC decoding); each batch's rows are counted as it
+  input gate with ``external-shuffle.client.read-from-store = false`` (over the worker's data
+  port: a plain socket the worker sends each run into with sendfile(2); checksum
+  verification, IPC decoding); each batch's rows are counted as it
   arrives and checked after the clock stops. Nothing more is done with the batches, as the
   raw client does nothing with its messages: the checksums the fetch verifies cover every
   byte, and the store read below checks the values of the same partitions. No batch is
   kept, as the raw fetch keeps no message: kept, every message would need fresh memory,
   which the raw client never pays for. Bytes: the runs read (the partitions'
   ``PartitionStatistics`` total: exactly the bytes the worker streams).
+* **fetch over gRPC**: the same, with ``external-shuffle.client.use-data-port = false``
+  (``Worker.FetchData`` server stream, one message per run): what a client gets where only
+  the gRPC port is reachable, or with TLS.
 * **raw push / raw fetch**: the same W client processes stream the same byte counts to a minimal
   grpcio server in its own process (no pyshuffle code: a generic handler, bytes passthrough
   serializers, the same thread pool size and message limits as the daemon): client-streaming
@@ -60,6 +64,7 @@ another left):
 MB/s are 10**6 wire bytes per second (with a compressing codec, compressed bytes: raw streams
 the same number). Every figure is the median of ``--repeat`` repetitions. The goals stated by
 the issue are checked on the transport: ``fetch_ratio`` (the fetch over the raw fetch) >= 0.85
+(``fetch_over_grpc_ratio`` beside it)
 and ``push_ratio_vs_storing`` (the encoded push over the raw push into a file) >= 0.90; the
 push with the writer is shown beside it (raw grpcio streams bytes that already exist, and
 making them is the writer's cost, shown as "writer alone"). ``fetch_ratio_ceiling`` is raw
@@ -130,7 +135,12 @@ import external_shuffle.descriptor  # noqa: F401 (registers the descriptor kind 
 from external_shuffle.allocator import keep_message_buffers
 from external_shuffle.environment import ExternalShuffleEnvironment
 from external_shuffle.local_cluster import LocalCluster
-from external_shuffle.options import MAX_MESSAGE_SIZE, PUSH_CHUNK_SIZE, SORT_BUFFER_SIZE
+from external_shuffle.options import (
+    MAX_MESSAGE_SIZE,
+    PUSH_CHUNK_SIZE,
+    SORT_BUFFER_SIZE,
+    USE_DATA_PORT,
+)
 from shuffle_api import (
     LOCAL_ONLY_PORT,
     Configuration,
@@ -186,6 +196,7 @@ PHASES = (
     "raw_push",
     "raw_push_to_file",
     "fetch",
+    "fetch_over_grpc",
     "raw_fetch",
     "raw_fetch_from_file",
     "push_encoded",
@@ -198,6 +209,7 @@ CPU_PHASES = (
     "raw_push",
     "raw_push_to_file",
     "fetch",
+    "fetch_over_grpc",
     "raw_fetch",
     "raw_fetch_from_file",
 )
@@ -445,6 +457,7 @@ class Fetch:
 
     codec: str
     gate: bytes
+    over_grpc: bool = False  # not over the worker's data port
     start_at: float = 0.0  # the round's start instant, set by Clients.round
 
 
@@ -613,7 +626,7 @@ class Client:
         self.index = index
         self.config = spec.config
         self.workload = Workload.load(spec.data_path, spec.subpartitions)
-        self._environments: dict[str, ShuffleEnvironment] = {}
+        self._environments: dict[tuple[str, bool], ShuffleEnvironment] = {}
         self._channel = grpc.insecure_channel(
             spec.raw_target, options=message_options(spec.max_message_size)
         )
@@ -632,21 +645,23 @@ class Client:
         self._sources: dict[int, bytes] = {}
         self._encoded: dict[ResultPartitionID, tuple[DiscardSink, Keep]] = {}
 
-    def configuration(self, codec: str) -> Configuration:
-        return Configuration.load({**self.config, COMPRESSION_CODEC.key: codec}, environ={})
+    def configuration(self, codec: str, over_grpc: bool = False) -> Configuration:
+        return Configuration.load(
+            {**self.config, COMPRESSION_CODEC.key: codec, USE_DATA_PORT.key: not over_grpc},
+            environ={},
+        )
 
-    def environment(self, codec: str) -> ShuffleEnvironment:
-        environment = self._environments.get(codec)
+    def environment(self, codec: str, over_grpc: bool = False) -> ShuffleEnvironment:
+        environment = self._environments.get((codec, over_grpc))
         if environment is None:
-            config = self.configuration(codec)
+            config = self.configuration(codec, over_grpc)
             factory = load_shuffle_service_factory(config)
+            name = f"client-{self.index}-{codec}" + ("-grpc" if over_grpc else "")
             environment = factory.create_shuffle_environment(
-                ShuffleEnvironmentContext(
-                    config, resource_id=f"client-{self.index}-{codec}", host="127.0.0.1"
-                )
+                ShuffleEnvironmentContext(config, resource_id=name, host="127.0.0.1")
             )
             environment.start()
-            self._environments[codec] = environment
+            self._environments[(codec, over_grpc)] = environment
         return environment
 
     def source(self, size: int) -> bytes:
@@ -695,7 +710,7 @@ class Client:
     def fetch(self, command: Fetch) -> Done:
         descriptor = deserialize(command.gate)
         assert isinstance(descriptor, InputGateDeploymentDescriptor)
-        environment = self.environment(command.codec)
+        environment = self.environment(command.codec, command.over_grpc)
         owner = ShuffleIOOwner(f"reader-{self.index}", "reader-" + new_id())
         rows = 0
         wait_until(command.start_at)
@@ -959,7 +974,7 @@ class Cell:
     def ratio(self, phase: str) -> float:
         """Of raw: the fetch is compared with the raw fetch, every push (the raw push into a
         file too) with the raw push."""
-        raw = "raw_fetch" if phase == "fetch" else "raw_push"
+        raw = "raw_fetch" if phase.startswith("fetch") else "raw_push"
         return self.median_mb_per_s(phase) / self.median_mb_per_s(raw)
 
     def cpu_per_gb(self, phase: str, side: str) -> float | None:
@@ -989,7 +1004,7 @@ class Cell:
         }
         ratios = {
             phase: self.ratio(phase)
-            for phase in ("push", "push_encoded", "raw_push_to_file", "fetch")
+            for phase in ("push", "push_encoded", "raw_push_to_file", "fetch", "fetch_over_grpc")
         }
         # The goals compare the transport: the encoded push carries the same bytes, already
         # made, as raw grpcio; the push with the writer is beside it (its encoding is the
@@ -997,6 +1012,7 @@ class Cell:
         storing = self.median_mb_per_s("raw_push_to_file")
         figures = {
             "fetch_ratio": ratios["fetch"],
+            "fetch_over_grpc_ratio": ratios["fetch_over_grpc"],
             # The fetch over raw grpcio reading each message from a file, as any service that
             # stores partitions must: a reference for what reading costs.
             "fetch_ratio_vs_reading": self.median_mb_per_s("fetch")
@@ -1140,6 +1156,10 @@ class Bench:
         ]
         fetch = self.clients.round([Fetch(codec, gate) for gate in gates], self.worker_pid)
         cell.add("fetch", fetch, sum(runs))
+        fetch_over_grpc = self.clients.round(
+            [Fetch(codec, gate, over_grpc=True) for gate in gates], self.worker_pid
+        )
+        cell.add("fetch_over_grpc", fetch_over_grpc, sum(runs))
         raw_fetch = self.clients.round(
             [RawFetch(nbytes, self.chunk_size) for nbytes in runs], self.raw_server.pid
         )
@@ -1161,7 +1181,8 @@ class Bench:
             f"  {codec} x{writers}: push {push.seconds:.2f} s (encoded"
             f" {push_encoded.seconds:.2f} s, raw {raw_push.seconds:.2f} s, raw into a file"
             f" {raw_push_to_file.seconds:.2f} s, writer alone"
-            f" {write_only.seconds:.2f} s), fetch {fetch.seconds:.2f} s (raw"
+            f" {write_only.seconds:.2f} s), fetch {fetch.seconds:.2f} s (over gRPC"
+            f" {fetch_over_grpc.seconds:.2f} s, raw"
             f" {raw_fetch.seconds:.2f} s, raw from a file {raw_fetch_from_file.seconds:.2f} s,"
             f" store read {store_read.seconds:.2f} s);"
             f" {sum(pushed) / MB:.0f} MB pushed, {sum(runs) / MB:.0f} MB fetched",
@@ -1181,9 +1202,9 @@ def render_table(summaries: Sequence[dict[str, Any]]) -> str:
         "raw push MB/s (discarded / into a file)",
         "push % of raw (encoded / with writer / raw into a file)",
         "push % of raw into a file (encoded / with writer)",
-        "fetch MB/s",
+        "fetch MB/s (data port / gRPC)",
         "raw fetch MB/s (pre-built / from a file)",
-        "fetch % of raw (pre-built / from a file)",
+        "fetch % of raw (pre-built / from a file / over gRPC)",
         "ceiling: raw from a file % of pre-built",
         "goals (push >= {push_ratio_vs_storing:.0%}, fetch >= {fetch_ratio:.0%})".format(**GOALS),
     )
@@ -1203,10 +1224,12 @@ def render_table(summaries: Sequence[dict[str, Any]]) -> str:
                 f" / {ratios['raw_push_to_file']:.0%}",
                 f"{summary['push_ratio_vs_storing']:.0%}"
                 f" / {summary['push_with_writer_ratio_vs_storing']:.0%}",
-                f"{phases['fetch']['median_mb_per_s']:.0f}",
+                f"{phases['fetch']['median_mb_per_s']:.0f}"
+                f" / {phases['fetch_over_grpc']['median_mb_per_s']:.0f}",
                 f"{phases['raw_fetch']['median_mb_per_s']:.0f}"
                 f" / {phases['raw_fetch_from_file']['median_mb_per_s']:.0f}",
-                f"{ratios['fetch']:.0%} / {summary['fetch_ratio_vs_reading']:.0%}",
+                f"{ratios['fetch']:.0%} / {summary['fetch_ratio_vs_reading']:.0%}"
+                f" / {ratios['fetch_over_grpc']:.0%}",
                 f"{summary['fetch_ratio_ceiling']:.0%}",
                 "met" if not missed else "missed (" + ", ".join(missed) + ")",
             )
