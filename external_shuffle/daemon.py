@@ -263,7 +263,13 @@ class Daemon:
                 self._bind,
                 port,
                 token=self._token,
-                limits=DataPortLimits(limits.max_streams, _HANDSHAKE_TIMEOUT, limits.idle_timeout),
+                limits=DataPortLimits(
+                    max_streams=limits.max_streams,
+                    max_streams_per_peer=limits.max_streams_per_peer,
+                    handshake_timeout=_HANDSHAKE_TIMEOUT,
+                    idle_timeout=limits.idle_timeout,
+                    piece_size=message_chunk_size(self._config),
+                ),
                 metrics=self.metrics,
             )
         except OSError as error:
@@ -287,16 +293,19 @@ class Daemon:
             served.health.enter_graceful_shutdown()
         if self.worker is not None:
             self.worker.drain()
+        if self.data_port is not None:
+            self.data_port.stop_accepting()  # as gRPC takes no new call; fetches go on
         deadline = time.monotonic() + self._config.get(SHUTDOWN_GRACE)
         if self.worker is not None:
             # The server takes calls meanwhile: partitions pushed now get their commit in.
             self.worker.wait_for_pushes(deadline)
         grace = max(0.0, deadline - time.monotonic())
         stopped = [served.server.stop(grace) for served in self._served]
+        if self.data_port is not None:
+            self.data_port.wait_for_fetches(time.monotonic() + grace)
+            self.data_port.stop()
         for event in stopped:
             event.wait()
-        if self.data_port is not None:
-            self.data_port.stop()
         self._stop_background.set()
         for thread in [*self._heartbeats, *([self._reaper] if self._reaper else [])]:
             thread.join(timeout=5)

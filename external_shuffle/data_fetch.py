@@ -18,7 +18,7 @@ from external_shuffle.data_frames import END, FAILED, FETCH, MANIFEST, RUN, RUN_
 from external_shuffle.framing import fetch_data_call
 from external_shuffle.wire import WorkerAddress
 from external_shuffle.wire_errors import error_from_pb
-from shuffle_api import AuthenticationError, ResultPartitionID, ShuffleError, TransportError
+from shuffle_api import ResultPartitionID, ShuffleError, TransportError
 from shuffle_api.format import PartitionManifest
 from shuffle_api.sockets import open_handshake, read_frame, receive_into, write_frame
 
@@ -44,6 +44,7 @@ class DataPortUnreachableError(TransportError):
 
 
 Received = PartitionManifest | FetchedRun
+_CONNECT_TIMEOUT = 5.0
 
 
 def fetch_over_data_port(
@@ -56,10 +57,13 @@ def fetch_over_data_port(
     what: str,
     partition: ResultPartitionID,
 ) -> Iterator[Received]:
-    """``timeout``: for the connection, and for each read (a worker that stops sending)."""
+    """``timeout``: for each read (a worker that stops sending); connecting and the handshake
+    get at most a few seconds, as gRPC is there to fall back on."""
     address = f"{worker.host}:{worker.data_port}"
     try:
-        sock = socket.create_connection((worker.host, worker.data_port), timeout=timeout)
+        sock = socket.create_connection(
+            (worker.host, worker.data_port), timeout=min(timeout, _CONNECT_TIMEOUT)
+        )
     except OSError as error:
         raise DataPortUnreachableError(
             f"{what}: cannot connect to the data port {address}: {error}"
@@ -69,11 +73,11 @@ def fetch_over_data_port(
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             try:
                 open_handshake(sock, secret, address)
-            except (TransportError, OSError) as error:
-                if isinstance(error, AuthenticationError):
-                    raise
-                # Busy, or gone before it was asked anything: gRPC may still serve.
+            except (ShuffleError, OSError) as error:
+                # Busy, gone, or not a data port of ours (a stale port): nothing was asked, and
+                # gRPC, with the same token, serves or says what is wrong.
                 raise DataPortUnreachableError(f"{what}: {error}") from error
+            sock.settimeout(timeout)
             write_frame(sock, FETCH, request.SerializeToString())
             yield from _receive(sock, max_frame_size, what, partition)
         except ShuffleError:

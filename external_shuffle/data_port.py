@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
@@ -51,10 +52,14 @@ _SPARE_CONNECTIONS: Final = 16
 class DataPortLimits:
     max_streams: int
     """The worker's stream cap; connections are capped a little above it."""
+    max_streams_per_peer: int
+    """Its cap per client host; so are connections from one host."""
     handshake_timeout: float
     idle_timeout: float
-    """For the request to arrive, and for each send to progress (a client that stops
+    """For the request to arrive whole, and for each send to progress (a client that stops
     reading)."""
+    piece_size: int
+    """Bytes sent between two marks of progress (the idle timeout counts from the last)."""
 
 
 class WorkerDataPort:
@@ -78,6 +83,7 @@ class WorkerDataPort:
             port,
             secret=token.encode("utf-8"),
             max_connections=limits.max_streams + _SPARE_CONNECTIONS,
+            max_connections_per_peer=limits.max_streams_per_peer + _SPARE_CONNECTIONS,
             handshake_timeout=limits.handshake_timeout,
             serve=self._serve,
             name="worker data port",
@@ -96,18 +102,31 @@ class WorkerDataPort:
         self._worker = worker
         self._listener.start()
 
+    def stop_accepting(self) -> None:
+        """Take no new fetch (draining); those under way go on."""
+        self._listener.stop_accepting()
+
+    def wait_for_fetches(self, deadline: float) -> None:
+        """Until ``deadline`` (``time.monotonic()``), wait for open connections to end."""
+        while self._listener.connection_count and time.monotonic() < deadline:
+            time.sleep(0.05)
+
     def stop(self) -> None:
         self._listener.stop()
 
     def _serve(self, sock: socket.socket, peer: str) -> None:
         sock.settimeout(self._limits.idle_timeout)
         try:
-            frame = read_frame(sock, MAX_REQUEST_SIZE)
-        except TimeoutError:
-            logger.info("closing idle data port connection from %s", peer)
+            frame = read_frame(sock, MAX_REQUEST_SIZE, time.monotonic() + self._limits.idle_timeout)
+        except (TimeoutError, ShuffleError) as error:
+            logger.info("closing data port connection from %s: %s", peer, error)
+            if isinstance(error, ShuffleError):
+                with contextlib.suppress(OSError):
+                    write_frame(sock, FAILED, error_to_pb(error).SerializeToString())
             return
         if frame is None:
             return
+        sock.settimeout(self._limits.idle_timeout)
         running = _Running()
         try:
             self._fetch(sock, peer, frame, running)
@@ -129,9 +148,10 @@ class WorkerDataPort:
             request = pb.FetchDataRequest.FromString(bytes(body))
         except DecodeError as error:
             raise SerializationError(f"{_METHOD}: the request does not decode: {error}") from None
-        # An idle fetch (a client that stopped reading) is ended by the worker's reaper.
+        # An idle fetch (a client that stopped reading) is ended by the worker's reaper. The
+        # peer is named as gRPC names it, so a client's streams count once per host.
         cancel = _hang_up(sock)
-        with self._worker.open_fetch(request, peer, cancel) as fetch:
+        with self._worker.open_fetch(request, _grpc_peer(sock), cancel) as fetch:
             reader = fetch.reader
             reader.check_data_file()
             write_frame(sock, MANIFEST, reader.manifest.to_json())
@@ -140,15 +160,22 @@ class WorkerDataPort:
                     run.length, run.checksum
                 )
                 running.mid_run = True
-                reader.send_run(sock, header, run)
+                reader.send_run(
+                    sock, header, run, piece_size=self._limits.piece_size, sent=fetch.sent
+                )
                 running.mid_run = False
-                fetch.sent(run.length)
             write_frame(sock, END, b"")
 
 
 @dataclass
 class _Running:
     mid_run: bool = False
+
+
+def _grpc_peer(sock: socket.socket) -> str:
+    """The peer as gRPC's ``context.peer()`` gives it (``ipv4:host:port``, ``ipv6:[host]:port``)."""
+    host, port = sock.getpeername()[:2]
+    return f"ipv6:[{host}]:{port}" if ":" in host else f"ipv4:{host}:{port}"
 
 
 def _hang_up(sock: socket.socket) -> Callable[[], None]:

@@ -91,6 +91,9 @@ class ExternalShuffleEnvironment(ShuffleEnvironment):
             timeout=self._timeout,
         )
         self._gates = OpenGates()
+        self._grpc_only: set[str] = (
+            set()
+        )  # gates add to it from their threads (a set's add is atomic)
         self._closed = False
 
     @property
@@ -191,6 +194,7 @@ class ExternalShuffleEnvironment(ShuffleEnvironment):
                 self._gate_settings,
                 self.report_unreachable,
                 self._gates.forget,
+                grpc_only=self._grpc_only,
             )
             for descriptor in descriptors
         ]

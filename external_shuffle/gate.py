@@ -57,12 +57,16 @@ class ExternalInputGate(SequentialInputGate):
         settings: GateSettings,
         on_unreachable: Callable[[WorkerAddress, ShuffleError], None],
         on_close: Callable[[SequentialInputGate], None],
+        *,
+        grpc_only: set[str],
     ) -> None:
+        """``grpc_only``: workers whose data port could not be reached (shared by the gates of
+        an environment: each such worker costs one failed connection, not one per gate)."""
         super().__init__(descriptor, unknown_timeout=settings.unknown_timeout, on_close=on_close)
         self._channels = channels
         self._settings = settings
         self._on_unreachable = on_unreachable
-        self._grpc_only: set[str] = set()  # workers whose data port could not be reached
+        self._grpc_only = grpc_only
 
     def _read(self, descriptor: ShuffleDescriptor) -> Generator[pa.RecordBatch]:
         if not isinstance(descriptor, ExternalShuffleDescriptor):

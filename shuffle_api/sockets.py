@@ -27,6 +27,7 @@ import secrets
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable
 from typing import Final
 
@@ -88,7 +89,20 @@ def write_frame(
         sock.sendall(memoryview(payload))
 
 
-def _read_exactly(sock: socket.socket, size: int) -> pa.Buffer | None:
+def _wait_until(sock: socket.socket, deadline: float | None) -> None:
+    """Let the next receive wait no later than ``deadline`` (``time.monotonic()``): a peer
+    that sends a byte now and then cannot stretch a bounded read."""
+    if deadline is None:
+        return
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise TimeoutError("timed out")
+    sock.settimeout(remaining)
+
+
+def _read_exactly(
+    sock: socket.socket, size: int, deadline: float | None = None
+) -> pa.Buffer | None:
     """``size`` bytes, or ``None`` if the peer closed before the first one (a timeout then
     is the socket's ``TimeoutError``; after it, a :class:`TransportError`)."""
     data = pa.allocate_buffer(min(size, _READ_PIECE))  # not zero-filled, unlike a bytearray
@@ -99,6 +113,7 @@ def _read_exactly(sock: socket.socket, size: int) -> pa.Buffer | None:
             memoryview(grown)[:received] = memoryview(data)
             data = grown
         try:
+            _wait_until(sock, deadline)
             count = sock.recv_into(memoryview(data)[received:], data.size - received)
         except TimeoutError:
             if received == 0:
@@ -124,10 +139,13 @@ def receive_into(sock: socket.socket, buffer: memoryview) -> None:
         received += count
 
 
-def read_frame(sock: socket.socket, max_frame_size: int) -> tuple[int, memoryview] | None:
+def read_frame(
+    sock: socket.socket, max_frame_size: int, deadline: float | None = None
+) -> tuple[int, memoryview] | None:
     """The next frame's type and body, or ``None`` when the peer closed the connection between
-    frames. A frame larger than ``max_frame_size`` is refused before its body is read."""
-    prefix = _read_exactly(sock, FRAME_PREFIX.size)
+    frames. A frame larger than ``max_frame_size`` is refused before its body is read; one
+    not whole by ``deadline`` (``time.monotonic()``) is a timeout."""
+    prefix = _read_exactly(sock, FRAME_PREFIX.size, deadline)
     if prefix is None:
         return None
     size, frame_type = FRAME_PREFIX.unpack(memoryview(prefix))
@@ -138,7 +156,7 @@ def read_frame(sock: socket.socket, max_frame_size: int) -> tuple[int, memoryvie
     if size == 0:
         return frame_type, memoryview(b"")
     try:
-        body = _read_exactly(sock, size)
+        body = _read_exactly(sock, size, deadline)
     except TimeoutError:
         raise TransportError("the peer stopped in the middle of a frame") from None
     if body is None:
@@ -168,8 +186,10 @@ def _proof(secret: bytes, role: bytes, first: bytes, second: bytes) -> bytes:
     return hmac.digest(secret, b"pyshuffle-data-port/" + role + first + second, "sha256")
 
 
-def _expect(sock: socket.socket, frame_type: int, size: int, peer: str) -> memoryview:
-    frame = read_frame(sock, HANDSHAKE_FRAME_LIMIT)
+def _expect(
+    sock: socket.socket, frame_type: int, size: int, peer: str, deadline: float | None = None
+) -> memoryview:
+    frame = read_frame(sock, HANDSHAKE_FRAME_LIMIT, deadline)
     if frame is None:
         raise AuthenticationError(f"{peer} closed the connection during the handshake")
     got, body = frame
@@ -183,13 +203,13 @@ def _expect(sock: socket.socket, frame_type: int, size: int, peer: str) -> memor
     return body
 
 
-def accept_handshake(sock: socket.socket, secret: bytes) -> None:
+def accept_handshake(sock: socket.socket, secret: bytes, deadline: float | None = None) -> None:
     """Server side; raises :class:`AuthenticationError` (after telling the peer) unless the
-    peer proves it holds ``secret``."""
+    peer proves it holds ``secret`` by ``deadline`` (``time.monotonic()``)."""
     server_nonce = secrets.token_bytes(_NONCE)
     write_frame(sock, CHALLENGE, server_nonce)
     try:
-        body = _expect(sock, AUTH, _NONCE + _DIGEST, "the client")
+        body = _expect(sock, AUTH, _NONCE + _DIGEST, "the client", deadline)
     except (ShuffleError, TimeoutError) as error:
         refusal = AuthenticationError(f"the data port refused the connection: {error}")
         refuse(sock, refusal)
@@ -220,9 +240,11 @@ def open_handshake(sock: socket.socket, secret: bytes, address: str) -> None:
 
 
 class AuthenticatedListener:
-    """Listens on ``host:port`` (0: any free port) until :meth:`stop`. Each connection gets a
-    thread, at most ``max_connections`` at once (beyond them a connection is refused), passes
-    the handshake within ``handshake_timeout`` and is then handed to ``serve(sock, peer)``,
+    """Listens on ``host:port`` (0: any free port; an IPv6 host too, ``::`` taking IPv4 as
+    well) until :meth:`stop`. Each connection gets a thread, at most ``max_connections`` at
+    once and ``max_connections_per_peer`` from one address (beyond them a connection is
+    refused), passes the handshake within ``handshake_timeout`` and is then handed to
+    ``serve(sock, peer)``,
     which owns it until it returns; the listener closes it then. ``on_refused(peer)`` is called
     for each peer that fails the handshake."""
 
@@ -236,16 +258,24 @@ class AuthenticatedListener:
         handshake_timeout: float,
         serve: Callable[[socket.socket, str], None],
         name: str,
+        max_connections_per_peer: int | None = None,
         on_refused: Callable[[str], None] = lambda peer: None,
     ) -> None:
         self._secret = secret
         self._on_refused = on_refused
         self._max_connections = max_connections
+        self._max_per_peer = max_connections_per_peer or max_connections
         self._handshake_timeout = handshake_timeout
         self._serve = serve
         self._name = name
-        self._listener = socket.create_server((host, port))
-        self._connections: set[socket.socket] = set()
+        if ":" in host:
+            self._listener = socket.create_server(
+                (host, port), family=socket.AF_INET6, dualstack_ipv6=host == "::"
+            )
+        else:
+            self._listener = socket.create_server((host, port))
+        self._stopping = threading.Event()
+        self._connections: dict[socket.socket, str] = {}  # each open one's peer address
         self._lock = threading.Lock()
         self._accepting = threading.Thread(
             target=self._accept, name=f"pyshuffle-{name}-accept", daemon=True
@@ -265,64 +295,84 @@ class AuthenticatedListener:
         return self.port
 
     def _accept(self) -> None:
-        while True:
+        while not self._stopping.is_set():
             try:
                 sock, address = self._listener.accept()
-            except OSError:
-                return  # listener closed by stop()
-            peer = f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
-            with self._lock:
-                admitted = len(self._connections) < self._max_connections
-                if admitted:
-                    self._connections.add(sock)
-            if not admitted:
-                _LOG.warning(
-                    "%s: connection from %s refused: %d connections are open already",
-                    self._name,
-                    peer,
-                    self._max_connections,
-                )
-                with contextlib.suppress(OSError):
-                    sock.settimeout(1.0)
-                    refuse(
-                        sock,
-                        TransportError(
-                            f"the {self._name} serves {self._max_connections} connections at"
-                            " once; try again"
-                        ),
-                    )
-                sock.close()
+            except OSError as error:
+                if self._stopping.is_set():
+                    return  # listener closed by stop_accepting()
+                # Out of file descriptors, a connection reset before accept: accept again.
+                _LOG.warning("%s: accept failed: %s", self._name, error)
+                time.sleep(0.1)
                 continue
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            threading.Thread(
-                target=self._connection,
-                args=(sock, peer),
-                name=f"pyshuffle-{self._name}-connection",
-                daemon=True,
-            ).start()
+            try:
+                self._admit(sock, address)
+            except Exception:  # a thread that cannot start: this connection only
+                _LOG.exception("%s: a connection could not be served", self._name)
+                self._forget(sock)
+
+    def _admit(self, sock: socket.socket, address: object) -> None:
+        host = address[0] if isinstance(address, tuple) else str(address)
+        peer = f"{host}:{address[1]}" if isinstance(address, tuple) else host
+        with self._lock:
+            from_peer = sum(1 for other in self._connections.values() if other == host)
+            refusal = None
+            if len(self._connections) >= self._max_connections:
+                refusal = f"the {self._name} serves {self._max_connections} connections at once"
+            elif from_peer >= self._max_per_peer:
+                refusal = f"the {self._name} serves {self._max_per_peer} connections of one host"
+            else:
+                self._connections[sock] = host
+        if refusal is not None:
+            _LOG.warning("%s: connection from %s refused: %s", self._name, peer, refusal)
+            with contextlib.suppress(OSError):
+                sock.settimeout(1.0)
+                refuse(sock, TransportError(f"{refusal}; try again"))
+            sock.close()
+            return
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        threading.Thread(
+            target=self._connection,
+            args=(sock, peer),
+            name=f"pyshuffle-{self._name}-connection",
+            daemon=True,
+        ).start()
 
     def _connection(self, sock: socket.socket, peer: str) -> None:
         try:
             sock.settimeout(self._handshake_timeout)
-            accept_handshake(sock, self._secret)
+            try:
+                accept_handshake(sock, self._secret, time.monotonic() + self._handshake_timeout)
+            except AuthenticationError:
+                self._on_refused(peer)
+                raise
             self._serve(sock, peer)
         except AuthenticationError as error:
-            self._on_refused(peer)
             _LOG.warning("%s: connection from %s refused: %s", self._name, peer, error)
         except (OSError, ShuffleError) as error:
             _LOG.info("%s: connection from %s ended: %s", self._name, peer, error)
+        except Exception:  # a bug serving one peer must not go unlogged
+            _LOG.exception("%s: serving %s failed", self._name, peer)
         finally:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
-            with self._lock:
-                self._connections.discard(sock)
+            self._forget(sock)
 
-    def stop(self) -> None:
-        """Stop accepting and end every connection (their reads and writes fail)."""
+    def _forget(self, sock: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+        sock.close()
+        with self._lock:
+            self._connections.pop(sock, None)
+
+    def stop_accepting(self) -> None:
+        """Take no new connection; open ones go on."""
+        self._stopping.set()
         with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
+
+    def stop(self) -> None:
+        """Stop accepting and end every connection (their reads and writes fail)."""
+        self.stop_accepting()
         with self._lock:
             connections = list(self._connections)
         for sock in connections:

@@ -138,6 +138,8 @@ class _PositionedRanges(RangeReader):
             return _pread_after(prefix, self._file.fileno(), offset, length)
 
     def send_range(self, sock: socket.socket, offset: int, length: int) -> int:
+        if not length:
+            return 0  # sendfile takes no empty range
         # sendfile(2): from the page cache to the socket, no copy in this process.
         return int(sock.sendfile(self._file, offset, length))
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -277,10 +277,12 @@ class PartitionFileReader:
         return message
 
     def check_data_file(self) -> None:
-        """Raise ChecksumMismatchError if the data file is shorter than the manifest says (a
-        sender checks before it starts: once a run is under way, it can only hang up)."""
+        """Open the data file, and raise ChecksumMismatchError if it is shorter than the
+        manifest says (a sender checks before it starts: once a run is under way, it can only
+        hang up)."""
         if not self.manifest.data_bytes:
             return  # an empty partition may have no data file
+        self._ranges()
         try:
             size = self._store.size(self._data_path)
         except FileNotFoundError as error:
@@ -290,12 +292,25 @@ class PartitionFileReader:
             ) from error
         self._check_length(min(size, self.manifest.data_bytes), self.manifest.data_bytes, 0)
 
-    def send_run(self, sock: socket.socket, header: bytes, run: Run) -> None:
-        """``header``, then the run's bytes, unverified (the receiver verifies), to ``sock``:
-        from the page cache, never through this process, where the store is a local file."""
+    def send_run(
+        self,
+        sock: socket.socket,
+        header: bytes,
+        run: Run,
+        *,
+        piece_size: int,
+        sent: Callable[[int], None],
+    ) -> None:
+        """``header``, then the run's bytes, unverified (the receiver verifies), to ``sock``, in
+        pieces of at most ``piece_size`` bytes, calling ``sent`` with each piece's size: from
+        the page cache, never through this process, where the store is a local file."""
         sock.sendall(header)
-        sent = self._ranges().send_range(sock, run.offset, run.length)
-        self._check_length(sent, run.length, run.offset)
+        ranges = self._ranges()
+        for start in range(0, run.length, piece_size):
+            length = min(piece_size, run.length - start)
+            offset = run.offset + start
+            self._check_length(ranges.send_range(sock, offset, length), length, offset)
+            sent(length)
 
     def read(self, subpartitions: SubpartitionRange) -> Iterator[pa.RecordBatch]:
         """Every batch of these subpartitions."""

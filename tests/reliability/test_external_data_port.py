@@ -18,7 +18,12 @@ import xxhash
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
-from external_shuffle.data_fetch import FetchedRun, Received, fetch_over_data_port
+from external_shuffle.data_fetch import (
+    DataPortUnreachableError,
+    FetchedRun,
+    Received,
+    fetch_over_data_port,
+)
 from external_shuffle.data_frames import FAILED, FETCH, MANIFEST
 from external_shuffle.descriptor import ExternalShuffleDescriptor
 from external_shuffle.local_cluster import LocalCluster
@@ -27,6 +32,7 @@ from external_shuffle.wire_errors import TooManyStreamsError, error_from_pb
 from shuffle_api import (
     AuthenticationError,
     ChecksumMismatchError,
+    DataTooLargeError,
     InvalidIdentifierError,
     PartitionNotFoundError,
     SerializationError,
@@ -219,8 +225,10 @@ def test_a_peer_without_the_token_is_refused_and_reads_nothing(
     cluster: LocalCluster, address: WorkerAddress, secret: bytes, stored: BuiltPartition
 ) -> None:
     before = _auth_failures(cluster)
-    with pytest.raises(AuthenticationError, match="refused"):
+    # The client then asks gRPC, with the same token, which gives the AuthenticationError.
+    with pytest.raises(DataPortUnreachableError, match="refused") as raised:
         _fetch(address, b"not the token", _request(stored))
+    assert isinstance(raised.value.__cause__, AuthenticationError)
     # Skipping the handshake: the request is refused unread.
     with _connect(address) as sock:
         frame = read_frame(sock, 1024)
@@ -266,7 +274,7 @@ def test_bad_requests_get_typed_errors_and_the_worker_serves_on(
     # A frame header announcing 64 MiB: refused before its body is read.
     with _authenticated(address, secret) as sock:
         sock.sendall(struct.pack("!IB", 64 << 20, FETCH))
-        assert sock.recv(1) == b""
+        assert isinstance(_failure(sock), DataTooLargeError)
     _serves(address, secret, stored)
     assert "Traceback" not in (cluster.directory / "worker-0.log").read_text()
 
@@ -297,7 +305,9 @@ def test_idle_and_half_sent_connections_are_closed(
         assert time.monotonic() - started < IDLE_TIMEOUT + 5
     with _authenticated(address, secret) as half:
         half.sendall(struct.pack("!IB", 100, FETCH) + b"x" * 10)
-        assert half.recv(1) == b""
+        started = time.monotonic()
+        assert isinstance(_failure(half), TransportError)
+        assert time.monotonic() - started < IDLE_TIMEOUT + 5
     _serves(address, secret, stored)
 
 

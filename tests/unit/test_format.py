@@ -695,7 +695,10 @@ def _sent(reader: PartitionFileReader, run: Run) -> bytes:
     sender, receiver = socket.socketpair()
     with sender, receiver:
         receiver.settimeout(10)
-        reader.send_run(sender, b"header", run)
+        pieces: list[int] = []
+        # Pieces smaller than the run: each is sent and counted.
+        reader.send_run(sender, b"header", run, piece_size=1000, sent=pieces.append)
+        assert sum(pieces) == run.length and all(size <= 1000 for size in pieces)
         sender.shutdown(socket.SHUT_WR)
         received = bytearray()
         while chunk := receiver.recv(1 << 20):
@@ -711,6 +714,8 @@ def test_a_run_sent_to_a_socket_is_the_header_and_the_run_bytes(
     reader.check_data_file()
     for run in reader.runs(SubpartitionRange(0, 2)):
         assert _sent(reader, run) == b"header" + reader.read_run(run).to_pybytes()
+    # An empty run (an index may hold one) is its header alone.
+    assert _sent(reader, Run(0, 0, 0, 0, 0, 0)) == b"header"
 
 
 def test_data_file_truncated_inside_a_run_raises_checksum_mismatch(

@@ -1,0 +1,143 @@
+"""AuthenticatedListener on real sockets: where it listens, and the bounds an unauthenticated
+peer meets (a handshake deadline that trickled bytes cannot stretch, a cap per host)."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from shuffle_api import AuthenticationError
+from shuffle_api.sockets import (
+    CHALLENGE,
+    REFUSED,
+    AuthenticatedListener,
+    open_handshake,
+    read_frame,
+)
+
+SECRET = b"s" * 32
+
+
+@contextmanager
+def _listening(host: str = "127.0.0.1", **limits: float) -> Iterator[tuple[int, list[str]]]:
+    """A listener whose connections echo one byte; yields its port and the peers served."""
+    served: list[str] = []
+
+    def serve(sock: socket.socket, peer: str) -> None:
+        served.append(peer)
+        sock.settimeout(5)
+        sock.sendall(sock.recv(1))
+
+    listener = AuthenticatedListener(
+        host,
+        0,
+        secret=SECRET,
+        max_connections=int(limits.get("max_connections", 8)),
+        max_connections_per_peer=int(limits.get("per_peer", 8)),
+        handshake_timeout=limits.get("handshake_timeout", 5.0),
+        serve=serve,
+        name="test port",
+    )
+    port = listener.start()
+    try:
+        yield port, served
+    finally:
+        listener.stop()
+
+
+def _echo(host: str, port: int) -> bytes:
+    with socket.create_connection((host, port), timeout=5) as sock:
+        open_handshake(sock, SECRET, "the test port")
+        sock.sendall(b"x")
+        return sock.recv(1)
+
+
+def test_an_ipv6_wildcard_host_serves_ipv4_and_ipv6_peers() -> None:
+    with _listening("::") as (port, served):
+        assert _echo("127.0.0.1", port) == b"x"
+        assert _echo("::1", port) == b"x"
+    assert len(served) == 2
+
+
+def test_a_handshake_trickled_byte_by_byte_is_cut_at_its_deadline() -> None:
+    with _listening(handshake_timeout=1.0) as (port, served):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            frame = read_frame(sock, 1024)
+            assert frame is not None and frame[0] == CHALLENGE
+            started = time.monotonic()
+            refused = None
+            # An AUTH frame's prefix announces 64 bytes; they come one every 0.3 s.
+            sock.sendall(b"\x00\x00\x00\x40\x09")
+            for _ in range(40):
+                try:
+                    sock.sendall(b"a")
+                except OSError:
+                    break
+                time.sleep(0.3)
+                sock.settimeout(0.01)
+                try:
+                    refused = read_frame(sock, 1 << 20)
+                    break
+                except TimeoutError:
+                    continue
+                finally:
+                    sock.settimeout(10)
+            assert refused is not None and refused[0] == REFUSED
+            assert time.monotonic() - started < 3
+        assert served == []
+
+
+def test_connections_of_one_host_beyond_its_cap_are_refused() -> None:
+    with _listening(per_peer=2) as (port, _):
+        held = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(2)]
+        try:
+            for sock in held:
+                frame = read_frame(sock, 1024)
+                assert frame is not None and frame[0] == CHALLENGE
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as third:
+                frame = read_frame(third, 1 << 20)
+                assert frame is not None and frame[0] == REFUSED
+                assert b"of one host" in bytes(frame[1])
+        finally:
+            for sock in held:
+                sock.close()
+        deadline = time.monotonic() + 5
+        while True:  # the held ones gone, the host is served again
+            try:
+                assert _echo("127.0.0.1", port) == b"x"
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+
+def test_a_wrong_secret_is_counted_and_refused() -> None:
+    refused: list[str] = []
+    listener = AuthenticatedListener(
+        "127.0.0.1",
+        0,
+        secret=SECRET,
+        max_connections=4,
+        handshake_timeout=5.0,
+        serve=lambda sock, peer: None,
+        name="test port",
+        on_refused=refused.append,
+    )
+    port = listener.start()
+    try:
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=5) as sock,
+            pytest.raises(AuthenticationError, match="wrong secret"),
+        ):
+            open_handshake(sock, b"another secret", "the test port")
+        deadline = time.monotonic() + 5
+        while not refused and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(refused) == 1 and refused[0].startswith("127.0.0.1:")
+    finally:
+        listener.stop()
