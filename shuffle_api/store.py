@@ -63,6 +63,11 @@ class RangeReader(abc.ABC):
     @abc.abstractmethod
     def read_range(self, offset: int, length: int) -> pa.Buffer: ...
 
+    @abc.abstractmethod
+    def size(self) -> int:
+        """The file's length as this reader sees it (a positioned or fsspec reader sees a
+        truncation by another process; a memory map, its length when mapped)."""
+
     def read_after(self, prefix: bytes, offset: int, length: int) -> bytes:
         """``prefix`` followed by the range, as one new ``bytes`` (a message whose framing
         comes before its data); shorter if the file ends first."""
@@ -89,6 +94,9 @@ class _MappedRanges(RangeReader):
             available = max(0, min(length, self._mapped.size() - offset))
             self._mapped.seek(min(offset, self._mapped.size()))
             return self._mapped.read_buffer(available)
+
+    def size(self) -> int:
+        return int(self._mapped.size())
 
 
 _new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
@@ -133,6 +141,10 @@ class _PositionedRanges(RangeReader):
         with storage_errors(self._path):
             return pa.py_buffer(os.pread(self._file.fileno(), length, offset))
 
+    def size(self) -> int:
+        with storage_errors(self._path):
+            return os.fstat(self._file.fileno()).st_size
+
     def read_after(self, prefix: bytes, offset: int, length: int) -> bytes:
         with storage_errors(self._path):
             return _pread_after(prefix, self._file.fileno(), offset, length)
@@ -154,6 +166,10 @@ class _FsspecRanges(RangeReader):
     def read_range(self, offset: int, length: int) -> pa.Buffer:
         with storage_errors(self._path):
             return pa.py_buffer(self._fs.cat_file(self._path, start=offset, end=offset + length))
+
+    def size(self) -> int:
+        with storage_errors(self._path):
+            return int(self._fs.size(self._path))
 
 
 class Store:
