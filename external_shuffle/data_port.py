@@ -2,10 +2,10 @@
 with sendfile(2). gRPC copies every message in user space at least twice on each side; here the
 worker's process never touches the bytes, and the client reads each run into one buffer.
 
-The frames are ``data_frames``'. The port holds what the
-gRPC port holds: the token proves the peer (the handshake of :mod:`shuffle_api.sockets`), a
-fetch is a worker stream (the same caps, per client and in all, and the same idle timeout), and
-errors reach the client as the same ShuffleError classes. It is not offered with TLS on: it
+The frames are ``data_frames``'. The port holds what the gRPC port holds: the token proves the
+peer (the handshake of :mod:`shuffle_api.sockets`), a fetch is a worker stream (the same caps,
+per client and in all, and the same idle timeout), and errors reach the client as the same
+ShuffleError classes. It is not offered with TLS on: it
 does not encrypt, and a client told to use TLS must not be sent data in the clear.
 """
 
@@ -94,10 +94,6 @@ class WorkerDataPort:
     def port(self) -> int:
         return self._listener.port
 
-    @property
-    def connection_count(self) -> int:
-        return self._listener.connection_count
-
     def start(self, worker: WorkerService) -> None:
         self._worker = worker
         self._listener.start()
@@ -115,21 +111,18 @@ class WorkerDataPort:
         self._listener.stop()
 
     def _serve(self, sock: socket.socket, peer: str) -> None:
-        sock.settimeout(self._limits.idle_timeout)
-        try:
-            frame = read_frame(sock, MAX_REQUEST_SIZE, time.monotonic() + self._limits.idle_timeout)
-        except (TimeoutError, ShuffleError) as error:
-            logger.info("closing data port connection from %s: %s", peer, error)
-            if isinstance(error, ShuffleError):
-                with contextlib.suppress(OSError):
-                    write_frame(sock, FAILED, error_to_pb(error).SerializeToString())
-            return
-        if frame is None:
-            return
-        sock.settimeout(self._limits.idle_timeout)
         running = _Running()
         try:
-            self._fetch(sock, peer, frame, running)
+            idle_timeout = self._limits.idle_timeout
+            try:
+                frame = read_frame(sock, MAX_REQUEST_SIZE, time.monotonic() + idle_timeout)
+            except TimeoutError:
+                logger.info("closing idle data port connection from %s", peer)
+                return
+            if frame is None:
+                return
+            sock.settimeout(idle_timeout)  # read_frame shortened it to its deadline
+            self._fetch(sock, frame, running)
         except ShuffleError as error:
             self._metrics.errors.labels(method=_METHOD, code=status_for(error).name).inc()
             logger.warning("%s from %s failed: %s", _METHOD, peer, short(str(error)))
@@ -137,9 +130,7 @@ class WorkerDataPort:
                 with contextlib.suppress(OSError):
                     write_frame(sock, FAILED, error_to_pb(error).SerializeToString())
 
-    def _fetch(
-        self, sock: socket.socket, peer: str, frame: tuple[int, memoryview], running: _Running
-    ) -> None:
+    def _fetch(self, sock: socket.socket, frame: tuple[int, memoryview], running: _Running) -> None:
         assert self._worker is not None, "started with its worker"
         frame_type, body = frame
         if frame_type != FETCH:

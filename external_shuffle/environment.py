@@ -91,9 +91,8 @@ class ExternalShuffleEnvironment(ShuffleEnvironment):
             timeout=self._timeout,
         )
         self._gates = OpenGates()
-        self._grpc_only: set[str] = (
-            set()
-        )  # gates add to it from their threads (a set's add is atomic)
+        # Workers whose data port is unreachable; gates add to it (a set's add is atomic).
+        self._grpc_only: set[str] = set()
         self._closed = False
 
     @property
