@@ -30,8 +30,8 @@ dirty pages another left):
 * **fetch**: W clients at once each read one of those partitions (all subpartitions) through an
   input gate with ``external-shuffle.client.read-from-store = false`` (over the worker's data
   port: a plain socket the worker sends each run into with sendfile(2); checksum
-  verification, IPC decoding); each batch's rows are counted as it
-  arrives and checked after the clock stops. Nothing more is done with the batches, as the
+  verification, IPC decoding); each batch's rows are counted as it arrives and checked after
+  the clock stops. Nothing more is done with the batches, as the
   raw client does nothing with its messages: the checksums the fetch verifies cover every
   byte, and the store read below checks the values of the same partitions. No batch is
   kept, as the raw fetch keeps no message: kept, every message would need fresh memory,
@@ -64,14 +64,13 @@ dirty pages another left):
 MB/s are 10**6 wire bytes per second (with a compressing codec, compressed bytes: raw streams
 the same number). Every figure is the median of ``--repeat`` repetitions. The goals stated by
 the issue are checked on the transport: ``fetch_ratio`` (the fetch over the raw fetch) >= 0.85
-(``fetch_over_grpc_ratio`` beside it)
-and ``push_ratio_vs_storing`` (the encoded push over the raw push into a file) >= 0.90; the
-push with the writer is shown beside it (raw grpcio streams bytes that already exist, and
-making them is the writer's cost, shown as "writer alone"). ``fetch_ratio_ceiling`` is raw
-grpcio's own ratio when it reads each message from a file (raw from a file over the raw
-fetch): the most any service that serves stored partitions reaches, before it verifies or
-decodes anything. CPU seconds of the client processes
-and of the serving process (the worker daemon, or the raw server) are recorded too, read from
+(``fetch_over_grpc_ratio`` beside it) and ``push_ratio_vs_storing`` (the encoded push over the
+raw push into a file) >= 0.90; the push with the writer is shown beside it (raw grpcio streams
+bytes that already exist, and making them is the writer's cost, shown as "writer alone").
+``fetch_ratio_ceiling`` is raw grpcio's own ratio when it reads each message from a file (raw
+from a file over the raw fetch): the most any gRPC service that serves stored partitions
+reaches, before it verifies or decodes anything. CPU seconds of the client processes and of
+the serving process (the worker daemon, or the raw server) are recorded too, read from
 ``/proc`` (Linux): on a machine with few cores every side competes for them, so CPU seconds
 per GB are what the throughput ratios follow.
 
