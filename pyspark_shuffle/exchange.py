@@ -24,6 +24,7 @@ from pyspark_shuffle.options import MAX_RECOVERY_ATTEMPTS, PROGRESS_INTERVAL
 from pyspark_shuffle.partitioners import Partitioner
 from pyspark_shuffle.planning import codec_neutral_bytes
 from pyspark_shuffle.progress import StageProgress
+from pyspark_shuffle.spark_outputs import SparkShuffleOutputs
 from pyspark_shuffle.tasks import MAP_OUTPUT_SCHEMA, MapStageSpec, run_map_task
 from shuffle_api import (
     Configuration,
@@ -89,6 +90,7 @@ class Exchange:
         job: RecordingJobContext,
         configuration: Configuration,
         secret: bytes,
+        spark_outputs: SparkShuffleOutputs,
         map_input: MapInput,
         partitioner: Partitioner,
         name: str,
@@ -98,8 +100,11 @@ class Exchange:
         self._master = master
         self._job = job
         self._configuration = configuration
+        self._spark_outputs = spark_outputs
         self.frame_schema = map_input.schema
         self.upstream = tuple(map_input.upstream)
+        self.producer_stage = map_input.producer_stage
+        """The reduce stage of the result it is fused from (``None``: read from a source)."""
         self.name = name
         # Reducers from bytes written (neighbouring subpartitions coalesced), or one each.
         self.automatic_reducers = automatic_reducers
@@ -131,11 +136,8 @@ class Exchange:
         self._schema: pa.Schema | None = None
         self._lock = threading.Lock()
         self.runs = _Runs()
-        self.consumed = False
-        """Whether a result reads it (set by SparkShuffle)."""
-        self.pinned = False
-        """Whether the user holds it (released only when asked, never as unreachable)."""
         self.released = False
+        self._forgotten_in_spark = False
 
     @property
     def number_of_maps(self) -> int:
@@ -258,14 +260,21 @@ class Exchange:
         if not isinstance(producer, ProducerDescriptor):
             raise SerializationError(f"a reduce task reported a {type(producer).__name__}")
         with self._lock:
-            if producer.producer_execution_id in self._attempts.get(map_index, ()):
+            attempts = self._attempts.setdefault(map_index, set())
+            if producer.producer_execution_id in attempts:
                 return
             previous = self._outputs.get(map_index)
+            if previous is None:
+                attempts.add(producer.producer_execution_id)
         descriptor = self._master.register_partition_with_producer(
             self._job.job_id, self.spec.partition_descriptor(map_index), producer
         ).result()
-        if previous is None:  # the exchange was released: so is this attempt
+        if previous is None:
+            # The exchange was released, and Spark remade it for a rerun: this attempt goes
+            # too, and Spark must remake it again next time.
             self._master.release_partition_externally(descriptor)
+            if self._forgotten_in_spark:
+                self._forget_in_spark()
             return
         self._replace(dataclasses.replace(previous, descriptor=descriptor))
 
@@ -366,9 +375,19 @@ class Exchange:
         )
         return codec_neutral_bytes(stored, arrow)
 
-    def release(self) -> None:
+    def release(self, *, forget_in_spark: bool = False) -> None:
+        """Delete its partitions. With ``forget_in_spark``, Spark forgets its map outputs too,
+        so that a rerun of a later stage fused from it remakes them rather than reading
+        deleted ones; else reading it again fails, naming the partitions it no longer finds."""
         with self._lock:
             outputs, self._outputs = list(self._outputs.values()), {}
             self.released = True
+            self._forgotten_in_spark = forget_in_spark
+        if forget_in_spark:
+            self._forget_in_spark()
         for output in outputs:
             self._master.release_partition_externally(output.descriptor)
+
+    def _forget_in_spark(self) -> None:
+        if self._anchor is not None:
+            self._spark_outputs.forget(self._anchor)

@@ -66,6 +66,11 @@ class MapInput(abc.ABC):
         """The exchanges the map tasks read (a fused stage's), which must outlive them."""
         return ()
 
+    @property
+    def producer_stage(self) -> str | None:
+        """The reduce stage whose tasks are the map tasks (a fused stage's), else ``None``."""
+        return None
+
 
 def _unchanged(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     return batches

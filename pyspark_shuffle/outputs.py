@@ -99,11 +99,12 @@ class FusedInput(MapInput):
     into the new exchange's writer."""
 
     def __init__(
-        self, output: TaskOutput, schema: StructType, exchanges: Sequence[Exchange]
+        self, output: TaskOutput, schema: StructType, exchanges: Sequence[Exchange], stage: str
     ) -> None:
         self._output = output
         self._schema = schema
         self._exchanges = tuple(exchanges)
+        self._stage = stage
 
     @property
     def schema(self) -> StructType:
@@ -116,6 +117,10 @@ class FusedInput(MapInput):
     @property
     def upstream(self) -> Sequence[Exchange]:
         return self._exchanges
+
+    @property
+    def producer_stage(self) -> str:
+        return self._stage
 
     def task_output(self) -> TaskOutput:
         return self._output

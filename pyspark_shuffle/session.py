@@ -30,6 +30,7 @@ from pyspark.sql.types import (
 
 from blob import BLOB_OPTIONS, BlobStore, blob_store_url
 from pyspark_shuffle.broadcast import BroadcastSide, broadcast_join, broadcast_side
+from pyspark_shuffle.chain import Chain, ChainExchange, ChainStage
 from pyspark_shuffle.exchange import Exchange
 from pyspark_shuffle.inputs import FrameInput, MapInput, TaskOutput
 from pyspark_shuffle.ipc import to_ipc_stream
@@ -66,6 +67,7 @@ from pyspark_shuffle.partitioners import (
 from pyspark_shuffle.planning import adaptive_plan, one_reducer, one_reducer_per_subpartition
 from pyspark_shuffle.progress import JobLabel
 from pyspark_shuffle.sorting import sort_keys_of
+from pyspark_shuffle.spark_outputs import SparkShuffleOutputs
 from pyspark_shuffle.tasks import (
     REDUCER_ROW_SCHEMA,
     MapOutputs,
@@ -163,6 +165,10 @@ class ShuffleStatistics:
     side's, ``reducers`` the other side's tasks that joined with it), or ``None``."""
 
 
+def _new_stage() -> str:
+    return f"reduce-{new_id()[:16]}"
+
+
 @dataclass
 class _Result:
     exchanges: list[Exchange]
@@ -179,6 +185,8 @@ class _Result:
     """The reduce tasks: their rows, and what each runs on them."""
     broadcast: BroadcastSide | None = None
     """A broadcast join's: ``exchanges`` are then those its tasks read through a fused input."""
+    stage: str = dataclasses.field(default_factory=_new_stage)
+    """Its reduce stage's name in the :class:`~pyspark_shuffle.chain.Chain`."""
 
 
 def _column_names(columns: str | Sequence[str]) -> tuple[str, ...]:
@@ -315,7 +323,12 @@ class SparkShuffle:
         self._master.register_job(self._job)
         self._results: dict[int, tuple[weakref.ref[DataFrame], _Result]] = {}
         self._sources: dict[int, tuple[weakref.ref[DataFrame], ParquetSource]] = {}
-        self._exchanges: list[Exchange] = []
+        self._exchanges: dict[str, Exchange] = {}
+        self._chain = Chain()
+        self._spark_outputs = SparkShuffleOutputs(spark)
+        # Results the user dropped whose reduce tasks a rerun may still run, by stage: they
+        # keep what those tasks read (descriptor lists, the deployments' broadcast).
+        self._dropped: dict[str, _Result] = {}
         self._lock = threading.Lock()
         self._closed = False
         atexit.register(self.close)
@@ -428,8 +441,9 @@ class SparkShuffle:
         """The map stage of :meth:`repartition` alone: ``frame`` written, partitioned by the
         hash of ``keys``; :meth:`read` is the reduce stage. It stays until :meth:`close`
         (or :meth:`release` of a result that reads it), whatever results of it are dropped."""
-        exchange = self._hash_exchange(frame, _column_names(keys), num_partitions, "repartition")
-        exchange.pinned = True
+        exchange = self._hash_exchange(
+            frame, _column_names(keys), num_partitions, "repartition", pinned=True
+        )
         return exchange
 
     def read(self, exchange: Exchange) -> DataFrame:
@@ -449,7 +463,7 @@ class SparkShuffle:
         for exchange in found.exchanges:
             exchange.recover()
         again = found.output.tasks.mapInArrow(found.output.produce, found.schema)
-        self._remember(again, dataclasses.replace(found))
+        self._remember(again, dataclasses.replace(found, stage=_new_stage()))
         return again
 
     def group_apply(
@@ -647,9 +661,13 @@ class SparkShuffle:
 
     def _remember(self, frame: DataFrame, result: _Result) -> None:
         """Keep what reads ``frame``, a result of this object, while the user holds it."""
+        stage = ChainStage(
+            result.stage,
+            result.output.tasks.rdd.getNumPartitions(),
+            tuple(exchange.result_id for exchange in result.exchanges),
+        )
         with self._lock:
-            for exchange in result.exchanges:
-                exchange.consumed = True
+            self._chain.add_stage(stage)
             self._results[id(frame)] = (weakref.ref(frame), result)
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -706,17 +724,18 @@ class SparkShuffle:
         of the same exchange) stays until that one is released as well."""
         with self._lock:
             entry = self._results.pop(id(result), None)
-            still_read = {
-                id(exchange)
-                for frame, other in self._results.values()
-                if frame() is not None
-                for exchange in other.exchanges
-            }
-        if entry is not None:
-            self._forget(entry[1])
-            for exchange in entry[1].exchanges:
-                if id(exchange) not in still_read:
-                    exchange.release()
+            if entry is None:
+                return
+            self._chain.drop(entry[1].stage)
+            self._dropped[entry[1].stage] = entry[1]
+            still_read = self._chain.read_by_live()
+            asked = [
+                self._exchanges[exchange.result_id]
+                for exchange in entry[1].exchanges
+                if exchange.result_id in self._exchanges and exchange.result_id not in still_read
+            ]
+        self._release(asked)
+        self._release_unreachable()
 
     def _forget(self, result: _Result) -> None:
         """Drop what the driver and executors keep to read ``result``."""
@@ -730,40 +749,48 @@ class SparkShuffle:
         for group in result.consumed_groups:
             self._descriptors.invalidate(group)
 
+    def _release(self, exchanges: Sequence[Exchange]) -> None:
+        """Release ``exchanges``; Spark forgets those a rerun may read, so that it remakes
+        them (a released result read again fails instead of remaking its exchange)."""
+        with self._lock:
+            rerun_inputs = self._chain.rerun_inputs()
+            for exchange in exchanges:
+                self._exchanges.pop(exchange.result_id, None)
+                self._chain.released(exchange.result_id)
+        for exchange in exchanges:
+            exchange.release(forget_in_spark=exchange.result_id in rerun_inputs)
+
     def _release_unreachable(self) -> None:
-        """Release the exchanges that results read but no live result can read again: the
-        user dropped every result that reads them (they were garbage collected), and no
-        exchange still needed may have to rerun its map tasks from them (a fused stage
-        whose partitions live on the executors that wrote them reruns from its input). So a
-        chain's store holds its widest step, not every step."""
+        """Release the exchanges whose every consumer has finished (see
+        :mod:`pyspark_shuffle.chain`): no live result reads them, as the user dropped every
+        result that does (they were garbage collected). So a chain's store holds its widest
+        step, not every step. An exchange on the executors that a later stage's rerun may read
+        goes too where Spark can be told to remake it (else it stays); the dropped results
+        such a rerun runs keep what their tasks read until no rerun can need them."""
         with self._lock:
             dead = [key for key, (frame, _) in self._results.items() if frame() is None]
-            dropped = [self._results.pop(key)[1] for key in dead]
-            needed: set[int] = set()
-            stack = [
-                exchange for _, result in self._results.values() for exchange in result.exchanges
-            ]
-            while stack:
-                exchange = stack.pop()
-                if id(exchange) not in needed:
-                    needed.add(id(exchange))
-                    if exchange.held_map_outputs() is not None:
-                        stack.extend(exchange.upstream)
+            for key in dead:
+                result = self._results.pop(key)[1]
+                self._chain.drop(result.stage)
+                self._dropped[result.stage] = result
             unreachable = [
-                exchange
-                for exchange in self._exchanges
-                if exchange.consumed
-                and not (exchange.pinned or exchange.released)
-                and id(exchange) not in needed
+                self._exchanges[result_id]
+                for result_id in self._chain.releasable(recomputable=self._spark_outputs.available)
+                if result_id in self._exchanges
             ]
-            self._exchanges = [
-                e for e in self._exchanges if id(e) not in {id(u) for u in unreachable}
-            ]
-        for result in dropped:
-            self._forget(result)
         for exchange in unreachable:
             _LOG.info("released %s: no live result reads it", exchange.name)
-            exchange.release()
+        self._release(unreachable)
+        with self._lock:
+            rerunnable = self._chain.rerunnable()
+            done = [self._dropped.pop(stage) for stage in set(self._dropped) - rerunnable]
+            waiting = list(self._dropped.values())
+            self._chain.prune()
+        for result in done:
+            self._forget(result)
+        # A rerun inside an action remade released exchanges: those copies go now.
+        for result in waiting:
+            _adopt_reruns(result)
 
     def close(self) -> None:
         """Release every shuffle this object made and stop its master. Results it made can no
@@ -772,9 +799,11 @@ class SparkShuffle:
             if self._closed:
                 return
             self._closed = True
-            exchanges, self._exchanges = self._exchanges, []
+            exchanges, self._exchanges = list(self._exchanges.values()), {}
             results = [result for _, result in self._results.values()]
+            results += self._dropped.values()
             self._results.clear()
+            self._dropped.clear()
         self._descriptors.clear()
         for result in results:
             _adopt_reruns(result)
@@ -821,7 +850,13 @@ class SparkShuffle:
         return HashPartitioner(keys, num_partitions or self.configuration.get(MAX_SUBPARTITIONS))
 
     def _hash_exchange(
-        self, frame: DataFrame, keys: tuple[str, ...], num_partitions: int | None, what: str
+        self,
+        frame: DataFrame,
+        keys: tuple[str, ...],
+        num_partitions: int | None,
+        what: str,
+        *,
+        pinned: bool = False,
     ) -> Exchange:
         _check_keys(frame, keys, what)
         return self._exchange(
@@ -829,11 +864,20 @@ class SparkShuffle:
             self._hash(keys, num_partitions),
             f"{what}{keys}",
             automatic=num_partitions is None,
+            pinned=pinned,
         )
 
     def _exchange(
-        self, source: MapInput, partitioner: Partitioner, name: str, *, automatic: bool
+        self,
+        source: MapInput,
+        partitioner: Partitioner,
+        name: str,
+        *,
+        automatic: bool,
+        pinned: bool = False,
     ) -> Exchange:
+        """Write ``source``; a ``pinned`` exchange stays until released with a result that
+        reads it, or closed."""
         if self._closed:
             raise ShuffleServiceClosedError("this SparkShuffle is closed")
         self._release_unreachable()
@@ -843,14 +887,23 @@ class SparkShuffle:
             job=self._job,
             configuration=self.configuration,
             secret=self._secret,
+            spark_outputs=self._spark_outputs,
             map_input=source,
             partitioner=partitioner,
             name=name,
             automatic_reducers=automatic,
         )
         with self._lock:
-            self._exchanges.append(exchange)
+            self._exchanges[exchange.result_id] = exchange
         exchange.write()
+        written = ChainExchange(
+            exchange.result_id,
+            exchange.producer_stage or f"map-{exchange.result_id}",
+            exchange.number_of_maps,
+            on_executors=exchange.held_map_outputs() is not None,
+        )
+        with self._lock:
+            self._chain.add_exchange(written, pinned=pinned)
         return exchange
 
     def _live_result(self, frame: DataFrame) -> _Result | None:
@@ -877,7 +930,7 @@ class SparkShuffle:
         the rows Spark hands over."""
         result = self._live_result(frame)
         if result is not None:
-            return FusedInput(result.output, frame.schema, result.exchanges)
+            return FusedInput(result.output, frame.schema, result.exchanges, result.stage)
         with self._lock:
             entry = self._sources.get(id(frame))
         if entry is not None and entry[0]() is frame and not frame.is_cached:

@@ -10,6 +10,7 @@ process, so each scenario runs in a process of its own (the test module's sessio
 from __future__ import annotations
 
 import functools
+import gc
 import json
 import os
 import shutil
@@ -23,7 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F  # noqa: N812
 
 from external_shuffle.local_cluster import LocalCluster
 from pyspark_shuffle import SparkShuffle
@@ -147,7 +150,9 @@ def slow(spark: SparkSession) -> DataFrame:
     return frame.mapInArrow(sleepy, frame.schema)
 
 
-def operations(spark: SparkSession, shuffle: SparkShuffle, kill: Kill) -> dict[str, Any]:
+def operations(
+    spark: SparkSession, shuffle: SparkShuffle, kill: Kill, stores: list[Path]
+) -> dict[str, Any]:
     frame = data(spark).cache()
     dimension = spark.range(0, 120, 1, 3).selectExpr("id % 110 as k", "id * 10 as w").cache()
 
@@ -197,7 +202,9 @@ def operations(spark: SparkSession, shuffle: SparkShuffle, kill: Kill) -> dict[s
     return {"equal": results}
 
 
-def kill_during_map(spark: SparkSession, shuffle: SparkShuffle, kill: Kill) -> dict[str, Any]:
+def kill_during_map(
+    spark: SparkSession, shuffle: SparkShuffle, kill: Kill, stores: list[Path]
+) -> dict[str, Any]:
     frame = slow(spark)
     killed: list[int] = []
     # After the first map tasks finished on it: their partitions go with it.
@@ -208,7 +215,9 @@ def kill_during_map(spark: SparkSession, shuffle: SparkShuffle, kill: Kill) -> d
     return {"killed": killed, "equal": equal, "runs": exchange.runs.per_map}
 
 
-def kill_during_reduce(spark: SparkSession, shuffle: SparkShuffle, kill: Kill) -> dict[str, Any]:
+def kill_during_reduce(
+    spark: SparkSession, shuffle: SparkShuffle, kill: Kill, stores: list[Path]
+) -> dict[str, Any]:
     frame = data(spark).cache()
     frame.count()
 
@@ -235,7 +244,9 @@ def kill_during_reduce(spark: SparkSession, shuffle: SparkShuffle, kill: Kill) -
     }
 
 
-def packed(spark: SparkSession, shuffle: SparkShuffle, kill: Kill) -> dict[str, Any]:
+def packed(
+    spark: SparkSession, shuffle: SparkShuffle, kill: Kill, stores: list[Path]
+) -> dict[str, Any]:
     """A repartition whose executors import pyshuffle from the shipped archive only."""
     frame = data(spark)
     equal = multiset(shuffle.repartition(frame, "k", num_partitions=4)) == multiset(frame)
@@ -248,11 +259,76 @@ def packed(spark: SparkSession, shuffle: SparkShuffle, kill: Kill) -> dict[str, 
     return {"equal": equal, "imported_from": imported_from}
 
 
+def released_chain(
+    spark: SparkSession, shuffle: SparkShuffle, kill: Kill, stores: list[Path]
+) -> dict[str, Any]:
+    """A chain whose earlier exchanges are released as it goes (each result dropped once the
+    next operation read it), then an executor killed before the last result is read: Spark
+    remakes what went with it from the source, through every released exchange."""
+    frame = data(spark).cache()
+    frame.count()
+    source_rows = spark.sparkContext.accumulator(0)
+
+    def counted(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            source_rows.add(batch.num_rows)
+            yield batch
+
+    def summarize(table: pa.Table) -> pa.Table:
+        return pa.table(
+            {
+                "k": table.column("k").slice(0, 1),
+                "n": pa.array([table.num_rows], pa.int64()),
+                "total": pa.array([pc.sum(table.column("x")).as_py()], pa.float64()),
+            }
+        )
+
+    files_per_step: list[int] = []
+
+    def step(result: DataFrame) -> DataFrame:
+        gc.collect()
+        files_per_step.append(len(stored_files(stores)))
+        return result
+
+    spread = step(shuffle.repartition(frame.mapInArrow(counted, frame.schema), "id"))
+    groups = step(shuffle.group_apply(spread, "k", summarize, "k long, n long, total double"))
+    del spread
+    by_count = step(shuffle.repartition(groups, "n", num_partitions=4))
+    del groups
+    ranked = step(shuffle.sort(by_count, ["total", "k"]))
+    del by_count
+    gc.collect()
+    released = shuffle.statistics(ranked).upstream_released
+    files_per_step.append(len(stored_files(stores)))
+    killed = [kill()]
+    # Until Spark runs a new executor in its place (it then knows the map outputs are lost).
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        pids = executor_pids(spark.sparkContext.applicationId)
+        if len(pids) == 2 and killed[0] not in pids.values():
+            break
+        time.sleep(0.5)
+    before = source_rows.value
+    equal = ordered(ranked) == ordered(
+        frame.groupBy("k")
+        .agg(F.count("*").alias("n"), F.sum("x").alias("total"))
+        .orderBy("total", "k")
+    )
+    return {
+        "killed": killed,
+        "equal": equal,
+        "files_per_step": files_per_step,
+        "upstream_released": released,
+        "source_rows": [before, source_rows.value],
+    }
+
+
 SCENARIOS = {
     "operations": operations,
     "kill_during_map": kill_during_map,
     "kill_during_reduce": kill_during_reduce,
     "packed": packed,
+    "released_chain": released_chain,
 }
 
 
@@ -266,7 +342,7 @@ def run(
     spark = cluster_session(work)
     try:
         with SparkShuffle(spark, config=config) as shuffle:
-            outcome = SCENARIOS[scenario](spark, shuffle, kill(spark))
+            outcome = SCENARIOS[scenario](spark, shuffle, kill(spark), stores)
             outcome["files_before_close"] = len(stored_files(stores))
         outcome["files_after_close"] = stored_files(stores)
     except ShuffleError as error:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.cluster_jobs import PACKED_ENVIRONMENT
+from tests.integration.cluster_jobs import PACKED_ENVIRONMENT, ROWS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -106,6 +106,24 @@ def test_an_executor_killed_during_the_reduce_stage_is_recovered_inside_the_acti
     runs = outcome["runs"]
     assert 0 < sum(count > 1 for count in runs.values()) < len(runs)
     assert outcome["map_tasks_rerun"] == sum(count - 1 for count in runs.values())
+    assert outcome["files_after_close"] == []
+
+
+def test_a_chain_released_as_it_goes_is_remade_after_an_executor_is_killed(
+    tmp_path: Path,
+) -> None:
+    outcome = run_scenario("released_chain", tmp_path)
+    # Each step's store held about that step; once the sort was made, only its exchange.
+    files = outcome["files_per_step"]
+    assert outcome["upstream_released"] == 3
+    assert files[-1] < max(files)
+    assert len(outcome["killed"]) == 1
+    # The killed executor's map outputs were remade from the source, through every released
+    # exchange, inside the action; the copies that rerun made were released too.
+    assert outcome["equal"] is True
+    before, after = outcome["source_rows"]
+    assert before == ROWS
+    assert after > before
     assert outcome["files_after_close"] == []
 
 
