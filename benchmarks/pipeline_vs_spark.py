@@ -22,7 +22,7 @@ REST API): the tasks' own control rows (task descriptions in, one metadata row p
 apart from data rows. Both pipelines' outputs are read back and compared. Last, it times
 ``summarize`` alone on every user's events: no engine that calls it once per group can take
 less than that over the cores, which caps the ratio any engine could reach
-(``ceiling_speedup_vs_arrow``).
+(``ceiling_speedup_vs_arrow``, ``ceiling_speedup_vs_pandas``).
 
 Then single operations, Parquet in and out, each beside Spark's own on the same files: the join
 of all event columns with the dimension (inner and left; both sides broadcast the dimension)
@@ -456,6 +456,9 @@ def main() -> None:
         # The best ratio any engine could reach with this per-group function on this machine.
         "function_floor_seconds": floor_seconds,
         "ceiling_speedup_vs_arrow": arrow_seconds / floor_seconds,
+        "ceiling_speedup_vs_pandas": None
+        if pandas_seconds is None
+        else pandas_seconds / floor_seconds,
         "rows_crossing_jvm": per_run["data_rows_to_python"] + per_run["map_stage_rows_read"],
         "pyshuffle_jvm_python_crossing_per_run": per_run,
         "spark_arrow_jvm_python_crossing_per_run": {
@@ -479,6 +482,11 @@ def main() -> None:
     print(
         f"  summarize() alone, every user, over {args.cores} cores {floor_seconds:7.2f} s"
         f"   ceiling vs applyInArrow {results['ceiling_speedup_vs_arrow']:.2f}x"
+        + (
+            ""
+            if pandas_seconds is None
+            else f", vs applyInPandas {results['ceiling_speedup_vs_pandas']:.2f}x"
+        )
     )
     print("  between the JVM and Python, per run (Spark's metrics):")
     for name, figures in (("pyshuffle", per_run), ("Spark applyInArrow", spark_per_run)):

@@ -48,6 +48,9 @@ class ChainStage:
     name: str
     tasks: int
     inputs: tuple[str, ...]
+    wraps: str | None = None
+    """The stage whose tasks its tasks run, then add to (a broadcast join over a fused
+    result): that stage's result keeps what its tasks read while this one may run."""
 
 
 class Chain:
@@ -84,13 +87,14 @@ class Chain:
 
     def graph(self) -> StageGraph:
         """Every stage and exchange not released, as one stage graph."""
+        # An empty input makes a stage of no task; as one vertex it changes nothing here.
         stages = {
-            exchange.producer: Stage(exchange.producer, exchange.maps)
+            exchange.producer: Stage(exchange.producer, max(exchange.maps, 1))
             for exchange in self._exchanges.values()
             if exchange.producer not in self._stages
         }
         for stage in self._stages.values():
-            stages[stage.name] = Stage(stage.name, stage.tasks)
+            stages[stage.name] = Stage(stage.name, max(stage.tasks, 1))
         edges = [
             StageExchange(result_id, self._exchanges[result_id].producer, stage.name)
             for stage in self._stages.values()
@@ -108,7 +112,7 @@ class Chain:
         unfinished = {
             regions.region_of(ExecutionVertexID(name, index)).region_id
             for name in self._live
-            for index in range(self._stages[name].tasks)
+            for index in range(max(self._stages[name].tasks, 1))
         }
         kept = self._pinned | self._released
         if not recomputable:
@@ -128,20 +132,35 @@ class Chain:
         ]
 
     def rerunnable(self) -> set[str]:
-        """Stages no result the user holds runs, that a rerun may run again to remake a
-        partition one does read."""
-        return self._rerun_walk()[0] - self._live
+        """Stages no result the user holds runs whose tasks may run again: in a rerun that
+        remakes a partition a live stage, a pinned or a not yet read exchange needs, or as
+        the tasks of a stage that may run (see ``ChainStage.wraps``)."""
+        running = self._rerun_walk()[0] | self._live
+        waiting = list(running)
+        while waiting:
+            wrapped = self._stages[waiting.pop()].wraps
+            if wrapped is not None and wrapped in self._stages and wrapped not in running:
+                running.add(wrapped)
+                waiting.append(wrapped)
+        return running - self._live
 
     def rerun_inputs(self) -> set[str]:
-        """The exchanges that live stages, or the stages their reruns run, read."""
+        """The exchanges that live stages or the stages their reruns run read, and those
+        pinned or not read yet."""
         return self._rerun_walk()[1]
 
     def _rerun_walk(self) -> tuple[set[str], set[str]]:
-        """The stages a rerun may run (from the exchanges live stages read, up through every
-        exchange on executors to its producer), and the exchanges those stages read."""
+        """The stages a rerun may run (from the exchanges live stages read, pinned ones and
+        those no stage read yet, up through every exchange on executors to its producer),
+        and the exchanges those stages read."""
         stages: set[str] = set()
         exchanges: set[str] = set()
-        waiting = list(self.read_by_live())
+        read = {result_id for stage in self._stages.values() for result_id in stage.inputs}
+        waiting = [
+            *self.read_by_live(),
+            *(self._pinned - self._released),
+            *(set(self._exchanges) - read - self._released),
+        ]
         while waiting:
             result_id = waiting.pop()
             exchange = self._exchanges.get(result_id)
@@ -157,7 +176,8 @@ class Chain:
     def prune(self) -> None:
         """Forget released exchanges no rerun reads, and dropped stages that neither read an
         exchange still held nor write one a rerun may remake."""
-        rerun_stages, rerun_exchanges = self._rerun_walk()
+        rerun_exchanges = self._rerun_walk()[1]
+        rerun_stages = self.rerunnable()
         for result_id in self._released - rerun_exchanges:
             del self._exchanges[result_id]
             self._pinned.discard(result_id)

@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 from pyspark import RDD, TaskContext
+from pyspark.accumulators import Accumulator
 from pyspark.sql import Row, SparkSession
 
 from pyspark_shuffle.inputs import MapInput
@@ -25,7 +26,13 @@ from pyspark_shuffle.partitioners import Partitioner
 from pyspark_shuffle.planning import codec_neutral_bytes
 from pyspark_shuffle.progress import StageProgress
 from pyspark_shuffle.spark_outputs import SparkShuffleOutputs
-from pyspark_shuffle.tasks import MAP_OUTPUT_SCHEMA, MapStageSpec, run_map_task
+from pyspark_shuffle.tasks import (
+    MAP_OUTPUT_SCHEMA,
+    MapOutputs,
+    MapOutputsParam,
+    MapStageSpec,
+    run_map_task,
+)
 from shuffle_api import (
     Configuration,
     PartitionStatistics,
@@ -115,6 +122,11 @@ class Exchange:
         context = spark.sparkContext
         rows_written, bytes_written = context.accumulator(0), context.accumulator(0)
         self._rows_written, self._bytes_written = rows_written, bytes_written
+        # Every copy a map task attempt wrote, registered or not: Spark may run map tasks
+        # again (inside an action, or remaking a released exchange) beyond what the driver
+        # registers, and each copy must be deleted in the end.
+        written: Accumulator[MapOutputs] = context.accumulator(frozenset(), MapOutputsParam())
+        self._written = written
 
         def map_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             task = TaskContext.get()
@@ -122,6 +134,8 @@ class Exchange:
             metadata = run_map_task(spec, task.partitionId(), batches)
             rows_written.add(sum(metadata.column("rows")[0].as_py()))
             bytes_written.add(sum(metadata.column("bytes")[0].as_py()))
+            producer = metadata.column("producer")[0].as_py()
+            written.add(frozenset({(spec.result_id, task.partitionId(), producer)}))
             yield metadata
 
         self._mapped = map_input.map_in_arrow(map_partition, MAP_OUTPUT_SCHEMA)
@@ -138,6 +152,8 @@ class Exchange:
         self.runs = _Runs()
         self.released = False
         self._forgotten_in_spark = False
+        self._swept: set[tuple[str, int, bytes]] = set()
+        """What :meth:`release_copies` went through of ``_written``."""
 
     @property
     def number_of_maps(self) -> int:
@@ -260,22 +276,14 @@ class Exchange:
         if not isinstance(producer, ProducerDescriptor):
             raise SerializationError(f"a reduce task reported a {type(producer).__name__}")
         with self._lock:
-            attempts = self._attempts.setdefault(map_index, set())
-            if producer.producer_execution_id in attempts:
+            if producer.producer_execution_id in self._attempts.get(map_index, ()):
                 return
             previous = self._outputs.get(map_index)
-            if previous is None:
-                attempts.add(producer.producer_execution_id)
+        if previous is None:  # released: release_copies deletes it
+            return
         descriptor = self._master.register_partition_with_producer(
             self._job.job_id, self.spec.partition_descriptor(map_index), producer
         ).result()
-        if previous is None:
-            # The exchange was released, and Spark remade it for a rerun: this attempt goes
-            # too, and Spark must remake it again next time.
-            self._master.release_partition_externally(descriptor)
-            if self._forgotten_in_spark:
-                self._forget_in_spark()
-            return
         self._replace(dataclasses.replace(previous, descriptor=descriptor))
 
     def _submit_registration(
@@ -375,19 +383,52 @@ class Exchange:
         )
         return codec_neutral_bytes(stored, arrow)
 
-    def release(self, *, forget_in_spark: bool = False) -> None:
-        """Delete its partitions. With ``forget_in_spark``, Spark forgets its map outputs too,
-        so that a rerun of a later stage fused from it remakes them rather than reading
-        deleted ones; else reading it again fails, naming the partitions it no longer finds."""
+    def release(self, *, forget_in_spark: bool = False) -> bool:
+        """Delete its partitions, and every other copy its map tasks wrote. With
+        ``forget_in_spark``, Spark forgets its map outputs first, so that a rerun of a later
+        stage fused from it remakes them rather than reading deleted ones; else reading it
+        again fails, naming the partitions it no longer finds. False, and nothing deleted,
+        when Spark could not be told."""
+        if forget_in_spark and not self._forget_in_spark():
+            return False
         with self._lock:
             outputs, self._outputs = list(self._outputs.values()), {}
             self.released = True
-            self._forgotten_in_spark = forget_in_spark
-        if forget_in_spark:
-            self._forget_in_spark()
+            self._forgotten_in_spark |= forget_in_spark
         for output in outputs:
             self._master.release_partition_externally(output.descriptor)
+        self.release_copies()
+        return True
 
-    def _forget_in_spark(self) -> None:
-        if self._anchor is not None:
-            self._spark_outputs.forget(self._anchor)
+    def release_copies(self) -> None:
+        """Delete the copies map tasks wrote that were never registered: Spark reran them
+        (a rerun that remade this exchange once released, a reducer's read of a released
+        result, an attempt no reducer read). Spark then forgets the exchange's map outputs
+        again, if it was told to once. Run on a released exchange after any Spark job."""
+        if not self.released:
+            return
+        with self._lock:
+            registered = set().union(*self._attempts.values())
+            unseen = sorted(self._written.value - self._swept)
+        strays: list[tuple[tuple[str, int, bytes], ProducerDescriptor]] = []
+        for entry in unseen:
+            producer = deserialize(entry[2])
+            if not isinstance(producer, ProducerDescriptor):
+                raise SerializationError(f"a map task reported a {type(producer).__name__}")
+            if producer.producer_execution_id in registered:
+                with self._lock:
+                    self._swept.add(entry)
+            else:
+                strays.append((entry, producer))
+        if strays and self._forgotten_in_spark:
+            self._forget_in_spark()
+        for entry, producer in strays:
+            descriptor = self._master.register_partition_with_producer(
+                self._job.job_id, self.spec.partition_descriptor(entry[1]), producer
+            ).result()
+            self._master.release_partition_externally(descriptor)
+            with self._lock:
+                self._swept.add(entry)
+
+    def _forget_in_spark(self) -> bool:
+        return self._anchor is None or self._spark_outputs.forget(self._anchor)

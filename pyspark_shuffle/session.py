@@ -187,6 +187,8 @@ class _Result:
     """A broadcast join's: ``exchanges`` are then those its tasks read through a fused input."""
     stage: str = dataclasses.field(default_factory=_new_stage)
     """Its reduce stage's name in the :class:`~pyspark_shuffle.chain.Chain`."""
+    wraps: str | None = None
+    """A broadcast join over a fused result: that result's stage, whose tasks its tasks run."""
 
 
 def _column_names(columns: str | Sequence[str]) -> tuple[str, ...]:
@@ -324,6 +326,9 @@ class SparkShuffle:
         self._results: dict[int, tuple[weakref.ref[DataFrame], _Result]] = {}
         self._sources: dict[int, tuple[weakref.ref[DataFrame], ParquetSource]] = {}
         self._exchanges: dict[str, Exchange] = {}
+        # Released exchanges whose map tasks Spark may still run (theirs are on executors):
+        # what such a run writes is deleted after each operation.
+        self._released: dict[str, Exchange] = {}
         self._chain = Chain()
         self._spark_outputs = SparkShuffleOutputs(spark)
         # Results the user dropped whose reduce tasks a rerun may still run, by stage: they
@@ -655,6 +660,7 @@ class SparkShuffle:
                 (shared,),
                 output,
                 figures,
+                wraps=streamed.producer_stage,
             ),
         )
         return result
@@ -665,6 +671,7 @@ class SparkShuffle:
             result.stage,
             result.output.tasks.rdd.getNumPartitions(),
             tuple(exchange.result_id for exchange in result.exchanges),
+            result.wraps,
         )
         with self._lock:
             self._chain.add_stage(stage)
@@ -719,9 +726,10 @@ class SparkShuffle:
         )
 
     def release(self, result: DataFrame) -> None:
-        """Delete the shuffle data behind ``result``; reading it again then fails. Data that
-        another live result reads too (one made by :meth:`recover`, or a second :meth:`read`
-        of the same exchange) stays until that one is released as well."""
+        """Delete the shuffle data behind ``result``; reading it again then fails (unless a
+        later stage's rerun may need it: see ``docs/pyspark.md``). Data that another live
+        result reads too (one made by :meth:`recover`, or a second :meth:`read` of the same
+        exchange) stays until that one is released as well."""
         with self._lock:
             entry = self._results.pop(id(result), None)
             if entry is None:
@@ -751,14 +759,19 @@ class SparkShuffle:
 
     def _release(self, exchanges: Sequence[Exchange]) -> None:
         """Release ``exchanges``; Spark forgets those a rerun may read, so that it remakes
-        them (a released result read again fails instead of remaking its exchange)."""
+        them (a released result read again fails instead of remaking its exchange). One
+        Spark could not be told about stays, and is tried again at the next operation."""
         with self._lock:
             rerun_inputs = self._chain.rerun_inputs()
-            for exchange in exchanges:
+        for exchange in exchanges:
+            if not exchange.release(forget_in_spark=exchange.result_id in rerun_inputs):
+                _LOG.warning("%s stays: Spark could not be told it is gone", exchange.name)
+                continue
+            with self._lock:
                 self._exchanges.pop(exchange.result_id, None)
                 self._chain.released(exchange.result_id)
-        for exchange in exchanges:
-            exchange.release(forget_in_spark=exchange.result_id in rerun_inputs)
+                if exchange.held_map_outputs() is not None:
+                    self._released[exchange.result_id] = exchange
 
     def _release_unreachable(self) -> None:
         """Release the exchanges whose every consumer has finished (see
@@ -788,9 +801,12 @@ class SparkShuffle:
             self._chain.prune()
         for result in done:
             self._forget(result)
-        # A rerun inside an action remade released exchanges: those copies go now.
         for result in waiting:
             _adopt_reruns(result)
+        with self._lock:
+            released = list(self._released.values())
+        for exchange in released:
+            exchange.release_copies()
 
     def close(self) -> None:
         """Release every shuffle this object made and stop its master. Results it made can no
@@ -799,7 +815,8 @@ class SparkShuffle:
             if self._closed:
                 return
             self._closed = True
-            exchanges, self._exchanges = list(self._exchanges.values()), {}
+            exchanges = [*self._exchanges.values(), *self._released.values()]
+            self._exchanges, self._released = {}, {}
             results = [result for _, result in self._results.values()]
             results += self._dropped.values()
             self._results.clear()

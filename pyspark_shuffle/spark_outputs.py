@@ -68,9 +68,17 @@ class SparkShuffleOutputs:
         """Whether :meth:`forget` works here."""
         return self._tracker is not None
 
-    def forget(self, rdd: RDD[Any]) -> None:
+    def forget(self, rdd: RDD[Any]) -> bool:
         """Unregister every map output of the shuffle that made ``rdd``: the next stage that
-        needs them reruns its map stage first. Nothing to do once the application stopped."""
-        if self._tracker is None or self._context._jsc is None:
-            return
-        self._tracker.unregisterAllMapAndMergeOutput(_shuffle_id(rdd))
+        needs them reruns its map stage first. False if Spark could not be told (nothing to
+        tell once the application stopped)."""
+        if self._context._jsc is None:
+            return True
+        if self._tracker is None:
+            return False
+        try:
+            self._tracker.unregisterAllMapAndMergeOutput(_shuffle_id(rdd))
+        except Exception as error:  # Py4J's errors, or Spark's for a shuffle it dropped
+            _LOG.warning("Spark's map outputs of %s were not unregistered: %s", rdd, error)
+            return False
+        return True

@@ -160,3 +160,18 @@ def test_dropped_results_are_released_while_the_chain_goes_on(
     assert after - before < while_chained - before
     shuffle.release(ranked)
     shuffle.release(segments)
+
+
+def test_a_broadcast_join_over_a_dropped_result_stays_readable(
+    spark: SparkSession, service: ShuffleService, events: DataFrame, users: DataFrame
+) -> None:
+    # The join's tasks are the dropped result's reduce tasks: they read its descriptor lists,
+    # here every one offloaded to the blob store.
+    offloaded = service.config(**{"scheduling.descriptors.offload-threshold": 1})
+    with SparkShuffle(spark, config=offloaded) as shuffle:
+        summary = shuffle.group_apply(events, "user", summarize, SUMMARY)
+        joined = shuffle.join(summary, users, "user", broadcast="right")
+        del summary
+        gc.collect()
+        assert shuffle.statistics(joined).broadcast_side == "right"
+        assert multiset(joined) == multiset(_spark_summary(events).join(users, "user"))

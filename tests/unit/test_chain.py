@@ -99,3 +99,36 @@ def test_a_join_s_sides_go_together_and_the_graph_has_one_edge_per_read() -> Non
     # Their producers are map stages over a source: nothing to rerun.
     assert chain.releasable(recomputable=False) == ["left", "right"]
     assert chain.rerunnable() == set()
+
+
+def test_a_stage_running_another_s_tasks_keeps_that_one_while_it_may_run() -> None:
+    chain = _fused_chain(on_executors=False, length=1)
+    # A broadcast join over r1: its tasks are r1's reduce tasks, reading x1.
+    chain.add_stage(ChainStage("joined", 3, ("x1",), wraps="r1"))
+    chain.drop("r1")
+    assert chain.releasable(recomputable=True) == []
+    assert chain.rerunnable() == {"r1"}
+    chain.drop("joined")
+    assert chain.rerunnable() == set()
+    assert chain.releasable(recomputable=True) == ["x1"]
+
+
+@pytest.mark.parametrize("pinned", [True, False])
+def test_what_a_pinned_or_unread_exchange_is_made_from_is_rerun_input(pinned: bool) -> None:
+    chain = _fused_chain(on_executors=True, length=1)
+    # Written from r1's reduce tasks; a pinned one (hash_exchange) or one about to be read.
+    chain.add_exchange(ChainExchange("next", "r1", 3, True), pinned=pinned)
+    chain.drop("r1")
+    assert chain.rerunnable() == {"r1"}
+    assert chain.rerun_inputs() == {"x1", "next"}
+    assert chain.releasable(recomputable=False) == []
+
+
+def test_stages_and_exchanges_of_no_task_are_one_vertex() -> None:
+    chain = Chain()
+    chain.add_exchange(ChainExchange("empty", "map-empty", 0, True))
+    chain.add_stage(ChainStage("reader", 0, ("empty",)))
+    assert [stage.parallelism for stage in chain.graph().stages] == [1, 1]
+    assert chain.releasable(recomputable=True) == []
+    chain.drop("reader")
+    assert chain.releasable(recomputable=True) == ["empty"]
