@@ -145,33 +145,34 @@ class Chain:
         return running - self._live
 
     def rerun_inputs(self) -> set[str]:
-        """The exchanges that live stages or the stages their reruns run read, and those
-        pinned or not read yet."""
+        """The exchanges that the stages a rerun may run read."""
         return self._rerun_walk()[1]
 
     def _rerun_walk(self) -> tuple[set[str], set[str]]:
-        """The stages a rerun may run (from the exchanges live stages read, pinned ones and
-        those no stage read yet, up through every exchange on executors to its producer),
-        and the exchanges those stages read."""
+        """The stages a rerun may run, and the exchanges they read. From the exchanges live
+        stages read, pinned ones and those no stage read yet, up through every exchange on
+        executors to the stage that wrote it: a lost partition of it reruns that stage."""
         stages: set[str] = set()
-        exchanges: set[str] = set()
+        inputs: set[str] = set()
         read = {result_id for stage in self._stages.values() for result_id in stage.inputs}
         waiting = [
             *self.read_by_live(),
             *(self._pinned - self._released),
             *(set(self._exchanges) - read - self._released),
         ]
+        seen: set[str] = set()
         while waiting:
             result_id = waiting.pop()
             exchange = self._exchanges.get(result_id)
-            if result_id in exchanges or exchange is None:
+            if result_id in seen or exchange is None:
                 continue
-            exchanges.add(result_id)
+            seen.add(result_id)
             producer = self._stages.get(exchange.producer)  # None: a source's map stage
             if exchange.on_executors and producer is not None and producer.name not in stages:
                 stages.add(producer.name)
+                inputs.update(producer.inputs)
                 waiting.extend(producer.inputs)
-        return stages, exchanges
+        return stages, inputs
 
     def prune(self) -> None:
         """Forget released exchanges no rerun reads, and dropped stages that neither read an
