@@ -78,11 +78,16 @@ class _Runs:
     seconds: float = 0.0
 
 
-def _producer_of(row: Row) -> ProducerDescriptor:
-    producer = deserialize(bytes(row["producer"]))
+def _producer(encoded: bytes, sender: str) -> ProducerDescriptor:
+    """The producer a task reported (``sender``: which kind of task, for the error)."""
+    producer = deserialize(encoded)
     if not isinstance(producer, ProducerDescriptor):
-        raise SerializationError(f"a map task returned a {type(producer).__name__}")
+        raise SerializationError(f"{sender} reported a {type(producer).__name__}")
     return producer
+
+
+def _producer_of(row: Row) -> ProducerDescriptor:
+    return _producer(bytes(row["producer"]), "a map task")
 
 
 class Exchange:
@@ -272,9 +277,7 @@ class Exchange:
     def adopt(self, map_index: int, producer_bytes: bytes) -> None:
         """Register map ``map_index``'s attempt that Spark reran inside an action (reducers
         read it), in place of the registered one, which went with its executor."""
-        producer = deserialize(producer_bytes)
-        if not isinstance(producer, ProducerDescriptor):
-            raise SerializationError(f"a reduce task reported a {type(producer).__name__}")
+        producer = _producer(producer_bytes, "a reduce task")
         with self._lock:
             if producer.producer_execution_id in self._attempts.get(map_index, ()):
                 return
@@ -412,9 +415,7 @@ class Exchange:
             unseen = sorted(self._written.value - self._swept)
         strays: list[tuple[tuple[str, int, bytes], ProducerDescriptor]] = []
         for entry in unseen:
-            producer = deserialize(entry[2])
-            if not isinstance(producer, ProducerDescriptor):
-                raise SerializationError(f"a map task reported a {type(producer).__name__}")
+            producer = _producer(entry[2], "a map task")
             if producer.producer_execution_id in registered:
                 with self._lock:
                     self._swept.add(entry)
