@@ -19,7 +19,7 @@ from pyspark_shuffle.parquet import WRITE_MODES, WRITE_REPORT_SCHEMA, ParquetSin
 from pyspark_shuffle.progress import JobLabel
 from pyspark_shuffle.tasks import task_attempt_id
 from shuffle_api import InvalidOperationError
-from shuffle_api.batches import conform
+from shuffle_api.batches import conform_all
 
 __all__ = ["FusedInput", "collect_arrow", "sample_rows", "write_parquet"]
 
@@ -52,7 +52,7 @@ def collect_arrow(output: TaskOutput, schema: pa.Schema) -> pa.Table:
         except Exception as error:
             raise stage_failure(f"{output.description} to Arrow", error) from error
     batches = [batch for row in rows for batch in from_ipc_stream(bytes(row["chunk"])).to_batches()]
-    return pa.Table.from_batches([conform(batch, schema) for batch in batches], schema)
+    return conform_all(batches, schema)
 
 
 def write_parquet(output: TaskOutput, sink: ParquetSink, mode: str) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator
 from typing import TypeAlias
 
@@ -16,6 +17,8 @@ __all__ = [
     "chop",
     "coalesce",
     "conform",
+    "conform_all",
+    "nullable_inside",
     "reorder_by_subpartition",
     "split_by_subpartition",
 ]
@@ -172,23 +175,150 @@ def _concatenate(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
 
 def conform(batch: pa.RecordBatch, schema: pa.Schema, *, safe: bool = True) -> pa.RecordBatch:
     """``batch`` with ``schema``'s columns, taken by name and cast to its types (``safe``:
-    refusing casts that lose data); :class:`SchemaMismatchError` when that cannot be done."""
-    if batch.schema == schema:
+    refusing casts that lose data); :class:`SchemaMismatchError` when that cannot be done.
+
+    Nullability is a promise about the data, not part of the type, as in Spark: a column
+    whose type differs from the declared one only in nested nullability flags (or the time
+    zone its instants are shown in) is relabelled, with no copy; a declared non-null field,
+    at any depth, that holds a null is refused."""
+    if batch.schema.equals(schema):
+        columns = batch.columns
+    else:
+        columns = [_conformed_column(batch, field, safe) for field in schema]
+    for field, column in zip(schema, columns, strict=True):
+        _check_nulls(field, column, field.name)
+    if columns is batch.columns:
         return batch
-    columns = []
-    for field in schema:
-        index = batch.schema.get_field_index(field.name)
-        if index < 0:
-            raise SchemaMismatchError(
-                f"no column {field.name!r} in a batch with columns {batch.schema.names}"
-            )
-        column = batch.column(index)
-        try:
-            columns.append(
-                column if column.type == field.type else column.cast(field.type, safe=safe)
-            )
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
-            raise SchemaMismatchError(
-                f"column {field.name!r} of type {column.type} cannot be {field.type}: {error}"
-            ) from error
     return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def conform_all(batches: Iterable[pa.RecordBatch], schema: pa.Schema) -> pa.Table:
+    """``batches`` as one table of ``schema`` (each batch :func:`conform`-ed)."""
+    return pa.Table.from_batches([conform(batch, schema) for batch in batches], schema=schema)
+
+
+def _conformed_column(batch: pa.RecordBatch, field: pa.Field, safe: bool) -> pa.Array:
+    index = batch.schema.get_field_index(field.name)
+    if index < 0:
+        raise SchemaMismatchError(
+            f"no column {field.name!r} in a batch with columns {batch.schema.names}"
+        )
+    column = batch.column(index)
+    if column.type == field.type:
+        return column
+    if _layout(column.type) == _layout(field.type):
+        return _relabelled(column, field.type)
+    try:
+        return column.cast(field.type, safe=safe)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as error:
+        raise SchemaMismatchError(
+            f"column {field.name!r} of type {column.type} cannot be {field.type}: {error}"
+        ) from error
+
+
+def _relabelled(column: pa.Array, data_type: pa.DataType) -> pa.Array:
+    """``column`` as ``data_type``, of the same :func:`_layout`: the same buffers. Not
+    Arrow's ``view`` or ``cast``: they count a non-null field's nulls under a null parent
+    (which Arrow allows) as nulls; :func:`_check_nulls` checks instead."""
+    _, array = column.__arrow_c_array__()
+    relabelled: pa.Array = pa.Array._import_from_c_capsule(data_type.__arrow_c_schema__(), array)
+    return relabelled
+
+
+def _is_list(data_type: pa.DataType) -> bool:
+    return bool(
+        pa.types.is_list(data_type)
+        or pa.types.is_large_list(data_type)
+        or pa.types.is_fixed_size_list(data_type)
+    )
+
+
+def _nested_fields(data_type: pa.DataType) -> list[pa.Field]:
+    """The fields inside ``data_type`` whose nullability is declared: a struct's, a list's
+    element, a map's value (Arrow keeps map keys non-null itself)."""
+    if pa.types.is_struct(data_type):
+        return list(data_type)
+    if pa.types.is_map(data_type):
+        return [data_type.item_field]
+    if _is_list(data_type):
+        return [data_type.value_field]
+    return []
+
+
+def nullable_inside(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with every nested field nullable (its columns as they are): for writers
+    that refuse the nulls a null parent hides in a non-null child, which Arrow allows."""
+    return pa.schema(
+        [field.with_type(_nested_nullable(field.type, _same)) for field in schema],
+        metadata=schema.metadata,
+    )
+
+
+def _same(data_type: pa.DataType) -> pa.DataType:
+    return data_type
+
+
+def _in_utc(data_type: pa.DataType) -> pa.DataType:
+    if pa.types.is_timestamp(data_type) and data_type.tz is not None:
+        return pa.timestamp(data_type.unit, tz="UTC")
+    return data_type
+
+
+def _nested_nullable(
+    data_type: pa.DataType, leaf: Callable[[pa.DataType], pa.DataType]
+) -> pa.DataType:
+    """``data_type`` with every nested field nullable and every other type made ``leaf`` of
+    it."""
+
+    def again(inner: pa.DataType) -> pa.DataType:
+        return _nested_nullable(inner, leaf)
+
+    if pa.types.is_struct(data_type):
+        return pa.struct([pa.field(child.name, again(child.type)) for child in data_type])
+    if pa.types.is_map(data_type):
+        return pa.map_(again(data_type.key_type), again(data_type.item_type))
+    if pa.types.is_list(data_type):
+        return pa.list_(again(data_type.value_type))
+    if pa.types.is_large_list(data_type):
+        return pa.large_list(again(data_type.value_type))
+    if pa.types.is_fixed_size_list(data_type):
+        return pa.list_(again(data_type.value_type), data_type.list_size)
+    return leaf(data_type)
+
+
+def _layout(data_type: pa.DataType) -> pa.DataType:
+    """``data_type`` without what does not change its data: nullability flags, the time
+    zone an instant is shown in."""
+    return _nested_nullable(data_type, _in_utc)
+
+
+@functools.lru_cache(maxsize=256)
+def _promises_non_null_inside(data_type: pa.DataType) -> bool:
+    return any(
+        not child.nullable or _promises_non_null_inside(child.type)
+        for child in _nested_fields(data_type)
+    )
+
+
+def _check_nulls(field: pa.Field, column: pa.Array, path: str, inherited: int = 0) -> None:
+    """Refuse a null where ``field`` (at ``path``) promises none. A struct's children are
+    flattened with its validity, so ``inherited`` of a child's nulls are its parents'."""
+    added = column.null_count - inherited
+    if not field.nullable and added:
+        raise SchemaMismatchError(
+            f"field {path!r} is declared non-null ({field.type}) but holds {added} null(s)"
+        )
+    data_type = field.type
+    if not _promises_non_null_inside(data_type):
+        return
+    if pa.types.is_struct(data_type):
+        for child_field, child in zip(data_type, column.flatten(), strict=True):
+            _check_nulls(child_field, child, f"{path}.{child_field.name}", column.null_count)
+    elif pa.types.is_map(data_type):
+        # The values of the valid maps' entries (Arrow flattens lists, not maps).
+        mask = column.is_null() if column.null_count else None
+        values = pa.ListArray.from_arrays(column.offsets, column.items, mask=mask).flatten()
+        _check_nulls(data_type.item_field, values, f"{path}.value")
+    elif _is_list(data_type):
+        # Flattened: the elements of valid lists only.
+        _check_nulls(data_type.value_field, column.flatten(), f"{path}.element")

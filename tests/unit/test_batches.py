@@ -1,5 +1,5 @@
 """split_by_subpartition, reorder_by_subpartition, chop and coalesce: the vectorized routing
-and sizing writers share."""
+and sizing writers share; conform, which gives batches their declared schema."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from shuffle_api import ShuffleError
+from shuffle_api import SchemaMismatchError, ShuffleError
 from shuffle_api.batches import (
     SubpartitionIndexes,
     chop,
     coalesce,
+    conform,
+    conform_all,
     reorder_by_subpartition,
     split_by_subpartition,
 )
@@ -319,3 +321,97 @@ def test_coalesce_passes_a_piece_larger_than_the_target_as_it_is() -> None:
 
 def test_coalesce_of_nothing_yields_nothing() -> None:
     assert list(coalesce([], 1000)) == []
+
+
+# -- conform ---------------------------------------------------------------------------------
+
+_MAP = pa.map_(pa.string(), pa.int64())
+_MAP_OF_NON_NULL = pa.map_(pa.string(), pa.field("value", pa.int64(), nullable=False))
+_STRUCT = pa.struct([pa.field("x", pa.int64())])
+_STRUCT_OF_NON_NULL = pa.struct([pa.field("x", pa.int64(), nullable=False)])
+
+
+def test_nested_nullability_flags_are_relabelled_without_a_copy() -> None:
+    # Spark's physical plan may promise more than the DataFrame's schema says (a filtered
+    # column, a map built of non-null values): the same data either way.
+    batch = pa.record_batch(
+        [pa.array([[("a", 1)], None], _MAP_OF_NON_NULL), pa.array([1, 2])],
+        schema=pa.schema([pa.field("m", _MAP_OF_NON_NULL), pa.field("k", pa.int64(), False)]),
+    )
+    declared = pa.schema([pa.field("m", _MAP), pa.field("k", pa.int64())])
+    conformed = conform(batch, declared)
+    assert conformed.schema.equals(declared)
+    assert conformed.column(0).buffers()[1].address == batch.column(0).buffers()[1].address
+    assert conformed.to_pylist() == batch.to_pylist()
+
+
+@pytest.mark.parametrize(
+    ("column", "declared", "where"),
+    [
+        (pa.array([1, None]), pa.field("k", pa.int64(), nullable=False), "'k'"),
+        (pa.array([[("a", None)]], _MAP), pa.field("k", _MAP_OF_NON_NULL), r"'k\.value'"),
+        (pa.array([{"x": None}, None], _STRUCT), pa.field("k", _STRUCT_OF_NON_NULL), r"'k\.x'"),
+        (
+            pa.array([[{"x": 1}], [{"x": None}]], pa.list_(_STRUCT)),
+            pa.field("k", pa.list_(pa.field("element", _STRUCT_OF_NON_NULL))),
+            r"'k\.element\.x'",
+        ),
+    ],
+)
+def test_a_null_where_the_declared_schema_promises_none_is_refused(
+    column: pa.Array, declared: pa.Field, where: str
+) -> None:
+    with pytest.raises(SchemaMismatchError, match=where):
+        conform(pa.record_batch([column], names=["k"]), pa.schema([declared]))
+
+
+def test_a_null_is_refused_even_where_the_batch_schema_is_the_declared_one() -> None:
+    schema = pa.schema([pa.field("s", _STRUCT_OF_NON_NULL)])
+    inner = pa.StructArray.from_arrays([pa.array([None, 1])], fields=list(_STRUCT_OF_NON_NULL))
+    with pytest.raises(SchemaMismatchError, match=r"'s\.x'"):
+        conform(pa.RecordBatch.from_arrays([inner], schema=schema), schema)
+
+
+def test_a_null_struct_may_hide_nulls_in_its_non_null_fields_as_arrow_allows() -> None:
+    # As Spark writes them: a null struct's fields are null too, whatever they declare.
+    hidden = pa.StructArray.from_arrays(
+        [pa.array([1, None])], fields=[pa.field("x", pa.int64())], mask=pa.array([False, True])
+    )
+    in_a_map = pa.MapArray.from_arrays(
+        [0, 2, 2], pa.array(["a", "b"]), hidden, mask=pa.array([False, True])
+    )
+    batch = pa.record_batch([hidden, in_a_map], names=["s", "m"])
+    declared = pa.schema(
+        [
+            pa.field("s", _STRUCT_OF_NON_NULL),
+            pa.field("m", pa.map_(pa.string(), pa.field("value", _STRUCT_OF_NON_NULL))),
+        ]
+    )
+    conformed = conform(batch, declared)
+    assert conformed.schema.equals(declared)
+    assert conformed.to_pylist() == [
+        {"s": {"x": 1}, "m": [("a", {"x": 1}), ("b", None)]},
+        {"s": None, "m": None},
+    ]
+
+
+def test_columns_are_taken_by_name_and_cast_to_the_declared_types() -> None:
+    batch = pa.record_batch({"b": pa.array(["x"]), "a": pa.array([1], pa.int32())})
+    declared = pa.schema([pa.field("a", pa.int64()), pa.field("b", pa.large_string())])
+    assert conform(batch, declared).to_pylist() == [{"a": 1, "b": "x"}]
+    with pytest.raises(SchemaMismatchError, match="no column 'c'"):
+        conform(batch, pa.schema([pa.field("c", pa.int64())]))
+    with pytest.raises(SchemaMismatchError, match="'b'"):
+        conform(batch, pa.schema([pa.field("b", pa.int64())]))
+
+
+def test_conform_all_gives_one_table_of_the_declared_schema() -> None:
+    declared = pa.schema([pa.field("m", _MAP)])
+    batches = [
+        pa.record_batch([pa.array([[("a", 1)]], _MAP_OF_NON_NULL)], names=["m"]),
+        pa.record_batch([pa.array([[("b", None)]], _MAP)], names=["m"]),
+    ]
+    table = conform_all(iter(batches), declared)
+    assert table.schema.equals(declared)
+    assert table.column("m").to_pylist() == [[("a", 1)], [("b", None)]]
+    assert conform_all(iter([]), declared).num_rows == 0
