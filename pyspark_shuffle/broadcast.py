@@ -14,6 +14,7 @@ from pyspark import Broadcast
 from pyspark_shuffle.inputs import TaskOutput
 from pyspark_shuffle.ipc import from_ipc_stream
 from pyspark_shuffle.operations import JOIN_TYPES, Join
+from pyspark_shuffle.ordered_bytes import is_nested
 from shuffle_api import InvalidOperationError
 from shuffle_api.batches import conform
 
@@ -88,8 +89,9 @@ class _UniqueKeyLookup:
         if len(operation.keys) != 1:
             return False
         keys = small.column(operation.keys[0])
-        # Floats: Spark's join equates -0.0 with 0.0 and NaN with NaN; left to the hash join.
-        if pa.types.is_floating(keys.type):
+        # Floats: Spark's join equates -0.0 with 0.0 and NaN with NaN; they, structs,
+        # arrays and void keys (which match nothing) are left to the hash join.
+        if pa.types.is_floating(keys.type) or is_nested(keys.type) or pa.types.is_null(keys.type):
             return False
         distinct = pc.count_distinct(keys, mode="only_valid").as_py()
         return bool(distinct == len(keys) - keys.null_count)

@@ -2,8 +2,9 @@
 
 Integers of every width (and dates, times, timestamps, durations) hash by their int64 value, so
 an int32 key meets an int64 key; floats by their float64 bits with -0.0 and NaN made canonical;
-decimals by their 128-bit value; strings and binaries by their bytes. A null key hashes to one
-fixed value, so nulls group together.
+decimals by their 128-bit value; strings and binaries by their bytes; a struct by its
+fields' hashes, an array by its elements' and their positions. A null (key, field or element)
+hashes to one fixed value, so nulls group together.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pyspark_shuffle.ordered_bytes import is_nested
 from shuffle_api import InvalidOperationError
 
 __all__ = ["hash_keys", "hashable_key_type"]
@@ -25,6 +27,8 @@ _NULL_HASH = np.uint64(0x9E3779B97F4A7C15)
 _COMBINE = np.uint64(0x100000001B3)
 _BYTE_BASE = np.uint64(0x100000001B3)
 _SHIFT = np.uint64(33)
+_STRUCT_SEED = np.uint64(0x2545F4914F6CDD1D)
+_POSITION = np.uint64(0x9FB21C651E98DF25)
 _MULTIPLIERS = (np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53))
 
 
@@ -47,6 +51,8 @@ def hashable_key_type(data_type: pa.DataType) -> pa.DataType:
     :class:`InvalidOperationError` for types that cannot be keys."""
     if pa.types.is_dictionary(data_type):
         return hashable_key_type(data_type.value_type)
+    if is_nested(data_type):
+        return data_type
     if (
         pa.types.is_integer(data_type)
         or pa.types.is_boolean(data_type)
@@ -97,7 +103,43 @@ def _hash_values(column: pa.Array) -> Hashes:
         return _hash_decimal(pc.cast(column, kind))
     if pa.types.is_null(kind):
         return np.zeros(len(column), dtype=np.uint64)
+    if pa.types.is_struct(kind):
+        return _hash_struct(column)
+    if is_nested(kind):
+        return _hash_list(column)
     return _hash_bytes(pc.cast(column, kind))
+
+
+def _hash_or_null(column: pa.Array) -> Hashes:
+    values = _hash_values(column)
+    if column.null_count:
+        return np.where(column.is_valid().to_numpy(zero_copy_only=False), values, _NULL_HASH)
+    return values
+
+
+def _hash_struct(column: pa.Array) -> Hashes:
+    combined = np.full(len(column), _STRUCT_SEED, dtype=np.uint64)
+    for index in range(column.type.num_fields):
+        combined = (combined * _COMBINE) ^ _finalize(_hash_or_null(column.field(index)))
+    return combined
+
+
+def _hash_list(column: pa.Array) -> Hashes:
+    """Each list: the sum of its elements' hashes, each mixed with its position (so order
+    counts), and its length."""
+    offsets = column.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
+    first, last = int(offsets[0]), int(offsets[-1])
+    elements = column.values.slice(first, last - first)
+    owner = np.repeat(np.arange(len(column)), np.diff(offsets))
+    position = (np.arange(last - first, dtype=np.int64) - (offsets[:-1] - first)[owner]).astype(
+        np.uint64
+    )
+    mixed = _finalize(_finalize(_hash_or_null(elements)) ^ (position * _POSITION))
+    sums = np.zeros(len(elements) + 1, dtype=np.uint64)
+    np.cumsum(mixed, out=sums[1:])
+    lengths = np.diff(offsets).astype(np.uint64)
+    hashes: Hashes = (sums[offsets[1:] - first] - sums[offsets[:-1] - first]) * _COMBINE ^ lengths
+    return hashes
 
 
 def _hash_decimal(column: pa.Array) -> Hashes:

@@ -15,9 +15,10 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pyspark_shuffle.ordered_bytes import is_nested, ordered_bytes
 from pyspark_shuffle.sorting import SortKey, sort_indices
-from shuffle_api import InvalidOperationError, SchemaMismatchError
-from shuffle_api.batches import chop, coalesce, reorder_by_subpartition
+from shuffle_api import InvalidOperationError
+from shuffle_api.batches import chop, coalesce, conform_all, reorder_by_subpartition
 
 __all__ = [
     "JOIN_TYPES",
@@ -70,17 +71,6 @@ class ReduceOperation(abc.ABC):
         return (False,) * inputs
 
 
-def _table(batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> pa.Table:
-    collected = list(batches)
-    try:
-        return pa.Table.from_batches(collected, schema=schema)
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as error:
-        found = collected[0].schema if collected else schema
-        raise SchemaMismatchError(
-            f"map tasks wrote batches of schema {found} where {schema} was expected: {error}"
-        ) from error
-
-
 def _results_as_batches(result: pa.Table | Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     if isinstance(result, pa.Table):
         yield from result.to_batches()
@@ -128,7 +118,7 @@ class SortWithin(ReduceOperation):
     def apply(
         self, inputs: Sequence[Iterator[pa.RecordBatch]], schemas: Sequence[pa.Schema]
     ) -> Iterator[pa.RecordBatch]:
-        table = _table(inputs[0], schemas[0])
+        table = conform_all(inputs[0], schemas[0])
         yield from table.take(sort_indices(table, self.keys)).to_batches(_OUTPUT_BATCH_ROWS)
 
 
@@ -138,7 +128,9 @@ def _value_codes(column: pa.ChunkedArray) -> tuple[npt.NDArray[np.int32], int]:
     values = column.combine_chunks()
     if pa.types.is_dictionary(values.type):
         values = values.dictionary_decode()
-    if pa.types.is_floating(values.type):
+    if is_nested(values.type):
+        values = ordered_bytes(values)
+    elif pa.types.is_floating(values.type):
         # Arrow's hashing tells NaN payloads and the sign of zero apart; Spark does not.
         values = pc.if_else(pc.is_nan(values), pa.scalar(math.nan, values.type), values)
         values = pc.if_else(pc.equal(values, 0), pa.scalar(0, values.type), values)
@@ -186,7 +178,7 @@ class GroupApply(ReduceOperation):
     def apply(
         self, inputs: Sequence[Iterator[pa.RecordBatch]], schemas: Sequence[pa.Schema]
     ) -> Iterator[pa.RecordBatch]:
-        table = _table(inputs[0], schemas[0])
+        table = conform_all(inputs[0], schemas[0])
         if table.num_rows == 0:
             return
         if self.whole_partition:
@@ -214,11 +206,17 @@ class GroupApply(ReduceOperation):
 
 
 def _join_keys(table: pa.Table, keys: Sequence[str]) -> pa.Table:
-    """The key columns, with -0.0 made 0.0: Spark joins them as equal, Arrow's join does not."""
+    """The key columns, with -0.0 made 0.0 (Spark joins them as equal, Arrow's join does
+    not), structs and arrays as their ordered bytes and a void key as nulls of a type Arrow's
+    join takes (it takes none of them)."""
     columns = []
     for key in keys:
         column = table.column(key)
-        if pa.types.is_floating(column.type):
+        if pa.types.is_null(column.type):
+            column = pa.nulls(len(column), pa.int8())
+        elif is_nested(column.type):
+            column = ordered_bytes(column)
+        elif pa.types.is_floating(column.type):
             column = pc.if_else(pc.equal(column, 0.0), pa.scalar(0.0, column.type), column)
         columns.append(column)
     return pa.Table.from_arrays(columns, names=list(keys))
@@ -249,7 +247,7 @@ class Join(ReduceOperation):
     def apply(
         self, inputs: Sequence[Iterator[pa.RecordBatch]], schemas: Sequence[pa.Schema]
     ) -> Iterator[pa.RecordBatch]:
-        left, right = _table(inputs[0], schemas[0]), _table(inputs[1], schemas[1])
+        left, right = conform_all(inputs[0], schemas[0]), conform_all(inputs[1], schemas[1])
         keys = list(self.keys)
         # Arrow joins keys only (payloads such as lists are not supported by its hash join);
         # the payload columns follow by row number.

@@ -13,6 +13,7 @@ import pyarrow as pa
 from pyspark_shuffle.hashing import hash_keys
 from pyspark_shuffle.sorting import SortKey, sort_indices
 from shuffle_api import InvalidOperationError
+from shuffle_api.batches import conform_all
 
 __all__ = ["HashPartitioner", "Partitioner", "RangePartitioner", "choose_boundaries"]
 
@@ -75,7 +76,7 @@ class RangePartitioner(Partitioner):
     def subpartitions(self, batch: pa.RecordBatch) -> npt.NDArray[np.int64]:
         names = [key.column for key in self.keys]
         rows = pa.Table.from_arrays(_key_columns(batch, names), names=names)
-        boundaries = self.boundaries.cast(rows.schema)
+        boundaries = conform_all(self.boundaries.to_batches(), rows.schema)
         # Sort boundaries and rows together; stable, so a row equal to a boundary follows it.
         order = sort_indices(pa.concat_tables([boundaries, rows]), self.keys).to_numpy()
         is_boundary = order < boundaries.num_rows

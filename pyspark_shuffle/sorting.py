@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pyspark_shuffle.ordered_bytes import is_nested, ordered_bytes
 from shuffle_api import InvalidOperationError
 
 __all__ = ["SortKey", "sort_indices", "sort_keys_of"]
@@ -67,7 +68,8 @@ def sort_indices(table: pa.Table, keys: Sequence[SortKey]) -> pa.Array:
             # Spark orders NaN above every other value; Arrow puts NaN last in both directions.
             columns[f"nan{number}"] = pc.fill_null(pc.is_nan(values), False)
             order.append((f"nan{number}", direction))
-        columns[f"value{number}"] = values
+        # Structs and arrays: as bytes in Spark's order (nulls inside first, ascending).
+        columns[f"value{number}"] = ordered_bytes(values) if is_nested(values.type) else values
         order.append((f"value{number}", direction))
     indices: pa.Array = pc.sort_indices(pa.table(columns), sort_keys=order)
     return indices

@@ -147,7 +147,7 @@ def test_temporal_keys_hash_and_unsupported_types_are_refused() -> None:
     dates = pa.array([0, 19_000, None], pa.date32())
     assert _hashes(dates) == _hashes(pa.array([0, 19_000, None], pa.int64()))
     with pytest.raises(InvalidOperationError, match="cannot be a shuffle key"):
-        hash_keys([pa.array([[1, 2], [3]])])
+        hash_keys([pa.array([[("a", 1)]], pa.map_(pa.string(), pa.int64()))])
     with pytest.raises(InvalidOperationError):
         hash_keys([])
 
@@ -687,3 +687,12 @@ def test_join_of_empty_sides_and_unknown_type() -> None:
     ]
     with pytest.raises(InvalidOperationError, match="outer"):
         Join(("k",), "outer")
+
+
+@pytest.mark.parametrize("how", ["inner", "left", "right", "full", "semi", "anti"])
+def test_a_void_key_matches_nothing_as_in_spark(how: str) -> None:
+    left = pa.table({"k": pa.nulls(3), "a": [1, 2, 3]})
+    right = pa.table({"k": pa.nulls(2), "b": ["x", "y"]})
+    result = _run(Join(("k",), how), left, right)
+    expected = _reference_join(left.to_pylist(), right.to_pylist(), ("k",), how)
+    assert _multiset(result.to_pylist()) == expected
