@@ -50,7 +50,8 @@ __all__ = ["Exchange", "MapOutput", "stage_failure"]
 
 T = TypeVar("T")
 
-_PYTHON_ERROR = re.compile(r"^(\w+(?:\.\w+)*(?:Error|Exception)): (.*)$", re.MULTILINE)
+# The last line of a Python traceback: pyarrow's ArrowInvalid ends in neither word.
+_PYTHON_ERROR = re.compile(r"^(\w+(?:\.\w+)*(?:Error|Exception|Invalid)): (.*)$", re.MULTILINE)
 
 
 def stage_failure(description: str, error: Exception) -> StageFailedError:

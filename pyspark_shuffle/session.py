@@ -19,14 +19,7 @@ import pyarrow as pa
 from pyspark import RDD, Broadcast
 from pyspark.accumulators import Accumulator
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import (
-    ArrayType,
-    MapType,
-    StructField,
-    StructType,
-    _parse_datatype_string,
-)
+from pyspark.sql.types import StructType
 
 from blob import BLOB_OPTIONS, BlobStore, blob_store_url
 from pyspark_shuffle.broadcast import BroadcastSide, broadcast_join, broadcast_side
@@ -66,6 +59,13 @@ from pyspark_shuffle.partitioners import (
 )
 from pyspark_shuffle.planning import adaptive_plan, one_reducer, one_reducer_per_subpartition
 from pyspark_shuffle.progress import JobLabel
+from pyspark_shuffle.schemas import (
+    arrow_schema,
+    check_carried,
+    check_keys,
+    declared_schema,
+    join_schema,
+)
 from pyspark_shuffle.sorting import sort_keys_of
 from pyspark_shuffle.spark_outputs import SparkShuffleOutputs
 from pyspark_shuffle.tasks import (
@@ -173,7 +173,7 @@ def _new_stage() -> str:
 class _Result:
     exchanges: list[Exchange]
     operation: ReduceOperation
-    schema: StructType | str
+    schema: StructType
     plan: ConsumerPlan
     consumed_groups: list[ConsumedPartitionGroup]
     rows_read: Accumulator[int]
@@ -198,64 +198,9 @@ def _column_names(columns: str | Sequence[str]) -> tuple[str, ...]:
     return names
 
 
-def _check_keys(frame: DataFrame, keys: Sequence[str], what: str) -> None:
-    fields = {field.name: field for field in frame.schema.fields}
-    for key in keys:
-        if key not in fields:
-            raise InvalidOperationError(
-                f"{what}: no column {key!r} in the DataFrame; columns: {list(fields)}"
-            )
-        if isinstance(fields[key].dataType, ArrayType | MapType | StructType):
-            raise InvalidOperationError(
-                f"{what}: column {key!r} of type {fields[key].dataType.simpleString()} cannot be"
-                " a shuffle key"
-            )
-
-
-def _arrow_schema(
-    spark: SparkSession, schema: StructType, *, timezone: str | None = None
-) -> pa.Schema:
-    """The Arrow schema Spark hands ``mapInArrow`` for ``schema`` (timestamps in the
-    session's time zone; ``toArrow`` says ``timezone="UTC"``)."""
-    large = str(spark.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false"))
-    arrow: pa.Schema = to_arrow_schema(
-        schema,
-        timezone=timezone or spark.conf.get("spark.sql.session.timeZone"),
-        prefers_large_types=large.lower() == "true",
-    )
-    return arrow
-
-
-def _join_schema(left: StructType, right: StructType, keys: Sequence[str], how: str) -> StructType:
-    """Spark's columns for ``join(on=keys)``: keys, then the left's others, then the right's."""
-
-    def nullable_if(field: StructField, outer: bool) -> StructField:
-        return StructField(field.name, field.dataType, field.nullable or outer)
-
-    # A key's value comes from the left, the right (right join) or either (full join).
-    key_fields = [
-        StructField(
-            key,
-            left[key].dataType,
-            right[key].nullable
-            if how == "right"
-            else left[key].nullable or (how == "full" and right[key].nullable),
-        )
-        for key in keys
-    ]
-    if how in ("semi", "anti"):
-        return StructType(key_fields + [f for f in left.fields if f.name not in keys])
-    left_outer, right_outer = how in ("right", "full"), how in ("left", "full")
-    clashing = set(left.fieldNames()) & set(right.fieldNames()) - set(keys)
-    if clashing:
-        raise InvalidOperationError(
-            f"join: columns {sorted(clashing)} are on both sides; rename them on one side"
-        )
-    return StructType(
-        key_fields
-        + [nullable_if(field, left_outer) for field in left.fields if field.name not in keys]
-        + [nullable_if(field, right_outer) for field in right.fields if field.name not in keys]
-    )
+def _check_frame(frame: DataFrame, keys: Sequence[str], what: str) -> None:
+    check_carried(frame.schema, what)
+    check_keys(frame.schema, keys, what)
 
 
 def _adopt_reruns(result: _Result) -> None:
@@ -393,8 +338,14 @@ class SparkShuffle:
         commits the one attempt Spark reports per task, so a retried or speculative task never
         leaves a duplicate, then writes ``_SUCCESS``. Returns the number of files written."""
         names = (partition_by,) if isinstance(partition_by, str) else tuple(partition_by)
+        check_carried(frame.schema, "write_parquet")
         sink = ParquetSink(
-            path, names, new_id()[:16], _arrow_schema(self._spark, frame.schema), compression
+            path,
+            names,
+            new_id()[:16],
+            arrow_schema(self._spark, frame.schema),
+            frame.schema,
+            compression,
         )
         return write_parquet(self._task_output(frame), sink, mode)
 
@@ -402,7 +353,8 @@ class SparkShuffle:
         """``frame`` as a ``pyarrow.Table`` in the driver, in its order: a result of this
         object straight from its reduce tasks as Arrow IPC (the JVM sees opaque chunks, not
         rows)."""
-        schema = _arrow_schema(self._spark, frame.schema, timezone="UTC")  # as toArrow's
+        check_carried(frame.schema, "to_arrow")
+        schema = arrow_schema(self._spark, frame.schema, timezone="UTC")  # as toArrow's
         return collect_arrow(self._task_output(frame), schema)
 
     # -- operations ---------------------------------------------------------------------
@@ -427,8 +379,9 @@ class SparkShuffle:
         """``repartition(frame, keys).mapInArrow(function, schema)`` with ``function`` run in
         the reduce tasks themselves: the shuffled batches go straight from the input gate to
         it, never back to the JVM and out again."""
+        declared = declared_schema(schema, "repartition_map")
         exchange = self._hash_exchange(frame, _column_names(keys), num_partitions, "repartition")
-        return self._reduce([exchange], MapBatches(function), schema)
+        return self._reduce([exchange], MapBatches(function), declared)
 
     def rebalance(
         self, frame: DataFrame, keys: str | Sequence[str], *, num_partitions: int | None = None
@@ -484,8 +437,9 @@ class SparkShuffle:
         ``groupBy(keys).applyInArrow(function, schema)``."""
         names = _column_names(keys)
         pass_key = len(inspect.signature(function).parameters) == 2
+        declared = declared_schema(schema, "group_apply")
         exchange = self._hash_exchange(frame, names, num_partitions, "group_apply")
-        return self._reduce([exchange], GroupApply(names, function, pass_key=pass_key), schema)
+        return self._reduce([exchange], GroupApply(names, function, pass_key=pass_key), declared)
 
     def group_apply_sorted(
         self,
@@ -499,9 +453,10 @@ class SparkShuffle:
         """``function(table)`` once per reducer, on all of its rows sorted by ``keys`` (every
         group whole, in one table): for per-group work vectorized across groups."""
         names = _column_names(keys)
+        declared = declared_schema(schema, "group_apply_sorted")
         exchange = self._hash_exchange(frame, names, num_partitions, "group_apply_sorted")
         operation = GroupApply(names, function, whole_partition=True)
-        return self._reduce([exchange], operation, schema)
+        return self._reduce([exchange], operation, declared)
 
     def sort(
         self,
@@ -514,7 +469,7 @@ class SparkShuffle:
         """Globally ordered as Spark's ``orderBy`` (nulls first ascending, last descending):
         range partitioning from a sample of the keys, then a sort within each reducer."""
         names = _column_names(keys)
-        _check_keys(frame, names, "sort")
+        _check_frame(frame, names, "sort")
         sort_keys = sort_keys_of(names, ascending)
         subpartitions = num_partitions or self.configuration.get(MAX_SUBPARTITIONS)
         partitioner = RangePartitioner(
@@ -549,8 +504,8 @@ class SparkShuffle:
         where ``how`` allows it; ``"none"`` always shuffles both."""
         names = _column_names(on)
         operation = Join(names, how)  # refuses an unknown join type before any Spark job
-        _check_keys(left, names, "join (left side)")
-        _check_keys(right, names, "join (right side)")
+        _check_frame(left, names, "join (left side)")
+        _check_frame(right, names, "join (right side)")
         for key in names:
             left_type, right_type = left.schema[key].dataType, right.schema[key].dataType
             if left_type != right_type:
@@ -559,7 +514,7 @@ class SparkShuffle:
                     f" {right_type.simpleString()} on the right; cast one side first"
                 )
         # Before any Spark job: it refuses columns on both sides.
-        schema = _join_schema(left.schema, right.schema, names, how)
+        schema = join_schema(left.schema, right.schema, names, how)
         threshold = self.configuration.get(JOIN_BROADCAST_THRESHOLD)
         side = broadcast_side(how, broadcast, threshold)
         partitioner = self._hash(names, num_partitions)
@@ -616,7 +571,7 @@ class SparkShuffle:
             [small], PassThrough(), small.frame_schema, plan=one_reducer([small.bytes_matrix()])
         )
         table = collect_arrow(
-            self._result(reader).output, _arrow_schema(self._spark, small.frame_schema)
+            self._result(reader).output, arrow_schema(self._spark, small.frame_schema)
         )
         rows, size = sum(small.rows_per_subpartition), sum(small.bytes_per_subpartition)
         self.release(reader)
@@ -637,12 +592,12 @@ class SparkShuffle:
         streamed = self._map_input(streamed_frame)
         output = broadcast_join(
             streamed.task_output(),
-            _arrow_schema(self._spark, streamed.schema),
+            arrow_schema(self._spark, streamed.schema),
             table,
             side=written.side,
             shared=shared,
             operation=operation,
-            output_schema=_arrow_schema(self._spark, schema),
+            output_schema=arrow_schema(self._spark, schema),
         )
         result = output.tasks.mapInArrow(output.produce, schema)
         figures = dataclasses.replace(written, joining_tasks=streamed.number_of_maps)
@@ -875,7 +830,7 @@ class SparkShuffle:
         *,
         pinned: bool = False,
     ) -> Exchange:
-        _check_keys(frame, keys, what)
+        _check_frame(frame, keys, what)
         return self._exchange(
             self._map_input(frame),
             self._hash(keys, num_partitions),
@@ -952,34 +907,37 @@ class SparkShuffle:
             entry = self._sources.get(id(frame))
         if entry is not None and entry[0]() is frame and not frame.is_cached:
             return ParquetInput(
-                self._spark, entry[1], frame.schema, _arrow_schema(self._spark, frame.schema)
+                self._spark, entry[1], frame.schema, arrow_schema(self._spark, frame.schema)
             )
         return FrameInput(frame)
 
     def _sample(self, frame: DataFrame, keys: Sequence[str]) -> pa.Table:
         """A uniform sample of the key columns: from the reduce tasks of a result of this
-        object (fused: no rows through the JVM), else taken in the JVM (no Python pass)."""
+        object (fused: no rows through the JVM), else taken in the JVM and collected as
+        Arrow by Python tasks (not by Spark's ``toArrow``, which in PySpark 4.3 refuses a
+        null struct with a non-null field)."""
         result = self._live_result(frame)
         if result is not None:
             keys_schema = pa.schema(
-                [_arrow_schema(self._spark, frame.schema).field(key) for key in keys]
+                [arrow_schema(self._spark, frame.schema).field(key) for key in keys]
             )
             wanted = self.configuration.get(RANGE_SAMPLE_SIZE)
             return sample_rows(result.output, keys_schema, wanted)
         keys_only = frame.select(*keys)
-        with JobLabel(self._spark.sparkContext, f"sample of {', '.join(keys)} for range bounds"):
+        step = f"sample of {', '.join(keys)} for range bounds"
+        with JobLabel(self._spark.sparkContext, step):
             rows = keys_only.count()
-            wanted = self.configuration.get(RANGE_SAMPLE_SIZE)
-            if rows > wanted:
-                keys_only = keys_only.sample(fraction=min(1.0, 1.2 * wanted / rows), seed=rows)
-            sample: pa.Table = keys_only.toArrow()
-        return sample
+        wanted = self.configuration.get(RANGE_SAMPLE_SIZE)
+        if rows > wanted:
+            keys_only = keys_only.sample(fraction=min(1.0, 1.2 * wanted / rows), seed=rows)
+        tasks = dataclasses.replace(FrameInput(keys_only).task_output(), description=step)
+        return collect_arrow(tasks, arrow_schema(self._spark, keys_only.schema))
 
     def _reduce(
         self,
         exchanges: Sequence[Exchange],
         operation: ReduceOperation,
-        schema: StructType | str,
+        schema: StructType,
         *,
         plan: ConsumerPlan | None = None,
     ) -> DataFrame:
@@ -1016,7 +974,7 @@ class SparkShuffle:
             self._secret,
             deployments,
             tuple(
-                exchange.schema(_arrow_schema(self._spark, exchange.frame_schema))
+                exchange.schema(arrow_schema(self._spark, exchange.frame_schema))
                 for exchange in exchanges
             ),
             operation,
@@ -1026,9 +984,7 @@ class SparkShuffle:
             reruns_read,
         )
 
-        struct = _parse_datatype_string(schema) if isinstance(schema, str) else schema
-        assert isinstance(struct, StructType), f"not a struct schema: {schema!r}"
-        output_schema = _arrow_schema(self._spark, struct)
+        output_schema = arrow_schema(self._spark, schema)
 
         def reduce_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             reducers: dict[int, None] = {}

@@ -43,6 +43,7 @@ from shuffle_api.errors import (
     StorageFullError,
     TransportError,
     UnsupportedFormatVersionError,
+    UnsupportedTypeError,
 )
 from shuffle_api.factory import (
     KNOWN_FACTORIES,
@@ -114,6 +115,7 @@ __all__ = [
     "TransportError",
     "UnknownShuffleDescriptor",
     "UnsupportedFormatVersionError",
+    "UnsupportedTypeError",
     "deserialize",
     "load_shuffle_service_factory",
     "new_id",

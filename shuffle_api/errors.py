@@ -29,6 +29,7 @@ __all__ = [
     "StorageFullError",
     "TransportError",
     "UnsupportedFormatVersionError",
+    "UnsupportedTypeError",
 ]
 
 
@@ -92,6 +93,11 @@ class AuthenticationError(ShuffleError, PermissionError):
 class InvalidOperationError(ShuffleError, ValueError):
     """An engine operation cannot run as asked (unknown column, unsupported key type, join
     type); nothing was written."""
+
+
+class UnsupportedTypeError(InvalidOperationError):
+    """A column's type cannot be carried, or cannot be the key it was asked to be; nothing
+    ran."""
 
 
 class StageFailedError(ShuffleError, RuntimeError):

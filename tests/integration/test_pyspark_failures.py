@@ -32,6 +32,7 @@ def data(spark: SparkSession) -> DataFrame:
         "case when id % 9 = 0 then null else id % 37 end as k",
         "concat('v', id) as s",
         "array(id) as l",
+        "map('id', id) as m",
     )
     return frame.cache()
 
@@ -132,12 +133,12 @@ def test_bad_keys_fail_before_any_spark_job(shuffle: SparkShuffle, data: DataFra
     other = _poisoned(data.selectExpr("cast(k as int) as k", "s as t"))
     with pytest.raises(InvalidOperationError, match="'missing'"):
         shuffle.repartition(bad, "missing")
-    with pytest.raises(InvalidOperationError, match=r"'l'.*array<bigint>"):
-        shuffle.hash_exchange(bad, ["k", "l"])
-    with pytest.raises(InvalidOperationError, match="'l'"):
-        shuffle.sort(bad, "l")
-    with pytest.raises(InvalidOperationError, match="'l'"):
-        shuffle.group_apply(bad, "l", lambda table: table, bad.schema)
+    with pytest.raises(InvalidOperationError, match=r"'m'.*map<string,bigint>"):
+        shuffle.hash_exchange(bad, ["k", "m"])
+    with pytest.raises(InvalidOperationError, match="'m'"):
+        shuffle.sort(bad, "m")
+    with pytest.raises(InvalidOperationError, match="'m'"):
+        shuffle.group_apply(bad, "m", lambda table: table, bad.schema)
     with pytest.raises(InvalidOperationError, match="at least one key"):
         shuffle.repartition(bad, [])
     with pytest.raises(InvalidOperationError, match=r"'k'.*bigint.*int"):

@@ -15,7 +15,12 @@ import pytest
 
 from pyspark_shuffle import SparkShuffle, spark_configuration
 from pyspark_shuffle.options import MAX_SUBPARTITIONS
-from shuffle_api import ConfigError, InvalidOperationError, ShuffleServiceClosedError
+from shuffle_api import (
+    ConfigError,
+    InvalidOperationError,
+    ShuffleServiceClosedError,
+    UnsupportedTypeError,
+)
 from tests.conftest import SPARK_MAX_SUBPARTITIONS
 from tests.integration.services import ShuffleService
 from tests.integration.spark_rows import canonical, multiset, ordered, rows_of
@@ -336,9 +341,11 @@ def test_empty_input(shuffle: SparkShuffle, spark: SparkSession, operation: str)
 
 
 @pytest.mark.parametrize("operation", sorted(OPERATIONS))
-def test_a_list_key_is_refused(shuffle: SparkShuffle, spark: SparkSession, operation: str) -> None:
-    frame = spark.range(0, 10, 1, 2).selectExpr("array(id) as k", "cast(id as string) as v")
-    with pytest.raises(InvalidOperationError, match=r"'k'.*array<bigint>"):
+def test_a_map_key_is_refused_as_spark_refuses_it(
+    shuffle: SparkShuffle, spark: SparkSession, operation: str
+) -> None:
+    frame = spark.range(0, 10, 1, 2).selectExpr("map(id, id) as k", "cast(id as string) as v")
+    with pytest.raises(UnsupportedTypeError, match=r"'k'.*map<bigint,bigint>.*cannot be a key"):
         OPERATIONS[operation](shuffle, frame)
 
 
