@@ -28,7 +28,7 @@ from pyspark.sql.types import StructType
 
 from pyspark_shuffle.inputs import MapInput, TaskOutput
 from shuffle_api import InvalidOperationError
-from shuffle_api.batches import conform
+from shuffle_api.batches import conform, nullable_inside
 
 __all__ = ["WRITE_MODES", "ParquetFilter", "ParquetInput", "ParquetSink", "ParquetSource"]
 
@@ -169,12 +169,17 @@ class ParquetSource:
     def dataset(self) -> ds.Dataset:
         systems = [_arrow_filesystem(path) for path in self.paths]
         filesystem = systems[0][0]
+        # Spark writes timestamps as INT96 by default: read them as microseconds, as Spark
+        # does (as nanoseconds, Arrow's default, years before 1677 or after 2262 overflow).
+        parquet = ds.ParquetFileFormat(
+            read_options=ds.ParquetReadOptions(coerce_int96_timestamp_unit="us")
+        )
         if len(systems) == 1:
             return ds.dataset(
-                systems[0][1], filesystem=filesystem, format="parquet", partitioning="hive"
+                systems[0][1], filesystem=filesystem, format=parquet, partitioning="hive"
             )
         # Files named one by one: no partition discovery (as Spark without basePath).
-        return ds.dataset([path for _, path in systems], filesystem=filesystem, format="parquet")
+        return ds.dataset([path for _, path in systems], filesystem=filesystem, format=parquet)
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,16 +333,33 @@ STAGING_DIRECTORY: Final = "_temporary"
 SUCCESS_MARKER: Final = "_SUCCESS"
 
 
+# Where Spark keeps the Spark schema of what it wrote, in a Parquet file's footer: Spark reads
+# the types Parquet has no name for (intervals, void, char) back from it.
+SPARK_SCHEMA_KEY: Final = "org.apache.spark.sql.parquet.row.metadata"
+
+
 @dataclass(frozen=True, slots=True)
 class ParquetSink:
     """One write of a result as Parquet files under ``url`` (Hive-style directories by
-    ``partition_by``), staged per task attempt under ``_temporary/<job id>``."""
+    ``partition_by``), staged per task attempt under ``_temporary/<job id>``. ``schema``:
+    the rows' Arrow schema; the files also carry ``spark_schema``, as Spark's own do."""
 
     url: str
     partition_by: tuple[str, ...]
     job_id: str
-    schema: pa.Schema
+    rows_schema: pa.Schema
+    spark_schema: StructType
     compression: str
+
+    @property
+    def schema(self) -> pa.Schema:
+        """What the files are written with: the rows' schema, nested fields nullable (Arrow's
+        Parquet writer refuses the nulls a null struct hides in a non-null field; Spark reads
+        every field as nullable anyway), with the Spark schema of the columns a file holds
+        (not those its directory names)."""
+        in_files = [f for f in self.spark_schema.fields if f.name not in self.partition_by]
+        schema = nullable_inside(self.rows_schema)
+        return schema.with_metadata({SPARK_SCHEMA_KEY: StructType(in_files).json()})
 
     @property
     def staging_url(self) -> str:
@@ -350,22 +372,23 @@ class ParquetSink:
         filesystem, root = _arrow_filesystem(f"{self.staging_url}/{attempt}")
         staged: list[str] = []
         rows = 0
+        schema = self.schema
 
         def conformed() -> Iterator[pa.RecordBatch]:
             nonlocal rows
             for batch in batches:
                 if batch.num_rows:
                     rows += batch.num_rows
-                    yield conform(batch, self.schema)
+                    yield conform(batch, schema)
 
         partitioning = None
         if self.partition_by:
-            fields = [self.schema.field(name) for name in self.partition_by]
+            fields = [schema.field(name) for name in self.partition_by]
             partitioning = ds.partitioning(pa.schema(fields), flavor="hive")
         ds.write_dataset(
             conformed(),
             root,
-            schema=self.schema,
+            schema=schema,
             format="parquet",
             filesystem=filesystem,
             partitioning=partitioning,
