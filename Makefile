@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint java browser setup proto docs manifests clean
+.PHONY: demo test types lint java browser setup proto docs manifests clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit("pyshuffle needs Python >= 3.11, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
@@ -35,6 +35,12 @@ browser:
 
 test: lint java browser
 	$(BIN)/pytest
+
+# Every Spark type through every operation on many more generated schemas than CI draws
+# (random seeds; TYPE_TEST_EXAMPLES per test and service).
+TYPE_TEST_EXAMPLES ?= 200
+types: java
+	TYPE_TEST_EXAMPLES=$(TYPE_TEST_EXAMPLES) $(BIN)/pytest --timeout=0 tests/integration/test_pyspark_types.py
 
 proto: $(STAMP)
 	$(BIN)/python scripts/generate_proto.py
