@@ -209,3 +209,10 @@ def test_empty_arrays_inside_values_encode_whatever_their_buffers() -> None:
     column = pa.array([[], [], None], pa.list_(pa.struct([("t", pa.timestamp("us"))])))
     assert ordered_bytes(column).to_pylist() == [b"\x00", b"\x00", None]
     assert ordered_bytes(pa.array([], pa.decimal128(10, 2))).to_pylist() == []
+
+
+def test_empty_children_hash_whatever_their_buffers() -> None:
+    struct = pa.struct([("d", pa.decimal128(38, 10)), ("s", pa.string())])
+    column = pa.array([[], None, [[]]], pa.list_(pa.list_(struct)))
+    hashes = [int(value) for value in hash_keys([column])]
+    assert len(set(hashes)) == 3
