@@ -214,7 +214,8 @@ class ResultPartitionManager:
                     " committed here, or released)",
                     partition,
                 )
-            return _BlockingView(PartitionFileReader(self._store, partition), subpartitions, verify)
+            reader = PartitionFileReader(self._store, partition, cached=True)
+            return _BlockingView(reader, subpartitions, verify)
         deadline = time.monotonic() + self._request_timeout
         with self._condition:
             # In slices: a consumer that goes away stops waiting within one.

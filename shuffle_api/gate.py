@@ -73,7 +73,7 @@ class SequentialInputGate(InputGate):
         if store is None:
             return None
         try:
-            return PartitionFileReader(store, partition)
+            return PartitionFileReader(store, partition, cached=True)
         except (PartitionNotFoundError, StorageError):
             return None
 

@@ -252,6 +252,20 @@ class Store:
         with storage_errors(path):
             return bytes(self._fs.cat_file(path))
 
+    @property
+    def maps_files(self) -> bool:
+        """Whether :meth:`map_bytes` maps files (local, memory-mapped) rather than reads them."""
+        return self._local and self._memory_map
+
+    def map_bytes(self, path: str) -> pa.Buffer:
+        """A whole file, memory-mapped where :attr:`maps_files` (its pages shared with every
+        process that reads it, none of them this process's own memory), else read."""
+        with storage_errors(path):
+            if self.maps_files:
+                mapped = pa.memory_map(path)
+                return mapped.read_buffer(mapped.size())
+            return pa.py_buffer(self._fs.cat_file(path))
+
     def put_atomic(self, path: str, data: bytes) -> None:
         """Write ``data`` so that a reader sees either nothing or all of it."""
         with storage_errors(path):

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import socket
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Final
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import xxhash
 
@@ -20,7 +25,7 @@ from shuffle_api.errors import (
 from shuffle_api.format.layout import partition_directory
 from shuffle_api.format.manifest import DATA_FILE, INDEX_FILE, MANIFEST_FILE, PartitionManifest
 from shuffle_api.ids import ResultPartitionID
-from shuffle_api.io import BROADCAST
+from shuffle_api.io import BROADCAST, PartitionStatistics
 from shuffle_api.store import RangeReader, Store
 
 __all__ = [
@@ -75,40 +80,118 @@ def verify_run(data: pa.Buffer, run: Run, partition: ResultPartitionID) -> None:
     verify_checksum(data, run.checksum, partition, where)
 
 
-def _decode_index(index_bytes: bytes, manifest: PartitionManifest) -> list[Run]:
+@dataclass(frozen=True, slots=True)
+class RunIndex:
+    """A partition's index as columns (numpy; zero-copy views of the index file's buffers),
+    with where each subpartition's runs are: no Python object per run until one is read."""
+
+    subpartition: npt.NDArray[np.int32]
+    region: npt.NDArray[np.int32]
+    offset: npt.NDArray[np.int64]
+    length: npt.NDArray[np.int64]
+    rows: npt.NDArray[np.int64]
+    checksum: npt.NDArray[np.uint64]
+    order: npt.NDArray[np.int64] | None
+    """Positions of the non-broadcast runs by subpartition (stable); ``None`` where the
+    index lists them so already (one region, no broadcast: the common case)."""
+    sorted_subpartitions: npt.NDArray[np.int32]
+    """``subpartition`` in ``order``."""
+    broadcast: npt.NDArray[np.int64]
+    file_bytes: int
+    """The index file's size (its buffers hold the columns)."""
+
+    @property
+    def copied_bytes(self) -> int:
+        """What it holds beyond the index file's buffers."""
+        if self.order is None:
+            return 0
+        return int(self.order.nbytes + self.sorted_subpartitions.nbytes + self.broadcast.nbytes)
+
+    def positions(self, subpartitions: SubpartitionRange) -> npt.NDArray[np.int64]:
+        """The runs a reader of ``subpartitions`` gets, subpartition by subpartition, each in
+        write order (broadcast runs included in every subpartition)."""
+        sorted_subpartitions = self.sorted_subpartitions
+        start, stop = np.searchsorted(
+            sorted_subpartitions, [subpartitions.start, subpartitions.end + 1]
+        )
+        own = (
+            np.arange(start, stop, dtype=np.int64) if self.order is None else self.order[start:stop]
+        )
+        if not len(self.broadcast):
+            return own
+        # Each subpartition's own runs and every broadcast run, in write order.
+        in_range = sorted_subpartitions[start:stop]
+        return np.concatenate(
+            [np.sort(np.concatenate([own[in_range == s], self.broadcast])) for s in subpartitions]
+        )
+
+    def run(self, position: int) -> Run:
+        return Run(
+            int(self.subpartition[position]),
+            int(self.region[position]),
+            int(self.offset[position]),
+            int(self.length[position]),
+            int(self.rows[position]),
+            int(self.checksum[position]),
+        )
+
+
+_INDEX_COLUMNS: Final = ("subpartition", "region", "offset", "length", "rows", "checksum")
+_INDEX_TYPES: Final = (np.int32, np.int32, np.int64, np.int64, np.int64, np.uint64)
+
+
+def _decode_index(index: pa.Buffer | bytes, manifest: PartitionManifest) -> RunIndex:
     """The index's runs, each checked to lie in the data file and name a subpartition the
     manifest has: a reader never reads (or allocates) past what was written."""
     partition = manifest.partition
     try:
-        index = pa.ipc.open_file(pa.py_buffer(index_bytes)).read_all()
-        runs = [
-            Run(*row)
-            for row in zip(
-                *(
-                    index.column(name).to_pylist()
-                    for name in ("subpartition", "region", "offset", "length", "rows", "checksum")
-                ),
-                strict=True,
-            )
+        table = pa.ipc.open_file(pa.py_buffer(index)).read_all().combine_chunks()
+        columns = [
+            np.asarray(table.column(name).to_numpy(), dtype=kind)
+            for name, kind in zip(_INDEX_COLUMNS, _INDEX_TYPES, strict=True)
         ]
     except (pa.ArrowException, KeyError, ValueError, TypeError) as error:
         raise PartitionCorruptedError(
             f"index of partition {partition} does not decode: {error}", partition
         ) from error
+    subpartition, region, offset, length, rows, checksum = columns
     count, size = manifest.number_of_subpartitions, manifest.data_bytes
-    for run in runs:
-        if run.subpartition != BROADCAST and not 0 <= run.subpartition < count:
-            raise PartitionCorruptedError(
-                f"index of partition {partition} names subpartition {run.subpartition} of {count}",
-                partition,
-            )
-        if run.offset < 0 or run.length < 0 or run.offset + run.length > size:
-            raise PartitionCorruptedError(
-                f"index of partition {partition}: a run at bytes {run.offset}.."
-                f"{run.offset + run.length} lies outside the {size} data bytes",
-                partition,
-            )
-    return runs
+    broadcast = subpartition == BROADCAST
+    outside = ~broadcast & ((subpartition < 0) | (subpartition >= count))
+    if outside.any():
+        raise PartitionCorruptedError(
+            f"index of partition {partition} names subpartition"
+            f" {int(subpartition[outside][0])} of {count}",
+            partition,
+        )
+    beyond = (offset < 0) | (length < 0) | (offset + length > size)
+    if beyond.any():
+        first = int(np.flatnonzero(beyond)[0])
+        raise PartitionCorruptedError(
+            f"index of partition {partition}: a run at bytes {int(offset[first])}.."
+            f"{int(offset[first] + length[first])} lies outside the {size} data bytes",
+            partition,
+        )
+    broadcast_positions = np.flatnonzero(broadcast)
+    in_order = not len(broadcast_positions) and bool(np.all(subpartition[1:] >= subpartition[:-1]))
+    order = None
+    sorted_subpartitions = subpartition
+    if not in_order:
+        own = np.flatnonzero(~broadcast)
+        order = own[np.argsort(subpartition[own], kind="stable")]
+        sorted_subpartitions = subpartition[order]
+    return RunIndex(
+        subpartition,
+        region,
+        offset,
+        length,
+        rows,
+        checksum,
+        order,
+        sorted_subpartitions,
+        broadcast_positions,
+        len(memoryview(index)),
+    )
 
 
 def check_commit(
@@ -177,44 +260,113 @@ def decode_run(
             ) from error
 
 
-class PartitionFileReader:
-    """A committed partition on a store. Opening reads the manifest and the index only."""
+_NO_STATISTICS: Final = PartitionStatistics((), (), ())
+# Reads of neighbouring runs are joined up to this size: larger ones are read run by run.
+_MAX_RANGE_BYTES: Final = 8 << 20
 
-    def __init__(self, store: Store, partition: ResultPartitionID) -> None:
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """What a reader learns before it opens the data file."""
+
+    manifest: PartitionManifest
+    index: RunIndex
+
+
+def _read_layout(store: Store, partition: ResultPartitionID, *, statistics: bool) -> _Layout:
+    directory = partition_directory(store, partition)
+    manifest_path = store.child(directory, MANIFEST_FILE)
+    try:
+        manifest = PartitionManifest.from_json(store.read_bytes(manifest_path), manifest_path)
+        index_bytes = store.map_bytes(store.child(directory, INDEX_FILE))
+    except FileNotFoundError as error:
+        raise PartitionNotFoundError(
+            f"partition {partition} not found on {store.url}: it was never committed, was"
+            " released, or its files were deleted",
+            partition,
+        ) from error
+    if manifest.partition != partition:
+        raise PartitionCorruptedError(
+            f"manifest at {manifest_path} describes {manifest.partition}, not {partition}",
+            partition,
+        )
+    if xxhash.xxh3_64_intdigest(memoryview(index_bytes)) != manifest.index_checksum:
+        raise ChecksumMismatchError(f"index of partition {partition} is corrupt", partition)
+    index = _decode_index(index_bytes, manifest)
+    if not statistics:
+        # R counts three times over, as Python ints: more than all the rest, and only the
+        # driver uses them.
+        manifest = dataclasses.replace(manifest, statistics=_NO_STATISTICS)
+    return _Layout(manifest, index)
+
+
+class _LayoutCache:
+    """Per process, the layouts of partitions read lately: a reader of many partitions (a
+    reducer after another, a worker serving fetches) decodes each manifest and index once.
+    Bounded by entries and by the bytes they hold beyond index files mapped from a local
+    store. A partition's files never change once committed; a released one's data file is
+    gone, which its next read finds."""
+
+    def __init__(self, max_entries: int, max_bytes: int) -> None:
+        self._max_entries = max_entries
+        self._max_bytes = max_bytes
+        self._layouts: collections.OrderedDict[
+            tuple[str, ResultPartitionID], tuple[_Layout, int]
+        ] = collections.OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, store: Store, partition: ResultPartitionID) -> _Layout:
+        key = (store.url, partition)
+        with self._lock:
+            found = self._layouts.get(key)
+            if found is not None:
+                self._layouts.move_to_end(key)
+                return found[0]
+        layout = _read_layout(store, partition, statistics=False)
+        index = layout.index
+        cost = _ENTRY_BYTES + index.copied_bytes
+        if not store.maps_files:
+            cost += index.file_bytes
+        with self._lock:
+            if key not in self._layouts:
+                self._layouts[key] = (layout, cost)
+                self._bytes += cost
+                while len(self._layouts) > 1 and (
+                    len(self._layouts) > self._max_entries or self._bytes > self._max_bytes
+                ):
+                    _, (_, evicted_cost) = self._layouts.popitem(last=False)
+                    self._bytes -= evicted_cost
+        return layout
+
+    def clear(self) -> None:
+        with self._lock:
+            self._layouts.clear()
+            self._bytes = 0
+
+
+# A layout's Python objects (manifest, schema, arrays): about this much beside its arrays.
+_ENTRY_BYTES: Final = 4096
+_LAYOUTS: Final = _LayoutCache(max_entries=16_384, max_bytes=64 << 20)
+
+
+class PartitionFileReader:
+    """A committed partition on a store. Opening reads the manifest and the index only;
+    ``cached``: from the process's cache of layouts (the manifest without its statistics),
+    for readers of data, who need neither the statistics nor a fresh look at the files."""
+
+    def __init__(self, store: Store, partition: ResultPartitionID, *, cached: bool = False) -> None:
         self._store = store
         self._partition = partition
-        directory = partition_directory(store, partition)
-        self._data_path = store.child(directory, DATA_FILE)
+        self._data_path = store.child(partition_directory(store, partition), DATA_FILE)
         self._data: RangeReader | None = None
-        manifest_path = store.child(directory, MANIFEST_FILE)
-        try:
-            self.manifest = PartitionManifest.from_json(
-                store.read_bytes(manifest_path), manifest_path
-            )
-            index_bytes = store.read_bytes(store.child(directory, INDEX_FILE))
-        except FileNotFoundError as error:
-            raise PartitionNotFoundError(
-                f"partition {partition} not found on {store.url}: it was never committed, was"
-                " released, or its files were deleted",
-                partition,
-            ) from error
-        if self.manifest.partition != partition:
-            raise PartitionCorruptedError(
-                f"manifest at {manifest_path} describes {self.manifest.partition}, not {partition}",
-                partition,
-            )
-        if xxhash.xxh3_64_intdigest(index_bytes) != self.manifest.index_checksum:
-            raise ChecksumMismatchError(f"index of partition {partition} is corrupt", partition)
-        self._runs = _decode_index(index_bytes, self.manifest)
-        subpartition_of_run = np.asarray([run.subpartition for run in self._runs], dtype=np.int64)
-        self._broadcast = np.flatnonzero(subpartition_of_run == BROADCAST)
-        order = np.argsort(subpartition_of_run, kind="stable")
-        bounds = np.searchsorted(
-            subpartition_of_run[order], np.arange(self.manifest.number_of_subpartitions + 1)
+        layout = (
+            _LAYOUTS.get(store, partition)
+            if cached
+            else _read_layout(store, partition, statistics=True)
         )
-        self._runs_by_subpartition = [
-            order[bounds[s] : bounds[s + 1]] for s in range(len(bounds) - 1)
-        ]
+        self.manifest = layout.manifest
+        self._index = layout.index
 
     @property
     def partition(self) -> ResultPartitionID:
@@ -224,21 +376,19 @@ class PartitionFileReader:
     def schema(self) -> pa.Schema | None:
         return self.manifest.schema
 
-    def runs(self, subpartitions: SubpartitionRange) -> Iterator[Run]:
-        """The runs a reader of these subpartitions gets, subpartition by subpartition, each in
-        write order (broadcast runs included in every subpartition)."""
+    def _positions(self, subpartitions: SubpartitionRange) -> npt.NDArray[np.int64]:
         if subpartitions.end >= self.manifest.number_of_subpartitions:
             raise ShuffleError(
                 f"subpartitions {subpartitions.start}..{subpartitions.end} out of range: partition"
                 f" {self._partition} has {self.manifest.number_of_subpartitions}"
             )
-        for subpartition in subpartitions:
-            own = self._runs_by_subpartition[subpartition]
-            chosen = (
-                np.sort(np.concatenate([own, self._broadcast])) if len(self._broadcast) else own
-            )
-            for position in chosen:
-                yield self._runs[int(position)]
+        return self._index.positions(subpartitions)
+
+    def runs(self, subpartitions: SubpartitionRange) -> Iterator[Run]:
+        """The runs a reader of these subpartitions gets, subpartition by subpartition, each in
+        write order (broadcast runs included in every subpartition)."""
+        for position in self._positions(subpartitions).tolist():
+            yield self._index.run(position)
 
     def _ranges(self) -> RangeReader:
         try:
@@ -305,9 +455,39 @@ class PartitionFileReader:
             sent(length)
 
     def read(self, subpartitions: SubpartitionRange) -> Iterator[pa.RecordBatch]:
-        """Every batch of these subpartitions."""
+        """Every batch of these subpartitions. Runs that lie side by side in the data file
+        are read as one range (up to 8 MiB), each verified, and decoded in one pass."""
         schema = self.manifest.schema
         if schema is None:
             return
-        for run in self.runs(subpartitions):
-            yield from decode_run(self.read_run(run), schema, self._partition)
+        index = self._index
+        positions = self._positions(subpartitions)
+        if not len(positions):
+            return
+        offsets, lengths = index.offset[positions], index.length[positions]
+        starts = np.flatnonzero(offsets[1:] != offsets[:-1] + lengths[:-1]) + 1
+        for group in np.split(np.arange(len(positions)), starts):
+            begin = 0
+            while begin < len(group):
+                # Runs from ``begin`` while they stay within the range limit (one at least).
+                ends = offsets[group[begin:]] + lengths[group[begin:]] - offsets[group[begin]]
+                end = begin + max(1, int(np.searchsorted(ends, _MAX_RANGE_BYTES, side="right")))
+                yield from self._read_adjacent(schema, positions[group[begin:end]].tolist())
+                begin = end
+
+    def _read_adjacent(self, schema: pa.Schema, positions: list[int]) -> Iterator[pa.RecordBatch]:
+        """Runs at ``positions``, which lie one after another in the data file."""
+        index = self._index
+        first = positions[0]
+        offset = int(index.offset[first])
+        length = int(index.offset[positions[-1]] + index.length[positions[-1]]) - offset
+        data = self._ranges().read_range(offset, length)
+        self._check_length(data.size, length, offset)
+        start = 0
+        for position in positions:
+            size = int(index.length[position])
+            piece = data.slice(start, size)
+            if xxhash.xxh3_64_intdigest(memoryview(piece)) != int(index.checksum[position]):
+                verify_run(piece, index.run(position), self._partition)  # names the run
+            start += size
+        yield from decode_run(data, schema, self._partition)
