@@ -16,16 +16,17 @@ from typing import TypeVar
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
-from pyspark import RDD, TaskContext
+from pyspark import TaskContext
 from pyspark.accumulators import Accumulator
-from pyspark.sql import Row, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import functions as F  # noqa: N812 (Spark's own spelling)
 
 from pyspark_shuffle.inputs import MapInput
 from pyspark_shuffle.options import MAX_RECOVERY_ATTEMPTS, PROGRESS_INTERVAL
 from pyspark_shuffle.partitioners import Partitioner
 from pyspark_shuffle.planning import codec_neutral_bytes
 from pyspark_shuffle.progress import StageProgress
-from pyspark_shuffle.spark_outputs import SparkShuffleOutputs
+from pyspark_shuffle.spark_outputs import HeldShuffle, SparkShuffleOutputs, held_shuffle
 from pyspark_shuffle.tasks import (
     MAP_OUTPUT_SCHEMA,
     MapOutputs,
@@ -145,12 +146,9 @@ class Exchange:
             yield metadata
 
         self._mapped = map_input.map_in_arrow(map_partition, MAP_OUTPUT_SCHEMA)
-        # The map stage as a Spark shuffle of its metadata rows into one partition: the
-        # driver collects them, and reduce stages depend on it (see held_map_outputs).
-        result_id = self.result_id
-        self._anchor: RDD[tuple[int, tuple[str, Row]]] | None = self._mapped.rdd.map(
-            lambda row: (0, (result_id, row))
-        ).partitionBy(1)
+        # Built by the first run of the map stage (see held_map_outputs).
+        self._anchor: HeldShuffle | None = None
+        self._held = True
         self._attempts: dict[int, set[str]] = {}
         self._outputs: dict[int, MapOutput] = {}
         self._schema: pa.Schema | None = None
@@ -186,31 +184,38 @@ class Exchange:
 
     def write(self) -> None:
         """Run the map stage: every input partition written once."""
-        anchor = self._anchor
-        assert anchor is not None
-        self._register_rows(self._collect(anchor), None)
+        self._register_rows(self._collect(), None)
         if not any(
             output.descriptor.stores_local_resources_on() is not None
             for output in self.outputs.values()
         ):
             # The partitions outlive their producers' executors (the external service's):
             # losing an executor loses nothing, and Spark need not keep it for this shuffle.
-            self._anchor = None
+            self._held = False
 
-    def held_map_outputs(self) -> RDD[tuple[int, tuple[str, Row]]] | None:
-        """Spark's shuffle of the map tasks' rows, ``(0, (result id, row))`` in one partition,
-        when the map outputs live on the executors that wrote them (else ``None``).
+    def held_map_outputs(self) -> DataFrame | None:
+        """Spark's shuffle of the map tasks' metadata rows into one partition (columns of
+        ``MAP_OUTPUT_SCHEMA`` and ``result_id``), when the map outputs live on the executors
+        that wrote them (else ``None``).
 
         A reduce stage that reads it depends on the map stage through Spark's own shuffle:
         if an executor dies with its map outputs, Spark reruns those map tasks (a fetch
         failure) inside the action, and the reducers find the new attempts in it."""
-        return self._anchor
+        return self._anchor.frame if self._held and self._anchor is not None else None
 
-    def _collect(self, anchor: RDD[tuple[int, tuple[str, Row]]]) -> list[Row]:
+    def _collect(self) -> list[Row]:
         """The metadata rows of the map outputs Spark holds, running the map tasks whose
         outputs it does not hold (all of them the first time)."""
-        held = self._timed(self.number_of_maps, anchor.collect)
-        return [row for _, (_, row) in held]
+
+        def job() -> list[Row]:
+            if self._anchor is None:
+                # The map stage's rows shuffled into one partition: the driver collects them.
+                rows = self._mapped.withColumn("result_id", F.lit(self.result_id))
+                self._anchor = held_shuffle(rows.repartition(1))
+            held: list[Row] = self._anchor.frame.collect()
+            return held
+
+        return self._timed(self.number_of_maps, job)
 
     def _timed(self, tasks: int, job: Callable[[], list[T]]) -> list[T]:
         context = self._spark.sparkContext
@@ -342,8 +347,8 @@ class Exchange:
             lost = self.lost_maps()
             if not lost:
                 return rerun
-            if self._anchor is not None:
-                self._register_rows(self._collect(self._anchor), set(lost))
+            if self.held_map_outputs() is not None:
+                self._register_rows(self._collect(), set(lost))
             still_lost = self.lost_maps()
             if still_lost:
                 self._run_maps(still_lost)
@@ -353,16 +358,16 @@ class Exchange:
             f" {self._configuration.get(MAX_RECOVERY_ATTEMPTS)} reruns"
         )
 
-    def replaced_attempts(self) -> dict[int, frozenset[str]]:
-        """Every attempt ever registered for map tasks registered more than once: Spark's
-        shuffle of the map outputs may still name one of these, where the registered attempt
-        is the one to read."""
+    def known_attempts(self) -> list[tuple[int, str]]:
+        """Every attempt of each map task the driver ever registered: Spark's shuffle of the
+        map outputs may name any of these (the registered one, or one it replaced), and
+        reducers read the registered one; any other is a rerun Spark made in an action."""
         with self._lock:
-            return {
-                index: frozenset(attempts)
+            return [
+                (index, attempt)
                 for index, attempts in self._attempts.items()
-                if len(attempts) > 1
-            }
+                for attempt in attempts
+            ]
 
     def schema(self, fallback: pa.Schema) -> pa.Schema:
         """The Arrow schema the map tasks wrote (``fallback`` when they wrote no rows)."""
@@ -433,4 +438,8 @@ class Exchange:
                 self._swept.add(entry)
 
     def _forget_in_spark(self) -> bool:
-        return self._anchor is None or self._spark_outputs.forget(self._anchor)
+        return (
+            self.held_map_outputs() is None
+            or self._anchor is None
+            or self._spark_outputs.forget(self._anchor)
+        )

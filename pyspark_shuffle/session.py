@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import functools
 import inspect
 import logging
 import threading
@@ -16,9 +17,10 @@ from types import TracebackType
 from typing import Any, Self
 
 import pyarrow as pa
-from pyspark import RDD, Broadcast
+from pyspark import Broadcast, TaskContext
 from pyspark.accumulators import Accumulator
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F  # noqa: N812 (Spark's own spelling)
 from pyspark.sql.types import StructType
 
 from blob import BLOB_OPTIONS, BlobStore, blob_store_url
@@ -69,7 +71,6 @@ from pyspark_shuffle.schemas import (
 from pyspark_shuffle.sorting import sort_keys_of
 from pyspark_shuffle.spark_outputs import SparkShuffleOutputs
 from pyspark_shuffle.tasks import (
-    REDUCER_ROW_SCHEMA,
     MapOutputs,
     MapOutputsParam,
     ReduceStageSpec,
@@ -978,7 +979,6 @@ class SparkShuffle:
                 for exchange in exchanges
             ),
             operation,
-            {exchange.result_id: exchange.replaced_attempts() for exchange in exchanges},
             rows_read,
             bytes_read,
             reruns_read,
@@ -987,42 +987,22 @@ class SparkShuffle:
         output_schema = arrow_schema(self._spark, schema)
 
         def reduce_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            reducers: dict[int, None] = {}
-            held: dict[tuple[str, int], bytes] = {}
+            reruns: dict[tuple[str, int], bytes] = {}
             for batch in batches:
-                for reducer, result_id, map_index, producer in zip(
-                    *batch.to_pydict().values(), strict=True
+                for result_id, map_index, producer in zip(
+                    *batch.select(["result_id", "map_index", "producer"]).to_pydict().values(),
+                    strict=True,
                 ):
-                    reducers[reducer] = None
                     if result_id is not None:
-                        held[result_id, map_index] = producer
-            for reducer in reducers:
-                # The declared types (an operation's function may return int32 for a long, say),
-                # so that Spark, a fused stage and a sink all get the same.
-                for batch in run_reduce_task(spec, reducer, held):
-                    yield conform(batch, output_schema)
+                        reruns[result_id, map_index] = producer
+            task = TaskContext.get()
+            assert task is not None
+            # The declared types (an operation's function may return int32 for a long, say),
+            # so that Spark, a fused stage and a sink all get the same.
+            for batch in run_reduce_task(spec, task.partitionId(), reruns):
+                yield conform(batch, output_schema)
 
-        # Each reducer's rows: one per map output Spark holds for its inputs (see
-        # Exchange.held_map_outputs); through them Spark reruns, inside the action, the map
-        # tasks whose outputs went with a lost executor.
-        count = len(plan.tasks)
-        reducer_indexes = context.parallelize(range(count), max(count, 1))
-        held = [rows for exchange in exchanges if (rows := exchange.held_map_outputs()) is not None]
-        per_reducer: RDD[tuple[int, str | None, int | None, bytes | None]]
-        if held:
-            # Reducer indexes first: Spark's cartesian computes its second RDD's partition once
-            # per element of the first, and the held map outputs are one shuffle read.
-            per_reducer = reducer_indexes.cartesian(context.union(held).coalesce(1)).map(
-                lambda pair: (
-                    pair[0],
-                    pair[1][1][0],
-                    int(pair[1][1][1]["map_index"]),
-                    bytes(pair[1][1][1]["producer"]),
-                )
-            )
-        else:
-            per_reducer = reducer_indexes.map(lambda index: (index, None, None, None))
-        reducers = self._spark.createDataFrame(per_reducer, REDUCER_ROW_SCHEMA)
+        reducers = self._reducer_rows(exchanges, len(plan.tasks))
         result = reducers.mapInArrow(reduce_partition, schema)
         names = ", ".join(exchange.name for exchange in exchanges)
         output = TaskOutput(reducers, reduce_partition, f"reduce stage of {names}")
@@ -1043,6 +1023,41 @@ class SparkShuffle:
             ),
         )
         return result
+
+    def _reducer_rows(self, exchanges: Sequence[Exchange], count: int) -> DataFrame:
+        """The reduce stage's tasks: partition ``i`` is reducer ``i``, with a row for each map
+        output of its inputs that Spark reran inside the action (none, mostly).
+
+        Made in the JVM, so a reduce task costs what a ``mapInArrow`` task over Spark's
+        cheapest source does. Where map outputs live on executors, each task reads Spark's
+        shuffle of the map tasks' rows (see ``Exchange.held_map_outputs``): a lost executor
+        makes Spark rerun its map tasks inside the action, and the rows of attempts the driver
+        does not know (reruns) reach every reducer; the rest are dropped in the JVM."""
+        reducers = self._spark.range(0, count, 1, max(count, 1))
+        held = [frame for exchange in exchanges if (frame := exchange.held_map_outputs())]
+        if not held:
+            return reducers.selectExpr(
+                "cast(null as string) as result_id",
+                "cast(null as long) as map_index",
+                "cast(null as binary) as producer",
+            )
+        known = self._spark.createDataFrame(
+            [
+                (exchange.result_id, map_index, attempt)
+                for exchange in exchanges
+                for map_index, attempt in exchange.known_attempts()
+            ],
+            "result_id string, map_index long, attempt string",
+        )
+        rows = functools.reduce(DataFrame.unionByName, held).coalesce(1)
+        reruns = rows.join(F.broadcast(known), ["result_id", "map_index", "attempt"], "left_anti")
+        # A cartesian product, never a broadcast of either side: each reduce task must read
+        # the shuffle itself, for Spark to rerun what it lost.
+        return (
+            reducers.hint("shuffle_replicate_nl")
+            .crossJoin(reruns.select("result_id", "map_index", "producer"))
+            .select("result_id", "map_index", "producer")
+        )
 
     def _plan(self, exchanges: Sequence[Exchange], operation: ReduceOperation) -> ConsumerPlan:
         inputs = [exchange.bytes_matrix() for exchange in exchanges]

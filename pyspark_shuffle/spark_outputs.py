@@ -1,13 +1,16 @@
-"""Telling Spark that the map outputs of one of its shuffles are gone, so that it recomputes
-them (and, through the lineage, whatever they were computed from) the next time a stage needs
-them, as it does for outputs lost with an executor.
+"""Spark shuffles pyshuffle holds on to: a DataFrame that reads one shuffle every time it is
+queried, and telling Spark that the map outputs of such a shuffle are gone, so that it
+recomputes them (and, through the lineage, whatever they were computed from) the next time a
+stage needs them, as it does for outputs lost with an executor.
 
 An exchange on the default service keeps a Spark shuffle of its map tasks' metadata rows (see
 ``Exchange.held_map_outputs``): Spark reruns lost map tasks through it. Once pyshuffle deletes
 the exchange's partitions, Spark must stop believing that shuffle holds them, else a rerun of a
 later stage fused from the exchange would read deleted partitions instead of remaking them.
 
-PySpark has no API for this. Spark's ``MapOutputTrackerMaster`` is reached through the
+PySpark has no API for either. The DataFrame is made in the JVM through Py4J from the
+shuffle's own RDD (public Java API: ``Dataset.javaRDD``, ``SparkSession.createDataFrame``).
+Spark's ``MapOutputTrackerMaster`` is reached through the
 DAGScheduler with Py4J reflection (``SparkEnv``'s own methods cannot be listed by Py4J in
 Spark 4); where that fails, :attr:`SparkShuffleOutputs.available` is false and callers keep
 what a rerun may need instead.
@@ -16,12 +19,12 @@ what a rerun may need instead.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
-from pyspark import RDD
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["SparkShuffleOutputs"]
+__all__ = ["HeldShuffle", "SparkShuffleOutputs", "held_shuffle"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -43,13 +46,32 @@ def _map_output_tracker(spark: SparkSession) -> Any | None:
     return tracker
 
 
-def _shuffle_id(rdd: RDD[Any]) -> int:
-    """The id of the Spark shuffle nearest below ``rdd`` in its lineage (first parents)."""
-    java_rdd = rdd._jrdd.rdd()
+@dataclass(frozen=True)
+class HeldShuffle:
+    """A DataFrame over one Spark shuffle's output, and its JVM RDD."""
+
+    frame: DataFrame
+    java_rdd: Any
+
+
+def held_shuffle(shuffled: DataFrame) -> HeldShuffle:
+    """``shuffled`` (which ends in a shuffle) as a DataFrame over its one RDD: every query over
+    it reads that same Spark shuffle, where a query planned from ``shuffled`` would shuffle
+    anew. In the JVM (``Dataset.javaRDD``, ``createDataFrame``), so no row passes through
+    Python on the way. Planning it may run the shuffle's map stage (adaptive execution
+    materializes it)."""
+    java_rows = shuffled._jdf.javaRDD()
+    session = shuffled.sparkSession
+    frame = session._jsparkSession.createDataFrame(java_rows, shuffled._jdf.schema())
+    return HeldShuffle(DataFrame(frame, session), java_rows.rdd())
+
+
+def _shuffle_id(java_rdd: Any) -> int:
+    """The id of the Spark shuffle nearest below ``java_rdd`` in its lineage (first parents)."""
     while True:
         dependencies = java_rdd.dependencies()
         if dependencies.isEmpty():
-            raise ValueError(f"no shuffle in the lineage of {rdd}")
+            raise ValueError(f"no shuffle in the lineage of {java_rdd}")
         dependency = dependencies.head()
         if dependency.getClass().getSimpleName() == "ShuffleDependency":
             return int(dependency.shuffleId())
@@ -68,17 +90,17 @@ class SparkShuffleOutputs:
         """Whether :meth:`forget` works here."""
         return self._tracker is not None
 
-    def forget(self, rdd: RDD[Any]) -> bool:
-        """Unregister every map output of the shuffle that made ``rdd``: the next stage that
-        needs them reruns its map stage first. False if Spark could not be told (nothing to
-        tell once the application stopped)."""
+    def forget(self, held: HeldShuffle) -> bool:
+        """Unregister every map output of ``held``'s shuffle: the next stage that needs them
+        reruns its map stage first. False if Spark could not be told (nothing to tell once
+        the application stopped)."""
         if self._context._jsc is None:
             return True
         if self._tracker is None:
             return False
         try:
-            self._tracker.unregisterAllMapAndMergeOutput(_shuffle_id(rdd))
+            self._tracker.unregisterAllMapAndMergeOutput(_shuffle_id(held.java_rdd))
         except Exception as error:  # Py4J's errors, or Spark's for a shuffle it dropped
-            _LOG.warning("Spark's map outputs of %s were not unregistered: %s", rdd, error)
+            _LOG.warning("Spark's map outputs were not unregistered: %s", error)
             return False
         return True

@@ -55,7 +55,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAP_OUTPUT_SCHEMA",
-    "REDUCER_ROW_SCHEMA",
     "MapOutputs",
     "MapOutputsParam",
     "MapStageSpec",
@@ -67,7 +66,7 @@ __all__ = [
 ]
 
 MAP_OUTPUT_SCHEMA: Final = (
-    "map_index long, producer binary, rows array<long>, bytes array<long>,"
+    "map_index long, attempt string, producer binary, rows array<long>, bytes array<long>,"
     " arrow_bytes array<long>, arrow_schema binary"
 )
 """The one metadata row each map task returns (Spark DDL)."""
@@ -179,6 +178,7 @@ def run_map_task(
     return pa.record_batch(
         {
             "map_index": pa.array([map_index], pa.int64()),
+            "attempt": pa.array([attempt]),
             "producer": pa.array(
                 [serialize(environment.producer_descriptor(attempt))], pa.binary()
             ),
@@ -205,9 +205,6 @@ class ReduceStageSpec:
     deployments: Broadcast[tuple[ConsumerDeploymentDescriptor, ...]]
     schemas: tuple[pa.Schema, ...]
     operation: ReduceOperation
-    replaced_attempts: Mapping[str, Mapping[int, frozenset[str]]]
-    """By input result id, map task: every attempt the driver registered, for the map tasks it
-    registered more than once (see :func:`current_map_outputs`)."""
     rows_read: Accumulator[int] | None = None
     bytes_read: Accumulator[int] | None = None
     reruns_read: Accumulator[MapOutputs] | None = None
@@ -240,33 +237,25 @@ def _counted(batches: Iterator[pa.RecordBatch], spec: ReduceStageSpec) -> Iterat
         spec.bytes_read.add(size)
 
 
-REDUCER_ROW_SCHEMA: Final = "reducer long, result_id string, map_index long, producer binary"
-"""The rows a reduce task gets (Spark DDL): one per map output Spark holds for its inputs."""
-
-
 def current_map_outputs(
     gate: InputGateDeploymentDescriptor,
-    held: Mapping[tuple[str, int], bytes],
-    replaced: Mapping[int, frozenset[str]],
+    reran: Mapping[tuple[str, int], bytes],
     environment: ShuffleEnvironment,
     reruns: set[tuple[str, int, bytes]],
 ) -> InputGateDeploymentDescriptor:
-    """The gate with each map output Spark reran inside this action (an attempt the driver
-    never registered) described from its producer, where the service can (and added to
-    ``reruns``); the registered attempt stays where Spark still names it or an attempt the
-    driver replaced."""
+    """The gate with each map output Spark reran inside this action (``reran``: producers of
+    attempts the driver never registered, by result id and map index) described from its
+    producer, where the service can (and added to ``reruns``)."""
 
     def current(descriptor: ShuffleDescriptor) -> ShuffleDescriptor:
         partition = descriptor.result_partition_id
         index = partition.partition_id.partition_index
-        encoded = held.get((gate.result_id, index))
+        encoded = reran.get((gate.result_id, index))
         if encoded is None:
             return descriptor
         producer = deserialize(encoded)
         assert isinstance(producer, ProducerDescriptor)
         attempt = producer.producer_execution_id
-        if attempt == partition.producer_attempt_id or attempt in replaced.get(index, ()):
-            return descriptor
         described = environment.describe_unregistered(
             ResultPartitionID(partition.partition_id, attempt), producer
         )
@@ -280,10 +269,10 @@ def current_map_outputs(
 
 
 def run_reduce_task(
-    spec: ReduceStageSpec, reducer: int, held: Mapping[tuple[str, int], bytes]
+    spec: ReduceStageSpec, reducer: int, reran: Mapping[tuple[str, int], bytes]
 ) -> Iterator[pa.RecordBatch]:
-    """Read what reducer ``reducer`` reads of every input (the attempts Spark holds, ``held``,
-    where it reran a map task); apply the operation."""
+    """Read what reducer ``reducer`` reads of every input (the attempts Spark made, ``reran``,
+    where it reran a map task inside the action); apply the operation."""
     environment = task_environment(spec.configuration, spec.secret)
     owner = ShuffleIOOwner(f"reducer {reducer}", task_attempt_id())
     references = spec.deployments.value[reducer].inputs
@@ -294,8 +283,7 @@ def run_reduce_task(
         [
             current_map_outputs(
                 resolve_gate(reference, blob_cache_bytes=cache_bytes),
-                held,
-                spec.replaced_attempts.get(reference.group.result_id, {}),
+                reran,
                 environment,
                 reruns,
             )
