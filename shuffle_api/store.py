@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Final
 
 import fsspec
 import pyarrow as pa
@@ -81,24 +81,6 @@ class RangeReader(abc.ABC):
         return int(data.size)
 
 
-class _MappedRanges(RangeReader):
-    """Zero-copy slices of a memory-mapped local file (the buffers keep the mapping alive)."""
-
-    def __init__(self, path: str) -> None:
-        self._path = path
-        self._mapped = pa.memory_map(path)
-
-    def read_range(self, offset: int, length: int) -> pa.Buffer:
-        with storage_errors(self._path):
-            # A truncated file yields a short buffer, which fails its checksum, not an OSError.
-            available = max(0, min(length, self._mapped.size() - offset))
-            self._mapped.seek(min(offset, self._mapped.size()))
-            return self._mapped.read_buffer(available)
-
-    def size(self) -> int:
-        return int(self._mapped.size())
-
-
 _new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
 _new_bytes.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
 _new_bytes.restype = ctypes.py_object
@@ -154,6 +136,30 @@ class _PositionedRanges(RangeReader):
             return 0  # sendfile takes no empty range
         # sendfile(2): from the page cache to the socket, no copy in this process.
         return int(sock.sendfile(self._file, offset, length))
+
+
+class _MappedRanges(_PositionedRanges):
+    """Zero-copy slices of a memory-mapped local file (the buffers keep the mapping alive), for
+    ranges of at least :data:`_SMALLEST_MAPPED_READ` bytes; smaller ones are read, which costs a
+    third of mapping the file for them (a reducer reads a small range of each of many files)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self._mapped: pa.MemoryMappedFile | None = None
+
+    def read_range(self, offset: int, length: int) -> pa.Buffer:
+        if length < _SMALLEST_MAPPED_READ:
+            return super().read_range(offset, length)
+        with storage_errors(self._path):
+            if self._mapped is None:
+                self._mapped = pa.memory_map(self._path)
+            # A truncated file yields a short buffer, which fails its checksum, not an OSError.
+            available = max(0, min(length, self._mapped.size() - offset))
+            self._mapped.seek(min(offset, self._mapped.size()))
+            return self._mapped.read_buffer(available)
+
+
+_SMALLEST_MAPPED_READ: Final = 1 << 20
 
 
 class _FsspecRanges(RangeReader):

@@ -462,7 +462,9 @@ class PartitionFileReader:
             return
         index = self._index
         positions = self._positions(subpartitions)
-        if not len(positions):
+        if len(positions) <= 1:  # a reducer's one run of a map output, mostly
+            if len(positions):
+                yield from self._read_adjacent(schema, positions.tolist())
             return
         offsets, lengths = index.offset[positions], index.length[positions]
         starts = np.flatnonzero(offsets[1:] != offsets[:-1] + lengths[:-1]) + 1

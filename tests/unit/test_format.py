@@ -6,6 +6,7 @@ import errno
 import io
 import json
 import os
+import random
 import socket
 import threading
 import uuid
@@ -716,6 +717,21 @@ def test_a_run_sent_to_a_socket_is_the_header_and_the_run_bytes(
         assert _sent(reader, run) == b"header" + reader.read_run(run).to_pybytes()
     # An empty run (an index may hold one) is its header alone.
     assert _sent(reader, Run(0, 0, 0, 0, 0, 0)) == b"header"
+
+
+@pytest.mark.parametrize("length", [1000, 3 << 20])
+def test_ranges_small_and_large_are_the_file_bytes_and_short_at_its_end(
+    any_store: Store, length: int
+) -> None:
+    """Small ranges are read and large ones sliced from a memory map (a mapped store): both
+    give the file's bytes, and a range past the end is short, not an error."""
+    path = any_store.path("ranges", "data")
+    content = random.Random(length).randbytes(2 * length)
+    any_store.put_atomic(path, content)
+    ranges = any_store.open_ranges(path)
+    assert ranges.read_range(7, length).to_pybytes() == content[7 : 7 + length]
+    assert ranges.read_range(length + 11, length).to_pybytes() == content[length + 11 :]
+    assert ranges.read_range(3 * length, length).size == 0
 
 
 def test_data_file_truncated_inside_a_run_raises_checksum_mismatch(
