@@ -1,0 +1,333 @@
+"""Many map tasks and reducers: pyshuffle beside Spark's own shuffle, cell by cell, in one run.
+
+Each cell of the grid map tasks x reducers shuffles ``max(--min-rows, --rows-per-block x maps
+x reducers)`` rows of two longs (``k``, ``v``; made by ``spark.range`` in ``maps`` partitions)
+by ``k`` into ``reducers`` partitions, and feeds every reducer to the same ``mapInArrow`` that
+counts its rows:
+
+- Spark: ``df.repartition(reducers, "k").mapInArrow(count)`` (AQE off, so Spark keeps every
+  reducer, as pyshuffle does with ``num_partitions``);
+- pyshuffle: ``SparkShuffle.repartition(df, "k", num_partitions=reducers).mapInArrow(count)``
+  (run ``<service>``), and ``SparkShuffle.repartition_map(df, "k", count, ...)``, the same
+  consumer run inside the reduce tasks (run ``<service>+fused``); on the default service
+  (``netty_like``) and on the external one (a coordinator and two worker daemons on
+  127.0.0.1, reducers reading through the workers).
+
+And a floor, ``python_tasks``: ``maps`` then ``reducers`` Python tasks that do nothing
+(``spark.range`` partitions fed to the counting ``mapInArrow``). pyshuffle runs each map task
+and each reducer as a Python task, where Spark's map tasks stay in the JVM: on a machine where a
+Python task costs about as much as Spark's whole reduce task, this floor says how close any
+Python-side shuffle can come.
+
+Both must count every row; a cell that fails or passes ``--cell-timeout`` (600 s) is cancelled
+and counts as failed (ratio 0), not skipped. Saved per cell: both times and their ratio
+(Spark's time over pyshuffle's: above 1 is faster than Spark), and over the grid:
+
+- ``speedup_min``: the smallest ratio of all cells and pyshuffle runs (goal >= 1.0);
+- ``reduce_task_overhead_ms``: per pyshuffle run, what one more reducer costs pyshuffle minus
+  what it costs Spark, from the two largest reducer counts at the smallest map count (goal <= 0);
+- ``per_block_us``: per pyshuffle run, what one more block (map output x reducer) costs
+  pyshuffle minus what it costs Spark, from the two largest map counts at the largest reducer count
+  (goal <= 20).
+
+    python benchmarks/many_partitions.py
+    python benchmarks/many_partitions.py --maps 16,200 --reducers 200,1000 --services netty_like
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyspark
+from common import machine, positive, save_results
+from pyspark.sql import DataFrame, SparkSession
+
+from external_shuffle.local_cluster import LocalCluster
+from pyspark_shuffle import SparkShuffle
+from pyspark_shuffle.local_spark import local_spark_session
+
+DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "many_partitions.json"
+SERVICES = ("netty_like", "external_shuffle")
+SPARK = "spark"
+FLOOR = "python_tasks"
+FUSED = "+fused"
+COUNT_SCHEMA = "rows long"
+
+
+def count_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    yield pa.record_batch({"rows": pa.array([sum(batch.num_rows for batch in batches)])})
+
+
+def counts(text: str) -> list[int]:
+    """An argument type: comma-separated integers >= 1."""
+    return [positive(part) for part in text.split(",") if part.strip()]
+
+
+def service_list(text: str) -> list[str]:
+    """An argument type: a comma-separated subset of :data:`SERVICES`."""
+    chosen = [part.strip() for part in text.split(",") if part.strip()]
+    if not chosen or any(service not in SERVICES for service in chosen):
+        raise argparse.ArgumentTypeError(f"services are a subset of {','.join(SERVICES)}")
+    return chosen
+
+
+@dataclass(frozen=True)
+class Cell:
+    maps: int
+    reducers: int
+    rows: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.maps}x{self.reducers}"
+
+
+# A cell's job: from the cell's data, the frame of row counts to collect and the pyshuffle
+# result to release after (None for Spark's own shuffle).
+Job = Callable[[DataFrame, "Cell"], tuple[DataFrame, DataFrame | None]]
+
+
+def spark_job(data: DataFrame, cell: Cell) -> tuple[DataFrame, DataFrame | None]:
+    return data.repartition(cell.reducers, "k").mapInArrow(count_rows, COUNT_SCHEMA), None
+
+
+def pyshuffle_job(shuffle: SparkShuffle, fused: bool) -> Job:
+    def job(data: DataFrame, cell: Cell) -> tuple[DataFrame, DataFrame | None]:
+        if fused:
+            result = shuffle.repartition_map(
+                data, "k", count_rows, COUNT_SCHEMA, num_partitions=cell.reducers
+            )
+            return result, result
+        result = shuffle.repartition(data, "k", num_partitions=cell.reducers)
+        return result.mapInArrow(count_rows, COUNT_SCHEMA), result
+
+    return job
+
+
+def measure(
+    session: SparkSession, cell: Cell, job: Job, shuffle: SparkShuffle | None, timeout: float
+) -> float | None:
+    """Seconds to run ``job`` on ``cell`` and count every reducer's rows; None if a row is
+    missing or extra, the job failed, or it passed ``timeout`` (then it is cancelled)."""
+    data = session.range(0, cell.rows, 1, cell.maps).selectExpr("id as k", "id * 2 as v")
+    timer = threading.Timer(timeout, session.sparkContext.cancelAllJobs)
+    timer.start()
+    started = time.perf_counter()
+    result: DataFrame | None = None
+    try:
+        counted, result = job(data, cell)
+        rows = sum(row.rows for row in counted.collect())
+        seconds = time.perf_counter() - started
+    except Exception as error:  # a failed or cancelled cell is a figure, not a crash
+        print(f"    failed after {time.perf_counter() - started:.1f} s: {str(error)[:300]}")
+        return None
+    finally:
+        timer.cancel()
+        if shuffle is not None and result is not None:
+            shuffle.release(result)
+    if rows != cell.rows:
+        print(f"    {rows} rows arrived of {cell.rows}")
+        return None
+    return seconds
+
+
+def python_tasks_floor(session: SparkSession, cell: Cell) -> float:
+    """Seconds of ``cell.maps`` then ``cell.reducers`` Python tasks that count nothing."""
+    started = time.perf_counter()
+    for tasks in (cell.maps, cell.reducers):
+        session.range(0, tasks, 1, tasks).mapInArrow(count_rows, COUNT_SCHEMA).collect()
+    return time.perf_counter() - started
+
+
+def open_shuffle(stack: contextlib.ExitStack, session: SparkSession, service: str) -> SparkShuffle:
+    directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"many-{service}-")))
+    if service == "netty_like":
+        options: dict[str, Any] = {"netty-like.storage.url": str(directory / "store")}
+    else:
+        # Stores apart: reducers read through the workers, as on hosts of their own.
+        cluster = stack.enter_context(LocalCluster(directory, workers=2, store_shared=False))
+        options = cluster.client_config()
+    return stack.enter_context(SparkShuffle(session, options))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--maps", type=counts, default=[16, 200, 1000])
+    parser.add_argument("--reducers", type=counts, default=[200, 1000, 4000])
+    parser.add_argument("--services", type=service_list, default=list(SERVICES))
+    parser.add_argument("--rows-per-block", type=positive, default=4)
+    parser.add_argument("--min-rows", type=positive, default=1_000_000)
+    parser.add_argument("--cell-timeout", type=float, default=600.0)
+    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
+    args = parser.parse_args()
+
+    cells = [
+        Cell(maps, reducers, max(args.min_rows, args.rows_per_block * maps * reducers))
+        for maps in sorted(args.maps)
+        for reducers in sorted(args.reducers)
+    ]
+    session = local_spark_session(
+        "many-partitions",
+        driver_memory="4g",
+        conf={"spark.sql.adaptive.enabled": "false"},
+    )
+    with contextlib.ExitStack() as stack:
+        jobs: dict[str, tuple[Job, SparkShuffle | None]] = {SPARK: (spark_job, None)}
+        for service in args.services:
+            opened = open_shuffle(stack, session, service)
+            jobs[service] = (pyshuffle_job(opened, fused=False), opened)
+            jobs[service + FUSED] = (pyshuffle_job(opened, fused=True), opened)
+        runs = [name for name in jobs if name != SPARK]
+        times: dict[str, dict[str, float | None]] = {name: {} for name in [*jobs, FLOOR]}
+        # Untimed: Python workers, the JVM's Arrow path, the daemons' first streams.
+        for job, shuffle in jobs.values():
+            measure(session, Cell(4, 8, 10_000), job, shuffle, args.cell_timeout)
+        print(
+            f"{'cell':>10} {'rows':>11} {'spark':>8} {'floor':>8}"
+            + "".join(f"{run:>26}" for run in runs)
+        )
+        for cell in cells:
+            for name, (job, shuffle) in jobs.items():
+                times[name][cell.name] = measure(session, cell, job, shuffle, args.cell_timeout)
+            times[FLOOR][cell.name] = python_tasks_floor(session, cell)
+            print(_row(cell, times, runs), flush=True)
+    session.stop()
+
+    summary = summarize(times, cells, runs)
+    print(_summary_lines(summary))
+    save_results(
+        args.output,
+        {
+            "benchmark": "many_partitions",
+            "machine": machine(pyspark=pyspark.__version__, pyarrow=pa.__version__),
+            "parameters": {
+                "master": "local[2]",
+                "adaptive": False,
+                "rows_per_block": args.rows_per_block,
+                "min_rows": args.min_rows,
+                "cell_timeout_s": args.cell_timeout,
+            },
+            "cells": [
+                {
+                    "maps": cell.maps,
+                    "reducers": cell.reducers,
+                    "rows": cell.rows,
+                    "spark_s": times[SPARK][cell.name],
+                    "python_tasks_floor_s": times[FLOOR][cell.name],
+                    **{
+                        run: {
+                            "seconds": times[run][cell.name],
+                            "speedup": _speedup(times[SPARK][cell.name], times[run][cell.name]),
+                        }
+                        for run in runs
+                    },
+                }
+                for cell in cells
+            ],
+            **summary,
+        },
+    )
+
+
+def summarize(
+    times: dict[str, dict[str, float | None]], cells: list[Cell], runs: list[str]
+) -> dict[str, Any]:
+    """``speedup_min`` over every cell and pyshuffle run, per run the per-reducer and
+    per-block costs beyond Spark's (None where the grid lacks the cells they need), and
+    ``speedup_ceiling_min``: the smallest ratio of Spark's time to the Python tasks' floor."""
+    speedups = [
+        _speedup(times[SPARK][cell.name], times[run][cell.name]) for cell in cells for run in runs
+    ]
+    maps = sorted({cell.maps for cell in cells})
+    reducers = sorted({cell.reducers for cell in cells})
+    overhead: dict[str, float | None] = {}
+    per_block: dict[str, float | None] = {}
+    for run in runs:
+        overhead[run] = None
+        if len(reducers) >= 2:
+            fewer, more = f"{maps[0]}x{reducers[-2]}", f"{maps[0]}x{reducers[-1]}"
+            extra = _growth_beyond_spark(times, run, fewer, more)
+            if extra is not None:
+                overhead[run] = 1e3 * extra / (reducers[-1] - reducers[-2])
+        per_block[run] = None
+        if len(maps) >= 2:
+            fewer, more = f"{maps[-2]}x{reducers[-1]}", f"{maps[-1]}x{reducers[-1]}"
+            extra = _growth_beyond_spark(times, run, fewer, more)
+            if extra is not None:
+                per_block[run] = 1e6 * extra / ((maps[-1] - maps[-2]) * reducers[-1])
+    known = [speedup for speedup in speedups if speedup is not None]
+    ceilings = [_speedup(times[SPARK][cell.name], times[FLOOR][cell.name]) for cell in cells]
+    known_ceilings = [ceiling for ceiling in ceilings if ceiling is not None]
+    return {
+        "speedup_min": min(known) if known else None,
+        "speedup_ceiling_min": min(known_ceilings) if known_ceilings else None,
+        "reduce_task_overhead_ms": overhead,
+        "per_block_us": per_block,
+        "goals": {"speedup_min": 1.0, "reduce_task_overhead_ms": 0.0, "per_block_us": 20.0},
+    }
+
+
+def _growth_beyond_spark(
+    times: dict[str, dict[str, float | None]], run: str, fewer: str, more: str
+) -> float | None:
+    """How much more pyshuffle's time grew from cell ``fewer`` to cell ``more`` than Spark's
+    did (None if a time is missing)."""
+    ours = times[run].get(fewer), times[run].get(more)
+    spark = times[SPARK].get(fewer), times[SPARK].get(more)
+    if ours[0] is None or ours[1] is None or spark[0] is None or spark[1] is None:
+        return None
+    return (ours[1] - ours[0]) - (spark[1] - spark[0])
+
+
+def _row(cell: Cell, times: dict[str, dict[str, float | None]], runs: list[str]) -> str:
+    spark = times[SPARK][cell.name]
+    floor = times[FLOOR][cell.name]
+    row = f"{cell.name:>10} {cell.rows:>11,} {_seconds(spark):>8} {_seconds(floor):>8}"
+    for run in runs:
+        ours = times[run][cell.name]
+        row += f"{_seconds(ours):>18} ({_ratio(spark, ours)})"
+    return row
+
+
+def _speedup(spark: float | None, ours: float | None) -> float | None:
+    """Spark's time over pyshuffle's; 0 when pyshuffle failed, None when Spark did."""
+    if spark is None:
+        return None
+    return 0.0 if ours is None else spark / ours
+
+
+def _seconds(value: float | None) -> str:
+    return "failed" if value is None else f"{value:.1f} s"
+
+
+def _ratio(spark: float | None, ours: float | None) -> str:
+    speedup = _speedup(spark, ours)
+    return "-" if speedup is None else f"{speedup:.2f}x"
+
+
+def _summary_lines(summary: dict[str, Any]) -> str:
+    def shown(value: float | None, unit: str) -> str:
+        return "n/a" if value is None else f"{value:.2f}{unit}"
+
+    lines = [
+        f"\nspeedup_min {shown(summary['speedup_min'], 'x')} (goal >= 1.0; the Python tasks'"
+        f" floor allows {shown(summary['speedup_ceiling_min'], 'x')})"
+    ]
+    for run, value in summary["reduce_task_overhead_ms"].items():
+        lines.append(f"reduce_task_overhead_ms {run}: {shown(value, ' ms')} (goal <= 0)")
+    for run, value in summary["per_block_us"].items():
+        lines.append(f"per_block_us {run}: {shown(value, ' us')} (goal <= 20)")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
