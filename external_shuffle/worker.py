@@ -442,7 +442,7 @@ class WorkerService(pb_grpc.WorkerServicer):
         stream = self._streams.open(peer, cancel)
         started = time.perf_counter()
         try:
-            reader = PartitionFileReader(self._store, partition, cached=True)
+            reader = PartitionFileReader(self._store, partition)
             if subpartitions.end >= reader.manifest.number_of_subpartitions:
                 raise InvalidIdentifierError(
                     f"subpartitions {subpartitions.start}..{subpartitions.end} out of range:"
