@@ -301,11 +301,12 @@ def _read_layout(store: Store, partition: ResultPartitionID, *, statistics: bool
 
 
 class _LayoutCache:
-    """Per process, the layouts of partitions read lately: a reader of many partitions (a
-    reducer after another, a worker serving fetches) decodes each manifest and index once.
-    Bounded by entries and by the bytes they hold beyond index files mapped from a local
-    store. A partition's files never change once committed; a released one's data file is
-    gone, which its next read finds."""
+    """Per process, the layouts of partitions read lately: a reader of many partitions (one
+    reducer after another in a Python worker, a data port's blocking views) decodes each
+    manifest and index once. Bounded by entries and by the bytes they hold beyond index files
+    mapped from a local store. A partition's files never change once committed; a released
+    one's data file is gone, which its next read finds. Not for the external worker: it sends
+    the manifest whole and must see files changed under it (see ``WorkerService.open_fetch``)."""
 
     def __init__(self, max_entries: int, max_bytes: int) -> None:
         self._max_entries = max_entries
