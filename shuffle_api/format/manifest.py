@@ -25,7 +25,10 @@ __all__ = [
 ]
 
 FORMAT_NAME: Final = "pyshuffle-partition"
-FORMAT_VERSION: Final = 1
+FORMAT_VERSION: Final = 2
+"""2: statistics as one compressed field (``PartitionStatistics.encode``), where 1 had three
+lists of numbers: a reader fetches a manifest per partition it reads, and lists of thousands
+cost milliseconds to write and parse each time."""
 DATA_FILE: Final = "data.arrow"
 INDEX_FILE: Final = "index.arrow"
 MANIFEST_FILE: Final = "manifest.json"
@@ -80,10 +83,11 @@ class PartitionManifest:
             "index_checksum": self.index_checksum,
             "checksum": "xxh3_64",
             "num_regions": self.num_regions,
-            "rows_per_subpartition": list(self.statistics.rows_per_subpartition),
-            "bytes_per_subpartition": list(self.statistics.bytes_per_subpartition),
-            "arrow_bytes_per_subpartition": list(self.statistics.arrow_bytes_per_subpartition),
         }
+        if self.format_version == 1:
+            document.update(_statistics_lists(self.statistics))
+        else:
+            document["statistics"] = base64.b64encode(self.statistics.encode()).decode("ascii")
         return json.dumps(document, indent=1).encode("utf-8")
 
     @classmethod
@@ -102,6 +106,7 @@ class PartitionManifest:
                 )
             partition = document["partition"]
             schema_text = document["schema"]
+            subpartitions = int(document["number_of_subpartitions"])
             return cls(
                 partition=ResultPartitionID(
                     IntermediateResultPartitionID(
@@ -109,16 +114,15 @@ class PartitionManifest:
                     ),
                     partition["producer_attempt_id"],
                 ),
-                number_of_subpartitions=int(document["number_of_subpartitions"]),
+                number_of_subpartitions=subpartitions,
                 codec=str(document["codec"]),
                 schema=None
                 if schema_text is None
                 else pa.ipc.read_schema(pa.py_buffer(base64.b64decode(schema_text))),
-                statistics=PartitionStatistics(
-                    tuple(int(v) for v in document["rows_per_subpartition"]),
-                    tuple(int(v) for v in document["bytes_per_subpartition"]),
-                    # Absent from the manifests of pyshuffle before 2026-11-26.
-                    tuple(int(v) for v in document.get("arrow_bytes_per_subpartition", ())),
+                statistics=_statistics_of_lists(document)
+                if version == 1
+                else PartitionStatistics.decode(
+                    base64.b64decode(document["statistics"], validate=True), subpartitions
                 ),
                 num_regions=int(document["num_regions"]),
                 data_bytes=int(document["data_bytes"]),
@@ -131,3 +135,21 @@ class PartitionManifest:
             raise PartitionCorruptedError(
                 f"manifest at {where} does not decode: {error}"
             ) from error
+
+
+def _statistics_lists(statistics: PartitionStatistics) -> dict[str, list[int]]:
+    return {
+        "rows_per_subpartition": list(statistics.rows_per_subpartition),
+        "bytes_per_subpartition": list(statistics.bytes_per_subpartition),
+        "arrow_bytes_per_subpartition": list(statistics.arrow_bytes_per_subpartition),
+    }
+
+
+def _statistics_of_lists(document: dict[str, Any]) -> PartitionStatistics:
+    """Format 1's statistics."""
+    return PartitionStatistics(
+        tuple(map(int, document["rows_per_subpartition"])),
+        tuple(map(int, document["bytes_per_subpartition"])),
+        # Absent from the manifests of pyshuffle before 2026-11-26.
+        tuple(map(int, document.get("arrow_bytes_per_subpartition", ()))),
+    )

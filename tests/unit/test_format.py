@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import errno
 import io
 import json
@@ -14,9 +15,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+import zstandard
 
 from shuffle_api import (
     BROADCAST,
@@ -25,6 +28,7 @@ from shuffle_api import (
     InvalidIdentifierError,
     PartitionCorruptedError,
     PartitionNotFoundError,
+    PartitionStatistics,
     ResultPartitionID,
     ShuffleError,
     StorageError,
@@ -441,16 +445,70 @@ def test_arrow_bytes_are_the_same_whatever_the_codec(
         )
 
 
+def as_format_1(document: dict[str, Any], *, arrow_bytes: bool = True) -> None:
+    """``document`` (a manifest of format 2) as format 1 wrote it: statistics as lists."""
+    statistics = PartitionStatistics.decode(
+        base64.b64decode(document.pop("statistics")), document["number_of_subpartitions"]
+    )
+    document["format_version"] = 1
+    document["rows_per_subpartition"] = list(statistics.rows_per_subpartition)
+    document["bytes_per_subpartition"] = list(statistics.bytes_per_subpartition)
+    if arrow_bytes:
+        document["arrow_bytes_per_subpartition"] = list(statistics.arrow_bytes_per_subpartition)
+
+
+def test_a_manifest_of_format_1_reads_as_it_was_written(
+    store: Store, partition: ResultPartitionID
+) -> None:
+    write_partition(store, partition, SPREAD_WRITES)
+    written = PartitionFileReader(store, partition).manifest.statistics
+    edit_manifest(store, partition, as_format_1)
+
+    reader = PartitionFileReader(store, partition)
+
+    assert reader.manifest.format_version == 1
+    assert reader.manifest.statistics == written
+    assert [read_keys(reader, s) for s in range(3)] == [
+        expected_keys(SPREAD_WRITES, s) for s in range(3)
+    ]
+
+
 def test_a_manifest_without_arrow_bytes_takes_the_stored_bytes(
     store: Store, partition: ResultPartitionID
 ) -> None:
     write_partition(store, partition, SPREAD_WRITES)
-    # As pyshuffle wrote manifests before.
-    edit_manifest(store, partition, lambda document: document.pop("arrow_bytes_per_subpartition"))
+    # As pyshuffle wrote manifests before 2026-11-26.
+    edit_manifest(store, partition, lambda document: as_format_1(document, arrow_bytes=False))
 
     statistics = PartitionFileReader(store, partition).manifest.statistics
 
     assert statistics.arrow_bytes_per_subpartition == statistics.bytes_per_subpartition
+
+
+@pytest.mark.parametrize(
+    "statistics",
+    [
+        pytest.param("not base64!", id="not-base64"),
+        pytest.param(base64.b64encode(b"not zstd").decode(), id="not-zstd"),
+        pytest.param(
+            base64.b64encode(PartitionStatistics((1,), (2,), (3,)).encode()).decode(),
+            id="other-subpartitions",
+        ),
+        pytest.param(
+            base64.b64encode(zstandard.ZstdCompressor().compress(bytes(1 << 20))).decode(),
+            id="declares-a-megabyte",
+        ),
+        pytest.param(None, id="missing"),
+    ],
+)
+def test_manifest_with_bad_statistics_raises_partition_corrupted(
+    store: Store, partition: ResultPartitionID, statistics: str | None
+) -> None:
+    write_partition(store, partition, SPREAD_WRITES)
+    edit_manifest(store, partition, lambda document: document.update(statistics=statistics))
+
+    with pytest.raises(PartitionCorruptedError, match=r"statistics|does not decode"):
+        PartitionFileReader(store, partition)
 
 
 # --- readable with plain pyarrow -----------------------------------------------------------
@@ -471,6 +529,10 @@ def test_partition_reads_back_with_plain_pyarrow_from_manifest_and_index(
 
     # No pyshuffle reader below: the manifest's JSON, the index file, the Arrow IPC data file.
     manifest = json.loads(fs.cat_file(f"{directory}/{MANIFEST_FILE}"))
+    # Rows, stored bytes and Arrow bytes per subpartition: zstd-compressed int64 rows.
+    statistics = np.frombuffer(
+        zstandard.ZstdDecompressor().decompress(base64.b64decode(manifest["statistics"])), "<i8"
+    ).reshape(3, manifest["number_of_subpartitions"])
     with fs.open(f"{directory}/{manifest['index_file']}", "rb") as handle:
         index = pa.ipc.open_file(pa.py_buffer(handle.read())).read_all()
     assert index.schema.equals(INDEX_SCHEMA)
@@ -485,7 +547,7 @@ def test_partition_reads_back_with_plain_pyarrow_from_manifest_and_index(
                 for number in range(run["first_batch"], run["first_batch"] + run["num_batches"]):
                     rows += data.get_batch(number).column("key").to_pylist()
         assert rows == expected_keys(writes, subpartition)
-        assert len(rows) == manifest["rows_per_subpartition"][subpartition]
+        assert len(rows) == statistics[0][subpartition]
 
 
 def test_local_data_file_is_an_arrow_ipc_file_pyarrow_opens_by_path(
