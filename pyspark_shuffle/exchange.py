@@ -31,6 +31,8 @@ from pyspark_shuffle.tasks import (
     MAP_OUTPUT_SCHEMA,
     MapOutputs,
     MapOutputsParam,
+    MapReports,
+    MapReportsParam,
     MapStageSpec,
     run_map_task,
 )
@@ -134,16 +136,20 @@ class Exchange:
         # registers, and each copy must be deleted in the end.
         written: Accumulator[MapOutputs] = context.accumulator(frozenset(), MapOutputsParam())
         self._written = written
+        reports: Accumulator[MapReports] = context.accumulator({}, MapReportsParam())
+        self._reports = reports
 
         def map_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             task = TaskContext.get()
             assert task is not None
-            metadata = run_map_task(spec, task.partitionId(), batches)
-            rows_written.add(sum(metadata.column("rows")[0].as_py()))
-            bytes_written.add(sum(metadata.column("bytes")[0].as_py()))
-            producer = metadata.column("producer")[0].as_py()
+            result = run_map_task(spec, task.partitionId(), batches)
+            rows_written.add(result.statistics.total_rows)
+            bytes_written.add(result.statistics.total_bytes)
+            producer = result.row.column("producer")[0].as_py()
+            attempt = result.row.column("attempt")[0].as_py()
             written.add(frozenset({(spec.result_id, task.partitionId(), producer)}))
-            yield metadata
+            reports.add({(task.partitionId(), attempt): result.report})
+            yield result.row
 
         self._mapped = map_input.map_in_arrow(map_partition, MAP_OUTPUT_SCHEMA)
         # Built by the first run of the map stage (see held_map_outputs).
@@ -202,6 +208,12 @@ class Exchange:
         if an executor dies with its map outputs, Spark reruns those map tasks (a fetch
         failure) inside the action, and the reducers find the new attempts in it."""
         return self._anchor.frame if self._held and self._anchor is not None else None
+
+    def spark_shuffle_bytes(self) -> int | None:
+        """Bytes of Spark's shuffle of its map tasks' rows (see :meth:`held_map_outputs`)."""
+        if self.held_map_outputs() is None or self._anchor is None:
+            return 0
+        return self._spark_outputs.bytes_written(self._anchor)
 
     def _collect(self) -> list[Row]:
         """The metadata rows of the map outputs Spark holds, running the map tasks whose
@@ -304,12 +316,16 @@ class Exchange:
 
     def _register(self, row: Row, descriptor: ShuffleDescriptor) -> None:
         map_index = int(row["map_index"])
-        if row["arrow_schema"] is not None and self._schema is None:
-            self._schema = pa.ipc.read_schema(pa.py_buffer(bytes(row["arrow_schema"])))
-        statistics = PartitionStatistics(
-            tuple(row["rows"]), tuple(row["bytes"]), tuple(row["arrow_bytes"])
-        )
-        self._replace(MapOutput(map_index, descriptor, statistics))
+        # Spark merges a task's accumulator updates before the job that ran it ends.
+        report = self._reports.value.get((map_index, str(row["attempt"])))
+        if report is None:
+            raise StageFailedError(
+                f"{self.name}: map task {map_index} attempt {row['attempt']} sent no report"
+            )
+        schema = report.schema()
+        if schema is not None and self._schema is None:
+            self._schema = schema
+        self._replace(MapOutput(map_index, descriptor, report.partition_statistics()))
 
     def _replace(self, output: MapOutput) -> None:
         """Make ``output`` the registered attempt of its map task; release the one before."""

@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -164,6 +164,10 @@ class ShuffleStatistics:
     broadcast_side: str | None = None
     """For a join: the side broadcast (``"left"`` or ``"right"``; the figures above are that
     side's, ``reducers`` the other side's tasks that joined with it), or ``None``."""
+    spark_shuffle_bytes: int | None = None
+    """Bytes of Spark's own shuffle that this result's exchanges keep, so that Spark reruns
+    map tasks lost with an executor: one small row per map task, read by every reducer (0
+    where the service's partitions outlive executors; ``None`` where Spark cannot say)."""
 
 
 def _new_stage() -> str:
@@ -213,6 +217,16 @@ def _adopt_reruns(result: _Result) -> None:
             by_id[result_id].adopt(map_index, producer)
         except ShuffleError as error:  # the rest still go; its executor's end removes it
             _LOG.warning("map output %d of %s not registered: %s", map_index, result_id, error)
+
+
+def _sum_known(values: Iterable[int | None]) -> int | None:
+    """The sum, or ``None`` if any is unknown."""
+    total = 0
+    for value in values:
+        if value is None:
+            return None
+        total += value
+    return total
 
 
 def _upstream_of(result: _Result) -> list[Exchange]:
@@ -679,6 +693,9 @@ class SparkShuffle:
             unsplittable_subpartitions=found.plan.unsplittable,
             fused_inputs=sum(1 for exchange in found.exchanges if exchange.upstream),
             upstream_released=sum(1 for exchange in _upstream_of(found) if exchange.released),
+            spark_shuffle_bytes=_sum_known(
+                exchange.spark_shuffle_bytes() for exchange in found.exchanges
+            ),
         )
 
     def release(self, result: DataFrame) -> None:

@@ -66,15 +66,15 @@ def held_shuffle(shuffled: DataFrame) -> HeldShuffle:
     return HeldShuffle(DataFrame(frame, session), java_rows.rdd())
 
 
-def _shuffle_id(java_rdd: Any) -> int:
-    """The id of the Spark shuffle nearest below ``java_rdd`` in its lineage (first parents)."""
+def _shuffle_dependency(java_rdd: Any) -> Any:
+    """The Spark shuffle nearest below ``java_rdd`` in its lineage (first parents)."""
     while True:
         dependencies = java_rdd.dependencies()
         if dependencies.isEmpty():
             raise ValueError(f"no shuffle in the lineage of {java_rdd}")
         dependency = dependencies.head()
         if dependency.getClass().getSimpleName() == "ShuffleDependency":
-            return int(dependency.shuffleId())
+            return dependency
         java_rdd = dependency.rdd()
 
 
@@ -90,6 +90,18 @@ class SparkShuffleOutputs:
         """Whether :meth:`forget` works here."""
         return self._tracker is not None
 
+    def bytes_written(self, held: HeldShuffle) -> int | None:
+        """The bytes of ``held``'s shuffle that Spark's map tasks wrote (its map output
+        statistics), or ``None`` where Spark cannot say."""
+        if self._tracker is None or self._context._jsc is None:
+            return None
+        try:
+            statistics = self._tracker.getStatistics(_shuffle_dependency(held.java_rdd))
+            return sum(int(size) for size in statistics.bytesByPartitionId())
+        except Exception as error:  # Py4J's errors, or Spark's for a shuffle it dropped
+            _LOG.debug("Spark's map output statistics are not reachable: %s", error)
+            return None
+
     def forget(self, held: HeldShuffle) -> bool:
         """Unregister every map output of ``held``'s shuffle: the next stage that needs them
         reruns its map stage first. False if Spark could not be told (nothing to tell once
@@ -99,7 +111,8 @@ class SparkShuffleOutputs:
         if self._tracker is None:
             return False
         try:
-            self._tracker.unregisterAllMapAndMergeOutput(_shuffle_id(held.java_rdd))
+            shuffle_id = _shuffle_dependency(held.java_rdd).shuffleId()
+            self._tracker.unregisterAllMapAndMergeOutput(shuffle_id)
         except Exception as error:  # Py4J's errors, or Spark's for a shuffle it dropped
             _LOG.warning("Spark's map outputs were not unregistered: %s", error)
             return False

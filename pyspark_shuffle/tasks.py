@@ -10,7 +10,7 @@ import dataclasses
 import hashlib
 import os
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
@@ -32,6 +32,7 @@ from shuffle_api import (
     InputGateDeploymentDescriptor,
     IntermediateResultPartitionID,
     PartitionDescriptor,
+    PartitionStatistics,
     ProducerDescriptor,
     ResultPartitionDeploymentDescriptor,
     ResultPartitionID,
@@ -57,7 +58,11 @@ __all__ = [
     "MAP_OUTPUT_SCHEMA",
     "MapOutputs",
     "MapOutputsParam",
+    "MapReport",
+    "MapReports",
+    "MapReportsParam",
     "MapStageSpec",
+    "MapTaskResult",
     "ReduceStageSpec",
     "run_map_task",
     "run_reduce_task",
@@ -65,11 +70,12 @@ __all__ = [
     "task_environment",
 ]
 
-MAP_OUTPUT_SCHEMA: Final = (
-    "map_index long, attempt string, producer binary, rows array<long>, bytes array<long>,"
-    " arrow_bytes array<long>, arrow_schema binary"
-)
-"""The one metadata row each map task returns (Spark DDL)."""
+MAP_OUTPUT_SCHEMA: Final = "map_index long, attempt string, producer binary"
+"""The one metadata row each map task returns (Spark DDL). Spark's shuffle of these rows is
+read by every reducer (see ``Exchange.held_map_outputs``), so a row names the attempt and
+nothing more: a stage then shuffles O(M) bytes and its reducers read O(M) each, where
+statistics (O(R) per row) would make it O(M x R) and O(M x R^2). The rest of what a map task
+tells the driver is its :class:`MapReport`."""
 
 _ENVIRONMENTS: dict[tuple[int, str, str], ShuffleEnvironment] = {}
 _ENVIRONMENTS_LOCK = threading.Lock()
@@ -146,15 +152,63 @@ def task_attempt_id() -> str:
     return f"task-{task.taskAttemptId()}"
 
 
-def _int64_list(values: Sequence[int]) -> pa.Array:
-    return pa.array([list(values)], pa.list_(pa.int64()))
+@dataclass(frozen=True, slots=True)
+class MapReport:
+    """What one map task attempt wrote, for the driver: its statistics, compressed (see
+    ``PartitionStatistics.encode``), and the Arrow schema of its batches (``None`` when it
+    wrote no rows)."""
+
+    statistics: bytes
+    subpartitions: int
+    arrow_schema: bytes | None
+
+    @classmethod
+    def of(cls, statistics: PartitionStatistics, schema: pa.Schema | None) -> MapReport:
+        return cls(
+            statistics.encode(),
+            len(statistics.rows_per_subpartition),
+            None if schema is None else schema.serialize().to_pybytes(),
+        )
+
+    def partition_statistics(self) -> PartitionStatistics:
+        return PartitionStatistics.decode(self.statistics, self.subpartitions)
+
+    def schema(self) -> pa.Schema | None:
+        if self.arrow_schema is None:
+            return None
+        return pa.ipc.read_schema(pa.py_buffer(self.arrow_schema))
+
+
+MapReports = dict[tuple[int, str], MapReport]
+"""Map task attempts' reports, by map index and attempt id."""
+
+
+class MapReportsParam(AccumulatorParam[MapReports]):
+    """Accumulates map reports. Merged in place: the driver merges one per map task, and
+    copying the whole dict each time would make M tasks cost O(M^2)."""
+
+    def zero(self, value: MapReports) -> MapReports:
+        return {}
+
+    def addInPlace(self, first: MapReports, second: MapReports) -> MapReports:  # noqa: N802
+        first.update(second)
+        return first
+
+
+@dataclass(frozen=True, slots=True)
+class MapTaskResult:
+    """A map task's metadata row (``MAP_OUTPUT_SCHEMA``) and its report."""
+
+    row: pa.RecordBatch
+    report: MapReport
+    statistics: PartitionStatistics
 
 
 def run_map_task(
     spec: MapStageSpec, map_index: int, batches: Iterator[pa.RecordBatch]
-) -> pa.RecordBatch:
+) -> MapTaskResult:
     """Write ``batches`` as partition ``map_index`` under this task attempt's id; return the
-    metadata row. An error fails the writer, which leaves nothing behind."""
+    metadata row and the report. An error fails the writer, which leaves nothing behind."""
     environment = task_environment(spec.configuration, spec.secret)
     attempt = task_attempt_id()
     descriptor = spec.partition_descriptor(map_index)
@@ -175,21 +229,16 @@ def run_map_task(
             schema = schema or batch.schema
             writer.write(batch, spec.partitioner.subpartitions(batch))
         statistics = writer.finish()
-    return pa.record_batch(
+    row = pa.record_batch(
         {
             "map_index": pa.array([map_index], pa.int64()),
             "attempt": pa.array([attempt]),
             "producer": pa.array(
                 [serialize(environment.producer_descriptor(attempt))], pa.binary()
             ),
-            "rows": _int64_list(statistics.rows_per_subpartition),
-            "bytes": _int64_list(statistics.bytes_per_subpartition),
-            "arrow_bytes": _int64_list(statistics.arrow_bytes_per_subpartition),
-            "arrow_schema": pa.array(
-                [None if schema is None else schema.serialize().to_pybytes()], pa.binary()
-            ),
         }
     )
+    return MapTaskResult(row, MapReport.of(statistics, schema), statistics)
 
 
 @dataclass(frozen=True, slots=True)

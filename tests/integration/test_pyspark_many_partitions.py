@@ -13,6 +13,8 @@ from pyspark_shuffle import SparkShuffle
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from tests.integration.services import ShuffleService
+
 MAPS = 200
 REDUCERS = 1_000
 ROWS = 30_000
@@ -40,3 +42,26 @@ def test_200_map_tasks_into_1000_reducers_equal_spark(
     assert statistics.rows_written == statistics.rows_read == ROWS
     assert statistics.map_tasks_rerun == 0
     shuffle.release(result)
+
+
+def test_what_spark_shuffles_for_an_exchange_grows_with_map_tasks_not_reducers(
+    shuffle: SparkShuffle, spark: SparkSession, service: ShuffleService
+) -> None:
+    """The Spark shuffle an exchange keeps (see ``Exchange.held_map_outputs``) carries a row
+    per map task, read by every reducer: were it to grow with the reducers too, a stage would
+    read O(M x R^2) bytes of it."""
+    held: dict[tuple[int, int], int | None] = {}
+    for maps, reducers in ((20, 50), (20, 400), (80, 50)):
+        data = spark.range(0, 4_000, 1, maps).selectExpr("id % 997 as k", "id as v")
+        result = shuffle.repartition(data, "k", num_partitions=reducers)
+        assert result.count() == 4_000
+        held[maps, reducers] = shuffle.statistics(result).spark_shuffle_bytes
+        shuffle.release(result)
+    if service.name == "external_shuffle":  # partitions outlive executors: Spark keeps none
+        assert set(held.values()) == {0}
+        return
+    base = held[20, 50]
+    assert base is not None
+    assert 0 < base < 20 * 1_024  # under a KiB per map task
+    assert held[20, 400] is not None and held[20, 400] <= 1.1 * base  # 8x the reducers
+    assert held[80, 50] is not None and 3.5 * base <= held[80, 50] <= 4.5 * base  # 4x the maps
