@@ -19,8 +19,9 @@ from external_shuffle.framing import fetch_data_call
 from external_shuffle.wire import WorkerAddress
 from external_shuffle.wire_errors import error_from_pb
 from shuffle_api import ResultPartitionID, ShuffleError, TransportError
+from shuffle_api.connections import Connection, ConnectionPool, StaleConnectionError
 from shuffle_api.format import PartitionManifest
-from shuffle_api.sockets import open_handshake, read_frame, receive_into, write_frame
+from shuffle_api.sockets import read_frame, receive_into, write_frame
 
 __all__ = [
     "DataPortUnreachableError",
@@ -51,32 +52,20 @@ def fetch_over_data_port(
     worker: WorkerAddress,
     request: pb.FetchDataRequest,
     *,
-    secret: bytes,
+    connections: ConnectionPool,
     timeout: float,
     max_frame_size: int,
     what: str,
     partition: ResultPartitionID,
 ) -> Iterator[Received]:
-    """``timeout``: for each read (a worker that stops sending); connecting and the handshake
+    """On a connection of ``connections`` (kept for the next fetch from this worker).
+    ``timeout``: for each read (a worker that stops sending); connecting and the handshake
     get at most a few seconds, as gRPC is there to fall back on."""
     address = f"{worker.host}:{worker.data_port}"
-    try:
-        sock = socket.create_connection(
-            (worker.host, worker.data_port), timeout=min(timeout, _CONNECT_TIMEOUT)
-        )
-    except OSError as error:
-        raise DataPortUnreachableError(
-            f"{what}: cannot connect to the data port {address}: {error}"
-        ) from error
-    with sock:
+
+    def fetch(connection: Connection) -> Iterator[Received]:
+        sock = connection.sock
         try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            try:
-                open_handshake(sock, secret, address)
-            except (ShuffleError, OSError) as error:
-                # Busy, gone, or not a data port of ours (a stale port): nothing was asked, and
-                # gRPC, with the same token, serves or says what is wrong.
-                raise DataPortUnreachableError(f"{what}: {error}") from error
             sock.settimeout(timeout)
             write_frame(sock, FETCH, request.SerializeToString())
             yield from _receive(sock, max_frame_size, what, partition)
@@ -85,6 +74,20 @@ def fetch_over_data_port(
         except OSError as error:
             raise TransportError(f"{what} over the data port {address} failed: {error}") from error
 
+    try:
+        connection = connections.connect(
+            worker.host, worker.data_port, timeout=min(timeout, _CONNECT_TIMEOUT)
+        )
+    except ShuffleError as error:  # before OSError: an AuthenticationError is one too
+        # Busy, gone, or not a data port of ours (a stale port): nothing was asked, and
+        # gRPC, with the same token, serves or says what is wrong.
+        raise DataPortUnreachableError(f"{what}: {error}") from error
+    except OSError as error:
+        raise DataPortUnreachableError(
+            f"{what}: cannot connect to the data port {address}: {error}"
+        ) from error
+    yield from connections.exchange(connection, timeout=min(timeout, _CONNECT_TIMEOUT), run=fetch)
+
 
 def _receive(
     sock: socket.socket, max_frame_size: int, what: str, partition: ResultPartitionID
@@ -92,6 +95,8 @@ def _receive(
     manifest: PartitionManifest | None = None
     while True:
         frame = read_frame(sock, max_frame_size)
+        if frame is None and manifest is None:
+            raise StaleConnectionError(f"{what}: the worker hung up before answering")
         if frame is None:
             raise TransportError(f"{what}: the worker hung up before the end")
         frame_type, body = frame

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import select
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,6 +48,10 @@ _METHOD: Final = "DataPort.Fetch"
 # Connections beyond the worker's stream cap, so that a client over it hears
 # TooManyStreamsError (retried by the task) rather than a refused connection.
 _SPARE_CONNECTIONS: Final = 16
+# A connection waits this long at most for its next fetch (clients keep idle ones for less,
+# see shuffle_api.connections), and checks this often whether the port drains meanwhile.
+_KEEP_ALIVE_SECONDS: Final = 10.0
+_DRAIN_POLL_SECONDS: Final = 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +84,7 @@ class WorkerDataPort:
         self._limits = limits
         self._metrics = metrics
         self._worker: WorkerService | None = None
+        self._draining = threading.Event()
         self._listener = AuthenticatedListener(
             host,
             port,
@@ -99,7 +106,8 @@ class WorkerDataPort:
         self._listener.start()
 
     def stop_accepting(self) -> None:
-        """Take no new fetch (draining); those under way go on."""
+        """Take no new fetch (draining); those under way go on, and idle connections end."""
+        self._draining.set()
         self._listener.stop_accepting()
 
     def wait_for_fetches(self, deadline: float) -> None:
@@ -108,27 +116,43 @@ class WorkerDataPort:
             time.sleep(0.05)
 
     def stop(self) -> None:
+        self._draining.set()
         self._listener.stop()
 
     def _serve(self, sock: socket.socket, peer: str) -> None:
+        """Fetch after fetch, until the client hangs up or idles."""
+        self._metrics.data_port_connections.inc()
         running = _Running()
         try:
-            idle_timeout = self._limits.idle_timeout
-            try:
-                frame = read_frame(sock, MAX_REQUEST_SIZE, time.monotonic() + idle_timeout)
-            except TimeoutError:
-                logger.info("closing idle data port connection from %s", peer)
-                return
-            if frame is None:
-                return
-            sock.settimeout(idle_timeout)  # read_frame shortened it to its deadline
-            self._fetch(sock, frame, running)
+            first = True
+            while (frame := self._next_request(sock, peer, first=first)) is not None:
+                sock.settimeout(self._limits.idle_timeout)  # read_frame shortened it
+                self._fetch(sock, frame, running)
+                first = False
         except ShuffleError as error:
             self._metrics.errors.labels(method=_METHOD, code=status_for(error).name).inc()
             logger.warning("%s from %s failed: %s", _METHOD, peer, short(str(error)))
             if not running.mid_run:  # else the client is reading run bytes: it sees the hang-up
                 with contextlib.suppress(OSError):
                     write_frame(sock, FAILED, error_to_pb(error).SerializeToString())
+
+    def _next_request(
+        self, sock: socket.socket, peer: str, *, first: bool
+    ) -> tuple[int, memoryview] | None:
+        """The next request, or None: the client hung up, sent nothing in time, or (after its
+        first fetch, idle) the port drains."""
+        idle_timeout = self._limits.idle_timeout
+        if not first:
+            idle_timeout = min(idle_timeout, _KEEP_ALIVE_SECONDS)
+            deadline = time.monotonic() + idle_timeout
+            while not select.select([sock], [], [], _DRAIN_POLL_SECONDS)[0]:
+                if self._draining.is_set() or time.monotonic() >= deadline:
+                    return None
+        try:
+            return read_frame(sock, MAX_REQUEST_SIZE, time.monotonic() + idle_timeout)
+        except TimeoutError:
+            logger.info("closing idle data port connection from %s", peer)
+            return None
 
     def _fetch(self, sock: socket.socket, frame: tuple[int, memoryview], running: _Running) -> None:
         assert self._worker is not None, "started with its worker"

@@ -44,6 +44,7 @@ from shuffle_api import (
     ShuffleIOOwner,
     ShuffleServiceClosedError,
 )
+from shuffle_api.connections import ConnectionPool
 from shuffle_api.format import SortMergePartitionWriter
 from shuffle_api.gate import OpenGates
 from shuffle_api.options import COMPRESSION_AUTO_BANDWIDTH, COMPRESSION_CODEC, TARGET_BATCH_SIZE
@@ -84,11 +85,13 @@ class ExternalShuffleEnvironment(ShuffleEnvironment):
             read_from_store=config.get(READ_FROM_STORE),
             unknown_timeout=self._timeout,
             max_chunk_bytes=message_data_limit(config),
-            # Not with TLS: the data port sends in the clear (and no worker offers it then).
-            data_port_secret=settings.token.encode("utf-8")
-            if config.get(USE_DATA_PORT) and settings.credentials is None
-            else None,
             timeout=self._timeout,
+        )
+        # Not with TLS: the data port sends in the clear (and no worker offers it then).
+        self._data_ports = (
+            ConnectionPool(settings.token.encode("utf-8"))
+            if config.get(USE_DATA_PORT) and settings.credentials is None
+            else None
         )
         self._gates = OpenGates()
         # Workers whose data port is unreachable; gates add to it (a set's add is atomic).
@@ -193,6 +196,7 @@ class ExternalShuffleEnvironment(ShuffleEnvironment):
                 self._gate_settings,
                 self.report_unreachable,
                 self._gates.forget,
+                data_ports=self._data_ports,
                 grpc_only=self._grpc_only,
             )
             for descriptor in descriptors
@@ -216,4 +220,6 @@ class ExternalShuffleEnvironment(ShuffleEnvironment):
             return
         self._closed = True
         self._gates.close_all()
+        if self._data_ports is not None:
+            self._data_ports.close()
         self._channels.close()

@@ -30,6 +30,7 @@ from shuffle_api import (
     ShuffleError,
     TransportError,
 )
+from shuffle_api.connections import ConnectionPool
 from shuffle_api.format import PartitionManifest, decode_run, verify_checksum
 from shuffle_api.gate import SequentialInputGate
 
@@ -43,8 +44,6 @@ class GateSettings:
     read_from_store: bool
     unknown_timeout: float
     max_chunk_bytes: int  # the most data bytes a fetched message (or frame) may carry
-    data_port_secret: bytes | None
-    """The token, to fetch from workers' data ports; None: over gRPC only."""
     timeout: float
     """For a data port's connection and each of its reads."""
 
@@ -58,12 +57,15 @@ class ExternalInputGate(SequentialInputGate):
         on_unreachable: Callable[[WorkerAddress, ShuffleError], None],
         on_close: Callable[[SequentialInputGate], None],
         *,
+        data_ports: ConnectionPool | None,
         grpc_only: set[str],
     ) -> None:
-        """``grpc_only``: workers whose data port could not be reached (shared by the gates of
-        an environment: each such worker costs one failed connection, not one per gate)."""
+        """``data_ports``: connections to workers' data ports (None: fetch over gRPC only);
+        ``grpc_only``: workers whose data port could not be reached (both shared by the gates
+        of an environment: each such worker costs one failed connection, not one per gate)."""
         super().__init__(descriptor, unknown_timeout=settings.unknown_timeout, on_close=on_close)
         self._channels = channels
+        self._data_ports = data_ports
         self._settings = settings
         self._on_unreachable = on_unreachable
         self._grpc_only = grpc_only
@@ -132,13 +134,13 @@ class ExternalInputGate(SequentialInputGate):
         what: str,
         partition: ResultPartitionID,
     ) -> Iterator[Received]:
-        secret = self._settings.data_port_secret
-        if secret is not None and worker.data_port and worker.target not in self._grpc_only:
+        data_ports = self._data_ports
+        if data_ports is not None and worker.data_port and worker.target not in self._grpc_only:
             try:
                 yield from fetch_over_data_port(
                     worker,
                     request,
-                    secret=secret,
+                    connections=data_ports,
                     timeout=self._settings.timeout,
                     max_frame_size=self._settings.max_chunk_bytes,
                     what=what,

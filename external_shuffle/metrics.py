@@ -67,6 +67,11 @@ class DaemonMetrics:
             buckets=_STREAM_SECONDS,
             registry=worker,
         )
+        self.data_port_connections = Counter(
+            "pyshuffle_data_port_connections",
+            "Authenticated connections the data port served (each carries fetch after fetch)",
+            registry=worker,
+        )
         self.open_streams = Gauge(
             "pyshuffle_open_streams", "Push and fetch streams open on this worker", registry=worker
         )

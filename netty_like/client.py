@@ -25,8 +25,9 @@ from shuffle_api import (
     SubpartitionRange,
     TransportError,
 )
+from shuffle_api.connections import Connection, ConnectionPool, StaleConnectionError
 from shuffle_api.format import decode_run, verify_checksum
-from shuffle_api.sockets import open_handshake, write_frame
+from shuffle_api.sockets import write_frame
 
 __all__ = ["CreditSettings", "read_remote"]
 
@@ -47,23 +48,33 @@ def read_remote(
     *,
     pipelined: bool,
     settings: CreditSettings,
-    secret: bytes,
+    connections: ConnectionPool,
 ) -> Iterator[pa.RecordBatch]:
-    """Yield the batches; closing the iterator early closes the connection, and the producer
-    frees what it had queued for us."""
+    """Yield the batches, on a connection of ``connections`` (kept for the next read from
+    this port); closing the iterator early closes the connection, and the producer frees what
+    it had queued for us."""
     address = f"{host}:{port}"
+
+    def read(connection: Connection) -> Iterator[pa.RecordBatch]:
+        connection.sock.settimeout(None)
+        # A channel number of its own per request: the producer may not have forgotten the
+        # previous request's channel when the next one arrives.
+        request = Request(
+            connection.requests, partition, subpartitions, settings.initial_credit, pipelined
+        )
+        yield from _stream(connection.sock, request, settings)
+
     try:
-        sock = socket.create_connection((host, port), timeout=settings.connect_timeout)
+        connection = connections.connect(host, port, timeout=settings.connect_timeout)
+    except AuthenticationError:
+        raise  # a PermissionError too
     except OSError as error:
         raise TransportError(
             f"cannot connect to the data port {address} of the producer of {partition}: {error}"
         ) from error
     try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        open_handshake(sock, secret, address)
-        sock.settimeout(None)
-        yield from _stream(sock, partition, subpartitions, pipelined, settings)
-    except (PartitionError, AuthenticationError):
+        yield from connections.exchange(connection, timeout=settings.connect_timeout, run=read)
+    except (PartitionError, AuthenticationError, StaleConnectionError):
         raise
     except OSError as error:
         raise TransportError(
@@ -71,26 +82,25 @@ def read_remote(
         ) from error
     except ShuffleError as error:
         raise TransportError(f"reading {partition} from {address} failed: {error}") from error
-    finally:
-        sock.close()
 
 
 def _stream(
-    sock: socket.socket,
-    partition: ResultPartitionID,
-    subpartitions: SubpartitionRange,
-    pipelined: bool,
-    settings: CreditSettings,
+    sock: socket.socket, request: Request, settings: CreditSettings
 ) -> Iterator[pa.RecordBatch]:
-    channel = 1
-    request = Request(channel, partition, subpartitions, settings.initial_credit, pipelined)
+    channel, partition = request.channel, request.partition
     write_frame(sock, FrameType.REQUEST, request.encode())
     window = settings.initial_credit
     schema: pa.Schema | None = None
+    answered = False
     while True:
         frame = read_frame(sock, settings.max_frame_size)
+        if frame is None and not answered:
+            raise StaleConnectionError(
+                f"producer closed the connection before answering for {partition}"
+            )
         if frame is None:
             raise TransportError(f"producer closed the connection before the end of {partition}")
+        answered = True
         frame_type, body = frame
         if frame_type is FrameType.SCHEMA:
             schema = pa.ipc.read_schema(pa.py_buffer(body[4:]))

@@ -49,6 +49,7 @@ from shuffle_api import (
     ShuffleIOOwner,
     ShuffleServiceClosedError,
 )
+from shuffle_api.connections import ConnectionPool
 from shuffle_api.format import SortMergePartitionWriter, StoreSink
 from shuffle_api.gate import OpenGates
 from shuffle_api.options import COMPRESSION_AUTO_BANDWIDTH, COMPRESSION_CODEC, TARGET_BATCH_SIZE
@@ -76,6 +77,7 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
         self._executor_host: ExecutorHost | None = None
         self._port = LOCAL_ONLY_PORT
         self._gates = OpenGates()
+        self._data_ports = ConnectionPool(self._secret)
         self._closed = False
         self._gate_settings = GateSettings(
             resource_id=self._resource_id,
@@ -86,7 +88,6 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
                 connect_timeout=config.get(PARTITION_REQUEST_TIMEOUT),
             ),
             unknown_timeout=config.get(PARTITION_REQUEST_TIMEOUT),
-            secret=self._secret,
             store_url=self._store.url,
             read_from_shared_store=config.get(READ_FROM_SHARED_STORE),
         )
@@ -216,7 +217,13 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
     ) -> list[InputGate]:
         self._check_open()
         gates = [
-            NettyInputGate(descriptor, self._manager, self._gate_settings, self._gates.forget)
+            NettyInputGate(
+                descriptor,
+                self._manager,
+                self._gate_settings,
+                self._gates.forget,
+                self._data_ports,
+            )
             for descriptor in descriptors
         ]
         self._gates.add(owner.execution_attempt_id, list(gates))
@@ -247,4 +254,5 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
         if self._executor_host is not None:
             self._executor_host.close()
         self._gates.close_all()
+        self._data_ports.close()
         self._manager.release(self._manager.occupying())

@@ -21,6 +21,7 @@ from shuffle_api import (
     ShuffleError,
     TransportError,
 )
+from shuffle_api.connections import ConnectionPool
 from shuffle_api.format import decode_run
 from shuffle_api.gate import SequentialInputGate
 
@@ -32,7 +33,6 @@ class GateSettings:
     resource_id: str
     credit: CreditSettings
     unknown_timeout: float
-    secret: bytes
     store_url: str
     """This process's store: a producer that wrote to the same store URL may have left its
     files where this process sees them."""
@@ -49,10 +49,14 @@ class NettyInputGate(SequentialInputGate):
         manager: ResultPartitionManager,
         settings: GateSettings,
         on_close: Callable[[SequentialInputGate], None],
+        data_ports: ConnectionPool,
     ) -> None:
+        """``data_ports``: connections to producers' data ports, shared by the gates of an
+        environment."""
         super().__init__(descriptor, unknown_timeout=settings.unknown_timeout, on_close=on_close)
         self._manager = manager
         self._settings = settings
+        self._data_ports = data_ports
 
     def _read(self, descriptor: ShuffleDescriptor) -> Generator[pa.RecordBatch]:
         if not isinstance(descriptor, NettyShuffleDescriptor):
@@ -106,7 +110,7 @@ class NettyInputGate(SequentialInputGate):
                 self.subpartitions,
                 pipelined=pipelined,
                 settings=self._settings.credit,
-                secret=self._settings.secret,
+                connections=self._data_ports,
             ):
                 received = True
                 yield batch

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import select
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -55,6 +57,8 @@ _POLL_SECONDS = 0.2
 _LOGGED_REFUSALS = 5
 # Requests and partition lists; a STATUS of 10,000 partitions is about 700 kB.
 _MAX_REQUEST = 8 << 20
+_KEEP_ALIVE_SECONDS = 10.0
+_WAIT_SLICE_SECONDS = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +92,7 @@ class _Connection:
         self.channels: dict[int, _Channel] = {}
         self.closed = threading.Event()
         self.refusals = 0
+        self.channels_served = 0
 
     def send(self, frame_type: FrameType, header: bytes, payload: pa.Buffer | bytes = b"") -> None:
         with self.send_lock:
@@ -96,21 +101,40 @@ class _Connection:
     def serve(self) -> None:
         """Read control frames until the peer hangs up or idles (the listener did the
         handshake)."""
+        limits = self.server.limits
         try:
-            self.sock.settimeout(self.server.limits.idle_timeout)
-            while not self.closed.is_set():
-                try:
-                    frame = read_frame(self.sock, self.server.limits.max_request_size)
-                except TimeoutError:
-                    if self._open_channels():
-                        continue  # a consumer waiting for data has nothing to say
-                    _LOG.info("closing idle data connection from %s", self.peer)
-                    break
+            # For every receive, and for the channels' sends (a consumer that stops reading).
+            self.sock.settimeout(limits.idle_timeout)
+            while self._wait_for_frame():
+                frame = read_frame(self.sock, limits.max_request_size)
                 if frame is None:
                     break
                 self._handle(*frame)
+        except TimeoutError:
+            _LOG.info("closing data connection from %s: a frame stopped midway", self.peer)
         finally:
             self.close()
+
+    def _wait_for_frame(self) -> bool:
+        """Until the peer sends something (True), or idles with no channel open (False): for
+        the idle timeout, or, between the requests of a reader's connection, a short while:
+        clients keep such a connection idle for less (see shuffle_api.connections), and each
+        one held counts against ``max_connections``. A consumer waiting for data may say
+        nothing for as long as it waits."""
+        idle_since = time.monotonic()
+        while not self.closed.is_set():
+            if select.select([self.sock], [], [], _WAIT_SLICE_SECONDS)[0]:
+                return True
+            if self._open_channels():
+                idle_since = time.monotonic()
+                continue
+            idle_timeout = self.server.limits.idle_timeout
+            if self.channels_served:
+                idle_timeout = min(idle_timeout, _KEEP_ALIVE_SECONDS)
+            if time.monotonic() - idle_since >= idle_timeout:
+                _LOG.info("closing idle data connection from %s", self.peer)
+                return False
+        return False
 
     def _open_channels(self) -> bool:
         return any(not channel.finished.is_set() for channel in list(self.channels.values()))
@@ -196,6 +220,7 @@ class _Connection:
 
     def forget_channel(self, channel_id: int) -> None:
         self.channels.pop(channel_id, None)
+        self.channels_served += 1
         self.server.return_channel()
 
     def close(self) -> None:

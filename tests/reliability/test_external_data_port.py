@@ -39,6 +39,7 @@ from shuffle_api import (
     ShuffleError,
     TransportError,
 )
+from shuffle_api.connections import ConnectionPool
 from shuffle_api.format import PartitionManifest, partition_directory
 from shuffle_api.format.manifest import DATA_FILE
 from shuffle_api.sockets import CHALLENGE, REFUSED, open_handshake, read_frame, write_frame
@@ -114,11 +115,21 @@ def _request(built: BuiltPartition, first: int = 0, last: int = SUBPARTITIONS - 
 
 
 def _fetch(address: WorkerAddress, secret: bytes, request: bytes) -> list[Received]:
+    connections = ConnectionPool(secret)
+    try:
+        return _fetch_on(connections, address, request)
+    finally:
+        connections.close()
+
+
+def _fetch_on(
+    connections: ConnectionPool, address: WorkerAddress, request: bytes
+) -> list[Received]:
     return list(
         fetch_over_data_port(
             address,
             pb.FetchDataRequest.FromString(request),
-            secret=secret,
+            connections=connections,
             timeout=10,
             max_frame_size=64 << 20,
             what="test fetch",
@@ -174,6 +185,34 @@ def test_a_fetch_over_the_data_port_gets_what_grpc_gets(
     # One subpartition: only its runs.
     one = _fetch(address, secret, _request(stored, 2, 2))
     assert 0 < len(one) - 1 < len(runs)
+
+
+def test_fetches_share_a_connection_and_survive_its_idle_close(
+    cluster: LocalCluster, address: WorkerAddress, secret: bytes, stored: BuiltPartition
+) -> None:
+    def counted() -> tuple[float, float]:
+        samples = scrape(cluster, "worker-0")
+        return (
+            samples.get("pyshuffle_data_port_connections_total", 0.0),
+            samples.get("pyshuffle_fetch_seconds_count", 0.0),
+        )
+
+    connections = ConnectionPool(secret, max_idle_seconds=IDLE_TIMEOUT * 3)
+    try:
+        before = counted()
+        fetches = [_fetch_on(connections, address, _request(stored)) for _ in range(5)]
+        assert all(fetch == fetches[0] for fetch in fetches)
+        # The worker counts a fetch once it has sent the end (the client may be faster).
+        deadline = time.monotonic() + 10
+        while (after := counted())[1] - before[1] < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (after[0] - before[0], after[1] - before[1]) == (1, 5)
+        # The worker closes the idle connection; the next fetch finds it closed and opens one.
+        time.sleep(IDLE_TIMEOUT * 1.5)
+        assert _fetch_on(connections, address, _request(stored)) == fetches[0]
+        assert counted()[0] - after[0] == 1
+    finally:
+        connections.close()
 
 
 def test_the_gate_reads_over_the_data_port_or_else_over_grpc(
