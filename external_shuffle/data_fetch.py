@@ -101,7 +101,7 @@ def _receive(
             raise TransportError(f"{what}: the worker hung up before the end")
         frame_type, body = frame
         if frame_type == MANIFEST and manifest is None:
-            manifest = PartitionManifest.from_json(bytes(body), what)
+            manifest = PartitionManifest.from_json(bytes(body), what, partition)
             yield manifest
         elif frame_type == RUN and manifest is not None and len(body) == RUN_HEADER.size:
             length, checksum = RUN_HEADER.unpack(body)
@@ -134,7 +134,7 @@ def fetch_over_grpc(
         for chunk in stream:
             message = chunk.header
             if message.manifest:
-                yield PartitionManifest.from_json(message.manifest, what)
+                yield PartitionManifest.from_json(message.manifest, what, partition)
                 continue
             pieces.append(chunk.data)
             if not message.end_of_run:

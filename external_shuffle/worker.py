@@ -403,7 +403,9 @@ class WorkerService(pb_grpc.WorkerServicer):
                 if partition in self._committed:
                     return pb.CommitPartitionResponse()  # a retried commit
                 upload = self._uploads.get(partition)
-            manifest = PartitionManifest.from_json(request.manifest, f"commit of {partition}")
+            manifest = PartitionManifest.from_json(
+                request.manifest, f"commit of {partition}", partition
+            )
             if upload is None and manifest.data_bytes:
                 raise PartitionNotFoundError(
                     f"commit of {partition}: no data of it is here (never pushed, or released)",

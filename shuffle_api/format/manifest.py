@@ -91,7 +91,11 @@ class PartitionManifest:
         return json.dumps(document, indent=1).encode("utf-8")
 
     @classmethod
-    def from_json(cls, data: bytes, where: str) -> PartitionManifest:
+    def from_json(
+        cls, data: bytes, where: str, partition: ResultPartitionID | None = None
+    ) -> PartitionManifest:
+        """The manifest in ``data``; a :class:`PartitionCorruptedError` (naming
+        ``partition``, the one it should describe) if it does not decode."""
         try:
             document = json.loads(data)
             if not isinstance(document, dict):
@@ -104,15 +108,15 @@ class PartitionManifest:
                     f"partition at {where} has format version {version};"
                     f" this pyshuffle reads 1..{FORMAT_VERSION}"
                 )
-            partition = document["partition"]
+            named = document["partition"]
             schema_text = document["schema"]
             subpartitions = int(document["number_of_subpartitions"])
             return cls(
                 partition=ResultPartitionID(
                     IntermediateResultPartitionID(
-                        partition["result_id"], int(partition["partition_index"])
+                        named["result_id"], int(named["partition_index"])
                     ),
-                    partition["producer_attempt_id"],
+                    named["producer_attempt_id"],
                 ),
                 number_of_subpartitions=subpartitions,
                 codec=str(document["codec"]),
@@ -133,7 +137,7 @@ class PartitionManifest:
             raise
         except (ValueError, KeyError, TypeError, pa.ArrowException) as error:
             raise PartitionCorruptedError(
-                f"manifest at {where} does not decode: {error}"
+                f"manifest at {where} does not decode: {error}", partition
             ) from error
 
 

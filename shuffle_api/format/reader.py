@@ -277,7 +277,9 @@ def _read_layout(store: Store, partition: ResultPartitionID, *, statistics: bool
     directory = partition_directory(store, partition)
     manifest_path = store.child(directory, MANIFEST_FILE)
     try:
-        manifest = PartitionManifest.from_json(store.read_bytes(manifest_path), manifest_path)
+        manifest = PartitionManifest.from_json(
+            store.read_bytes(manifest_path), manifest_path, partition
+        )
         index_bytes = store.map_bytes(store.child(directory, INDEX_FILE))
     except FileNotFoundError as error:
         raise PartitionNotFoundError(

@@ -4,6 +4,7 @@ of a commit and a release in-process, on a real store."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import threading
@@ -33,6 +34,7 @@ from external_shuffle.worker import WorkerService
 from shuffle_api import (
     PartitionCorruptedError,
     PartitionNotFoundError,
+    PartitionStatistics,
     StorageFullError,
 )
 from shuffle_api.format import partition_directory
@@ -178,6 +180,7 @@ def _index_shifted(built: BuiltPartition, by: int) -> bytes:
 
 def _lies(built: BuiltPartition) -> dict[str, tuple[bytes, bytes]]:
     index = _index_shifted(built, 1 << 40)
+    one_subpartition = PartitionStatistics((1,), (1,), (1,)).encode()
     return {
         "2,000,000 subpartitions": (
             built.index,
@@ -185,7 +188,10 @@ def _lies(built: BuiltPartition) -> dict[str, tuple[bytes, bytes]]:
         ),
         "statistics of other subpartitions": (
             built.index,
-            _manifest_with(built, rows_per_subpartition=[1], bytes_per_subpartition=[1]),
+            _manifest_with(
+                built,
+                statistics=base64.b64encode(one_subpartition).decode(),
+            ),
         ),
         "runs 1 TiB past the data": (
             index,
