@@ -169,7 +169,7 @@ class WorkerDataPort:
         with self._worker.open_fetch(request, _grpc_peer(sock), cancel) as fetch:
             reader = fetch.reader
             reader.check_data_file()
-            write_frame(sock, MANIFEST, reader.manifest.to_json())
+            write_frame(sock, MANIFEST, reader.manifest_bytes)
             for run in reader.runs(fetch.subpartitions):
                 header = FRAME_PREFIX.pack(RUN_HEADER.size, RUN) + RUN_HEADER.pack(
                     run.length, run.checksum

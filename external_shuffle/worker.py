@@ -319,6 +319,7 @@ class WorkerService(pb_grpc.WorkerServicer):
             committed = self._committed.pop(partition, None)
         if upload is not None:
             upload.close()
+        PartitionFileReader.forget(self._store, partition)
         self._store.delete_tree(partition_directory(self._store, partition), empty_parents=2)
         return int(upload is not None or committed is not None)
 
@@ -444,7 +445,7 @@ class WorkerService(pb_grpc.WorkerServicer):
         stream = self._streams.open(peer, cancel)
         started = time.perf_counter()
         try:
-            reader = PartitionFileReader(self._store, partition)
+            reader = PartitionFileReader(self._store, partition, cached=True, checked=True)
             if subpartitions.end >= reader.manifest.number_of_subpartitions:
                 raise InvalidIdentifierError(
                     f"subpartitions {subpartitions.start}..{subpartitions.end} out of range:"
@@ -468,7 +469,7 @@ class WorkerService(pb_grpc.WorkerServicer):
         with self.open_fetch(request, context.peer(), context.cancel) as fetch:
             reader = fetch.reader
             chunk_size = self._fetch_chunk_size(request.max_chunk_bytes)
-            yield pb.FetchDataResponse(manifest=reader.manifest.to_json()).SerializeToString()
+            yield pb.FetchDataResponse(manifest=reader.manifest_bytes).SerializeToString()
             for run in reader.runs(fetch.subpartitions):
                 for start in range(0, max(run.length, 1), chunk_size):
                     length = min(chunk_size, run.length - start)

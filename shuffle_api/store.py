@@ -256,7 +256,20 @@ class Store:
 
     def read_bytes(self, path: str) -> bytes:
         with storage_errors(path):
+            if self._local:  # a few syscalls, where fsspec's file object costs tens of us
+                with open(path, "rb") as file:
+                    return file.read()
             return bytes(self._fs.cat_file(path))
+
+    def version(self, path: str) -> tuple[int, int, int] | None:
+        """What changes when the file at ``path`` is replaced or rewritten (inode, size,
+        modification time), on a local store; None elsewhere. FileNotFoundError if it is
+        gone."""
+        if not self._local:
+            return None
+        with storage_errors(path):
+            found = os.stat(path)
+        return (found.st_ino, found.st_size, found.st_mtime_ns)
 
     @property
     def maps_files(self) -> bool:

@@ -267,26 +267,31 @@ _MAX_RANGE_BYTES: Final = 8 << 20
 
 @dataclass(frozen=True, slots=True)
 class _Layout:
-    """What a reader learns before it opens the data file."""
+    """What a reader learns before it opens the data file, and the bytes it learnt it from."""
 
     manifest: PartitionManifest
     index: RunIndex
+    manifest_bytes: bytes
+    index_bytes: pa.Buffer | bytes
 
 
-def _read_layout(store: Store, partition: ResultPartitionID, *, statistics: bool) -> _Layout:
+def _read_layout(
+    store: Store, partition: ResultPartitionID, *, statistics: bool, map_index: bool = True
+) -> _Layout:
+    """``map_index``: the index file memory-mapped where the store maps files, else read."""
     directory = partition_directory(store, partition)
     manifest_path = store.child(directory, MANIFEST_FILE)
+    index_path = store.child(directory, INDEX_FILE)
     try:
-        manifest = PartitionManifest.from_json(
-            store.read_bytes(manifest_path), manifest_path, partition
-        )
-        index_bytes = store.map_bytes(store.child(directory, INDEX_FILE))
+        manifest_bytes = store.read_bytes(manifest_path)
+        index_bytes = store.map_bytes(index_path) if map_index else store.read_bytes(index_path)
     except FileNotFoundError as error:
         raise PartitionNotFoundError(
             f"partition {partition} not found on {store.url}: it was never committed, was"
             " released, or its files were deleted",
             partition,
         ) from error
+    manifest = PartitionManifest.from_json(manifest_bytes, manifest_path, partition)
     if manifest.partition != partition:
         raise PartitionCorruptedError(
             f"manifest at {manifest_path} describes {manifest.partition}, not {partition}",
@@ -299,20 +304,26 @@ def _read_layout(store: Store, partition: ResultPartitionID, *, statistics: bool
         # R counts three times over, as Python ints: more than all the rest, and only the
         # driver uses them.
         manifest = dataclasses.replace(manifest, statistics=_NO_STATISTICS)
-    return _Layout(manifest, index)
+    return _Layout(manifest, index, manifest_bytes, index_bytes)
 
 
 class _LayoutCache:
     """Per process, the layouts of partitions read lately: a reader of many partitions (one
-    reducer after another in a Python worker, a data port's blocking views) decodes each
-    manifest and index once. Bounded by entries and by the bytes they hold beyond index files
-    mapped from a local store. A partition's files never change once committed; a released
-    one's data file is gone, which its next read finds. Not for the external worker: it sends
-    the manifest whole and must see files changed under it (see ``WorkerService.open_fetch``)."""
+    reducer after another in a Python worker, a data port's blocking views, the external
+    worker's fetches) decodes each manifest and index once. Bounded by entries and by the
+    bytes they hold beyond index files mapped from a local store.
 
-    def __init__(self, max_entries: int, max_bytes: int) -> None:
+    ``checked``: a layout is taken from the cache only if the manifest and index files still
+    hold the bytes it was decoded from (read again each time: small files, and much less work
+    than decoding them), for a reader that must see files changed or corrupted under it; the
+    index is then read, never mapped (a file truncated under a mapping kills its reader).
+    Else a partition's files are taken never to change once committed (a released one's data
+    file is gone, which its next read finds)."""
+
+    def __init__(self, max_entries: int, max_bytes: int, *, checked: bool = False) -> None:
         self._max_entries = max_entries
         self._max_bytes = max_bytes
+        self._checked = checked
         self._layouts: collections.OrderedDict[
             tuple[str, ResultPartitionID], tuple[_Layout, int]
         ] = collections.OrderedDict()
@@ -323,24 +334,51 @@ class _LayoutCache:
         key = (store.url, partition)
         with self._lock:
             found = self._layouts.get(key)
-            if found is not None:
-                self._layouts.move_to_end(key)
+        if found is not None and not self._checked:
+            with self._lock:
+                if key in self._layouts:
+                    self._layouts.move_to_end(key)
+            return found[0]
+        if found is not None:
+            current = self._current_bytes(store, partition)
+            if current == (found[0].manifest_bytes, found[0].index_bytes):
+                with self._lock:
+                    if key in self._layouts:
+                        self._layouts.move_to_end(key)
                 return found[0]
-        layout = _read_layout(store, partition, statistics=False)
-        index = layout.index
-        cost = _ENTRY_BYTES + index.copied_bytes
-        if not store.maps_files:
-            cost += index.file_bytes
+        layout = _read_layout(store, partition, statistics=False, map_index=not self._checked)
+        cost = _ENTRY_BYTES + layout.index.copied_bytes + len(layout.manifest_bytes)
+        if self._checked or not store.maps_files:
+            cost += layout.index.file_bytes
         with self._lock:
-            if key not in self._layouts:
-                self._layouts[key] = (layout, cost)
-                self._bytes += cost
-                while len(self._layouts) > 1 and (
-                    len(self._layouts) > self._max_entries or self._bytes > self._max_bytes
-                ):
-                    _, (_, evicted_cost) = self._layouts.popitem(last=False)
-                    self._bytes -= evicted_cost
+            replaced = self._layouts.pop(key, None)
+            if replaced is not None:
+                self._bytes -= replaced[1]
+            self._layouts[key] = (layout, cost)
+            self._bytes += cost
+            while len(self._layouts) > 1 and (
+                len(self._layouts) > self._max_entries or self._bytes > self._max_bytes
+            ):
+                _, (_, evicted_cost) = self._layouts.popitem(last=False)
+                self._bytes -= evicted_cost
         return layout
+
+    @staticmethod
+    def _current_bytes(store: Store, partition: ResultPartitionID) -> tuple[bytes, bytes] | None:
+        directory = partition_directory(store, partition)
+        try:
+            return (
+                store.read_bytes(store.child(directory, MANIFEST_FILE)),
+                store.read_bytes(store.child(directory, INDEX_FILE)),
+            )
+        except FileNotFoundError:
+            return None  # read again, to fail as a missing partition does
+
+    def forget(self, store: Store, partition: ResultPartitionID) -> None:
+        with self._lock:
+            dropped = self._layouts.pop((store.url, partition), None)
+            if dropped is not None:
+                self._bytes -= dropped[1]
 
     def clear(self) -> None:
         with self._lock:
@@ -351,25 +389,42 @@ class _LayoutCache:
 # A layout's Python objects (manifest, schema, arrays): about this much beside its arrays.
 _ENTRY_BYTES: Final = 4096
 _LAYOUTS: Final = _LayoutCache(max_entries=16_384, max_bytes=64 << 20)
+_CHECKED_LAYOUTS: Final = _LayoutCache(max_entries=16_384, max_bytes=64 << 20, checked=True)
 
 
 class PartitionFileReader:
     """A committed partition on a store. Opening reads the manifest and the index only;
     ``cached``: from the process's cache of layouts (the manifest without its statistics),
-    for readers of data, who need neither the statistics nor a fresh look at the files."""
+    for readers of data, who need no statistics; ``checked`` too: the cached layout only
+    while the files still hold what it was decoded from (see ``_LayoutCache``), for a reader
+    that must see files changed under it."""
 
-    def __init__(self, store: Store, partition: ResultPartitionID, *, cached: bool = False) -> None:
+    def __init__(
+        self,
+        store: Store,
+        partition: ResultPartitionID,
+        *,
+        cached: bool = False,
+        checked: bool = False,
+    ) -> None:
         self._store = store
         self._partition = partition
         self._data_path = store.child(partition_directory(store, partition), DATA_FILE)
         self._data: RangeReader | None = None
-        layout = (
-            _LAYOUTS.get(store, partition)
-            if cached
-            else _read_layout(store, partition, statistics=True)
-        )
+        if not cached:
+            layout = _read_layout(store, partition, statistics=True)
+        else:
+            layout = (_CHECKED_LAYOUTS if checked else _LAYOUTS).get(store, partition)
         self.manifest = layout.manifest
+        self.manifest_bytes = layout.manifest_bytes
+        """The manifest file as read (statistics included)."""
         self._index = layout.index
+
+    @staticmethod
+    def forget(store: Store, partition: ResultPartitionID) -> None:
+        """Drop the cached layouts of a partition whose files are being deleted."""
+        for cache in (_LAYOUTS, _CHECKED_LAYOUTS):
+            cache.forget(store, partition)
 
     @property
     def partition(self) -> ResultPartitionID:

@@ -676,6 +676,51 @@ def test_unknown_codec_is_rejected(store: Store, partition: ResultPartitionID) -
         PartitionFileWriter(StoreSink(store, partition), 2, codec="snappy", memory_budget=1)
 
 
+# --- cached layouts ------------------------------------------------------------------------
+
+
+def test_cached_readers_share_one_decoded_layout_without_statistics(
+    store: Store, partition: ResultPartitionID
+) -> None:
+    write_partition(store, partition, SPREAD_WRITES)
+    first = PartitionFileReader(store, partition, cached=True)
+    second = PartitionFileReader(store, partition, cached=True)
+    assert first._index is second._index
+    assert first.manifest.statistics.rows_per_subpartition == ()
+    assert first.manifest_bytes == store.read_bytes(file_path(store, partition, MANIFEST_FILE))
+    assert [read_keys(second, s) for s in range(3)] == [
+        expected_keys(SPREAD_WRITES, s) for s in range(3)
+    ]
+    PartitionFileReader.forget(store, partition)
+    assert PartitionFileReader(store, partition, cached=True)._index is not first._index
+
+
+def test_a_checked_reader_sees_files_changed_under_its_cache(
+    store: Store, partition: ResultPartitionID
+) -> None:
+    write_partition(store, partition, SPREAD_WRITES)
+    first = PartitionFileReader(store, partition, cached=True, checked=True)
+    assert PartitionFileReader(store, partition, cached=True, checked=True)._index is first._index
+    # A byte of the index flipped in place: same name, same size.
+    index_path = file_path(store, partition, INDEX_FILE)
+    index = bytearray(store.read_bytes(index_path))
+    index[len(index) // 2] ^= 0xFF
+    rewrite(store, index_path, bytes(index))
+    with pytest.raises(ChecksumMismatchError):
+        PartitionFileReader(store, partition, cached=True, checked=True)
+    index[len(index) // 2] ^= 0xFF
+    rewrite(store, index_path, bytes(index))
+    assert read_keys(PartitionFileReader(store, partition, cached=True, checked=True), 1) == (
+        expected_keys(SPREAD_WRITES, 1)
+    )
+    edit_manifest(store, partition, lambda document: document.update(format_version=99))
+    with pytest.raises(UnsupportedFormatVersionError):
+        PartitionFileReader(store, partition, cached=True, checked=True)
+    store.delete_tree(partition_directory(store, partition))
+    with pytest.raises(PartitionNotFoundError):
+        PartitionFileReader(store, partition, cached=True, checked=True)
+
+
 # --- corruption ----------------------------------------------------------------------------
 
 
