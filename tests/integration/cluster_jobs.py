@@ -333,13 +333,12 @@ SCENARIOS = {
 
 
 def run(
+    spark: SparkSession,
     scenario: str,
-    work: Path,
     config: dict[str, object],
     stores: list[Path],
     kill: Callable[[SparkSession], Kill],
 ) -> dict[str, Any]:
-    spark = cluster_session(work)
     try:
         with SparkShuffle(spark, config=config) as shuffle:
             outcome = SCENARIOS[scenario](spark, shuffle, kill(spark), stores)
@@ -347,8 +346,6 @@ def run(
         outcome["files_after_close"] = stored_files(stores)
     except ShuffleError as error:
         outcome = {"error": f"{type(error).__name__}: {error}"}
-    finally:
-        spark.stop()
     return outcome
 
 
@@ -361,28 +358,40 @@ def main() -> int:
         "pyspark-shuffle.progress.interval": "0",
         **dict(setting.split("=", 1) for setting in sys.argv[4:]),
     }
-    if service == "netty_like":
-        outcome = run(scenario, work, config, [work / "local"], executor_killer)
-    else:
-        with LocalCluster(work / "cluster", workers=2) as cluster:
-
-            def worker_killer(_: SparkSession) -> Kill:
-                def kill() -> int:
-                    cluster.kill_worker(0)
-                    return 0
-
-                return kill
-
-            stores = [cluster.worker_store(index) for index in range(2)]
-            # As on separate hosts: reads go to the workers, never to their stores' files.
-            client = {
-                **config,
-                **cluster.client_config(),
-                "external-shuffle.client.read-from-store": False,
-            }
-            outcome = run(scenario, work, client, stores, worker_killer)
+    # Spark's JVM first, before any gRPC channel has threads: PySpark forks it with a
+    # preexec_fn, and a fork among gRPC's threads sometimes lost the child
+    # (JAVA_GATEWAY_EXITED after gRPC's "epoll_wait error: Bad file descriptor").
+    spark = cluster_session(work)
+    try:
+        outcome = _run_on(spark, scenario, work, service, config)
+    finally:
+        spark.stop()
     print("RESULT " + json.dumps(outcome, default=str))
     return 0
+
+
+def _run_on(
+    spark: SparkSession, scenario: str, work: Path, service: str, config: dict[str, object]
+) -> dict[str, Any]:
+    if service == "netty_like":
+        return run(spark, scenario, config, [work / "local"], executor_killer)
+    with LocalCluster(work / "cluster", workers=2) as cluster:
+
+        def worker_killer(_: SparkSession) -> Kill:
+            def kill() -> int:
+                cluster.kill_worker(0)
+                return 0
+
+            return kill
+
+        stores = [cluster.worker_store(index) for index in range(2)]
+        # As on separate hosts: reads go to the workers, never to their stores' files.
+        client = {
+            **config,
+            **cluster.client_config(),
+            "external-shuffle.client.read-from-store": False,
+        }
+        return run(spark, scenario, client, stores, worker_killer)
 
 
 if __name__ == "__main__":
