@@ -261,16 +261,6 @@ class Store:
                     return file.read()
             return bytes(self._fs.cat_file(path))
 
-    def version(self, path: str) -> tuple[int, int, int] | None:
-        """What changes when the file at ``path`` is replaced or rewritten (inode, size,
-        modification time), on a local store; None elsewhere. FileNotFoundError if it is
-        gone."""
-        if not self._local:
-            return None
-        with storage_errors(path):
-            found = os.stat(path)
-        return (found.st_ino, found.st_size, found.st_mtime_ns)
-
     @property
     def maps_files(self) -> bool:
         """Whether :meth:`map_bytes` maps files (local, memory-mapped) rather than reads them."""
