@@ -275,15 +275,15 @@ class _Layout:
     index_bytes: pa.Buffer | bytes
 
 
-def _read_layout(
-    store: Store, partition: ResultPartitionID, *, statistics: bool, map_index: bool = True
-) -> _Layout:
-    """``map_index``: the index file memory-mapped where the store maps files, else read."""
+def _read_files(
+    store: Store, partition: ResultPartitionID, *, map_index: bool
+) -> tuple[bytes, pa.Buffer | bytes]:
+    """The manifest's bytes and the index's (memory-mapped where ``map_index`` and the store
+    maps files, else read)."""
     directory = partition_directory(store, partition)
-    manifest_path = store.child(directory, MANIFEST_FILE)
     index_path = store.child(directory, INDEX_FILE)
     try:
-        manifest_bytes = store.read_bytes(manifest_path)
+        manifest_bytes = store.read_bytes(store.child(directory, MANIFEST_FILE))
         index_bytes = store.map_bytes(index_path) if map_index else store.read_bytes(index_path)
     except FileNotFoundError as error:
         raise PartitionNotFoundError(
@@ -291,6 +291,18 @@ def _read_layout(
             " released, or its files were deleted",
             partition,
         ) from error
+    return manifest_bytes, index_bytes
+
+
+def _decode_layout(
+    store: Store,
+    partition: ResultPartitionID,
+    files: tuple[bytes, pa.Buffer | bytes],
+    *,
+    statistics: bool,
+) -> _Layout:
+    manifest_bytes, index_bytes = files
+    manifest_path = store.child(partition_directory(store, partition), MANIFEST_FILE)
     manifest = PartitionManifest.from_json(manifest_bytes, manifest_path, partition)
     if manifest.partition != partition:
         raise PartitionCorruptedError(
@@ -334,19 +346,16 @@ class _LayoutCache:
         key = (store.url, partition)
         with self._lock:
             found = self._layouts.get(key)
-        if found is not None and not self._checked:
-            with self._lock:
-                if key in self._layouts:
-                    self._layouts.move_to_end(key)
-            return found[0]
-        if found is not None:
-            current = self._current_bytes(store, partition)
-            if current == (found[0].manifest_bytes, found[0].index_bytes):
-                with self._lock:
-                    if key in self._layouts:
-                        self._layouts.move_to_end(key)
-                return found[0]
-        layout = _read_layout(store, partition, statistics=False, map_index=not self._checked)
+        if self._checked:
+            files = _read_files(store, partition, map_index=False)
+            if found is not None and files == (found[0].manifest_bytes, found[0].index_bytes):
+                return self._touch(key, found[0])
+            layout = _decode_layout(store, partition, files, statistics=False)
+        elif found is not None:
+            return self._touch(key, found[0])
+        else:
+            files = _read_files(store, partition, map_index=True)
+            layout = _decode_layout(store, partition, files, statistics=False)
         cost = _ENTRY_BYTES + layout.index.copied_bytes + len(layout.manifest_bytes)
         if self._checked or not store.maps_files:
             cost += layout.index.file_bytes
@@ -363,16 +372,11 @@ class _LayoutCache:
                 self._bytes -= evicted_cost
         return layout
 
-    @staticmethod
-    def _current_bytes(store: Store, partition: ResultPartitionID) -> tuple[bytes, bytes] | None:
-        directory = partition_directory(store, partition)
-        try:
-            return (
-                store.read_bytes(store.child(directory, MANIFEST_FILE)),
-                store.read_bytes(store.child(directory, INDEX_FILE)),
-            )
-        except FileNotFoundError:
-            return None  # read again, to fail as a missing partition does
+    def _touch(self, key: tuple[str, ResultPartitionID], layout: _Layout) -> _Layout:
+        with self._lock:
+            if key in self._layouts:
+                self._layouts.move_to_end(key)
+        return layout
 
     def forget(self, store: Store, partition: ResultPartitionID) -> None:
         with self._lock:
@@ -412,7 +416,8 @@ class PartitionFileReader:
         self._data_path = store.child(partition_directory(store, partition), DATA_FILE)
         self._data: RangeReader | None = None
         if not cached:
-            layout = _read_layout(store, partition, statistics=True)
+            files = _read_files(store, partition, map_index=True)
+            layout = _decode_layout(store, partition, files, statistics=True)
         else:
             layout = (_CHECKED_LAYOUTS if checked else _LAYOUTS).get(store, partition)
         self.manifest = layout.manifest
