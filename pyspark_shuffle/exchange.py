@@ -31,6 +31,7 @@ from pyspark_shuffle.tasks import (
     MAP_OUTPUT_SCHEMA,
     MapOutputs,
     MapOutputsParam,
+    MapReport,
     MapReports,
     MapReportsParam,
     MapStageSpec,
@@ -272,19 +273,22 @@ class Exchange:
         # to the coordinator, and thousands of map tasks must not wait for them one by one.
         # Every one that succeeds is recorded (so released with the exchange) before the first
         # failure is raised.
-        producers = [_producer_of(row) for row in rows]  # all checked before any is registered
-        registrations: list[tuple[Row, Future[ShuffleDescriptor] | Exception]] = []
-        for row, producer in zip(rows, producers, strict=True):
+        # All checked before any is registered: a registered partition the exchange does
+        # not record would never be released.
+        producers = [_producer_of(row) for row in rows]
+        reports = [self._report_of(row) for row in rows]
+        registrations: list[tuple[Row, MapReport, Future[ShuffleDescriptor] | Exception]] = []
+        for row, producer, report in zip(rows, producers, reports, strict=True):
             try:
-                registrations.append((row, self._submit_registration(row, producer)))
+                registrations.append((row, report, self._submit_registration(row, producer)))
             except Exception as error:
-                registrations.append((row, error))
+                registrations.append((row, report, error))
         failures: list[Exception] = []
-        for row, registration in registrations:
+        for row, report, registration in registrations:
             try:
                 if isinstance(registration, Exception):
                     raise registration
-                self._register(row, registration.result())
+                self._register(row, report, registration.result())
             except Exception as error:
                 failures.append(error)
         if failures:
@@ -314,14 +318,17 @@ class Exchange:
             self._job.job_id, self.spec.partition_descriptor(int(row["map_index"])), producer
         )
 
-    def _register(self, row: Row, descriptor: ShuffleDescriptor) -> None:
-        map_index = int(row["map_index"])
+    def _report_of(self, row: Row) -> MapReport:
         # Spark merges a task's accumulator updates before the job that ran it ends.
-        report = self._reports.value.get((map_index, str(row["attempt"])))
+        report = self._reports.value.get((int(row["map_index"]), str(row["attempt"])))
         if report is None:
             raise StageFailedError(
-                f"{self.name}: map task {map_index} attempt {row['attempt']} sent no report"
+                f"{self.name}: map task {row['map_index']} attempt {row['attempt']} sent no report"
             )
+        return report
+
+    def _register(self, row: Row, report: MapReport, descriptor: ShuffleDescriptor) -> None:
+        map_index = int(row["map_index"])
         schema = report.schema()
         if schema is not None and self._schema is None:
             self._schema = schema
