@@ -4,6 +4,7 @@ decodes."""
 
 from __future__ import annotations
 
+import functools
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -74,19 +75,23 @@ def fetch_over_data_port(
         except OSError as error:
             raise TransportError(f"{what} over the data port {address} failed: {error}") from error
 
-    try:
-        connection = connections.connect(
-            worker.host, worker.data_port, timeout=min(timeout, _CONNECT_TIMEOUT)
-        )
-    except ShuffleError as error:  # before OSError: an AuthenticationError is one too
-        # Busy, gone, or not a data port of ours (a stale port): nothing was asked, and
-        # gRPC, with the same token, serves or says what is wrong.
-        raise DataPortUnreachableError(f"{what}: {error}") from error
-    except OSError as error:
-        raise DataPortUnreachableError(
-            f"{what}: cannot connect to the data port {address}: {error}"
-        ) from error
-    yield from connections.exchange(connection, timeout=min(timeout, _CONNECT_TIMEOUT), run=fetch)
+    def connect(fresh: bool = False) -> Connection:
+        try:
+            return connections.connect(
+                worker.host, worker.data_port, timeout=min(timeout, _CONNECT_TIMEOUT), fresh=fresh
+            )
+        except ShuffleError as error:  # before OSError: an AuthenticationError is one too
+            # Busy, gone, or not a data port of ours (a stale port): nothing was asked, and
+            # gRPC, with the same token, serves or says what is wrong.
+            raise DataPortUnreachableError(f"{what}: {error}") from error
+        except OSError as error:
+            raise DataPortUnreachableError(
+                f"{what}: cannot connect to the data port {address}: {error}"
+            ) from error
+
+    yield from connections.exchange(
+        connect(), run=fetch, reconnect=functools.partial(connect, fresh=True)
+    )
 
 
 def _receive(

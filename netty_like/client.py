@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -64,16 +65,20 @@ def read_remote(
         )
         yield from _stream(connection.sock, request, settings)
 
+    def connect(fresh: bool = False) -> Connection:
+        try:
+            return connections.connect(host, port, timeout=settings.connect_timeout, fresh=fresh)
+        except AuthenticationError:
+            raise  # a PermissionError too
+        except OSError as error:
+            raise TransportError(
+                f"cannot connect to the data port {address} of the producer of {partition}: {error}"
+            ) from error
+
     try:
-        connection = connections.connect(host, port, timeout=settings.connect_timeout)
-    except AuthenticationError:
-        raise  # a PermissionError too
-    except OSError as error:
-        raise TransportError(
-            f"cannot connect to the data port {address} of the producer of {partition}: {error}"
-        ) from error
-    try:
-        yield from connections.exchange(connection, timeout=settings.connect_timeout, run=read)
+        yield from connections.exchange(
+            connect(), run=read, reconnect=functools.partial(connect, fresh=True)
+        )
     except (PartitionError, AuthenticationError, StaleConnectionError):
         raise
     except OSError as error:

@@ -152,14 +152,14 @@ class ConnectionPool:
         self,
         connection: Connection,
         *,
-        timeout: float,
         run: Callable[[Connection], Iterator[T]],
+        reconnect: Callable[[], Connection],
     ) -> Generator[T, None, None]:
         """What ``run`` yields of one request on ``connection`` (from :meth:`connect`), the
         connection given back once ``run`` ends, closed if it fails or is abandoned. A reused
         connection that ``run`` finds closed before it yielded anything
-        (:class:`StaleConnectionError`) is replaced by a new one (connected within
-        ``timeout``), once."""
+        (:class:`StaleConnectionError`) is replaced, once, by ``reconnect()``: the caller's
+        own :meth:`connect` with ``fresh``, whose errors it names as for the first one."""
         while True:
             connection.requests += 1
             produced = False
@@ -171,14 +171,7 @@ class ConnectionPool:
                 connection.close()
                 if not connection.reused or produced:
                     raise
-                try:
-                    connection = self.connect(
-                        connection.host, connection.port, timeout=timeout, fresh=True
-                    )
-                except OSError as error:
-                    raise TransportError(
-                        f"cannot connect again to {connection.address}: {error}"
-                    ) from error
+                connection = reconnect()
                 continue
             except BaseException:
                 connection.close()

@@ -19,10 +19,12 @@ REQUEST, ANSWER, END = 20, 21, 22
 
 class EchoPort:
     """Answers each request frame with three ANSWER frames and an END; with
-    ``close_after``, hangs up after that many requests on a connection."""
+    ``close_after``, hangs up after that many requests on a connection; with
+    ``silent_after``, hangs up on the next request after that many, unanswered."""
 
-    def __init__(self, close_after: int | None = None) -> None:
+    def __init__(self, close_after: int | None = None, silent_after: int | None = None) -> None:
         self.close_after = close_after
+        self.silent_after = silent_after
         self.connections = 0
         self.requests = 0
         self._lock = threading.Lock()
@@ -43,6 +45,8 @@ class EchoPort:
         served = 0
         sock.settimeout(10)
         while (frame := read_frame(sock, 1024)) is not None:
+            if self.silent_after is not None and served >= self.silent_after:
+                return
             with self._lock:
                 self.requests += 1
             for piece in range(3):
@@ -82,7 +86,11 @@ def request(
     pool: ConnectionPool, port: EchoPort, body: bytes, take: int | None = None
 ) -> list[bytes]:
     connection = pool.connect("127.0.0.1", port.listener.port, timeout=5)
-    answers = pool.exchange(connection, timeout=5, run=ask(body))
+    answers = pool.exchange(
+        connection,
+        run=ask(body),
+        reconnect=lambda: pool.connect("127.0.0.1", port.listener.port, timeout=5, fresh=True),
+    )
     if take is None:
         return list(answers)
     got = [next(answers) for _ in range(take)]
@@ -108,6 +116,32 @@ def test_a_connection_the_server_closed_while_idle_is_replaced() -> None:
         assert port.connections == 4
         pool.close()
     finally:
+        port.listener.stop()
+
+
+def test_a_reused_connection_closed_before_its_answer_is_replaced_by_the_callers_connect() -> None:
+    port = EchoPort(silent_after=1)
+    pool = ConnectionPool(SECRET)
+    address = ("127.0.0.1", port.listener.port)
+    try:
+        assert request(pool, port, b"a")[0] == b"a\x00"
+        # The idle connection reads as open; the server hangs up on its next request.
+        answers = pool.exchange(
+            pool.connect(*address, timeout=5),
+            run=ask(b"b"),
+            reconnect=lambda: pool.connect(*address, timeout=5, fresh=True),
+        )
+        assert list(answers) == [b"b\x00", b"b\x01", b"b\x02"]
+        assert port.connections == 2
+
+        def refused() -> Connection:
+            raise LookupError("the caller's own error")
+
+        answers = pool.exchange(pool.connect(*address, timeout=5), run=ask(b"c"), reconnect=refused)
+        with pytest.raises(LookupError, match="caller's own"):
+            list(answers)
+    finally:
+        pool.close()
         port.listener.stop()
 
 
