@@ -106,7 +106,7 @@ def _receive(
             raise TransportError(f"{what}: the worker hung up before the end")
         frame_type, body = frame
         if frame_type == MANIFEST and manifest is None:
-            manifest = PartitionManifest.from_json(bytes(body), what, partition)
+            manifest = PartitionManifest.from_json(bytes(body), what, partition, statistics=False)
             yield manifest
         elif frame_type == RUN and manifest is not None and len(body) == RUN_HEADER.size:
             length, checksum = RUN_HEADER.unpack(body)
@@ -139,7 +139,9 @@ def fetch_over_grpc(
         for chunk in stream:
             message = chunk.header
             if message.manifest:
-                yield PartitionManifest.from_json(message.manifest, what, partition)
+                yield PartitionManifest.from_json(
+                    message.manifest, what, partition, statistics=False
+                )
                 continue
             pieces.append(chunk.data)
             if not message.end_of_run:

@@ -21,6 +21,7 @@ __all__ = [
     "INDEX_FILE",
     "INDEX_SCHEMA",
     "MANIFEST_FILE",
+    "NO_STATISTICS",
     "PartitionManifest",
 ]
 
@@ -33,6 +34,9 @@ DATA_FILE: Final = "data.arrow"
 INDEX_FILE: Final = "index.arrow"
 MANIFEST_FILE: Final = "manifest.json"
 CODECS: Final = ("none", "lz4", "zstd")
+NO_STATISTICS: Final = PartitionStatistics((), (), ())
+"""In a manifest read by a reader of data: statistics are 3 x R numbers, as Python ints more
+work than all the rest of a manifest, and only the driver and the workers use them."""
 
 # One row per run: consecutive batches of one subpartition (-1: broadcast to all) in one region.
 INDEX_SCHEMA: Final = pa.schema(
@@ -92,10 +96,16 @@ class PartitionManifest:
 
     @classmethod
     def from_json(
-        cls, data: bytes, where: str, partition: ResultPartitionID | None = None
+        cls,
+        data: bytes,
+        where: str,
+        partition: ResultPartitionID | None = None,
+        *,
+        statistics: bool = True,
     ) -> PartitionManifest:
         """The manifest in ``data``; a :class:`PartitionCorruptedError` (naming
-        ``partition``, the one it should describe) if it does not decode."""
+        ``partition``, the one it should describe) if it does not decode. Without
+        ``statistics``, they are neither decoded nor checked: :data:`NO_STATISTICS`."""
         try:
             document = json.loads(data)
             if not isinstance(document, dict):
@@ -123,7 +133,9 @@ class PartitionManifest:
                 schema=None
                 if schema_text is None
                 else pa.ipc.read_schema(pa.py_buffer(base64.b64decode(schema_text))),
-                statistics=_statistics_of_lists(document)
+                statistics=NO_STATISTICS
+                if not statistics
+                else _statistics_of_lists(document)
                 if version == 1
                 else PartitionStatistics.decode(
                     base64.b64decode(document["statistics"], validate=True), subpartitions

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import dataclasses
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -25,7 +24,7 @@ from shuffle_api.errors import (
 from shuffle_api.format.layout import partition_directory
 from shuffle_api.format.manifest import DATA_FILE, INDEX_FILE, MANIFEST_FILE, PartitionManifest
 from shuffle_api.ids import ResultPartitionID
-from shuffle_api.io import BROADCAST, PartitionStatistics
+from shuffle_api.io import BROADCAST
 from shuffle_api.store import RangeReader, Store
 
 __all__ = [
@@ -260,7 +259,6 @@ def decode_run(
             ) from error
 
 
-_NO_STATISTICS: Final = PartitionStatistics((), (), ())
 # Reads of neighbouring runs are joined up to this size: larger ones are read run by run.
 _MAX_RANGE_BYTES: Final = 8 << 20
 
@@ -303,7 +301,9 @@ def _decode_layout(
 ) -> _Layout:
     manifest_bytes, index_bytes = files
     manifest_path = store.child(partition_directory(store, partition), MANIFEST_FILE)
-    manifest = PartitionManifest.from_json(manifest_bytes, manifest_path, partition)
+    manifest = PartitionManifest.from_json(
+        manifest_bytes, manifest_path, partition, statistics=statistics
+    )
     if manifest.partition != partition:
         raise PartitionCorruptedError(
             f"manifest at {manifest_path} describes {manifest.partition}, not {partition}",
@@ -312,10 +312,6 @@ def _decode_layout(
     if xxhash.xxh3_64_intdigest(memoryview(index_bytes)) != manifest.index_checksum:
         raise ChecksumMismatchError(f"index of partition {partition} is corrupt", partition)
     index = _decode_index(index_bytes, manifest)
-    if not statistics:
-        # R counts three times over, as Python ints: more than all the rest, and only the
-        # driver uses them.
-        manifest = dataclasses.replace(manifest, statistics=_NO_STATISTICS)
     return _Layout(manifest, index, manifest_bytes, index_bytes)
 
 

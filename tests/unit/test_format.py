@@ -41,7 +41,14 @@ from shuffle_api.format import (
     StoreSink,
     partition_directory,
 )
-from shuffle_api.format.manifest import DATA_FILE, INDEX_FILE, INDEX_SCHEMA, MANIFEST_FILE
+from shuffle_api.format.manifest import (
+    DATA_FILE,
+    INDEX_FILE,
+    INDEX_SCHEMA,
+    MANIFEST_FILE,
+    NO_STATISTICS,
+    PartitionManifest,
+)
 from shuffle_api.format.reader import Run
 from shuffle_api.store import Store
 
@@ -509,6 +516,21 @@ def test_manifest_with_bad_statistics_raises_partition_corrupted(
 
     with pytest.raises(PartitionCorruptedError, match=r"statistics|does not decode"):
         PartitionFileReader(store, partition)
+
+
+def test_readers_of_data_neither_decode_nor_need_the_statistics(
+    store: Store, partition: ResultPartitionID
+) -> None:
+    write_partition(store, partition, SPREAD_WRITES)
+    edit_manifest(store, partition, lambda document: document.update(statistics="not base64!"))
+    manifest_bytes = store.read_bytes(file_path(store, partition, MANIFEST_FILE))
+
+    manifest = PartitionManifest.from_json(manifest_bytes, "fetched", statistics=False)
+    reader = PartitionFileReader(store, partition, cached=True)
+
+    assert manifest.statistics is NO_STATISTICS
+    assert manifest.data_bytes > 0
+    assert read_keys(reader, 1) == expected_keys(SPREAD_WRITES, 1)
 
 
 # --- readable with plain pyarrow -----------------------------------------------------------
