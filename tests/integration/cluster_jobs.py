@@ -233,7 +233,7 @@ def kill_during_reduce(
     try:
         equal = multiset(result) == multiset(frame)
     except Exception as failure:  # the action failed: the user's remedy is recover()
-        error = str(failure)[-2000:]
+        error = str(failure)[:4000]
         equal = multiset(shuffle.recover(result)) == multiset(frame)
     return {
         "killed": killed,
