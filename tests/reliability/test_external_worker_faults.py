@@ -41,6 +41,7 @@ from shuffle_api.format import partition_directory
 from shuffle_api.format.manifest import DATA_FILE, MANIFEST_FILE
 from shuffle_api.format.reader import MAX_SUBPARTITIONS
 from shuffle_api.store import Store
+from tests.reliability.external_cluster import partition_files
 from tests.reliability.raw_worker import (
     BIG_CHANNEL,
     BuiltPartition,
@@ -379,13 +380,16 @@ def test_silent_streams_are_capped_cancelled_and_their_uploads_deleted(
         finally:
             stop.set()
         # ... their partial uploads deleted after as long again ...
-        store = cluster.worker_store(0)
         deadline = time.monotonic() + 30
-        while any(p.is_file() for p in store.rglob("*.arrow")) and time.monotonic() < deadline:
+        while _arrow_files(cluster) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not any(p.is_file() for p in store.rglob("*.arrow"))
+        assert not _arrow_files(cluster)
         # ... and the worker takes new pushes whole.
         serves(cluster, worker)
+
+
+def _arrow_files(cluster: LocalCluster) -> list[Path]:
+    return [path for path in partition_files(cluster, 0) if path.suffix == ".arrow"]
 
 
 def _code(call: grpc.Future[pb.PushDataResponse], timeout: float = 0.0) -> grpc.StatusCode | None:
