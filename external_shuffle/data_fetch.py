@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import functools
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 import grpc
 import pyarrow as pa
@@ -15,7 +16,15 @@ from google.protobuf.message import DecodeError
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle.channels import translate_rpc_error
-from external_shuffle.data_frames import END, FAILED, FETCH, MANIFEST, RUN, RUN_HEADER
+from external_shuffle.data_frames import (
+    END,
+    FAILED,
+    FETCH,
+    FETCH_BATCH,
+    MANIFEST,
+    RUN,
+    RUN_HEADER,
+)
 from external_shuffle.framing import fetch_data_call
 from external_shuffle.wire import WorkerAddress
 from external_shuffle.wire_errors import error_from_pb
@@ -25,6 +34,7 @@ from shuffle_api.format import PartitionManifest
 from shuffle_api.sockets import read_frame, receive_into, write_frame
 
 __all__ = [
+    "END_OF_PARTITION",
     "DataPortUnreachableError",
     "FetchedRun",
     "Received",
@@ -46,34 +56,49 @@ class DataPortUnreachableError(TransportError):
 
 
 Received = PartitionManifest | FetchedRun
+END_OF_PARTITION: Final = None
+"""What :func:`fetch_over_data_port` yields after each partition's last run."""
 _CONNECT_TIMEOUT = 5.0
 
 
 def fetch_over_data_port(
     worker: WorkerAddress,
-    request: pb.FetchDataRequest,
+    fetches: Sequence[tuple[pb.FetchDataRequest, ResultPartitionID]],
     *,
     connections: ConnectionPool,
     timeout: float,
     max_frame_size: int,
-    what: str,
-    partition: ResultPartitionID,
-) -> Iterator[Received]:
-    """On a connection of ``connections`` (kept for the next fetch from this worker).
-    ``timeout``: for each read (a worker that stops sending); connecting and the handshake
-    get at most a few seconds, as gRPC is there to fall back on."""
+) -> Iterator[Received | None]:
+    """Every partition of ``fetches`` (at most ``MAX_BATCH``), in order, in one request:
+    each one's manifest and runs, then :data:`END_OF_PARTITION`. On a connection of
+    ``connections`` (kept for the next request to this worker). ``timeout``: for each read
+    (a worker that stops sending); connecting and the handshake get at most a few seconds, as
+    gRPC is there to fall back on."""
     address = f"{worker.host}:{worker.data_port}"
+    asked = fetches[0][1] if len(fetches) == 1 else f"{len(fetches)} partitions"
+    what = f"fetch of {asked} from worker {worker.target}"
+    if len(fetches) == 1:
+        frame_type, body = FETCH, fetches[0][0].SerializeToString()
+    else:
+        batch = pb.FetchBatchRequest(fetches=[request for request, _ in fetches])
+        frame_type, body = FETCH_BATCH, batch.SerializeToString()
 
-    def fetch(connection: Connection) -> Iterator[Received]:
+    def fetch(connection: Connection) -> Iterator[Received | None]:
         sock = connection.sock
+        reading = what
         try:
             sock.settimeout(timeout)
-            write_frame(sock, FETCH, request.SerializeToString())
-            yield from _receive(sock, max_frame_size, what, partition)
+            write_frame(sock, frame_type, body)
+            for _, partition in fetches:
+                reading = f"fetch of {partition} from worker {worker.target}"
+                yield from _receive(sock, max_frame_size, reading, partition)
+                yield END_OF_PARTITION
         except ShuffleError:
             raise  # some are OSErrors too (an AuthenticationError is a PermissionError)
         except OSError as error:
-            raise TransportError(f"{what} over the data port {address} failed: {error}") from error
+            raise TransportError(
+                f"{reading} over the data port {address} failed: {error}"
+            ) from error
 
     def connect(fresh: bool = False) -> Connection:
         try:

@@ -6,14 +6,28 @@ from __future__ import annotations
 import struct
 from typing import Final
 
-__all__ = ["END", "FAILED", "FETCH", "MANIFEST", "MAX_REQUEST_SIZE", "RUN", "RUN_HEADER"]
+__all__ = [
+    "END",
+    "FAILED",
+    "FETCH",
+    "FETCH_BATCH",
+    "MANIFEST",
+    "MAX_BATCH",
+    "MAX_REQUEST_SIZE",
+    "RUN",
+    "RUN_HEADER",
+]
 
 FETCH: Final = 1
 MANIFEST: Final = 2
 RUN: Final = 3
 END: Final = 4
 FAILED: Final = 5
+FETCH_BATCH: Final = 6
 RUN_HEADER: Final = struct.Struct("!QQ")
 """A RUN frame's body: the run's length and xxh3-64. The run's bytes follow the frame."""
 MAX_REQUEST_SIZE: Final = 64 << 10
-"""A FetchDataRequest names one partition and a range: far below this."""
+"""A FetchDataRequest names one partition and a range (about 100 bytes), and a batch of
+:data:`MAX_BATCH` of them stays below this."""
+MAX_BATCH: Final = 256
+"""The most partitions a FETCH_BATCH names."""

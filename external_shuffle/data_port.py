@@ -28,7 +28,9 @@ from external_shuffle.data_frames import (
     END,
     FAILED,
     FETCH,
+    FETCH_BATCH,
     MANIFEST,
+    MAX_BATCH,
     MAX_REQUEST_SIZE,
     RUN,
     RUN_HEADER,
@@ -155,14 +157,31 @@ class WorkerDataPort:
             return None
 
     def _fetch(self, sock: socket.socket, frame: tuple[int, memoryview], running: _Running) -> None:
-        assert self._worker is not None, "started with its worker"
+        """Answer a FETCH, or each fetch of a FETCH_BATCH in turn."""
+        self._metrics.data_port_requests.inc()
         frame_type, body = frame
-        if frame_type != FETCH:
-            raise TransportError(f"the data port takes FETCH frames, not type {frame_type}")
         try:
-            request = pb.FetchDataRequest.FromString(bytes(body))
+            if frame_type == FETCH:
+                requests = [pb.FetchDataRequest.FromString(bytes(body))]
+            elif frame_type == FETCH_BATCH:
+                requests = list(pb.FetchBatchRequest.FromString(bytes(body)).fetches)
+            else:
+                raise TransportError(
+                    f"the data port takes FETCH and FETCH_BATCH frames, not type {frame_type}"
+                )
         except DecodeError as error:
             raise SerializationError(f"{_METHOD}: the request does not decode: {error}") from None
+        if not 0 < len(requests) <= MAX_BATCH:
+            raise SerializationError(
+                f"{_METHOD}: a batch of {len(requests)} fetches, outside 1..{MAX_BATCH}"
+            )
+        for request in requests:
+            self._fetch_one(sock, request, running)
+
+    def _fetch_one(
+        self, sock: socket.socket, request: pb.FetchDataRequest, running: _Running
+    ) -> None:
+        assert self._worker is not None, "started with its worker"
         # An idle fetch (a client that stopped reading) is ended by the worker's reaper. The
         # peer is named as gRPC names it, so a client's streams count once per host.
         cancel = _hang_up(sock)

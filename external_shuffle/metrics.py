@@ -72,6 +72,11 @@ class DaemonMetrics:
             "Authenticated connections the data port served (each carries fetch after fetch)",
             registry=worker,
         )
+        self.data_port_requests = Counter(
+            "pyshuffle_data_port_requests",
+            "Requests the data port answered or failed (a FETCH_BATCH names many partitions)",
+            registry=worker,
+        )
         self.open_streams = Gauge(
             "pyshuffle_open_streams", "Push and fetch streams open on this worker", registry=worker
         )

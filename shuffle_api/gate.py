@@ -105,8 +105,13 @@ class SequentialInputGate(InputGate):
             )
         return descriptor
 
+    def _reading_order(self) -> list[int]:
+        """The indexes of the partitions in the order they are read: as given, unless a
+        subclass has an order of its own."""
+        return list(range(len(self._shuffle_descriptors)))
+
     def __iter__(self) -> Iterator[pa.RecordBatch]:
-        for index in range(len(self._shuffle_descriptors)):
+        for index in self._reading_order():
             descriptor = self._known(index)
             self._reading = self._read(descriptor)
             try:

@@ -325,6 +325,12 @@ class FetchDataResponse(_message.Message):
     end_of_run: bool
     def __init__(self, manifest: _Optional[bytes] = ..., data: _Optional[bytes] = ..., run_checksum: _Optional[int] = ..., end_of_run: _Optional[bool] = ...) -> None: ...
 
+class FetchBatchRequest(_message.Message):
+    __slots__ = ("fetches",)
+    FETCHES_FIELD_NUMBER: _ClassVar[int]
+    fetches: _containers.RepeatedCompositeFieldContainer[FetchDataRequest]
+    def __init__(self, fetches: _Optional[_Iterable[_Union[FetchDataRequest, _Mapping]]] = ...) -> None: ...
+
 class DataPortError(_message.Message):
     __slots__ = ("error_class", "partition", "message")
     ERROR_CLASS_FIELD_NUMBER: _ClassVar[int]

@@ -19,12 +19,13 @@ import xxhash
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.data_fetch import (
+    END_OF_PARTITION,
     DataPortUnreachableError,
     FetchedRun,
     Received,
     fetch_over_data_port,
 )
-from external_shuffle.data_frames import FAILED, FETCH, MANIFEST
+from external_shuffle.data_frames import FAILED, FETCH, FETCH_BATCH, MANIFEST, MAX_BATCH
 from external_shuffle.descriptor import ExternalShuffleDescriptor
 from external_shuffle.local_cluster import LocalCluster
 from external_shuffle.wire import WorkerAddress
@@ -114,28 +115,29 @@ def _request(built: BuiltPartition, first: int = 0, last: int = SUBPARTITIONS - 
     ).SerializeToString()
 
 
-def _fetch(address: WorkerAddress, secret: bytes, request: bytes) -> list[Received]:
+def _fetch(address: WorkerAddress, secret: bytes, *requests: bytes) -> list[Received]:
     connections = ConnectionPool(secret)
     try:
-        return _fetch_on(connections, address, request)
+        return _fetch_on(connections, address, *requests)
     finally:
         connections.close()
 
 
 def _fetch_on(
-    connections: ConnectionPool, address: WorkerAddress, request: bytes
+    connections: ConnectionPool, address: WorkerAddress, *requests: bytes
 ) -> list[Received]:
-    return list(
-        fetch_over_data_port(
+    """What the worker sends for ``requests``, asked in one request."""
+    return [
+        answer
+        for answer in fetch_over_data_port(
             address,
-            pb.FetchDataRequest.FromString(request),
+            [(pb.FetchDataRequest.FromString(request), new_partition()) for request in requests],
             connections=connections,
             timeout=10,
             max_frame_size=64 << 20,
-            what="test fetch",
-            partition=new_partition(),
         )
-    )
+        if answer is not END_OF_PARTITION
+    ]
 
 
 def _connect(address: WorkerAddress) -> socket.socket:
@@ -213,6 +215,93 @@ def test_fetches_share_a_connection_and_survive_its_idle_close(
         assert counted()[0] - after[0] == 1
     finally:
         connections.close()
+
+
+def test_a_batch_gets_what_its_fetches_get_one_by_one_in_one_request(
+    cluster: LocalCluster, address: WorkerAddress, secret: bytes, stored: BuiltPartition
+) -> None:
+    requests = [_request(stored, 2, 2), _request(stored), _request(stored, 0, 1)]
+    one_by_one = [answer for request in requests for answer in _fetch(address, secret, request)]
+    before = scrape(cluster, "worker-0").get("pyshuffle_data_port_requests_total", 0.0)
+
+    batched = _fetch(address, secret, *requests)
+
+    assert batched == one_by_one
+    after = scrape(cluster, "worker-0").get("pyshuffle_data_port_requests_total", 0.0)
+    assert after - before == 1
+
+
+def test_a_batch_stops_at_a_missing_partition_with_its_error(
+    address: WorkerAddress, secret: bytes, stored: BuiltPartition
+) -> None:
+    missing = build_partition(rows=100)  # never pushed
+    answers: list[Received | None] = []
+    connections = ConnectionPool(secret)
+    try:
+        with pytest.raises(PartitionNotFoundError):
+            for answer in fetch_over_data_port(
+                address,
+                [
+                    (pb.FetchDataRequest.FromString(_request(stored)), stored.partition),
+                    (pb.FetchDataRequest.FromString(_request(missing)), missing.partition),
+                    (pb.FetchDataRequest.FromString(_request(stored)), stored.partition),
+                ],
+                connections=connections,
+                timeout=10,
+                max_frame_size=64 << 20,
+            ):
+                answers.append(answer)
+    finally:
+        connections.close()
+    # The first partition whole, then the error: nothing of the third.
+    assert answers.count(END_OF_PARTITION) == 1 and answers[-1] is END_OF_PARTITION
+    _serves(address, secret, stored)
+
+
+def test_a_batch_of_none_or_too_many_fetches_is_refused(
+    address: WorkerAddress, secret: bytes, stored: BuiltPartition
+) -> None:
+    request = pb.FetchDataRequest.FromString(_request(stored))
+    for count in (0, MAX_BATCH + 1):
+        with _authenticated(address, secret) as sock:
+            batch = pb.FetchBatchRequest(fetches=[request] * count)
+            write_frame(sock, FETCH_BATCH, batch.SerializeToString())
+            assert isinstance(_failure(sock), SerializationError)
+    _serves(address, secret, stored)
+
+
+def test_a_reducer_asks_each_worker_once_for_its_partitions(
+    cluster: LocalCluster, address: WorkerAddress, secret: bytes
+) -> None:
+    data = batches()
+    expected = sorted(row for batch in data for row in batch.column("row").to_pylist())
+    with scenario_on(cluster) as scenario:
+        descriptors, _ = scenario.produce(data, partitions=12, subpartitions=2)
+        before = scrape(cluster, "worker-0").get("pyshuffle_data_port_requests_total", 0.0)
+        table = scenario.read(scenario.consumer, descriptors, ALL)
+        after = scrape(cluster, "worker-0").get("pyshuffle_data_port_requests_total", 0.0)
+    assert rows_of(table) == expected
+    assert after - before == 1
+
+
+def test_a_batch_cut_while_its_reader_paused_is_asked_again(
+    cluster: LocalCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Far more than the sockets hold: the worker waits on the reader, then ends the batch.
+    data = batches(rows=300_000)
+    expected = sorted(row for batch in data for row in batch.column("row").to_pylist())
+    with scenario_on(cluster) as scenario:
+        descriptors, _ = scenario.produce(data, partitions=4, subpartitions=2)
+        with (
+            caplog.at_level(logging.INFO, logger="external_shuffle.gate"),
+            scenario.gate(scenario.consumer, descriptors, ALL) as gate,
+        ):
+            reading = iter(gate)
+            rows = next(reading).column("row").to_pylist()
+            time.sleep(IDLE_TIMEOUT * 2)
+            rows.extend(row for batch in reading for row in batch.column("row").to_pylist())
+    assert sorted(rows) == expected
+    assert "asking again" in caplog.text
 
 
 def test_the_gate_reads_over_the_data_port_or_else_over_grpc(
