@@ -8,7 +8,6 @@ import functools
 import socket
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Final
 
 import grpc
 import pyarrow as pa
@@ -31,10 +30,10 @@ from external_shuffle.wire_errors import error_from_pb
 from shuffle_api import ResultPartitionID, ShuffleError, TransportError
 from shuffle_api.connections import Connection, ConnectionPool, StaleConnectionError
 from shuffle_api.format import PartitionManifest
+from shuffle_api.gate import END_OF_PARTITION
 from shuffle_api.sockets import read_frame, receive_into, write_frame
 
 __all__ = [
-    "END_OF_PARTITION",
     "DataPortUnreachableError",
     "FetchedRun",
     "Received",
@@ -56,8 +55,6 @@ class DataPortUnreachableError(TransportError):
 
 
 Received = PartitionManifest | FetchedRun
-END_OF_PARTITION: Final = None
-"""What :func:`fetch_over_data_port` yields after each partition's last run."""
 _CONNECT_TIMEOUT = 5.0
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import struct
 from typing import Final
 
+from shuffle_api.gate import MAX_BATCH
+
 __all__ = [
     "END",
     "FAILED",
@@ -29,5 +31,3 @@ RUN_HEADER: Final = struct.Struct("!QQ")
 MAX_REQUEST_SIZE: Final = 64 << 10
 """A FetchDataRequest names one partition and a range (about 100 bytes), and a batch of
 :data:`MAX_BATCH` of them stays below this."""
-MAX_BATCH: Final = 256
-"""The most partitions a FETCH_BATCH names."""

@@ -23,7 +23,7 @@ from shuffle_api import (
 )
 from shuffle_api.connections import ConnectionPool
 from shuffle_api.format import decode_run
-from shuffle_api.gate import SequentialInputGate
+from shuffle_api.gate import END_OF_PARTITION, CutBatchError, SequentialInputGate
 
 __all__ = ["GateSettings", "NettyInputGate"]
 
@@ -97,33 +97,75 @@ class NettyInputGate(SequentialInputGate):
             return "is not read from the store here (netty-like.read-from-shared-store = false)"
         return f"is not on this process's store {self._settings.store_url!r}"
 
+    def _batch_source(self, index: int) -> str | None:
+        """The producer's data port, for a blocking partition of another process that is not
+        on this process's store."""
+        descriptor = self._shuffle_descriptors[index]
+        if (
+            not isinstance(descriptor, NettyShuffleDescriptor)
+            or self._descriptor.consumed_partition_type.must_be_pipelined
+            or descriptor.data_port == LOCAL_ONLY_PORT
+            or descriptor.is_local_to(self._settings.resource_id)
+            or (
+                self._settings.read_from_shared_store
+                and descriptor.store_url == self._settings.store_url
+            )
+        ):
+            return None
+        return f"{descriptor.host}:{descriptor.data_port}"
+
     def _read_remote(
         self, descriptor: NettyShuffleDescriptor, pipelined: bool
     ) -> Iterator[pa.RecordBatch]:
         partition = descriptor.result_partition_id
-        received = False
-        try:
-            for batch in read_remote(
+        source = f"{descriptor.host}:{descriptor.data_port}"
+        runs_read = 0
+        asked_again = False
+        while True:
+            run = 0
+            try:
+                for batches in self._answers(descriptor, source, pipelined):
+                    run += 1
+                    if run > runs_read:
+                        yield from batches
+                        runs_read = run
+                return
+            except CutBatchError:
+                if asked_again:
+                    raise
+                asked_again = True  # from the run it reached
+            except TransportError as error:
+                if pipelined or runs_read:
+                    raise
+                # Not on the store and no producer to ask: the engine must rerun the producer.
+                raise PartitionNotFoundError(
+                    f"blocking partition {partition} {self._not_on_store()}, and its"
+                    f" producer does not answer ({error}): it was released, or its producer's"
+                    " process is gone",
+                    partition,
+                ) from error
+
+    def _answers(
+        self, descriptor: NettyShuffleDescriptor, source: str, pipelined: bool
+    ) -> Iterator[list[pa.RecordBatch]]:
+        """The batches of each buffer of the partition, from its producer's data port."""
+
+        def ask(partitions: list[ResultPartitionID]) -> Iterator[list[pa.RecordBatch] | None]:
+            return read_remote(
                 descriptor.host,
                 descriptor.data_port,
-                partition,
+                partitions,
                 self.subpartitions,
                 pipelined=pipelined,
                 settings=self._settings.credit,
                 connections=self._data_ports,
-            ):
-                received = True
-                yield batch
-        except TransportError as error:
-            if pipelined or received:
-                raise
-            # Not on the store and no producer to ask: the engine must rerun the producer.
-            raise PartitionNotFoundError(
-                f"blocking partition {partition} {self._not_on_store()}, and its"
-                f" producer does not answer ({error}): it was released, or its producer's process"
-                " is gone",
-                partition,
-            ) from error
+            )
+
+        partition = descriptor.result_partition_id
+        if pipelined:
+            # Streamed while produced: each partition on a channel of its own.
+            return (answer for answer in ask([partition]) if answer is not END_OF_PARTITION)
+        return self._batched(source, partition, ask)
 
     def _read_local(
         self, partition: ResultPartitionID, pipelined: bool

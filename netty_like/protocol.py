@@ -2,8 +2,10 @@
 
 Frames and the handshake that opens a connection are :mod:`shuffle_api.sockets`'; each frame
 here is a fixed header for its type, then a payload. After the handshake:
-Consumer -> producer: REQUEST (with initial credit), CREDIT, CANCEL.
-Producer -> consumer: SCHEMA, BUFFER (one per credit, carries the backlog), END, ERROR.
+Consumer -> producer: REQUEST (with initial credit), CREDIT, CANCEL. REQUEST_BATCH asks on
+one channel for several blocking partitions, served one after another.
+Producer -> consumer: SCHEMA, BUFFER (one per credit, carries the backlog), END, ERROR; for a
+batch, SCHEMA, BUFFERs and END per partition, in order (an ERROR ends the channel).
 Control, answered in order by ACK, STATUS_REPLY or ERROR: HOST (a process of the same
 executor hands a partition it writes or wrote to the executor's host), STATUS (which of these
 partitions are held, with their statistics), RELEASE, SHUTDOWN (a host's application is done).
@@ -36,6 +38,7 @@ from shuffle_api import (
     TransportError,
     sockets,
 )
+from shuffle_api.gate import MAX_BATCH
 
 __all__ = [
     "BUFFER_HEADER_SIZE",
@@ -81,6 +84,7 @@ class FrameType(enum.IntEnum):
     RELEASE = 14
     ACK = 15
     SHUTDOWN = 16
+    REQUEST_BATCH = 17
 
 
 class HostedState(enum.IntEnum):
@@ -122,32 +126,50 @@ def error_from_code(code: int, message: str, partition: ResultPartitionID | None
 
 @dataclass(frozen=True, slots=True)
 class Request:
+    """A channel's request: one partition, or (REQUEST_BATCH) several blocking ones."""
+
     channel: int
-    partition: ResultPartitionID
+    partitions: tuple[ResultPartitionID, ...]
     subpartitions: SubpartitionRange
     initial_credit: int
     pipelined: bool
 
+    @property
+    def frame_type(self) -> FrameType:
+        return FrameType.REQUEST if len(self.partitions) == 1 else FrameType.REQUEST_BATCH
+
     def encode(self) -> bytes:
-        return _REQUEST.pack(
+        header = _REQUEST.pack(
             self.channel,
             self.subpartitions.start,
             self.subpartitions.end,
             self.initial_credit,
             self.pipelined,
-        ) + encode_partition(self.partition)
+        )
+        if len(self.partitions) == 1:
+            return header + encode_partition(self.partitions[0])
+        return header + encode_partitions(self.partitions)
 
     @classmethod
-    def decode(cls, body: memoryview) -> Request:
+    def decode(cls, frame_type: FrameType, body: memoryview) -> Request:
         if len(body) < _REQUEST.size:
             raise InvalidIdentifierError("partition request frame is too short")
         channel, start, end, credit, pipelined = _REQUEST.unpack_from(body)
-        partition = decode_partition(body[_REQUEST.size :])
+        partitions: tuple[ResultPartitionID, ...]
+        if frame_type is FrameType.REQUEST:
+            partitions = (decode_partition(body[_REQUEST.size :]),)
+        else:
+            partitions = tuple(decode_partitions(body[_REQUEST.size :]))
+            if not 0 < len(partitions) <= MAX_BATCH or pipelined:
+                raise InvalidIdentifierError(
+                    f"a batch of {len(partitions)} partitions (pipelined: {pipelined}); batches"
+                    f" hold 1..{MAX_BATCH} blocking partitions"
+                )
         try:
             subpartitions = SubpartitionRange(start, end)
         except ValueError as error:
             raise InvalidIdentifierError(f"bad subpartition range in request: {error}") from None
-        return cls(channel, partition, subpartitions, credit, pipelined)
+        return cls(channel, partitions, subpartitions, credit, pipelined)
 
 
 # Errors quote at most this much of what a peer sent.

@@ -43,6 +43,7 @@ from netty_like.protocol import (
 from shuffle_api import (
     DataTooLargeError,
     InvalidOperationError,
+    ResultPartitionID,
     ShuffleError,
     TransportError,
 )
@@ -140,8 +141,8 @@ class _Connection:
         return any(not channel.finished.is_set() for channel in list(self.channels.values()))
 
     def _handle(self, frame_type: FrameType, body: memoryview) -> None:
-        if frame_type is FrameType.REQUEST:
-            self._open_channel(body)
+        if frame_type in (FrameType.REQUEST, FrameType.REQUEST_BATCH):
+            self._open_channel(frame_type, body)
         elif frame_type is FrameType.CREDIT:
             channel_id, credits = decode_credit(body)
             channel = self.channels.get(channel_id)
@@ -185,10 +186,10 @@ class _Connection:
             self._refused(f"{frame_type.name} refused: {error}")
             self.send(FrameType.ERROR, encode_error(0, error))
 
-    def _open_channel(self, body: memoryview) -> None:
+    def _open_channel(self, frame_type: FrameType, body: memoryview) -> None:
         limits = self.server.limits
         try:
-            request = Request.decode(body)
+            request = Request.decode(frame_type, body)
         except ShuffleError as error:
             self.send(FrameType.ERROR, encode_error(0, error))
             return
@@ -208,7 +209,7 @@ class _Connection:
         channel = _Channel(self, request)
         self.channels[request.channel] = channel
         threading.Thread(
-            target=channel.run, name=f"pyshuffle-send-{request.partition}", daemon=True
+            target=channel.run, name=f"pyshuffle-send-{request.partitions[0]}", daemon=True
         ).start()
 
     def _refused(self, what: str) -> None:
@@ -268,28 +269,32 @@ class _Channel:
             return True
 
     def run(self) -> None:
+        """Serve the request's partitions in order; an error ends the channel."""
         request = self._request
-        view: SubpartitionView | None = None
         try:
-            view = self._connection.server.manager.create_view(
-                request.partition,
-                request.subpartitions,
-                pipelined=request.pipelined,
-                verify=False,
-                cancelled=lambda: self._cancelled,
-            )
-            self._stream(view)
+            for partition in request.partitions:
+                if self._cancelled:
+                    return
+                view = self._connection.server.manager.create_view(
+                    partition,
+                    request.subpartitions,
+                    pipelined=request.pipelined,
+                    verify=False,
+                    cancelled=lambda: self._cancelled,
+                )
+                try:
+                    self._stream(partition, view)
+                finally:
+                    view.release()
         except ShuffleError as error:
             self._send_error(error)
         except OSError as error:
-            _LOG.debug("sending %s failed: %s", request.partition, error)
+            _LOG.debug("sending %s failed: %s", request.partitions, error)
         finally:
-            if view is not None:
-                view.release()
             self.finished.set()
             self._connection.forget_channel(request.channel)
 
-    def _stream(self, view: SubpartitionView) -> None:
+    def _stream(self, partition: ResultPartitionID, view: SubpartitionView) -> None:
         channel = self._request.channel
         schema_sent = False
         max_payload = self._connection.server.limits.max_frame_size - BUFFER_HEADER_SIZE
@@ -300,6 +305,7 @@ class _Channel:
                     return
                 item = view.poll(_POLL_SECONDS)
             if item is None:
+                self._give_back_credit()  # END takes none
                 self._connection.send(FrameType.END, encode_channel(channel))
                 return
             if isinstance(item, EncodedRun):
@@ -314,12 +320,16 @@ class _Channel:
                 schema_sent = True
             if payload.size > max_payload:
                 raise DataTooLargeError(
-                    f"a buffer of {payload.size} bytes of partition {self._request.partition}"
+                    f"a buffer of {payload.size} bytes of partition {partition}"
                     " exceeds netty-like.network.max-frame-size; a single row that large"
                     " cannot be sent"
                 )
             header = BufferHeader(channel, view.backlog, checksum).encode()
             self._connection.send(FrameType.BUFFER, header, payload)
+
+    def _give_back_credit(self) -> None:
+        with self._condition:
+            self._credit += 1
 
     def _send_error(self, error: ShuffleError) -> None:
         with contextlib.suppress(OSError):
@@ -356,6 +366,7 @@ class DataServer:
             name="data port",
         )
         self._channels = 0
+        self._requests = 0
         self._lock = threading.Lock()
 
     @property
@@ -370,7 +381,13 @@ class DataServer:
             if self._channels >= self.limits.max_channels:
                 return False
             self._channels += 1
+            self._requests += 1
             return True
+
+    @property
+    def request_count(self) -> int:
+        """Requests served so far (a channel each: one partition, or a batch)."""
+        return self._requests
 
     def return_channel(self) -> None:
         with self._lock:

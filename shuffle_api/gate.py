@@ -1,12 +1,19 @@
 """An input gate that reads its partitions one after another (the shared part of the
-implementations' gates): unknown descriptors are waited for, errors name their partition."""
+implementations' gates): unknown descriptors are waited for, errors name their partition.
+
+Partitions fetched from another process are read source by source (a producer's data port, a
+worker), and each source is asked once for the partitions read from it one after another (a
+batch), as Spark's reducers fetch a host's blocks: a request per partition cost a round trip
+and the source's turn each, most of a small block's time."""
 
 from __future__ import annotations
 
 import abc
+import collections
 import contextlib
 import threading
 from collections.abc import Callable, Generator, Iterator
+from typing import Any, Final, Generic, TypeVar
 
 import pyarrow as pa
 
@@ -23,13 +30,62 @@ from shuffle_api.errors import (
     ShuffleError,
     ShuffleServiceClosedError,
     StorageError,
+    TransportError,
 )
 from shuffle_api.format import PartitionFileReader
-from shuffle_api.ids import ResultPartitionID
+from shuffle_api.ids import IntermediateResultPartitionID, ResultPartitionID
 from shuffle_api.io import InputGate
 from shuffle_api.store import Store
 
-__all__ = ["OpenGates", "SequentialInputGate"]
+__all__ = ["END_OF_PARTITION", "MAX_BATCH", "CutBatchError", "OpenGates", "SequentialInputGate"]
+
+T = TypeVar("T")
+
+END_OF_PARTITION: Final = None
+"""What a batch's answers hold after each partition's last item."""
+MAX_BATCH: Final = 256
+"""The most partitions one request asks a source for."""
+
+
+class CutBatchError(TransportError):
+    """A batch broke after it had delivered something: the source may have ended it because
+    its reader paused (an idle timeout), through no fault of its own. Worth asking again once
+    before the source counts as failed."""
+
+
+class _Batch(Generic[T]):
+    """The answers to one batched request, taken partition by partition in its order."""
+
+    def __init__(self, partitions: list[ResultPartitionID], answers: Iterator[T | None]) -> None:
+        self._pending = collections.deque(partitions)
+        self._answers = answers
+        self.delivered = False
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def serves_next(self, partition: ResultPartitionID) -> bool:
+        return bool(self._pending) and self._pending[0] == partition
+
+    def receive(self, partition: ResultPartitionID) -> Iterator[T]:
+        assert self.serves_next(partition)
+        self._pending.popleft()
+        for answer in self._answers:
+            if answer is END_OF_PARTITION:
+                if not self._pending:
+                    # The request's end: its connection goes back to its pool.
+                    next(self._answers, None)
+                return
+            self.delivered = True
+            yield answer
+        raise TransportError(f"the answers to a batch ended before the end of {partition}")
+
+    def close(self) -> None:
+        if isinstance(self._answers, Generator):
+            # ValueError: it runs in another thread (a gate closed from outside its reader).
+            with contextlib.suppress(ValueError):
+                self._answers.close()
 
 
 class SequentialInputGate(InputGate):
@@ -52,6 +108,10 @@ class SequentialInputGate(InputGate):
         self._closed = False
         self._reading: Generator[pa.RecordBatch] | None = None
         self._stores: dict[str, Store | None] = {}  # by URL: each probed once per gate
+        self._order: list[int] = []
+        self._positions: dict[IntermediateResultPartitionID, int] = {}
+        # By source: the batch being read (its answers are what the subclass's ``ask`` gave).
+        self._batches: dict[str, _Batch[Any]] = {}
 
     @property
     def result_id(self) -> str:
@@ -105,10 +165,67 @@ class SequentialInputGate(InputGate):
             )
         return descriptor
 
+    def _batch_source(self, index: int) -> str | None:
+        """Where the partition at ``index`` is fetched in batches from (partitions of one
+        source are read one after another), or None: read otherwise, or not known yet."""
+        return None
+
     def _reading_order(self) -> list[int]:
-        """The indexes of the partitions in the order they are read: as given, unless a
-        subclass has an order of its own."""
-        return list(range(len(self._shuffle_descriptors)))
+        """Each source's partitions one after another, in the order given; the rest after."""
+        by_source: dict[str, list[int]] = {}
+        rest: list[int] = []
+        for index in range(len(self._shuffle_descriptors)):
+            if (source := self._batch_source(index)) is not None:
+                by_source.setdefault(source, []).append(index)
+            else:
+                rest.append(index)
+        self._order = [index for indexes in by_source.values() for index in indexes] + rest
+        self._positions = {
+            self._shuffle_descriptors[index].result_partition_id.partition_id: position
+            for position, index in enumerate(self._order)
+        }
+        return self._order
+
+    def _batched(
+        self,
+        source: str,
+        partition: ResultPartitionID,
+        ask: Callable[[list[ResultPartitionID]], Iterator[T | None]],
+    ) -> Iterator[T]:
+        """What ``source`` answers for ``partition``: from the batch asked of it that has
+        the partition next, or from a new one, ``ask(partitions)``, of ``partition`` and
+        the partitions read right after it there. A batch that breaks after it delivered
+        anything raises :class:`CutBatchError`."""
+        batch = self._batches.pop(source, None)
+        if batch is None or not batch.serves_next(partition):
+            if batch is not None:
+                batch.close()
+            partitions = self._batch_from(source, partition)
+            batch = _Batch(partitions, ask(partitions))
+        try:
+            yield from batch.receive(partition)
+        except TransportError as error:
+            batch.close()
+            if batch.delivered:
+                raise CutBatchError(f"a batched request: {error}") from error
+            raise
+        except BaseException:
+            batch.close()  # a failure or an abandoned read: its connection is closed
+            raise
+        if batch.pending:
+            self._batches[source] = batch
+
+    def _batch_from(self, source: str, partition: ResultPartitionID) -> list[ResultPartitionID]:
+        """``partition``, and the partitions read right after it from ``source`` too."""
+        batch = [partition]
+        position = self._positions.get(partition.partition_id)
+        if position is None or self._batch_source(self._order[position]) != source:
+            return batch  # asked of a source other than its own (a replica): alone
+        for index in self._order[position + 1 : position + MAX_BATCH]:
+            if self._batch_source(index) != source:
+                break
+            batch.append(self._shuffle_descriptors[index].result_partition_id)
+        return batch
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         for index in self._reading_order():
@@ -137,6 +254,9 @@ class SequentialInputGate(InputGate):
                 return
             self._closed = True
             self._condition.notify_all()
+        for batch in list(self._batches.values()):
+            batch.close()
+        self._batches.clear()
         reading = self._reading
         if isinstance(reading, Generator):
             # ValueError: the generator runs in another thread; it stops at its next step.

@@ -19,7 +19,6 @@ import xxhash
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.data_fetch import (
-    END_OF_PARTITION,
     DataPortUnreachableError,
     FetchedRun,
     Received,
@@ -43,6 +42,7 @@ from shuffle_api import (
 from shuffle_api.connections import ConnectionPool
 from shuffle_api.format import PartitionManifest, partition_directory
 from shuffle_api.format.manifest import DATA_FILE
+from shuffle_api.gate import END_OF_PARTITION
 from shuffle_api.sockets import CHALLENGE, REFUSED, open_handshake, read_frame, write_frame
 from shuffle_api.store import Store
 from tests.reliability.external_cluster import (

@@ -99,7 +99,9 @@ def test_producer_sends_one_buffer_per_credit_and_reports_its_backlog(
 ) -> None:
     descriptors, _ = scenario.produce(make_batches(20_000), partitions=1, subpartitions=1)
     with _connect(scenario) as sock:
-        request = Request(7, descriptors[0].result_partition_id, SubpartitionRange(0, 0), 1, False)
+        request = Request(
+            7, (descriptors[0].result_partition_id,), SubpartitionRange(0, 0), 1, False
+        )
         write_frame(sock, FrameType.REQUEST, request.encode())
         assert _next_frame(sock)[0] is FrameType.SCHEMA
         frame_type, body = _next_frame(sock)
@@ -236,11 +238,76 @@ def test_schema_frame_precedes_data_for_pipelined_batches(scenario: ShuffleScena
         writer.write(batch, [0] * 10)
     with _connect(scenario) as sock:
         request = Request(
-            1, shuffle_descriptor.result_partition_id, SubpartitionRange(0, 0), 4, True
+            1, (shuffle_descriptor.result_partition_id,), SubpartitionRange(0, 0), 4, True
         )
         write_frame(sock, FrameType.REQUEST, request.encode())
         frames = [_next_frame(sock)[0] for _ in range(3)]
     assert frames == [FrameType.SCHEMA, FrameType.BUFFER, FrameType.END]
+
+
+# --- a reader asks a producer once for all its partitions ------------------------------------
+
+
+def _remote_reader(scenario: ShuffleScenario, **settings: object) -> NettyShuffleEnvironment:
+    """A consumer that reads every partition of the producer over its data port."""
+    config = scenario.harness.configuration.with_values(settings)
+    environment = NettyShuffleEnvironment(
+        ShuffleEnvironmentContext(config, host="127.0.0.1", secret=scenario.secret)
+    )
+    environment.start()
+    return environment
+
+
+def _served(scenario: ShuffleScenario) -> int:
+    assert isinstance(scenario.producer, NettyShuffleEnvironment)
+    assert scenario.producer.data_server is not None
+    return scenario.producer.data_server.request_count
+
+
+def test_a_reader_asks_the_producer_once_for_its_partitions(scenario: ShuffleScenario) -> None:
+    data = make_batches(6_000, batch_rows=500)
+    descriptors, _ = scenario.produce(data, partitions=12, subpartitions=3)
+    reader = _remote_reader(scenario, **{"netty-like.read-from-shared-store": False})
+    try:
+        for subpartition in range(3):
+            expected = scenario.read(
+                scenario.consumer, descriptors, SubpartitionRange.single(subpartition)
+            )
+            before = _served(scenario)
+            table = scenario.read(reader, descriptors, SubpartitionRange.single(subpartition))
+            assert _served(scenario) - before == 1
+            assert sorted(table.column("row").to_pylist()) == sorted(
+                expected.column("row").to_pylist()
+            )
+    finally:
+        reader.close()
+
+
+def test_a_reader_that_pauses_in_a_batch_gets_every_row(tmp_path: Path) -> None:
+    config = Configuration.load(
+        {
+            "netty-like.storage.url": str(tmp_path / "store"),
+            "netty-like.sort-buffer.size": "64k",
+            "netty-like.data-port.idle-timeout": 1.0,
+        },
+        environ={},
+    )
+    data = make_batches(200_000, batch_rows=5_000)
+    expected = sorted(row for batch in data for row in batch.column("row").to_pylist())
+    with ShuffleScenario.open(ConformanceHarness(config)) as opened:
+        descriptors, _ = opened.produce(data, partitions=4, subpartitions=1)
+        reader = _remote_reader(opened, **{"netty-like.read-from-shared-store": False})
+        try:
+            with opened.gate(reader, descriptors, SubpartitionRange(0, 0)) as gate:
+                reading = iter(gate)
+                rows = next(reading).column("row").to_pylist()
+                # Longer than the idle timeout: credit holds the producer back, and a
+                # channel waiting for credit is not idle.
+                time.sleep(3.0)
+                rows.extend(row for batch in reading for row in batch.column("row").to_pylist())
+        finally:
+            reader.close()
+    assert sorted(rows) == expected
 
 
 # --- the handshake and the bounds on what a peer can make the data port hold ------------------
@@ -264,7 +331,9 @@ def test_a_peer_without_the_secret_is_refused_and_reads_nothing(
     # Skipping the handshake: the first frame must be AUTH.
     with _raw(scenario) as sock:
         assert _next_frame(sock)[0] is FrameType.CHALLENGE
-        request = Request(1, descriptors[0].result_partition_id, SubpartitionRange(0, 0), 4, False)
+        request = Request(
+            1, (descriptors[0].result_partition_id,), SubpartitionRange(0, 0), 4, False
+        )
         write_frame(sock, FrameType.REQUEST, request.encode())
         frame_type, body = _next_frame(sock)
         assert frame_type is FrameType.ERROR
@@ -321,7 +390,7 @@ def test_requests_beyond_the_channel_cap_are_refused_with_bounded_threads(
     with _connect(scenario) as sock:
         for channel in range(2_000):
             # Pipelined requests for a partition that never comes: each would wait 30 s.
-            request = Request(channel, partition, SubpartitionRange(0, 0), 1, True)
+            request = Request(channel, (partition,), SubpartitionRange(0, 0), 1, True)
             write_frame(sock, FrameType.REQUEST, request.encode())
         refused = 0
         deadline = time.monotonic() + 20
