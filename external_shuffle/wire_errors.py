@@ -1,6 +1,7 @@
-"""One table for errors on the wire, read in both directions: the daemon reports a ShuffleError
-with its gRPC status and, in trailing metadata, its class and partition; the client raises the
-same class with the same partition. A peer that sends no metadata (or names a class outside
+"""Errors on the external service's wires, read in both directions: the daemon reports a
+ShuffleError with its gRPC status and, in trailing metadata, its class (by its name in
+``shuffle_api.wire_errors``, the table both services share) and partition; the client raises
+the same class with the same partition. A peer that sends no metadata (or names a class outside
 the table) gets the class its status code stands for."""
 
 from __future__ import annotations
@@ -13,29 +14,40 @@ import grpc
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle.wire import key_of, partition_of
-from shuffle_api import (
+from shuffle_api.errors import (
     AuthenticationError,
+    BlobCorruptedError,
+    BlobNotFoundError,
     ChecksumMismatchError,
     ConfigError,
     DataTooLargeError,
     InvalidIdentifierError,
     InvalidOperationError,
+    NoPlacementTargetError,
+    NotRegisteredError,
+    PartitionAlreadyConsumedError,
     PartitionCorruptedError,
     PartitionError,
     PartitionNotFoundError,
-    ResultPartitionID,
+    ProducerFailedError,
     SchemaMismatchError,
     SerializationError,
     ShuffleError,
     ShuffleServiceClosedError,
+    StageFailedError,
     StorageError,
     StorageFullError,
+    TooManyStreamsError,
     TransportError,
+    UnavailableError,
     UnsupportedFormatVersionError,
+    UnsupportedTypeError,
 )
+from shuffle_api.ids import ResultPartitionID
+from shuffle_api.wire_errors import WIRE_ERRORS, error_named, new_error, wire_name
 
 __all__ = [
-    "WIRE_ERRORS",
+    "STATUS_CODES",
     "NotRegisteredError",
     "TooManyStreamsError",
     "UnavailableError",
@@ -52,42 +64,37 @@ PARTITION_KEY: Final = "pyshuffle-partition-bin"
 # What of a message (and so of a client's input it may quote) goes on the wire and in logs.
 MAX_DETAILS: Final = 1024
 
-
-class NotRegisteredError(ShuffleError, LookupError):
-    """The application, job or worker a request names is not registered."""
-
-
-class UnavailableError(ShuffleError):
-    """The daemon cannot take this call now (draining, or no worker to place on)."""
-
-
-class TooManyStreamsError(ShuffleError):
-    """A worker has as many streams open as it takes (in all, or of this client)."""
-
-
-WIRE_ERRORS: Final[tuple[tuple[type[ShuffleError], grpc.StatusCode], ...]] = (
-    # Subclasses before their bases: a status is the first match's.
-    (ChecksumMismatchError, grpc.StatusCode.DATA_LOSS),
-    (PartitionCorruptedError, grpc.StatusCode.DATA_LOSS),
-    (PartitionNotFoundError, grpc.StatusCode.NOT_FOUND),
-    (NotRegisteredError, grpc.StatusCode.NOT_FOUND),
-    (UnsupportedFormatVersionError, grpc.StatusCode.INVALID_ARGUMENT),
-    (SerializationError, grpc.StatusCode.INVALID_ARGUMENT),
-    (InvalidIdentifierError, grpc.StatusCode.INVALID_ARGUMENT),
-    (SchemaMismatchError, grpc.StatusCode.INVALID_ARGUMENT),
-    (InvalidOperationError, grpc.StatusCode.INVALID_ARGUMENT),
-    (ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
-    (StorageFullError, grpc.StatusCode.RESOURCE_EXHAUSTED),
-    (TooManyStreamsError, grpc.StatusCode.RESOURCE_EXHAUSTED),
-    (DataTooLargeError, grpc.StatusCode.RESOURCE_EXHAUSTED),
-    (StorageError, grpc.StatusCode.INTERNAL),
-    (AuthenticationError, grpc.StatusCode.UNAUTHENTICATED),
-    (UnavailableError, grpc.StatusCode.UNAVAILABLE),
-    (TransportError, grpc.StatusCode.UNAVAILABLE),
-    (ShuffleServiceClosedError, grpc.StatusCode.FAILED_PRECONDITION),
-    (ShuffleError, grpc.StatusCode.FAILED_PRECONDITION),
-)
-_BY_NAME: Final = {error.__name__: error for error, _ in WIRE_ERRORS}
+STATUS_CODES: Final[dict[type[ShuffleError], grpc.StatusCode]] = {
+    ChecksumMismatchError: grpc.StatusCode.DATA_LOSS,
+    PartitionCorruptedError: grpc.StatusCode.DATA_LOSS,
+    BlobCorruptedError: grpc.StatusCode.DATA_LOSS,
+    PartitionNotFoundError: grpc.StatusCode.NOT_FOUND,
+    NotRegisteredError: grpc.StatusCode.NOT_FOUND,
+    BlobNotFoundError: grpc.StatusCode.NOT_FOUND,
+    UnsupportedFormatVersionError: grpc.StatusCode.INVALID_ARGUMENT,
+    SerializationError: grpc.StatusCode.INVALID_ARGUMENT,
+    InvalidIdentifierError: grpc.StatusCode.INVALID_ARGUMENT,
+    SchemaMismatchError: grpc.StatusCode.INVALID_ARGUMENT,
+    UnsupportedTypeError: grpc.StatusCode.INVALID_ARGUMENT,
+    InvalidOperationError: grpc.StatusCode.INVALID_ARGUMENT,
+    ConfigError: grpc.StatusCode.INVALID_ARGUMENT,
+    StorageFullError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    TooManyStreamsError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    DataTooLargeError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    StorageError: grpc.StatusCode.INTERNAL,
+    AuthenticationError: grpc.StatusCode.UNAUTHENTICATED,
+    UnavailableError: grpc.StatusCode.UNAVAILABLE,
+    NoPlacementTargetError: grpc.StatusCode.UNAVAILABLE,
+    TransportError: grpc.StatusCode.UNAVAILABLE,
+    ProducerFailedError: grpc.StatusCode.ABORTED,
+    PartitionAlreadyConsumedError: grpc.StatusCode.FAILED_PRECONDITION,
+    PartitionError: grpc.StatusCode.FAILED_PRECONDITION,
+    ShuffleServiceClosedError: grpc.StatusCode.FAILED_PRECONDITION,
+    StageFailedError: grpc.StatusCode.ABORTED,
+    ShuffleError: grpc.StatusCode.FAILED_PRECONDITION,
+}
+"""The gRPC status of each class of the shared table."""
+assert set(STATUS_CODES) == {cls for _, cls in WIRE_ERRORS}, "a class of the table has no status"
 
 # Without metadata (a peer that is not a pyshuffle daemon, or gRPC itself): by status code.
 _BY_CODE: Final[dict[grpc.StatusCode, type[ShuffleError]]] = {
@@ -109,11 +116,9 @@ def short(text: str) -> str:
 
 def status_for(error: ShuffleError) -> grpc.StatusCode:
     """The gRPC status a ShuffleError is reported with."""
-    return next(code for cls, code in WIRE_ERRORS if isinstance(error, cls))
-
-
-def _wire_class(error: ShuffleError) -> str:
-    return next(cls.__name__ for cls, _ in WIRE_ERRORS if isinstance(error, cls))
+    cls = error_named(wire_name(error))
+    assert cls is not None
+    return STATUS_CODES[cls]
 
 
 def _partition_of_error(error: ShuffleError) -> ResultPartitionID | None:
@@ -123,7 +128,7 @@ def _partition_of_error(error: ShuffleError) -> ResultPartitionID | None:
 
 def trailing_metadata(error: ShuffleError) -> Sequence[tuple[str, str | bytes]]:
     """What tells the client the error's class and partition."""
-    metadata: list[tuple[str, str | bytes]] = [(ERROR_CLASS_KEY, _wire_class(error))]
+    metadata: list[tuple[str, str | bytes]] = [(ERROR_CLASS_KEY, wire_name(error))]
     partition = _partition_of_error(error)
     if partition is not None:
         metadata.append((PARTITION_KEY, key_of(partition).SerializeToString()))
@@ -144,7 +149,7 @@ def error_to_pb(error: ShuffleError) -> pb.DataPortError:
     """A ShuffleError as the worker's data port reports it."""
     partition = _partition_of_error(error)
     return pb.DataPortError(
-        error_class=_wire_class(error),
+        error_class=wire_name(error),
         partition=None if partition is None else key_of(partition),
         message=short(str(error)),
     )
@@ -154,15 +159,13 @@ def error_from_pb(
     message: pb.DataPortError, what: str, partition: ResultPartitionID | None
 ) -> ShuffleError:
     """The ShuffleError a data port reported (its class, else a ShuffleError)."""
-    cls = _BY_NAME.get(message.error_class, ShuffleError)
+    cls = error_named(message.error_class) or ShuffleError
     text = f"{what} failed: {message.error_class}: {short(message.message)}"
-    if issubclass(cls, PartitionError):
-        reported = None
-        if message.HasField("partition"):
-            with contextlib.suppress(ShuffleError):
-                reported = partition_of(message.partition)
-        return cls(text, reported or partition)
-    return cls(text)
+    reported = None
+    if message.HasField("partition"):
+        with contextlib.suppress(ShuffleError):
+            reported = partition_of(message.partition)
+    return new_error(cls, text, reported or partition)
 
 
 def error_from_status(
@@ -176,7 +179,7 @@ def error_from_status(
     ``partition`` which partition it was about (if the peer does not say)."""
     received = dict(metadata)
     name = received.get(ERROR_CLASS_KEY)
-    cls = _BY_NAME.get(name) if isinstance(name, str) else None
+    cls = error_named(name) if isinstance(name, str) else None
     if cls is None:
         cls = _BY_CODE.get(code, ShuffleError)
         if cls is PartitionNotFoundError and partition is None:
@@ -184,6 +187,4 @@ def error_from_status(
     message = f"{what} failed: {code.name}: {short(details)}"
     if cls is AuthenticationError:
         message += " (check external-shuffle.auth.token / token-file)"
-    if issubclass(cls, PartitionError):
-        return cls(message, _partition_in(received) or partition)
-    return cls(message)
+    return new_error(cls, message, _partition_in(received) or partition)

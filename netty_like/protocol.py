@@ -20,25 +20,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shuffle_api import (
-    AuthenticationError,
-    ChecksumMismatchError,
-    DataTooLargeError,
     IntermediateResultPartitionID,
     InvalidIdentifierError,
-    PartitionAlreadyConsumedError,
-    PartitionCorruptedError,
-    PartitionError,
-    PartitionNotFoundError,
     PartitionStatistics,
-    ProducerFailedError,
     ResultPartitionID,
     ShuffleError,
-    StorageError,
     SubpartitionRange,
     TransportError,
     sockets,
 )
 from shuffle_api.gate import MAX_BATCH
+from shuffle_api.wire_errors import error_code, error_named, new_error
 
 __all__ = [
     "BUFFER_HEADER_SIZE",
@@ -95,33 +87,9 @@ class HostedState(enum.IntEnum):
     COMMITTED = 2
 
 
-# Most specific first: the first class an error is an instance of gives its code.
-_ERROR_CODES: tuple[tuple[int, type[ShuffleError]], ...] = (
-    (1, PartitionNotFoundError),
-    (2, ChecksumMismatchError),
-    (3, PartitionCorruptedError),
-    (4, ProducerFailedError),
-    (5, PartitionAlreadyConsumedError),
-    (6, DataTooLargeError),
-    (7, InvalidIdentifierError),
-    (9, AuthenticationError),
-    (10, StorageError),
-    (8, ShuffleError),
-)
-
-
-def error_code(error: BaseException) -> int:
-    for code, cls in _ERROR_CODES:
-        if isinstance(error, cls):
-            return code
-    return _ERROR_CODES[-1][0]
-
-
 def error_from_code(code: int, message: str, partition: ResultPartitionID | None) -> ShuffleError:
-    cls = dict(_ERROR_CODES).get(code, ShuffleError)
-    if issubclass(cls, PartitionError):
-        return cls(message, partition)
-    return cls(message)
+    """The error an ERROR frame reports (its code as in ``shuffle_api.wire_errors``)."""
+    return new_error(error_named(code) or ShuffleError, message, partition)
 
 
 @dataclass(frozen=True, slots=True)

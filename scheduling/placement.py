@@ -19,7 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from shuffle_api import ConfigError, InvalidOperationError, ShuffleError
+from shuffle_api import ConfigError, InvalidOperationError
+from shuffle_api.errors import NoPlacementTargetError
 
 __all__ = [
     "PLACEMENT_STRATEGIES",
@@ -31,10 +32,6 @@ __all__ = [
     "TaskBalancedPlacement",
     "new_placement_strategy",
 ]
-
-
-class NoPlacementTargetError(ShuffleError, LookupError):
-    """A placement was asked for with no target to place on."""
 
 
 @dataclass(frozen=True, slots=True)

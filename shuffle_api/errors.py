@@ -15,6 +15,8 @@ __all__ = [
     "DataTooLargeError",
     "InvalidIdentifierError",
     "InvalidOperationError",
+    "NoPlacementTargetError",
+    "NotRegisteredError",
     "PartitionAlreadyConsumedError",
     "PartitionCorruptedError",
     "PartitionError",
@@ -27,7 +29,9 @@ __all__ = [
     "StageFailedError",
     "StorageError",
     "StorageFullError",
+    "TooManyStreamsError",
     "TransportError",
+    "UnavailableError",
     "UnsupportedFormatVersionError",
     "UnsupportedTypeError",
 ]
@@ -130,3 +134,19 @@ class ProducerFailedError(PartitionError):
 
 class PartitionAlreadyConsumedError(PartitionError):
     """A pipelined subpartition can be consumed once; it was requested again."""
+
+
+class NotRegisteredError(ShuffleError, LookupError):
+    """The application, job or worker a request names is not registered."""
+
+
+class UnavailableError(ShuffleError):
+    """A service cannot take this call now (draining, or nowhere to place a partition)."""
+
+
+class TooManyStreamsError(ShuffleError):
+    """A server has as many streams open as it takes (in all, or of this client)."""
+
+
+class NoPlacementTargetError(ShuffleError, LookupError):
+    """A placement was asked for with no target to place on."""

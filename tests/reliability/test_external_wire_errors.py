@@ -19,7 +19,7 @@ from external_shuffle.channels import translate_rpc_error
 from external_shuffle.local_cluster import LocalCluster
 from external_shuffle.metrics import DaemonMetrics
 from external_shuffle.statuses import reports_errors
-from external_shuffle.wire_errors import MAX_DETAILS, WIRE_ERRORS
+from external_shuffle.wire_errors import MAX_DETAILS, STATUS_CODES
 from shuffle_api import (
     IntermediateResultPartitionID,
     PartitionError,
@@ -54,7 +54,7 @@ class _Raiser:
 
     @reports_errors
     def Raise(self, request: bytes, context: grpc.ServicerContext) -> bytes:  # noqa: N802
-        cls = {error.__name__: error for error, _ in WIRE_ERRORS}[request.decode()]
+        cls = {error.__name__: error for error in STATUS_CODES}[request.decode()]
         if issubclass(cls, PartitionError):
             raise cls(f"{cls.__name__} raised", PARTITION)
         raise cls(f"{cls.__name__} raised")
@@ -76,7 +76,9 @@ def raising() -> Iterator[grpc.Channel]:
     server.stop(None)
 
 
-@pytest.mark.parametrize(("cls", "code"), WIRE_ERRORS, ids=[cls.__name__ for cls, _ in WIRE_ERRORS])
+@pytest.mark.parametrize(
+    ("cls", "code"), STATUS_CODES.items(), ids=[cls.__name__ for cls in STATUS_CODES]
+)
 def test_every_error_class_arrives_as_itself_with_its_partition(
     raising: grpc.Channel, cls: type[ShuffleError], code: grpc.StatusCode
 ) -> None:

@@ -1,0 +1,106 @@
+"""One table of the ShuffleError classes that cross a wire, for every port of both services:
+each class has a number (the default service's data port sends it) and a name (the external
+service's gRPC metadata and data port send it), so a peer raises the class that was raised on
+the other side, with its partition. Classes outside the table (a client's own, such as a
+connection found stale) go as their nearest base in it."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from shuffle_api.errors import (
+    AuthenticationError,
+    BlobCorruptedError,
+    BlobNotFoundError,
+    ChecksumMismatchError,
+    ConfigError,
+    DataTooLargeError,
+    InvalidIdentifierError,
+    InvalidOperationError,
+    NoPlacementTargetError,
+    NotRegisteredError,
+    PartitionAlreadyConsumedError,
+    PartitionCorruptedError,
+    PartitionError,
+    PartitionNotFoundError,
+    ProducerFailedError,
+    SchemaMismatchError,
+    SerializationError,
+    ShuffleError,
+    ShuffleServiceClosedError,
+    StageFailedError,
+    StorageError,
+    StorageFullError,
+    TooManyStreamsError,
+    TransportError,
+    UnavailableError,
+    UnsupportedFormatVersionError,
+    UnsupportedTypeError,
+)
+from shuffle_api.ids import ResultPartitionID
+
+__all__ = ["WIRE_ERRORS", "error_code", "error_named", "new_error", "wire_name"]
+
+WIRE_ERRORS: Final[tuple[tuple[int, type[ShuffleError]], ...]] = (
+    # Subclasses before their bases: an error goes as the first class it is an instance of.
+    # Numbers are never reused (1-10 are those of pyshuffle before 2026-11-27).
+    (2, ChecksumMismatchError),
+    (3, PartitionCorruptedError),
+    (1, PartitionNotFoundError),
+    (4, ProducerFailedError),
+    (5, PartitionAlreadyConsumedError),
+    (11, PartitionError),
+    (12, StorageFullError),
+    (10, StorageError),
+    (13, UnsupportedFormatVersionError),
+    (14, SerializationError),
+    (7, InvalidIdentifierError),
+    (15, SchemaMismatchError),
+    (16, UnsupportedTypeError),
+    (17, InvalidOperationError),
+    (18, ConfigError),
+    (6, DataTooLargeError),
+    (9, AuthenticationError),
+    (19, TooManyStreamsError),
+    (20, UnavailableError),
+    (21, TransportError),
+    (22, NotRegisteredError),
+    (23, NoPlacementTargetError),
+    (24, BlobNotFoundError),
+    (25, BlobCorruptedError),
+    (26, ShuffleServiceClosedError),
+    (27, StageFailedError),
+    (8, ShuffleError),
+)
+_BY_CODE: Final = dict(WIRE_ERRORS)
+_BY_NAME: Final = {cls.__name__: cls for _, cls in WIRE_ERRORS}
+
+
+def _entry(error: BaseException) -> tuple[int, type[ShuffleError]]:
+    return next(
+        ((code, cls) for code, cls in WIRE_ERRORS if isinstance(error, cls)), WIRE_ERRORS[-1]
+    )
+
+
+def error_code(error: BaseException) -> int:
+    """The number ``error`` goes by."""
+    return _entry(error)[0]
+
+
+def wire_name(error: BaseException) -> str:
+    """The class name ``error`` goes by."""
+    return _entry(error)[1].__name__
+
+
+def error_named(name: str | int) -> type[ShuffleError] | None:
+    """The class of a name or number in the table, else None."""
+    return _BY_CODE.get(name) if isinstance(name, int) else _BY_NAME.get(name)
+
+
+def new_error(
+    cls: type[ShuffleError], message: str, partition: ResultPartitionID | None
+) -> ShuffleError:
+    """An error of ``cls``, naming ``partition`` if the class is about one."""
+    if issubclass(cls, PartitionError):
+        return cls(message, partition)
+    return cls(message)
