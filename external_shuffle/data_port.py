@@ -188,17 +188,22 @@ class WorkerDataPort:
         with self._worker.open_fetch(request, _grpc_peer(sock), cancel) as fetch:
             reader = fetch.reader
             reader.check_data_file()
-            write_frame(sock, MANIFEST, reader.manifest_bytes)
+            # Small frames go out with what follows them: a partition of one small run is one
+            # send, where it was four.
+            pending = _frame(MANIFEST, reader.manifest_bytes)
             for run in reader.runs(fetch.subpartitions):
-                header = FRAME_PREFIX.pack(RUN_HEADER.size, RUN) + RUN_HEADER.pack(
-                    run.length, run.checksum
-                )
+                header = pending + _frame(RUN, RUN_HEADER.pack(run.length, run.checksum))
+                pending = b""
                 running.mid_run = True
                 reader.send_run(
                     sock, header, run, piece_size=self._limits.piece_size, sent=fetch.sent
                 )
                 running.mid_run = False
-            write_frame(sock, END, b"")
+            sock.sendall(pending + _frame(END, b""))
+
+
+def _frame(frame_type: int, body: bytes) -> bytes:
+    return FRAME_PREFIX.pack(len(body), frame_type) + body
 
 
 @dataclass
