@@ -4,7 +4,9 @@ flow control."""
 from __future__ import annotations
 
 import functools
+import logging
 import socket
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -34,6 +36,8 @@ from shuffle_api.sockets import write_frame
 
 __all__ = ["CreditSettings", "read_remote"]
 
+_LOG = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True, slots=True)
 class CreditSettings:
@@ -41,6 +45,10 @@ class CreditSettings:
     max_credit: int
     max_frame_size: int
     connect_timeout: float
+    connect_retries: int
+    """Connections attempted again after one refused or unanswered (a producer restarting,
+    or gone: the engine learns which meanwhile)."""
+    connect_retry_wait: float
 
 
 def read_remote(
@@ -74,14 +82,23 @@ def read_remote(
         yield from _stream(connection.sock, request, settings)
 
     def connect(fresh: bool = False) -> Connection:
-        try:
-            return connections.connect(host, port, timeout=settings.connect_timeout, fresh=fresh)
-        except AuthenticationError:
-            raise  # a PermissionError too
-        except OSError as error:
-            raise TransportError(
-                f"cannot connect to the data port {address} of the producer of {asked}: {error}"
-            ) from error
+        failed = 0
+        while True:
+            try:
+                return connections.connect(
+                    host, port, timeout=settings.connect_timeout, fresh=fresh
+                )
+            except AuthenticationError:
+                raise  # a PermissionError too
+            except OSError as error:
+                failed += 1
+                if failed > settings.connect_retries:
+                    raise TransportError(
+                        f"cannot connect to the data port {address} of the producer of {asked}"
+                        f" ({failed} attempts): {error}"
+                    ) from error
+                _LOG.info("cannot connect to %s (%s); trying again", address, error)
+                time.sleep(settings.connect_retry_wait)
 
     try:
         yield from connections.exchange(

@@ -17,6 +17,8 @@ from netty_like.descriptor import NettyShuffleDescriptor
 from netty_like.gate import GateSettings, NettyInputGate
 from netty_like.hosting import ExecutorHost, HostSettings
 from netty_like.options import (
+    CONNECT_RETRIES,
+    CONNECT_RETRY_WAIT,
     DATA_PORT_ENABLED,
     DATA_PORT_HOST,
     DATA_PORT_PORT,
@@ -86,6 +88,8 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
                 max_credit=max(config.get(MAX_CREDIT), config.get(INITIAL_CREDIT)),
                 max_frame_size=config.get(MAX_FRAME_SIZE),
                 connect_timeout=config.get(PARTITION_REQUEST_TIMEOUT),
+                connect_retries=config.get(CONNECT_RETRIES),
+                connect_retry_wait=config.get(CONNECT_RETRY_WAIT),
             ),
             unknown_timeout=config.get(PARTITION_REQUEST_TIMEOUT),
             store_url=self._store.url,

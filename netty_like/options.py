@@ -97,6 +97,19 @@ PARTITION_REQUEST_TIMEOUT = float_option(
     " to be updated.",
     minimum=0.0,
 )
+CONNECT_RETRIES = int_option(
+    "netty-like.network.connect-retries",
+    3,
+    "Times a consumer connects again to a producer's data port that refused or did not answer"
+    " (as Spark's shuffle client retries a fetch), before the partition counts as lost.",
+    minimum=0,
+)
+CONNECT_RETRY_WAIT = float_option(
+    "netty-like.network.connect-retry-wait",
+    1.0,
+    "Seconds between those connection attempts.",
+    minimum=0.0,
+)
 IDLE_TIMEOUT = float_option(
     "netty-like.data-port.idle-timeout",
     120.0,
@@ -121,6 +134,8 @@ NETTY_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
     DATA_PORT_PORT,
     IDLE_TIMEOUT,
     INITIAL_CREDIT,
+    CONNECT_RETRIES,
+    CONNECT_RETRY_WAIT,
     MAX_CREDIT,
     MAX_FRAME_SIZE,
     PARTITION_REQUEST_TIMEOUT,

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from netty_like import NettyShuffleEnvironment
+from netty_like.client import CreditSettings, read_remote
 from netty_like.partition_manager import ResultPartitionManager
 from netty_like.protocol import (
     BufferHeader,
@@ -37,7 +38,9 @@ from shuffle_api import (
     ShuffleDescriptor,
     ShuffleEnvironmentContext,
     SubpartitionRange,
+    TransportError,
 )
+from shuffle_api.connections import ConnectionPool
 from shuffle_api.format import partition_directory
 from shuffle_api.sockets import open_handshake, write_frame
 from shuffle_api.store import Store
@@ -308,6 +311,38 @@ def test_a_reader_that_pauses_in_a_batch_gets_every_row(tmp_path: Path) -> None:
         finally:
             reader.close()
     assert sorted(rows) == expected
+
+
+def test_a_reader_connects_again_before_it_gives_a_producer_up() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        port = closed.getsockname()[1]  # refused from now on, as a producer that died
+    settings = CreditSettings(
+        initial_credit=1,
+        max_credit=1,
+        max_frame_size=MAX_FRAME,
+        connect_timeout=5.0,
+        connect_retries=2,
+        connect_retry_wait=0.3,
+    )
+    partition = ResultPartitionID(IntermediateResultPartitionID("result", 0), "attempt")
+    connections = ConnectionPool(b"secret")
+    started = time.monotonic()
+    try:
+        with pytest.raises(TransportError, match="3 attempts"):
+            list(
+                read_remote(
+                    "127.0.0.1",
+                    port,
+                    [partition],
+                    SubpartitionRange(0, 0),
+                    pipelined=False,
+                    settings=settings,
+                    connections=connections,
+                )
+            )
+    finally:
+        connections.close()
+    assert time.monotonic() - started >= 0.6
 
 
 # --- the handshake and the bounds on what a peer can make the data port hold ------------------
