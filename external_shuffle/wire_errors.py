@@ -14,34 +14,14 @@ import grpc
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle.wire import key_of, partition_of
+from shuffle_api import errors as e
 from shuffle_api.errors import (
     AuthenticationError,
-    BlobCorruptedError,
-    BlobNotFoundError,
-    ChecksumMismatchError,
-    ConfigError,
-    DataTooLargeError,
-    InvalidIdentifierError,
-    InvalidOperationError,
-    NoPlacementTargetError,
     NotRegisteredError,
-    PartitionAlreadyConsumedError,
-    PartitionCorruptedError,
-    PartitionError,
     PartitionNotFoundError,
-    ProducerFailedError,
-    SchemaMismatchError,
-    SerializationError,
     ShuffleError,
-    ShuffleServiceClosedError,
-    StageFailedError,
-    StorageError,
-    StorageFullError,
     TooManyStreamsError,
-    TransportError,
     UnavailableError,
-    UnsupportedFormatVersionError,
-    UnsupportedTypeError,
 )
 from shuffle_api.ids import ResultPartitionID
 from shuffle_api.wire_errors import WIRE_ERRORS, error_named, new_error, wire_name
@@ -65,46 +45,46 @@ PARTITION_KEY: Final = "pyshuffle-partition-bin"
 MAX_DETAILS: Final = 1024
 
 STATUS_CODES: Final[dict[type[ShuffleError], grpc.StatusCode]] = {
-    ChecksumMismatchError: grpc.StatusCode.DATA_LOSS,
-    PartitionCorruptedError: grpc.StatusCode.DATA_LOSS,
-    BlobCorruptedError: grpc.StatusCode.DATA_LOSS,
-    PartitionNotFoundError: grpc.StatusCode.NOT_FOUND,
-    NotRegisteredError: grpc.StatusCode.NOT_FOUND,
-    BlobNotFoundError: grpc.StatusCode.NOT_FOUND,
-    UnsupportedFormatVersionError: grpc.StatusCode.INVALID_ARGUMENT,
-    SerializationError: grpc.StatusCode.INVALID_ARGUMENT,
-    InvalidIdentifierError: grpc.StatusCode.INVALID_ARGUMENT,
-    SchemaMismatchError: grpc.StatusCode.INVALID_ARGUMENT,
-    UnsupportedTypeError: grpc.StatusCode.INVALID_ARGUMENT,
-    InvalidOperationError: grpc.StatusCode.INVALID_ARGUMENT,
-    ConfigError: grpc.StatusCode.INVALID_ARGUMENT,
-    StorageFullError: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    TooManyStreamsError: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    DataTooLargeError: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    StorageError: grpc.StatusCode.INTERNAL,
-    AuthenticationError: grpc.StatusCode.UNAUTHENTICATED,
-    UnavailableError: grpc.StatusCode.UNAVAILABLE,
-    NoPlacementTargetError: grpc.StatusCode.UNAVAILABLE,
-    TransportError: grpc.StatusCode.UNAVAILABLE,
-    ProducerFailedError: grpc.StatusCode.ABORTED,
-    PartitionAlreadyConsumedError: grpc.StatusCode.FAILED_PRECONDITION,
-    PartitionError: grpc.StatusCode.FAILED_PRECONDITION,
-    ShuffleServiceClosedError: grpc.StatusCode.FAILED_PRECONDITION,
-    StageFailedError: grpc.StatusCode.ABORTED,
-    ShuffleError: grpc.StatusCode.FAILED_PRECONDITION,
+    e.ChecksumMismatchError: grpc.StatusCode.DATA_LOSS,
+    e.PartitionCorruptedError: grpc.StatusCode.DATA_LOSS,
+    e.BlobCorruptedError: grpc.StatusCode.DATA_LOSS,
+    e.PartitionNotFoundError: grpc.StatusCode.NOT_FOUND,
+    e.NotRegisteredError: grpc.StatusCode.NOT_FOUND,
+    e.BlobNotFoundError: grpc.StatusCode.NOT_FOUND,
+    e.UnsupportedFormatVersionError: grpc.StatusCode.INVALID_ARGUMENT,
+    e.SerializationError: grpc.StatusCode.INVALID_ARGUMENT,
+    e.InvalidIdentifierError: grpc.StatusCode.INVALID_ARGUMENT,
+    e.SchemaMismatchError: grpc.StatusCode.INVALID_ARGUMENT,
+    e.UnsupportedTypeError: grpc.StatusCode.INVALID_ARGUMENT,
+    e.InvalidOperationError: grpc.StatusCode.INVALID_ARGUMENT,
+    e.ConfigError: grpc.StatusCode.INVALID_ARGUMENT,
+    e.StorageFullError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    e.TooManyStreamsError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    e.DataTooLargeError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    e.StorageError: grpc.StatusCode.INTERNAL,
+    e.AuthenticationError: grpc.StatusCode.UNAUTHENTICATED,
+    e.UnavailableError: grpc.StatusCode.UNAVAILABLE,
+    e.NoPlacementTargetError: grpc.StatusCode.UNAVAILABLE,
+    e.TransportError: grpc.StatusCode.UNAVAILABLE,
+    e.ProducerFailedError: grpc.StatusCode.ABORTED,
+    e.PartitionAlreadyConsumedError: grpc.StatusCode.FAILED_PRECONDITION,
+    e.PartitionError: grpc.StatusCode.FAILED_PRECONDITION,
+    e.ShuffleServiceClosedError: grpc.StatusCode.FAILED_PRECONDITION,
+    e.StageFailedError: grpc.StatusCode.ABORTED,
+    e.ShuffleError: grpc.StatusCode.FAILED_PRECONDITION,
 }
 """The gRPC status of each class of the shared table."""
 assert set(STATUS_CODES) == {cls for _, cls in WIRE_ERRORS}, "a class of the table has no status"
 
 # Without metadata (a peer that is not a pyshuffle daemon, or gRPC itself): by status code.
 _BY_CODE: Final[dict[grpc.StatusCode, type[ShuffleError]]] = {
-    grpc.StatusCode.UNAVAILABLE: TransportError,
-    grpc.StatusCode.DEADLINE_EXCEEDED: TransportError,
-    grpc.StatusCode.CANCELLED: TransportError,
+    grpc.StatusCode.UNAVAILABLE: e.TransportError,
+    grpc.StatusCode.DEADLINE_EXCEEDED: e.TransportError,
+    grpc.StatusCode.CANCELLED: e.TransportError,
     grpc.StatusCode.NOT_FOUND: PartitionNotFoundError,
-    grpc.StatusCode.DATA_LOSS: PartitionCorruptedError,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: DataTooLargeError,
-    grpc.StatusCode.INVALID_ARGUMENT: SerializationError,
+    grpc.StatusCode.DATA_LOSS: e.PartitionCorruptedError,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: e.DataTooLargeError,
+    grpc.StatusCode.INVALID_ARGUMENT: e.SerializationError,
     grpc.StatusCode.UNAUTHENTICATED: AuthenticationError,
 }
 
@@ -122,7 +102,7 @@ def status_for(error: ShuffleError) -> grpc.StatusCode:
 
 
 def _partition_of_error(error: ShuffleError) -> ResultPartitionID | None:
-    partition = error.partition_id if isinstance(error, PartitionError) else None
+    partition = error.partition_id if isinstance(error, e.PartitionError) else None
     return partition if isinstance(partition, ResultPartitionID) else None
 
 
