@@ -109,7 +109,7 @@ class ExternalInputGate(SequentialInputGate):
                 return
             except CutBatchError as error:
                 if not asked_again:
-                    asked_again = False
+                    asked_again = True
                     logger.info("%s; asking again", error)
                     continue
                 failure: ShuffleError = error

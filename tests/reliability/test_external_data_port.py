@@ -26,6 +26,7 @@ from external_shuffle.data_fetch import (
 )
 from external_shuffle.data_frames import FAILED, FETCH, FETCH_BATCH, MANIFEST, MAX_BATCH
 from external_shuffle.descriptor import ExternalShuffleDescriptor
+from external_shuffle.gate import ExternalInputGate
 from external_shuffle.local_cluster import LocalCluster
 from external_shuffle.wire import WorkerAddress
 from external_shuffle.wire_errors import TooManyStreamsError, error_from_pb
@@ -42,7 +43,7 @@ from shuffle_api import (
 from shuffle_api.connections import ConnectionPool
 from shuffle_api.format import PartitionManifest, partition_directory
 from shuffle_api.format.manifest import DATA_FILE
-from shuffle_api.gate import END_OF_PARTITION
+from shuffle_api.gate import END_OF_PARTITION, CutBatchError
 from shuffle_api.sockets import CHALLENGE, REFUSED, open_handshake, read_frame, write_frame
 from shuffle_api.store import Store
 from tests.reliability.external_cluster import (
@@ -302,6 +303,26 @@ def test_a_batch_cut_while_its_reader_paused_is_asked_again(
             rows.extend(row for batch in reading for row in batch.column("row").to_pylist())
     assert sorted(rows) == expected
     assert "asking again" in caplog.text
+
+
+def test_a_batch_that_breaks_again_is_asked_once_more_then_given_up(
+    cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with scenario_on(cluster) as scenario:
+        descriptors, _ = scenario.produce(batches(), partitions=1, subpartitions=2)
+        asked: list[int] = []
+
+        def breaks(*args: object, **kwargs: object) -> Iterator[list[object]]:
+            asked.append(1)
+            if len(asked) > 5:
+                raise AssertionError("asked again and again")
+            raise CutBatchError("the worker ended the batch")
+            yield []  # a generator, as the gate's own
+
+        monkeypatch.setattr(ExternalInputGate, "_fetch", breaks)
+        with pytest.raises(PartitionNotFoundError, match="could not be read from any replica"):
+            scenario.read(scenario.consumer, descriptors, ALL)
+    assert len(asked) == 2
 
 
 def test_the_gate_reads_over_the_data_port_or_else_over_grpc(
