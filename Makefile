@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test types lint java browser setup proto docs manifests clean
+.PHONY: demo test check types lint java browser setup proto docs manifests clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit("pyshuffle needs Python >= 3.11, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
@@ -35,6 +35,11 @@ browser:
 
 test: lint java browser
 	$(BIN)/pytest
+
+# The quick loop while working: lint, then every test not marked slow (the unit and
+# conformance suites and the quick reliability cases).
+check: lint
+	$(BIN)/pytest -q -m "not slow" tests/unit tests/conformance tests/reliability
 
 # Every Spark type through every operation on many more generated schemas than CI draws
 # (random seeds; TYPE_TEST_EXAMPLES per test and service).

@@ -6,15 +6,12 @@ from __future__ import annotations
 import struct
 from typing import Final
 
-from shuffle_api.gate import MAX_BATCH
-
 __all__ = [
     "END",
     "FAILED",
     "FETCH",
     "FETCH_BATCH",
     "MANIFEST",
-    "MAX_BATCH",
     "MAX_REQUEST_SIZE",
     "RUN",
     "RUN_HEADER",
@@ -30,4 +27,4 @@ RUN_HEADER: Final = struct.Struct("!QQ")
 """A RUN frame's body: the run's length and xxh3-64. The run's bytes follow the frame."""
 MAX_REQUEST_SIZE: Final = 64 << 10
 """A FetchDataRequest names one partition and a range (about 100 bytes), and a batch of
-:data:`MAX_BATCH` of them stays below this."""
+:data:`~shuffle_api.sockets.MAX_BATCH` of them stays below this."""

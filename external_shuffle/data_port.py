@@ -30,7 +30,6 @@ from external_shuffle.data_frames import (
     FETCH,
     FETCH_BATCH,
     MANIFEST,
-    MAX_BATCH,
     MAX_REQUEST_SIZE,
     RUN,
     RUN_HEADER,
@@ -39,7 +38,13 @@ from external_shuffle.metrics import DaemonMetrics
 from external_shuffle.wire_errors import error_to_pb, short, status_for
 from external_shuffle.worker import WorkerService
 from shuffle_api import SerializationError, ShuffleError, TransportError
-from shuffle_api.sockets import FRAME_PREFIX, AuthenticatedListener, read_frame, write_frame
+from shuffle_api.sockets import (
+    MAX_BATCH,
+    AuthenticatedListener,
+    frame_bytes,
+    read_frame,
+    write_frame,
+)
 
 __all__ = ["DataPortLimits", "WorkerDataPort"]
 
@@ -190,20 +195,16 @@ class WorkerDataPort:
             reader.check_data_file()
             # Small frames go out with what follows them: a partition of one small run is one
             # send, where it was four.
-            pending = _frame(MANIFEST, reader.manifest_bytes)
+            pending = frame_bytes(MANIFEST, reader.manifest_bytes)
             for run in reader.runs(fetch.subpartitions):
-                header = pending + _frame(RUN, RUN_HEADER.pack(run.length, run.checksum))
+                header = pending + frame_bytes(RUN, RUN_HEADER.pack(run.length, run.checksum))
                 pending = b""
                 running.mid_run = True
                 reader.send_run(
                     sock, header, run, piece_size=self._limits.piece_size, sent=fetch.sent
                 )
                 running.mid_run = False
-            sock.sendall(pending + _frame(END, b""))
-
-
-def _frame(frame_type: int, body: bytes) -> bytes:
-    return FRAME_PREFIX.pack(len(body), frame_type) + body
+            sock.sendall(pending + frame_bytes(END, b""))
 
 
 @dataclass

@@ -33,7 +33,7 @@ from shuffle_api import (
 )
 from shuffle_api.connections import ConnectionPool
 from shuffle_api.format import PartitionManifest, decode_run, verify_checksum
-from shuffle_api.gate import CutBatchError, SequentialInputGate
+from shuffle_api.gate import SequentialInputGate
 
 __all__ = ["ExternalInputGate", "GateSettings"]
 
@@ -98,29 +98,18 @@ class ExternalInputGate(SequentialInputGate):
                     return
         runs_read = 0
         failures: list[str] = []
-        replicas = list(descriptor.replicas)
-        asked_again = False
-        while replicas:
-            replica = replicas[0]
+        for replica in descriptor.replicas:
             try:
                 for run_batches in self._fetch(replica, partition, skip=runs_read):
                     yield from run_batches
                     runs_read += 1
                 return
-            except CutBatchError as error:
-                if not asked_again:
-                    asked_again = True
-                    logger.info("%s; asking again", error)
-                    continue
-                failure: ShuffleError = error
             # A replica that is gone, or whose copy is corrupt: the next one may be whole.
             except (TransportError, PartitionNotFoundError, PartitionCorruptedError) as error:
-                failure = error
-            replicas.pop(0)
-            failures.append(str(failure))
-            if isinstance(failure, TransportError):
-                self._on_unreachable(replica, failure)
-            logger.warning("reading %s from %s failed: %s", partition, replica.target, failure)
+                failures.append(str(error))
+                if isinstance(error, TransportError):
+                    self._on_unreachable(replica, error)
+                logger.warning("reading %s from %s failed: %s", partition, replica.target, error)
         raise PartitionNotFoundError(
             f"partition {partition} could not be read from any replica: " + "; ".join(failures),
             partition,

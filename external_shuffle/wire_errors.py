@@ -24,7 +24,7 @@ from shuffle_api.errors import (
     UnavailableError,
 )
 from shuffle_api.ids import ResultPartitionID
-from shuffle_api.wire_errors import WIRE_ERRORS, error_named, new_error, wire_name
+from shuffle_api.wire_errors import WIRE_ERRORS, error_named, new_error, wire_class, wire_name
 
 __all__ = [
     "STATUS_CODES",
@@ -96,9 +96,7 @@ def short(text: str) -> str:
 
 def status_for(error: ShuffleError) -> grpc.StatusCode:
     """The gRPC status a ShuffleError is reported with."""
-    cls = error_named(wire_name(error))
-    assert cls is not None
-    return STATUS_CODES[cls]
+    return STATUS_CODES[wire_class(error)]
 
 
 def _partition_of_error(error: ShuffleError) -> ResultPartitionID | None:

@@ -23,7 +23,7 @@ from shuffle_api import (
 )
 from shuffle_api.connections import ConnectionPool
 from shuffle_api.format import decode_run
-from shuffle_api.gate import END_OF_PARTITION, CutBatchError, SequentialInputGate
+from shuffle_api.gate import END_OF_PARTITION, SequentialInputGate
 
 __all__ = ["GateSettings", "NettyInputGate"]
 
@@ -69,9 +69,17 @@ class NettyInputGate(SequentialInputGate):
         if descriptor.is_local_to(self._settings.resource_id):
             yield from self._read_local(partition, pipelined)
             return
+        # Another store's partition is asked of its producer, unless it has no data port
+        # (the store may still be this one under another URL).
         if (
             not pipelined
-            and self._settings.read_from_shared_store
+            and (
+                self._on_this_store(descriptor)
+                or (
+                    self._settings.read_from_shared_store
+                    and descriptor.data_port == LOCAL_ONLY_PORT
+                )
+            )
             and (reader := self._open_on_store(self._settings.store_url, partition)) is not None
         ):
             yield from reader.read(self.subpartitions)
@@ -91,6 +99,14 @@ class NettyInputGate(SequentialInputGate):
                 partition,
             )
 
+    def _on_this_store(self, descriptor: NettyShuffleDescriptor) -> bool:
+        """Whether the partition is written to the store this process reads from (a shared
+        one): then it is read there, not asked of its producer."""
+        return (
+            self._settings.read_from_shared_store
+            and descriptor.store_url == self._settings.store_url
+        )
+
     def _not_on_store(self) -> str:
         """Why the store did not serve a blocking partition, for an error message."""
         if not self._settings.read_from_shared_store:
@@ -106,10 +122,7 @@ class NettyInputGate(SequentialInputGate):
             or self._descriptor.consumed_partition_type.must_be_pipelined
             or descriptor.data_port == LOCAL_ONLY_PORT
             or descriptor.is_local_to(self._settings.resource_id)
-            or (
-                self._settings.read_from_shared_store
-                and descriptor.store_url == self._settings.store_url
-            )
+            or self._on_this_store(descriptor)
         ):
             return None
         return f"{descriptor.host}:{descriptor.data_port}"
@@ -119,31 +132,21 @@ class NettyInputGate(SequentialInputGate):
     ) -> Iterator[pa.RecordBatch]:
         partition = descriptor.result_partition_id
         source = f"{descriptor.host}:{descriptor.data_port}"
-        runs_read = 0
-        asked_again = False
-        while True:
-            run = 0
-            try:
-                for batches in self._answers(descriptor, source, pipelined):
-                    run += 1
-                    if run > runs_read:
-                        yield from batches
-                        runs_read = run
-                return
-            except CutBatchError:
-                if asked_again:
-                    raise
-                asked_again = True  # from the run it reached
-            except TransportError as error:
-                if pipelined or runs_read:
-                    raise
-                # Not on the store and no producer to ask: the engine must rerun the producer.
-                raise PartitionNotFoundError(
-                    f"blocking partition {partition} {self._not_on_store()}, and its"
-                    f" producer does not answer ({error}): it was released, or its producer's"
-                    " process is gone",
-                    partition,
-                ) from error
+        read_any = False
+        try:
+            for batches in self._answers(descriptor, source, pipelined):
+                read_any = True
+                yield from batches
+        except TransportError as error:
+            if pipelined or read_any:
+                raise
+            # Not on the store and no producer to ask: the engine must rerun the producer.
+            raise PartitionNotFoundError(
+                f"blocking partition {partition} {self._not_on_store()}, and its"
+                f" producer does not answer ({error}): it was released, or its producer's"
+                " process is gone",
+                partition,
+            ) from error
 
     def _answers(
         self, descriptor: NettyShuffleDescriptor, source: str, pipelined: bool

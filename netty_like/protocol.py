@@ -29,7 +29,7 @@ from shuffle_api import (
     TransportError,
     sockets,
 )
-from shuffle_api.gate import MAX_BATCH
+from shuffle_api.sockets import MAX_BATCH
 from shuffle_api.wire_errors import error_code, error_named, new_error
 
 __all__ = [

@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import collections
 import contextlib
+import logging
 import threading
 from collections.abc import Callable, Generator, Iterator
 from typing import Any, Final, Generic, TypeVar
@@ -35,22 +36,21 @@ from shuffle_api.errors import (
 from shuffle_api.format import PartitionFileReader
 from shuffle_api.ids import IntermediateResultPartitionID, ResultPartitionID
 from shuffle_api.io import InputGate
+from shuffle_api.sockets import MAX_BATCH
 from shuffle_api.store import Store
 
-__all__ = ["END_OF_PARTITION", "MAX_BATCH", "CutBatchError", "OpenGates", "SequentialInputGate"]
+__all__ = ["END_OF_PARTITION", "CutBatchError", "OpenGates", "SequentialInputGate"]
 
 T = TypeVar("T")
 
+_LOG = logging.getLogger(__name__)
+
 END_OF_PARTITION: Final = None
 """What a batch's answers hold after each partition's last item."""
-MAX_BATCH: Final = 256
-"""The most partitions one request asks a source for."""
 
 
 class CutBatchError(TransportError):
-    """A batch broke after it had delivered something: the source may have ended it because
-    its reader paused (an idle timeout), through no fault of its own. Worth asking again once
-    before the source counts as failed."""
+    """A batch broke after it had delivered something, and again when asked once more."""
 
 
 class _Batch(Generic[T]):
@@ -109,6 +109,7 @@ class SequentialInputGate(InputGate):
         self._reading: Generator[pa.RecordBatch] | None = None
         self._stores: dict[str, Store | None] = {}  # by URL: each probed once per gate
         self._order: list[int] = []
+        self._sources: list[str | None] = []  # by index: each partition's source, when ordered
         self._positions: dict[IntermediateResultPartitionID, int] = {}
         # By source: the batch being read (its answers are what the subclass's ``ask`` gave).
         self._batches: dict[str, _Batch[Any]] = {}
@@ -174,8 +175,11 @@ class SequentialInputGate(InputGate):
         """Each source's partitions one after another, in the order given; the rest after."""
         by_source: dict[str, list[int]] = {}
         rest: list[int] = []
-        for index in range(len(self._shuffle_descriptors)):
-            if (source := self._batch_source(index)) is not None:
+        # Kept: a partition whose descriptor was unknown here is read alone when it arrives.
+        count = len(self._shuffle_descriptors)
+        self._sources = [self._batch_source(index) for index in range(count)]
+        for index, source in enumerate(self._sources):
+            if source is not None:
                 by_source.setdefault(source, []).append(index)
             else:
                 rest.append(index)
@@ -194,35 +198,50 @@ class SequentialInputGate(InputGate):
     ) -> Iterator[T]:
         """What ``source`` answers for ``partition``: from the batch asked of it that has
         the partition next, or from a new one, ``ask(partitions)``, of ``partition`` and
-        the partitions read right after it there. A batch that breaks after it delivered
-        anything raises :class:`CutBatchError`."""
-        batch = self._batches.pop(source, None)
-        if batch is None or not batch.serves_next(partition):
-            if batch is not None:
+        the partitions read right after it there.
+
+        A batch that breaks after it delivered anything (the source may have ended it
+        because its reader paused: an idle timeout) is asked again once, from ``partition``
+        on, and what this partition already gave is skipped; breaking again raises
+        :class:`CutBatchError`."""
+        given = 0
+        asked_again = False
+        while True:
+            batch = self._batches.pop(source, None)
+            if batch is None or not batch.serves_next(partition):
+                if batch is not None:
+                    batch.close()
+                partitions = self._batch_from(source, partition)
+                batch = _Batch(partitions, ask(partitions))
+            try:
+                for position, answer in enumerate(batch.receive(partition)):
+                    if position >= given:
+                        given += 1
+                        yield answer
+            except TransportError as error:
                 batch.close()
-            partitions = self._batch_from(source, partition)
-            batch = _Batch(partitions, ask(partitions))
-        try:
-            yield from batch.receive(partition)
-        except TransportError as error:
-            batch.close()
-            if batch.delivered:
-                raise CutBatchError(f"a batched request: {error}") from error
-            raise
-        except BaseException:
-            batch.close()  # a failure or an abandoned read: its connection is closed
-            raise
-        if batch.pending:
-            self._batches[source] = batch
+                if not batch.delivered:
+                    raise
+                if asked_again:
+                    raise CutBatchError(f"a batched request broke twice: {error}") from error
+                asked_again = True
+                _LOG.info("a batched request to %s broke (%s); asking again", source, error)
+                continue
+            except BaseException:
+                batch.close()  # a failure or an abandoned read: its connection is closed
+                raise
+            if batch.pending:
+                self._batches[source] = batch
+            return
 
     def _batch_from(self, source: str, partition: ResultPartitionID) -> list[ResultPartitionID]:
         """``partition``, and the partitions read right after it from ``source`` too."""
         batch = [partition]
         position = self._positions.get(partition.partition_id)
-        if position is None or self._batch_source(self._order[position]) != source:
+        if position is None or self._sources[self._order[position]] != source:
             return batch  # asked of a source other than its own (a replica): alone
         for index in self._order[position + 1 : position + MAX_BATCH]:
-            if self._batch_source(index) != source:
+            if self._sources[index] != source:
                 break
             batch.append(self._shuffle_descriptors[index].result_partition_id)
         return batch

@@ -46,9 +46,11 @@ __all__ = [
     "CHALLENGE",
     "FRAME_PREFIX",
     "HANDSHAKE_FRAME_LIMIT",
+    "MAX_BATCH",
     "REFUSED",
     "AuthenticatedListener",
     "accept_handshake",
+    "frame_bytes",
     "open_handshake",
     "read_frame",
     "receive_into",
@@ -73,20 +75,28 @@ _NONCE: Final = 32
 _DIGEST: Final = hashlib.sha256().digest_size
 HANDSHAKE_FRAME_LIMIT: Final = 1024
 """The largest frame read before a peer has proven itself."""
+MAX_BATCH: Final = 256
+"""The most partitions one batched request asks a data port for (both ports refuse more)."""
 
 # A frame's body is read in pieces of at most this size, so what a peer announces is allocated
 # only as its bytes arrive.
 _READ_PIECE = 4 << 20
 
 
+def frame_bytes(frame_type: int, body: bytes) -> bytes:
+    """A whole frame, for a sender that puts several in one send."""
+    return FRAME_PREFIX.pack(len(body), frame_type) + body
+
+
 def write_frame(
     sock: socket.socket, frame_type: int, header: bytes, payload: pa.Buffer | bytes = b""
 ) -> None:
     """Send one frame; ``payload`` goes out without a copy."""
-    size = len(header) + len(payload)
-    sock.sendall(FRAME_PREFIX.pack(size, frame_type) + header)
-    if len(payload):
-        sock.sendall(memoryview(payload))
+    if not len(payload):
+        sock.sendall(frame_bytes(frame_type, header))
+        return
+    sock.sendall(FRAME_PREFIX.pack(len(header) + len(payload), frame_type) + header)
+    sock.sendall(memoryview(payload))
 
 
 def _wait_until(sock: socket.socket, deadline: float | None) -> None:

@@ -12,7 +12,7 @@ from shuffle_api import errors as e
 from shuffle_api.errors import PartitionError, ShuffleError
 from shuffle_api.ids import ResultPartitionID
 
-__all__ = ["WIRE_ERRORS", "error_code", "error_named", "new_error", "wire_name"]
+__all__ = ["WIRE_ERRORS", "error_code", "error_named", "new_error", "wire_class", "wire_name"]
 
 WIRE_ERRORS: Final[tuple[tuple[int, type[ShuffleError]], ...]] = (
     # Subclasses before their bases: an error goes as the first class it is an instance of.
@@ -60,9 +60,14 @@ def error_code(error: BaseException) -> int:
     return _entry(error)[0]
 
 
+def wire_class(error: BaseException) -> type[ShuffleError]:
+    """The class ``error`` goes as."""
+    return _entry(error)[1]
+
+
 def wire_name(error: BaseException) -> str:
     """The class name ``error`` goes by."""
-    return _entry(error)[1].__name__
+    return wire_class(error).__name__
 
 
 def error_named(name: str | int) -> type[ShuffleError] | None:

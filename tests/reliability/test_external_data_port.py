@@ -12,10 +12,12 @@ import struct
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import xxhash
 
+from external_shuffle import gate as external_gate
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.data_fetch import (
@@ -24,9 +26,8 @@ from external_shuffle.data_fetch import (
     Received,
     fetch_over_data_port,
 )
-from external_shuffle.data_frames import FAILED, FETCH, FETCH_BATCH, MANIFEST, MAX_BATCH
+from external_shuffle.data_frames import FAILED, FETCH, FETCH_BATCH, MANIFEST
 from external_shuffle.descriptor import ExternalShuffleDescriptor
-from external_shuffle.gate import ExternalInputGate
 from external_shuffle.local_cluster import LocalCluster
 from external_shuffle.wire import WorkerAddress
 from external_shuffle.wire_errors import TooManyStreamsError, error_from_pb
@@ -43,8 +44,15 @@ from shuffle_api import (
 from shuffle_api.connections import ConnectionPool
 from shuffle_api.format import PartitionManifest, partition_directory
 from shuffle_api.format.manifest import DATA_FILE
-from shuffle_api.gate import END_OF_PARTITION, CutBatchError
-from shuffle_api.sockets import CHALLENGE, REFUSED, open_handshake, read_frame, write_frame
+from shuffle_api.gate import END_OF_PARTITION
+from shuffle_api.sockets import (
+    CHALLENGE,
+    MAX_BATCH,
+    REFUSED,
+    open_handshake,
+    read_frame,
+    write_frame,
+)
 from shuffle_api.store import Store
 from tests.reliability.external_cluster import (
     ALL,
@@ -294,7 +302,7 @@ def test_a_batch_cut_while_its_reader_paused_is_asked_again(
     with scenario_on(cluster) as scenario:
         descriptors, _ = scenario.produce(data, partitions=4, subpartitions=2)
         with (
-            caplog.at_level(logging.INFO, logger="external_shuffle.gate"),
+            caplog.at_level(logging.INFO, logger="shuffle_api.gate"),
             scenario.gate(scenario.consumer, descriptors, ALL) as gate,
         ):
             reading = iter(gate)
@@ -312,14 +320,15 @@ def test_a_batch_that_breaks_again_is_asked_once_more_then_given_up(
         descriptors, _ = scenario.produce(batches(), partitions=1, subpartitions=2)
         asked: list[int] = []
 
-        def breaks(*args: object, **kwargs: object) -> Iterator[list[object]]:
+        def breaks(*args: Any, **kwargs: Any) -> Iterator[object]:
+            """The worker's first answer (the manifest), then the batch ends."""
             asked.append(1)
             if len(asked) > 5:
                 raise AssertionError("asked again and again")
-            raise CutBatchError("the worker ended the batch")
-            yield []  # a generator, as the gate's own
+            yield next(fetch_over_data_port(*args, **kwargs))
+            raise TransportError("the worker ended the batch")
 
-        monkeypatch.setattr(ExternalInputGate, "_fetch", breaks)
+        monkeypatch.setattr(external_gate, "fetch_over_data_port", breaks)
         with pytest.raises(PartitionNotFoundError, match="could not be read from any replica"):
             scenario.read(scenario.consumer, descriptors, ALL)
     assert len(asked) == 2
