@@ -289,7 +289,12 @@ class _Channel:
         except ShuffleError as error:
             self._send_error(error)
         except OSError as error:
-            _LOG.debug("sending %s failed: %s", request.partitions, error)
+            # A send that failed (a consumer that stopped reading past the timeout, or went
+            # away) may have left a frame half written: nothing more can follow on it.
+            _LOG.info(
+                "sending %s to %s failed: %s", request.partitions, self._connection.peer, error
+            )
+            self._connection.close()
         finally:
             self.finished.set()
             self._connection.forget_channel(request.channel)
