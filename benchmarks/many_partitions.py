@@ -32,12 +32,22 @@ and counts as failed (ratio 0), not skipped. Saved per cell: both times and thei
 
     python benchmarks/many_partitions.py
     python benchmarks/many_partitions.py --maps 16,200 --reducers 200,1000 --services netty_like
+
+With ``--master local-cluster[2,1,1024]``: two executor JVMs, the default service keeping each
+executor's partitions in its own Spark local directory, so reducers read across executors
+through the data ports, as on two hosts::
+
+    python benchmarks/many_partitions.py --master 'local-cluster[2,1,1024]' \\
+        --maps 200 --reducers 1000 --services netty_like \\
+        --output benchmarks/results/many_partitions_cluster.json
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import sys
 import tempfile
 import threading
 import time
@@ -148,10 +158,39 @@ def python_tasks_floor(session: SparkSession, cell: Cell) -> float:
     return time.perf_counter() - started
 
 
-def open_shuffle(stack: contextlib.ExitStack, session: SparkSession, service: str) -> SparkShuffle:
+def open_session(master: str, work: Path) -> SparkSession:
+    """``local[2]``, or a ``local-cluster`` whose executors keep their local directories (the
+    default service's stores) apart under ``work``."""
+    conf = {"spark.sql.adaptive.enabled": "false"}
+    if not master.startswith("local-cluster"):
+        return local_spark_session("many-partitions", driver_memory="4g", conf=conf)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = (
+        SparkSession.builder.master(master)
+        .appName("many-partitions")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.memory", "4g")
+        .config("spark.local.dir", str(work / "local"))
+        .config("spark.executorEnv.PYTHONPATH", os.pathsep.join(sys.path))
+    )
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+def open_shuffle(
+    stack: contextlib.ExitStack, session: SparkSession, service: str, cluster_mode: bool
+) -> SparkShuffle:
     directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"many-{service}-")))
     if service == "netty_like":
-        options: dict[str, Any] = {"netty-like.storage.url": str(directory / "store")}
+        # On a local-cluster, each executor's store is its own local directory.
+        options: dict[str, Any] = (
+            {} if cluster_mode else {"netty-like.storage.url": str(directory / "store")}
+        )
     else:
         # Stores apart: reducers read through the workers, as on hosts of their own.
         cluster = stack.enter_context(LocalCluster(directory, workers=2, store_shared=False))
@@ -167,6 +206,7 @@ def main() -> None:
     parser.add_argument("--rows-per-block", type=positive, default=4)
     parser.add_argument("--min-rows", type=positive, default=1_000_000)
     parser.add_argument("--cell-timeout", type=float, default=600.0)
+    parser.add_argument("--master", default="local[2]", help="local[2] or local-cluster[...]")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     args = parser.parse_args()
 
@@ -175,15 +215,14 @@ def main() -> None:
         for maps in sorted(args.maps)
         for reducers in sorted(args.reducers)
     ]
-    session = local_spark_session(
-        "many-partitions",
-        driver_memory="4g",
-        conf={"spark.sql.adaptive.enabled": "false"},
-    )
+    cluster_mode = args.master.startswith("local-cluster")
     with contextlib.ExitStack() as stack:
+        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="many-partitions-")))
+        session = open_session(args.master, work)
+        stack.callback(session.stop)
         jobs: dict[str, tuple[Job, SparkShuffle | None]] = {SPARK: (spark_job, None)}
         for service in args.services:
-            opened = open_shuffle(stack, session, service)
+            opened = open_shuffle(stack, session, service, cluster_mode)
             jobs[service] = (pyshuffle_job(opened, fused=False), opened)
             jobs[service + FUSED] = (pyshuffle_job(opened, fused=True), opened)
         runs = [name for name in jobs if name != SPARK]
@@ -200,7 +239,6 @@ def main() -> None:
                 times[name][cell.name] = measure(session, cell, job, shuffle, args.cell_timeout)
             times[FLOOR][cell.name] = python_tasks_floor(session, cell)
             print(_row(cell, times, runs), flush=True)
-    session.stop()
 
     summary = summarize(times, cells, runs)
     print(_summary_lines(summary))
@@ -210,7 +248,7 @@ def main() -> None:
             "benchmark": "many_partitions",
             "machine": machine(pyspark=pyspark.__version__, pyarrow=pa.__version__),
             "parameters": {
-                "master": "local[2]",
+                "master": args.master,
                 "adaptive": False,
                 "rows_per_block": args.rows_per_block,
                 "min_rows": args.min_rows,
