@@ -38,6 +38,7 @@ from external_shuffle.metrics import DaemonMetrics
 from external_shuffle.wire_errors import error_to_pb, short, status_for
 from external_shuffle.worker import WorkerService
 from shuffle_api import SerializationError, ShuffleError, TransportError
+from shuffle_api.connections import SERVER_KEEP_ALIVE_SECONDS
 from shuffle_api.sockets import (
     MAX_BATCH,
     AuthenticatedListener,
@@ -55,9 +56,7 @@ _METHOD: Final = "DataPort.Fetch"
 # Connections beyond the worker's stream cap, so that a client over it hears
 # TooManyStreamsError (retried by the task) rather than a refused connection.
 _SPARE_CONNECTIONS: Final = 16
-# A connection waits this long at most for its next fetch (clients keep idle ones for less,
-# see shuffle_api.connections), and checks this often whether the port drains meanwhile.
-_KEEP_ALIVE_SECONDS: Final = 10.0
+# How often a connection waiting for its next fetch checks whether the port drains meanwhile.
 _DRAIN_POLL_SECONDS: Final = 0.2
 
 
@@ -150,7 +149,7 @@ class WorkerDataPort:
         first fetch, idle) the port drains."""
         idle_timeout = self._limits.idle_timeout
         if not first:
-            idle_timeout = min(idle_timeout, _KEEP_ALIVE_SECONDS)
+            idle_timeout = min(idle_timeout, SERVER_KEEP_ALIVE_SECONDS)
             deadline = time.monotonic() + idle_timeout
             while not select.select([sock], [], [], _DRAIN_POLL_SECONDS)[0]:
                 if self._draining.is_set() or time.monotonic() >= deadline:

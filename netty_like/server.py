@@ -47,6 +47,7 @@ from shuffle_api import (
     ShuffleError,
     TransportError,
 )
+from shuffle_api.connections import SERVER_KEEP_ALIVE_SECONDS
 from shuffle_api.sockets import AuthenticatedListener, write_frame
 
 __all__ = ["DataServer", "ServerLimits"]
@@ -58,7 +59,6 @@ _POLL_SECONDS = 0.2
 _LOGGED_REFUSALS = 5
 # Requests and partition lists; a STATUS of 10,000 partitions is about 700 kB.
 _MAX_REQUEST = 8 << 20
-_KEEP_ALIVE_SECONDS = 10.0
 _WAIT_SLICE_SECONDS = 0.5
 
 
@@ -131,7 +131,7 @@ class _Connection:
                 continue
             idle_timeout = self.server.limits.idle_timeout
             if self.channels_served:
-                idle_timeout = min(idle_timeout, _KEEP_ALIVE_SECONDS)
+                idle_timeout = min(idle_timeout, SERVER_KEEP_ALIVE_SECONDS)
             if time.monotonic() - idle_since >= idle_timeout:
                 _LOG.info("closing idle data connection from %s", self.peer)
                 return False

@@ -27,7 +27,7 @@ from typing import Final, TypeVar
 from shuffle_api.errors import TransportError
 from shuffle_api.sockets import open_handshake
 
-__all__ = ["Connection", "ConnectionPool", "StaleConnectionError"]
+__all__ = ["SERVER_KEEP_ALIVE_SECONDS", "Connection", "ConnectionPool", "StaleConnectionError"]
 
 T = TypeVar("T")
 
@@ -36,6 +36,9 @@ MAX_IDLE_PER_ADDRESS: Final = 1
 of the server's caps."""
 MAX_IDLE_SECONDS: Final = 5.0
 """Well under any server's idle timeout, so that the client closes first."""
+SERVER_KEEP_ALIVE_SECONDS: Final = 2 * MAX_IDLE_SECONDS
+"""How long a data port keeps a reader's connection waiting for its next request: longer than
+the reader keeps it idle, and short, as each one held counts against the port's caps."""
 
 
 class StaleConnectionError(TransportError):
