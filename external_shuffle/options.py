@@ -109,8 +109,9 @@ MAX_MESSAGE_SIZE = memory_option(
 SORT_BUFFER_SIZE = memory_option(
     "external-shuffle.client.sort-buffer.size",
     64 << 20,
-    "Memory a writer buffers and sorts by subpartition before it pushes a region (a region is"
-    " pushed in the background while the next fills: up to about twice this per writer).",
+    "Memory a writer holds to sort its rows by subpartition: it pushes a region of half this in"
+    " the background while the next half fills (pushed bytes waiting for a worker count"
+    " apart, up to max-in-flight).",
     minimum=1,
 )
 MIN_CHUNK_SIZE: Final = 4 << 10

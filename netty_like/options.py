@@ -42,9 +42,8 @@ SORT_BUFFER_SIZE = host_local(
     memory_option(
         "netty-like.sort-buffer.size",
         64 << 20,
-        "Memory a blocking-partition writer buffers before it spills a region to the store. A"
-        " region is written in the background while the next one fills, so a writer holds up"
-        " to about twice this.",
+        "Memory a blocking-partition writer holds: it spills a region of half this to the"
+        " store in the background while the next half fills.",
         minimum=1,
     )
 )

@@ -74,11 +74,11 @@ class _HashingSink:
 class PartitionFileWriter:
     """Writes one partition in the on-store format. Not thread-safe: one producer task.
 
-    Batches are buffered, grouped by subpartition, until ``memory_budget`` bytes; then that
-    region is handed to a background spill thread, which coalesces, encodes, compresses and
-    writes it while the next region fills (pyarrow releases the GIL for that work, so a producer
-    and its spill use two cores). At most one region is in flight, so the writer holds at most
-    about twice the budget.
+    Batches are buffered, grouped by subpartition, until half of ``memory_budget`` bytes; then
+    that region is handed to a background spill thread, which coalesces, encodes, compresses
+    and writes it while the next region fills (pyarrow releases the GIL for that work, so a
+    producer and its spill use two cores). At most one region is in flight, so the writer holds
+    about the budget.
 
     With ``codec="auto"`` the codec is chosen when the first run is written, from its first
     batch (see :mod:`shuffle_api.format.codec_choice`); the manifest records the choice.
@@ -101,7 +101,7 @@ class PartitionFileWriter:
             ipc_write_options(codec)  # an unknown codec fails here, not in the spill thread
         self._codec = codec
         self._auto_bandwidth = auto_bandwidth
-        self._memory_budget = memory_budget
+        self._region_bytes = max(1, memory_budget // 2)
         self._target_batch_bytes = target_batch_bytes
         self._schema: pa.Schema | None = None
         # The producer's side: the region filling, and the spill in flight.
@@ -147,7 +147,7 @@ class PartitionFileWriter:
             return
         self._buffers[subpartition].append(batch)
         self._buffered_bytes += batch.nbytes
-        if self._buffered_bytes >= self._memory_budget:
+        if self._buffered_bytes >= self._region_bytes:
             self.spill()
 
     def spill(self) -> None:
