@@ -47,7 +47,12 @@ from shuffle_api import (
 from shuffle_api.connections import ConnectionPool
 from shuffle_api.format import SortMergePartitionWriter
 from shuffle_api.gate import OpenGates
-from shuffle_api.options import COMPRESSION_AUTO_BANDWIDTH, COMPRESSION_CODEC, TARGET_BATCH_SIZE
+from shuffle_api.options import (
+    COMPRESSION_AUTO_BANDWIDTH,
+    COMPRESSION_CODEC,
+    READ_SOURCES_IN_FLIGHT,
+    TARGET_BATCH_SIZE,
+)
 
 __all__ = ["SUPPORTED_PARTITION_TYPES", "ExternalShuffleEnvironment"]
 
@@ -86,6 +91,7 @@ class ExternalShuffleEnvironment(ShuffleEnvironment):
             unknown_timeout=self._timeout,
             max_chunk_bytes=message_data_limit(config),
             timeout=self._timeout,
+            sources_in_flight=config.get(READ_SOURCES_IN_FLIGHT),
         )
         # Not with TLS: the data port sends in the clear (and no worker offers it then).
         self._data_ports = (

@@ -33,7 +33,7 @@ from shuffle_api import (
 )
 from shuffle_api.connections import ConnectionPool
 from shuffle_api.format import PartitionManifest, decode_run, verify_checksum
-from shuffle_api.gate import SequentialInputGate
+from shuffle_api.gate import Asker, SequentialInputGate
 
 __all__ = ["ExternalInputGate", "GateSettings"]
 
@@ -47,6 +47,7 @@ class GateSettings:
     max_chunk_bytes: int  # the most data bytes a fetched message (or frame) may carry
     timeout: float
     """For a data port's connection and each of its reads."""
+    sources_in_flight: int = 1
 
 
 class ExternalInputGate(SequentialInputGate):
@@ -64,7 +65,12 @@ class ExternalInputGate(SequentialInputGate):
         """``data_ports``: connections to workers' data ports (None: fetch over gRPC only);
         ``grpc_only``: workers whose data port could not be reached (both shared by the gates
         of an environment: each such worker costs one failed connection, not one per gate)."""
-        super().__init__(descriptor, unknown_timeout=settings.unknown_timeout, on_close=on_close)
+        super().__init__(
+            descriptor,
+            unknown_timeout=settings.unknown_timeout,
+            on_close=on_close,
+            sources_in_flight=settings.sources_in_flight,
+        )
         self._channels = channels
         self._data_ports = data_ports
         self._settings = settings
@@ -159,6 +165,25 @@ class ExternalInputGate(SequentialInputGate):
     def _from_batch(
         self, worker: WorkerAddress, partition: ResultPartitionID, data_ports: ConnectionPool
     ) -> Iterator[Received]:
+        return self._batched(worker.target, partition, self._ask(worker, data_ports))
+
+    def _asker(self, index: int) -> Asker | None:
+        descriptor = self._shuffle_descriptors[index]
+        data_ports = self._data_ports
+        if (
+            data_ports is None
+            or self._batch_source(index) is None
+            or not isinstance(descriptor, ExternalShuffleDescriptor)
+        ):
+            return None
+        worker = descriptor.replicas[0]
+        if not worker.data_port or worker.target in self._grpc_only:
+            return None
+        return self._ask(worker, data_ports)
+
+    def _ask(self, worker: WorkerAddress, data_ports: ConnectionPool) -> Asker:
+        """Asks the worker's data port for partitions it holds."""
+
         def ask(partitions: list[ResultPartitionID]) -> Iterator[Received | None]:
             return fetch_over_data_port(
                 worker,
@@ -168,4 +193,4 @@ class ExternalInputGate(SequentialInputGate):
                 max_frame_size=self._settings.max_chunk_bytes,
             )
 
-        return self._batched(worker.target, partition, ask)
+        return ask

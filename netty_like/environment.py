@@ -54,7 +54,12 @@ from shuffle_api import (
 from shuffle_api.connections import ConnectionPool
 from shuffle_api.format import SortMergePartitionWriter, StoreSink
 from shuffle_api.gate import OpenGates
-from shuffle_api.options import COMPRESSION_AUTO_BANDWIDTH, COMPRESSION_CODEC, TARGET_BATCH_SIZE
+from shuffle_api.options import (
+    COMPRESSION_AUTO_BANDWIDTH,
+    COMPRESSION_CODEC,
+    READ_SOURCES_IN_FLIGHT,
+    TARGET_BATCH_SIZE,
+)
 from shuffle_api.store import Store
 
 __all__ = ["NettyShuffleEnvironment"]
@@ -94,6 +99,7 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
             unknown_timeout=config.get(PARTITION_REQUEST_TIMEOUT),
             store_url=self._store.url,
             read_from_shared_store=config.get(READ_FROM_SHARED_STORE),
+            sources_in_flight=config.get(READ_SOURCES_IN_FLIGHT),
         )
 
     @property

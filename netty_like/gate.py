@@ -23,7 +23,7 @@ from shuffle_api import (
 )
 from shuffle_api.connections import ConnectionPool
 from shuffle_api.format import decode_run
-from shuffle_api.gate import END_OF_PARTITION, SequentialInputGate
+from shuffle_api.gate import END_OF_PARTITION, Asker, SequentialInputGate
 
 __all__ = ["GateSettings", "NettyInputGate"]
 
@@ -37,6 +37,7 @@ class GateSettings:
     """This process's store: a producer that wrote to the same store URL may have left its
     files where this process sees them."""
     read_from_shared_store: bool = True
+    sources_in_flight: int = 1
 
 
 class NettyInputGate(SequentialInputGate):
@@ -53,7 +54,12 @@ class NettyInputGate(SequentialInputGate):
     ) -> None:
         """``data_ports``: connections to producers' data ports, shared by the gates of an
         environment."""
-        super().__init__(descriptor, unknown_timeout=settings.unknown_timeout, on_close=on_close)
+        super().__init__(
+            descriptor,
+            unknown_timeout=settings.unknown_timeout,
+            on_close=on_close,
+            sources_in_flight=settings.sources_in_flight,
+        )
         self._manager = manager
         self._settings = settings
         self._data_ports = data_ports
@@ -148,10 +154,14 @@ class NettyInputGate(SequentialInputGate):
                 partition,
             ) from error
 
-    def _answers(
-        self, descriptor: NettyShuffleDescriptor, source: str, pipelined: bool
-    ) -> Iterator[list[pa.RecordBatch]]:
-        """The batches of each buffer of the partition, from its producer's data port."""
+    def _asker(self, index: int) -> Asker | None:
+        descriptor = self._shuffle_descriptors[index]
+        if not isinstance(descriptor, NettyShuffleDescriptor) or self._batch_source(index) is None:
+            return None
+        return self._ask(descriptor, pipelined=False)
+
+    def _ask(self, descriptor: NettyShuffleDescriptor, *, pipelined: bool) -> Asker:
+        """Asks the producer's data port for partitions of the producer."""
 
         def ask(partitions: list[ResultPartitionID]) -> Iterator[list[pa.RecordBatch] | None]:
             return read_remote(
@@ -164,6 +174,13 @@ class NettyInputGate(SequentialInputGate):
                 connections=self._data_ports,
             )
 
+        return ask
+
+    def _answers(
+        self, descriptor: NettyShuffleDescriptor, source: str, pipelined: bool
+    ) -> Iterator[list[pa.RecordBatch]]:
+        """The batches of each buffer of the partition, from its producer's data port."""
+        ask = self._ask(descriptor, pipelined=pipelined)
         partition = descriptor.result_partition_id
         if pipelined:
             # Streamed while produced: each partition on a channel of its own.

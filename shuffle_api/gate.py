@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import collections
 import contextlib
+import itertools
 import logging
 import threading
 from collections.abc import Callable, Generator, Iterator
@@ -39,7 +40,7 @@ from shuffle_api.io import InputGate
 from shuffle_api.sockets import MAX_BATCH
 from shuffle_api.store import Store
 
-__all__ = ["END_OF_PARTITION", "CutBatchError", "OpenGates", "SequentialInputGate"]
+__all__ = ["END_OF_PARTITION", "Asker", "CutBatchError", "OpenGates", "SequentialInputGate"]
 
 T = TypeVar("T")
 
@@ -47,6 +48,9 @@ _LOG = logging.getLogger(__name__)
 
 END_OF_PARTITION: Final = None
 """What a batch's answers hold after each partition's last item."""
+Asker = Callable[[list[ResultPartitionID]], Iterator[Any]]
+"""Asks a source for partitions, in one request: their answers, each partition's followed by
+:data:`END_OF_PARTITION`."""
 
 
 class CutBatchError(TransportError):
@@ -58,8 +62,22 @@ class _Batch(Generic[T]):
 
     def __init__(self, partitions: list[ResultPartitionID], answers: Iterator[T | None]) -> None:
         self._pending = collections.deque(partitions)
-        self._answers = answers
+        self._request = answers
+        self._answers: Iterator[T | None] = answers
         self.delivered = False
+
+    def send(self) -> None:
+        """Make the request now, taking its first answer: from then on the source answers
+        into the connection while the reader is busy elsewhere. A failure is raised when the
+        batch is read, as its partition's."""
+        try:
+            first = next(self._answers)
+        except StopIteration:
+            return
+        except Exception as error:
+            self._answers = _failing(error)
+            return
+        self._answers = itertools.chain((first,), self._answers)
 
     @property
     def pending(self) -> int:
@@ -82,16 +100,27 @@ class _Batch(Generic[T]):
         raise TransportError(f"the answers to a batch ended before the end of {partition}")
 
     def close(self) -> None:
-        if isinstance(self._answers, Generator):
+        if isinstance(self._request, Generator):
             # ValueError: it runs in another thread (a gate closed from outside its reader).
             with contextlib.suppress(ValueError):
-                self._answers.close()
+                self._request.close()
+
+
+def _failing(error: Exception) -> Iterator[Any]:
+    raise error
+    yield  # a generator: raises when read
 
 
 class SequentialInputGate(InputGate):
     """Reads partition after partition; an unknown descriptor is waited for (up to
     ``unknown_timeout`` seconds) until :meth:`update` replaces it. Subclasses read one known
-    partition in :meth:`_read`."""
+    partition in :meth:`_read`.
+
+    ``sources_in_flight``: sources with a request open at once. When the reader turns to a
+    source, the next ones in its order are asked for their first batches too (subclasses say
+    how in :meth:`_asker`), and answer into their connections meanwhile, each within what its
+    connection holds (socket buffers, or the credit the reader granted), as Spark's reducers
+    keep fetches to several hosts in flight."""
 
     def __init__(
         self,
@@ -99,10 +128,12 @@ class SequentialInputGate(InputGate):
         *,
         unknown_timeout: float,
         on_close: Callable[[SequentialInputGate], None],
+        sources_in_flight: int = 1,
     ) -> None:
         self._descriptor = descriptor
         self._unknown_timeout = unknown_timeout
         self._on_close = on_close
+        self._sources_in_flight = max(1, sources_in_flight)
         self._shuffle_descriptors: list[ShuffleDescriptor] = list(descriptor.shuffle_descriptors)
         self._condition = threading.Condition()
         self._closed = False
@@ -110,6 +141,10 @@ class SequentialInputGate(InputGate):
         self._stores: dict[str, Store | None] = {}  # by URL: each probed once per gate
         self._order: list[int] = []
         self._sources: list[str | None] = []  # by index: each partition's source, when ordered
+        # The batch sources in reading order, each with its first position in _order.
+        self._source_starts: list[tuple[str, int]] = []
+        self._source_ranks: dict[str, int] = {}
+        self._sources_entered: set[str] = set()
         self._positions: dict[IntermediateResultPartitionID, int] = {}
         # By source: the batch being read (its answers are what the subclass's ``ask`` gave).
         self._batches: dict[str, _Batch[Any]] = {}
@@ -184,6 +219,12 @@ class SequentialInputGate(InputGate):
             else:
                 rest.append(index)
         self._order = [index for indexes in by_source.values() for index in indexes] + rest
+        position = 0
+        self._source_starts, self._source_ranks = [], {}
+        for rank, (source, indexes) in enumerate(by_source.items()):
+            self._source_starts.append((source, position))
+            self._source_ranks[source] = rank
+            position += len(indexes)
         self._positions = {
             self._shuffle_descriptors[index].result_partition_id.partition_id: position
             for position, index in enumerate(self._order)
@@ -211,8 +252,10 @@ class SequentialInputGate(InputGate):
             if batch is None or not batch.serves_next(partition):
                 if batch is not None:
                     batch.close()
-                partitions = self._batch_from(source, partition)
-                batch = _Batch(partitions, ask(partitions))
+                batch = self._ask_batch(source, partition, ask)
+            if source not in self._sources_entered:
+                self._sources_entered.add(source)
+                self._ask_ahead(source)
             try:
                 for position, answer in enumerate(batch.receive(partition)):
                     if position >= given:
@@ -233,6 +276,36 @@ class SequentialInputGate(InputGate):
             if batch.pending:
                 self._batches[source] = batch
             return
+
+    def _ask_batch(
+        self,
+        source: str,
+        partition: ResultPartitionID,
+        ask: Callable[[list[ResultPartitionID]], Iterator[T | None]],
+    ) -> _Batch[T]:
+        partitions = self._batch_from(source, partition)
+        batch = _Batch(partitions, ask(partitions))
+        batch.send()
+        return batch
+
+    def _ask_ahead(self, source: str) -> None:
+        """Ask the sources read after ``source`` for their first batches, up to
+        ``sources_in_flight`` sources in all."""
+        rank = self._source_ranks.get(source)
+        if rank is None:
+            return
+        for ahead, start in self._source_starts[rank + 1 : rank + self._sources_in_flight]:
+            index = self._order[start]
+            ask = self._asker(index)
+            if ahead in self._batches or ask is None:
+                continue
+            first = self._shuffle_descriptors[index].result_partition_id
+            self._batches[ahead] = self._ask_batch(ahead, first, ask)
+
+    def _asker(self, index: int) -> Asker | None:
+        """How to ask the source of the partition at ``index`` for a batch of partitions, or
+        None: it is not asked ahead (read otherwise, or not reachable that way)."""
+        return None
 
     def _batch_from(self, source: str, partition: ResultPartitionID) -> list[ResultPartitionID]:
         """``partition``, and the partitions read right after it from ``source`` too."""

@@ -8,6 +8,7 @@ from shuffle_api.config import (
     HOST_CONFIG_FILE,
     ConfigOption,
     choice_option,
+    int_option,
     memory_option,
     str_option,
 )
@@ -18,6 +19,7 @@ __all__ = [
     "CORE_OPTIONS",
     "DEFAULT_FACTORY",
     "HOST_CONFIG_FILE",
+    "READ_SOURCES_IN_FLIGHT",
     "SHUFFLE_SERVICE_FACTORY_CLASS",
     "TARGET_BATCH_SIZE",
 ]
@@ -53,10 +55,21 @@ TARGET_BATCH_SIZE = memory_option(
     minimum=1024,
 )
 
+READ_SOURCES_IN_FLIGHT = int_option(
+    "shuffle.read.sources-in-flight",
+    2,
+    "Sources (producers' data ports, workers) a reader has a request open to at once: while it"
+    " reads one source's blocks, the next ones are asked already and answer into their"
+    " connections, each within what the connection holds (socket buffers, or the reader's"
+    " credit); 1: one source at a time.",
+    minimum=1,
+)
+
 CORE_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
     SHUFFLE_SERVICE_FACTORY_CLASS,
     COMPRESSION_CODEC,
     COMPRESSION_AUTO_BANDWIDTH,
     TARGET_BATCH_SIZE,
+    READ_SOURCES_IN_FLIGHT,
     HOST_CONFIG_FILE,
 )

@@ -58,6 +58,7 @@ from tests.reliability.external_cluster import (
     ALL,
     batches,
     list_workers,
+    replicas,
     rows_of,
     scenario_on,
     scrape,
@@ -291,6 +292,39 @@ def test_a_reducer_asks_each_worker_once_for_its_partitions(
         after = scrape(cluster, "worker-0").get("pyshuffle_data_port_requests_total", 0.0)
     assert rows_of(table) == expected
     assert after - before == 1
+
+
+@pytest.mark.parametrize("in_flight", [1, 2])
+def test_a_reducer_asks_the_next_worker_ahead_within_its_budget(
+    tmp_path: Path, in_flight: int
+) -> None:
+    """Partitions on two workers: when the reducer has its first rows from one, the other
+    has been asked already with two sources in flight, and not with one; each is asked once."""
+    data = batches()
+    expected = sorted(row for batch in data for row in batch.column("row").to_pylist())
+    with (
+        LocalCluster(tmp_path, workers=2, metrics=True) as two,
+        scenario_on(two, **{"shuffle.read.sources-in-flight": in_flight}) as scenario,
+    ):
+        descriptors, _ = scenario.produce(data, partitions=8, subpartitions=2)
+        assert len({replicas(descriptor)[0].port for descriptor in descriptors}) == 2
+
+        def requests() -> list[float]:
+            return [
+                scrape(two, name).get("pyshuffle_data_port_requests_total", 0.0)
+                for name in ("worker-0", "worker-1")
+            ]
+
+        before = requests()
+        with scenario.gate(scenario.consumer, descriptors, ALL) as gate:
+            reading = iter(gate)
+            rows = next(reading).column("row").to_pylist()
+            asked = sorted(now - then for now, then in zip(requests(), before, strict=True))
+            rows.extend(row for batch in reading for row in batch.column("row").to_pylist())
+        after = requests()
+    assert asked == ([1, 1] if in_flight == 2 else [0, 1])
+    assert [now - then for now, then in zip(after, before, strict=True)] == [1, 1]
+    assert sorted(rows) == expected
 
 
 def test_a_batch_cut_while_its_reader_paused_is_asked_again(

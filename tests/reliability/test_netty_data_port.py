@@ -3,6 +3,7 @@ files, hostile frames."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import struct
@@ -262,9 +263,7 @@ def _remote_reader(scenario: ShuffleScenario, **settings: object) -> NettyShuffl
 
 
 def _served(scenario: ShuffleScenario) -> int:
-    assert isinstance(scenario.producer, NettyShuffleEnvironment)
-    assert scenario.producer.data_server is not None
-    return scenario.producer.data_server.request_count
+    return _requests(scenario.producer)
 
 
 def test_a_reader_asks_the_producer_once_for_its_partitions(scenario: ShuffleScenario) -> None:
@@ -284,6 +283,63 @@ def test_a_reader_asks_the_producer_once_for_its_partitions(scenario: ShuffleSce
             )
     finally:
         reader.close()
+
+
+@pytest.mark.parametrize("in_flight", [1, 2])
+def test_a_reader_asks_the_next_producers_ahead_within_its_budget(
+    scenario: ShuffleScenario, tmp_path: Path, in_flight: int
+) -> None:
+    """Three producers of two partitions each: when the reader has its first rows from the
+    first producer, the next ``in_flight - 1`` producers have been asked already, and no
+    more; in the end each was asked once, and every row arrived."""
+    producers = [scenario.producer]
+    for number in (1, 2):
+        config = scenario.harness.configuration.with_values(
+            {"netty-like.storage.url": str(tmp_path / f"store-{number}")}
+        )
+        environment = NettyShuffleEnvironment(
+            ShuffleEnvironmentContext(config, host="127.0.0.1", secret=scenario.secret)
+        )
+        environment.start()
+        producers.append(environment)
+    reader = _remote_reader(
+        scenario,
+        **{
+            "netty-like.read-from-shared-store": False,
+            "shuffle.read.sources-in-flight": in_flight,
+        },
+    )
+    data = make_batches(6_000, batch_rows=500)
+    try:
+        descriptors = []
+        for index, batch in enumerate(data[:6]):
+            partition = scenario.partition_descriptor(index, partitions=6, subpartitions=1)
+            producing = dataclasses.replace(scenario, producer=producers[index // 2])
+            descriptor, writer = producing.new_writer(partition)
+            with writer:
+                writer.write(batch, route(batch, 1))
+                writer.finish()
+            descriptors.append(descriptor)
+        with scenario.gate(reader, descriptors, SubpartitionRange(0, 0)) as gate:
+            reading = iter(gate)
+            rows = next(reading).column("row").to_pylist()
+            asked = [_requests(producer) for producer in producers]
+            rows.extend(row for batch in reading for row in batch.column("row").to_pylist())
+        assert asked == [1, 1, 0] if in_flight == 2 else [1, 0, 0]
+        assert [_requests(producer) for producer in producers] == [1, 1, 1]
+        assert sorted(rows) == sorted(
+            row for batch in data[:6] for row in batch.column("row").to_pylist()
+        )
+    finally:
+        reader.close()
+        for producer in producers[1:]:
+            producer.close()
+
+
+def _requests(environment: object) -> int:
+    assert isinstance(environment, NettyShuffleEnvironment)
+    assert environment.data_server is not None
+    return environment.data_server.request_count
 
 
 def test_a_reader_that_pauses_in_a_batch_gets_every_row(tmp_path: Path) -> None:
