@@ -16,6 +16,7 @@ supervisor (Kubernetes) restarts it. "restart" is kill -9 and back at once.
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -59,6 +60,7 @@ class Outcome:
 
 
 CELLS = [Cell(*values) for values in itertools.product(FAULTS, TARGETS, PHASES)]
+_LOG = logging.getLogger(__name__)
 
 
 class _Fault:
@@ -112,7 +114,10 @@ def _files_left(cluster: LocalCluster) -> int:
     deadline = time.monotonic() + 30
     while _stored_files(cluster) and time.monotonic() < deadline:
         time.sleep(0.1)
-    return len(_stored_files(cluster))
+    left = _stored_files(cluster)
+    if left:  # which partitions, and on which worker, for whoever reads the failure
+        _LOG.warning("files left: %s", [str(path) for path in left])
+    return len(left)
 
 
 def _action(
