@@ -65,6 +65,7 @@ class _Batch(Generic[T]):
         self._request = answers
         self._answers: Iterator[T | None] = answers
         self.delivered = False
+        self.failed = False
 
     def send(self) -> None:
         """Make the request now, taking its first answer: from then on the source answers
@@ -75,6 +76,7 @@ class _Batch(Generic[T]):
         except StopIteration:
             return
         except Exception as error:
+            self.failed = True
             self._answers = _failing(error)
             return
         self._answers = itertools.chain((first,), self._answers)
@@ -300,7 +302,13 @@ class SequentialInputGate(InputGate):
             if ahead in self._batches or ask is None:
                 continue
             first = self._shuffle_descriptors[index].result_partition_id
-            self._batches[ahead] = self._ask_batch(ahead, first, ask)
+            batch = self._ask_batch(ahead, first, ask)
+            if batch.failed:
+                # Asked again at its turn: a source refusing now (at its cap, restarting)
+                # may answer then, and its failure then is the one that counts.
+                batch.close()
+                continue
+            self._batches[ahead] = batch
 
     def _asker(self, index: int) -> Asker | None:
         """How to ask the source of the partition at ``index`` for a batch of partitions, or

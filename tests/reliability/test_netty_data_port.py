@@ -336,6 +336,69 @@ def test_a_reader_asks_the_next_producers_ahead_within_its_budget(
             producer.close()
 
 
+def test_a_producer_that_refuses_when_asked_ahead_is_asked_again_at_its_turn(
+    scenario: ShuffleScenario, tmp_path: Path
+) -> None:
+    """The second producer serves all the channels it may when the reader asks it ahead, and
+    refuses; by the reader's turn they are gone, and it answers."""
+    config = scenario.harness.configuration.with_values(
+        {"netty-like.storage.url": str(tmp_path / "store-b")}
+    )
+    second = NettyShuffleEnvironment(
+        ShuffleEnvironmentContext(config, host="127.0.0.1", secret=scenario.secret)
+    )
+    second.start()
+    reader = _remote_reader(scenario, **{"netty-like.read-from-shared-store": False})
+    data = make_batches(4_000, batch_rows=1_000)
+    holders: list[socket.socket] = []
+    try:
+        descriptors = []
+        for index, batch in enumerate(data):
+            partition = scenario.partition_descriptor(index, partitions=4, subpartitions=1)
+            producer = scenario.producer if index < 2 else second
+            descriptor, writer = dataclasses.replace(scenario, producer=producer).new_writer(
+                partition
+            )
+            with writer:
+                writer.write(batch, route(batch, 1))
+                writer.finish()
+            descriptors.append(descriptor)
+        assert second.data_server is not None
+        limits = second.data_server.limits
+        never = ResultPartitionID(IntermediateResultPartitionID("never-written", 0), "attempt")
+        for _ in range(limits.max_channels // limits.max_channels_per_connection):
+            sock = socket.create_connection(("127.0.0.1", _port(second)), timeout=10)
+            open_handshake(sock, scenario.secret, "the producer")
+            holders.append(sock)
+            for channel in range(limits.max_channels_per_connection):
+                # Pipelined requests for a partition that never comes: each holds a channel.
+                request = Request(channel, (never,), SubpartitionRange(0, 0), 1, True)
+                write_frame(sock, FrameType.REQUEST, request.encode())
+        server = second.data_server
+        deadline = time.monotonic() + 10
+        while server.request_count < limits.max_channels:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        with scenario.gate(reader, descriptors, SubpartitionRange(0, 0)) as gate:
+            reading = iter(gate)
+            rows = next(reading).column("row").to_pylist()  # the second one refused meanwhile
+            for sock in holders:
+                sock.close()
+            while not server.take_channel():  # until the port has a channel free again
+                assert time.monotonic() < deadline + 10
+                time.sleep(0.05)
+            server.return_channel()
+            rows.extend(row for batch in reading for row in batch.column("row").to_pylist())
+        assert sorted(rows) == sorted(
+            row for batch in data for row in batch.column("row").to_pylist()
+        )
+    finally:
+        for sock in holders:
+            sock.close()
+        reader.close()
+        second.close()
+
+
 def _requests(environment: object) -> int:
     assert isinstance(environment, NettyShuffleEnvironment)
     assert environment.data_server is not None
