@@ -108,6 +108,11 @@ class StageFailedError(ShuffleError, RuntimeError):
     """An engine stage (e.g. a Spark job) failed; the message carries the task's own error."""
 
 
+class StageCancelledError(StageFailedError):
+    """An engine stage was cancelled (Spark's job group cancelled, a Connect tag
+    interrupted) before it finished."""
+
+
 class PartitionError(ShuffleError):
     """An error about one result partition; ``partition_id`` names it."""
 

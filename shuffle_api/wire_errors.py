@@ -42,6 +42,7 @@ WIRE_ERRORS: Final[tuple[tuple[int, type[ShuffleError]], ...]] = (
     (24, e.BlobNotFoundError),
     (25, e.BlobCorruptedError),
     (26, e.ShuffleServiceClosedError),
+    (28, e.StageCancelledError),
     (27, e.StageFailedError),
     (8, e.ShuffleError),
 )
