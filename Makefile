@@ -4,7 +4,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check types lint java browser setup proto docs manifests clean
+.PHONY: demo test check types lint java browser setup proto docs manifests clean connect \
+	spark-versions
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit("pyshuffle needs Python >= 3.11, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
@@ -35,6 +36,31 @@ browser:
 
 test: lint java browser
 	$(BIN)/pytest
+	$(MAKE) connect spark-versions
+
+# The PySpark operations' tests again from a Spark Connect client (a pytest process of its
+# own: a Connect client cannot share a process with a classic session). Parquet and fused
+# chains: once each, in every_operation.
+CONNECT_TESTS := $(addprefix tests/integration/test_pyspark_,operations.py broadcast_join.py \
+	failures.py every_operation.py)
+connect: java
+	TEST_SPARK_SESSION=connect $(BIN)/pytest -q $(CONNECT_TESTS)
+
+# Every operation once and a failure on older Spark releases, on the default service, each in
+# a virtual environment of its own (kept, as .venv is, until `make clean`).
+SPARK_VERSIONS ?= 3.5 4.0
+.venv-spark-%/.installed: pyproject.toml
+	$(PYTHON) -m venv .venv-spark-$*
+	.venv-spark-$*/bin/python -m pip install --quiet --upgrade pip
+	.venv-spark-$*/bin/python -m pip install --quiet -e ".[spark,external]" "pyspark==$*.*" \
+		pytest pytest-timeout
+	touch $@
+
+spark-versions: java $(foreach version,$(SPARK_VERSIONS),.venv-spark-$(version)/.installed)
+	for version in $(SPARK_VERSIONS); do \
+		.venv-spark-$$version/bin/pytest -q -p no:cacheprovider -k netty_like \
+			tests/integration/test_pyspark_every_operation.py || exit 1; \
+	done
 
 # The quick loop while working: lint, then every test not marked slow (the unit and
 # conformance suites and the quick reliability cases).
@@ -59,4 +85,4 @@ manifests: $(STAMP)
 	$(BIN)/python scripts/render_manifests.py
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-spark-* .mypy_cache .pytest_cache .ruff_cache

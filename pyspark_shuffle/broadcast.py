@@ -9,12 +9,13 @@ from typing import Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark import Broadcast
+from pyspark import TaskContext
 
 from pyspark_shuffle.inputs import TaskOutput
 from pyspark_shuffle.ipc import from_ipc_stream
 from pyspark_shuffle.operations import JOIN_TYPES, Join
 from pyspark_shuffle.ordered_bytes import is_nested
+from pyspark_shuffle.spark_link import Shared, Tally
 from shuffle_api import InvalidOperationError
 from shuffle_api.batches import conform
 
@@ -124,13 +125,15 @@ def broadcast_join(
     small: pa.Table,
     *,
     side: str,
-    shared: Broadcast[bytes],
+    shared: Shared[bytes],
     operation: Join,
     output_schema: pa.Schema,
+    tasks_run: Tally[frozenset[int]] | None = None,
 ) -> TaskOutput:
     """The tasks of the streamed side, each joining its rows with the whole broadcast side
     ``small`` (which the tasks read from ``shared``, its Arrow IPC) on ``side``; their rows of
-    ``output_schema``."""
+    ``output_schema``. Each adds its index to ``tasks_run`` (where the streamed side's tasks
+    are not known before they run)."""
     produce = streamed.produce
     broadcast_left = side == "left"
     by_lookup = _UniqueKeyLookup.applies(small, operation)  # once, here in the driver
@@ -139,6 +142,10 @@ def broadcast_join(
         # Spark loads a broadcast's value once per worker process; Arrow reads it in place.
         # Not ``small`` itself: the closure would carry the table in every task.
         table = from_ipc_stream(shared.value)
+        if tasks_run is not None:
+            task = TaskContext.get()
+            assert task is not None
+            tasks_run.add(frozenset({task.partitionId()}))
         rows = produce(batches)
         if by_lookup:
             lookup = _UniqueKeyLookup(table, operation, side)
@@ -155,4 +162,9 @@ def broadcast_join(
         for batch in operation.apply(inputs, schemas):
             yield conform(batch, output_schema)
 
-    return TaskOutput(streamed.tasks, join, f"broadcast join with {streamed.description}")
+    return TaskOutput(
+        streamed.tasks,
+        join,
+        f"broadcast join with {streamed.description}",
+        streamed.number_of_tasks,
+    )

@@ -5,20 +5,21 @@ partitions to reducers, release them."""
 from __future__ import annotations
 
 import dataclasses
+import operator
+import pickle
 import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Final, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 from pyspark import TaskContext
-from pyspark.accumulators import Accumulator
-from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F  # noqa: N812 (Spark's own spelling)
 
 from pyspark_shuffle.inputs import MapInput
@@ -26,25 +27,28 @@ from pyspark_shuffle.options import MAX_RECOVERY_ATTEMPTS, PROGRESS_INTERVAL
 from pyspark_shuffle.partitioners import Partitioner
 from pyspark_shuffle.planning import codec_neutral_bytes
 from pyspark_shuffle.progress import StageProgress
+from pyspark_shuffle.spark_link import SparkLink, Tally
 from pyspark_shuffle.spark_outputs import HeldShuffle, SparkShuffleOutputs, held_shuffle
 from pyspark_shuffle.tasks import (
     MAP_OUTPUT_SCHEMA,
     MapOutputs,
-    MapOutputsParam,
     MapReport,
     MapReports,
-    MapReportsParam,
     MapStageSpec,
+    merge_map_outputs,
+    merge_map_reports,
     run_map_task,
 )
 from shuffle_api import (
     Configuration,
+    InvalidOperationError,
     PartitionStatistics,
     ProducerDescriptor,
     RecordingJobContext,
     SerializationError,
     ShuffleDescriptor,
     ShuffleMaster,
+    StageCancelledError,
     StageFailedError,
     deserialize,
     new_id,
@@ -58,9 +62,19 @@ T = TypeVar("T")
 _PYTHON_ERROR = re.compile(r"^(\w+(?:\.\w+)*(?:Error|Exception|Invalid)): (.*)$", re.MULTILINE)
 
 
+# How Spark says a job was cancelled: classic job groups, and Connect's interrupts.
+_CANCELLED = re.compile(
+    r"OPERATION_CANCELED|SPARK_JOB_CANCELLED|cancelled part of cancelled job group"
+    r"|Job \d+ cancelled"
+)
+
+
 def stage_failure(description: str, error: Exception) -> StageFailedError:
-    """A Spark job's failure as a typed error that names the task's own error first."""
+    """A Spark job's failure as a typed error that names the task's own error first
+    (:class:`StageCancelledError` where the job was cancelled)."""
     text = str(error)
+    if _CANCELLED.search(text):
+        return StageCancelledError(f"{description} was cancelled: {text.strip().splitlines()[0]}")
     found = _PYTHON_ERROR.findall(text)
     cause = f"{found[-1][0]}: {found[-1][1]}" if found else text.strip().splitlines()[0]
     return StageFailedError(f"{description} failed: {cause}")
@@ -91,6 +105,10 @@ def _producer(encoded: bytes, sender: str) -> ProducerDescriptor:
     return producer
 
 
+_REPORTED_SCHEMA: Final = f"{MAP_OUTPUT_SCHEMA}, report binary"
+"""A map task's row with its report in it (where no Spark shuffle of the rows is held)."""
+
+
 def _producer_of(row: Row) -> ProducerDescriptor:
     return _producer(bytes(row["producer"]), "a map task")
 
@@ -101,23 +119,24 @@ class Exchange:
 
     def __init__(
         self,
-        spark: SparkSession,
+        link: SparkLink,
         *,
         master: ShuffleMaster,
         job: RecordingJobContext,
         configuration: Configuration,
         secret: bytes,
-        spark_outputs: SparkShuffleOutputs,
+        spark_outputs: SparkShuffleOutputs | None,
         map_input: MapInput,
         partitioner: Partitioner,
         name: str,
         automatic_reducers: bool,
     ) -> None:
-        self._spark = spark
+        self._link = link
         self._master = master
         self._job = job
         self._configuration = configuration
         self._spark_outputs = spark_outputs
+        """Spark's map output tracker, where it is reachable (classic sessions)."""
         self.frame_schema = map_input.schema
         self.upstream = tuple(map_input.upstream)
         self.producer_stage = map_input.producer_stage
@@ -126,36 +145,30 @@ class Exchange:
         # Reducers from bytes written (neighbouring subpartitions coalesced), or one each.
         self.automatic_reducers = automatic_reducers
         self.result_id = f"{re.sub(r'[^A-Za-z0-9_.-]', '-', name)[:60]}-{new_id()[:12]}"
+        # None under Spark Connect for a DataFrame's partitions: the map stage tells.
         number_of_maps = map_input.number_of_maps
         self.spec = MapStageSpec(configuration, self.result_id, number_of_maps, partitioner, secret)
-        spec = self.spec
-        context = spark.sparkContext
-        rows_written, bytes_written = context.accumulator(0), context.accumulator(0)
-        self._rows_written, self._bytes_written = rows_written, bytes_written
+        self._rows_written: Tally[int] | None = None
+        self._bytes_written: Tally[int] | None = None
         # Every copy a map task attempt wrote, registered or not: Spark may run map tasks
         # again (inside an action, or remaking a released exchange) beyond what the driver
-        # registers, and each copy must be deleted in the end.
-        written: Accumulator[MapOutputs] = context.accumulator(frozenset(), MapOutputsParam())
-        self._written = written
-        reports: Accumulator[MapReports] = context.accumulator({}, MapReportsParam())
-        self._reports = reports
-
-        def map_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            task = TaskContext.get()
-            assert task is not None
-            result = run_map_task(spec, task.partitionId(), batches)
-            rows_written.add(result.statistics.total_rows)
-            bytes_written.add(result.statistics.total_bytes)
-            producer = result.row.column("producer")[0].as_py()
-            attempt = result.row.column("attempt")[0].as_py()
-            written.add(frozenset({(spec.result_id, task.partitionId(), producer)}))
-            reports.add({(task.partitionId(), attempt): result.report})
-            yield result.row
-
-        self._mapped = map_input.map_in_arrow(map_partition, MAP_OUTPUT_SCHEMA)
+        # registers, and each copy must be deleted in the end. Only where the map outputs'
+        # rows are held in Spark's shuffle (classic sessions): otherwise the driver sees
+        # every attempt's row, and no action reruns map tasks.
+        self._written: Tally[MapOutputs] | None = None
+        # Map tasks' reports: counted on the side where the rows travel through Spark's
+        # shuffle (which must stay O(M)), else in the rows themselves.
+        self._reports: Tally[MapReports] | None = None
+        if spark_outputs is not None:
+            self._rows_written = link.tally(0, operator.add)
+            self._bytes_written = link.tally(0, operator.add)
+            self._written = link.tally(frozenset(), merge_map_outputs)
+            self._reports = link.tally({}, merge_map_reports)
+        self._mapped = self._map_frame(map_input, None)
+        self._map_input = map_input
         # Built by the first run of the map stage (see held_map_outputs).
         self._anchor: HeldShuffle | None = None
-        self._held = True
+        self._held = spark_outputs is not None
         self._attempts: dict[int, set[str]] = {}
         self._outputs: dict[int, MapOutput] = {}
         self._schema: pa.Schema | None = None
@@ -166,8 +179,42 @@ class Exchange:
         self._swept: set[tuple[str, int, bytes]] = set()
         """What :meth:`release_copies` went through of ``_written``."""
 
+    def _map_frame(self, map_input: MapInput, only: frozenset[int] | None) -> DataFrame:
+        """The map tasks as a DataFrame of their rows; with ``only``, the tasks of other map
+        indexes write nothing and yield no row."""
+        spec = self.spec
+        rows_written, bytes_written = self._rows_written, self._bytes_written
+        written, reports = self._written, self._reports
+
+        def map_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            task = TaskContext.get()
+            assert task is not None
+            map_index = task.partitionId()
+            if only is not None and map_index not in only:
+                return
+            result = run_map_task(spec, map_index, batches)
+            row = result.row
+            if rows_written is not None and bytes_written is not None:
+                rows_written.add(result.statistics.total_rows)
+                bytes_written.add(result.statistics.total_bytes)
+            producer = row.column("producer")[0].as_py()
+            attempt = row.column("attempt")[0].as_py()
+            if written is not None:
+                written.add(frozenset({(spec.result_id, map_index, producer)}))
+            if reports is not None:
+                reports.add({(map_index, attempt): result.report})
+            else:
+                row = row.append_column("report", pa.array([pickle.dumps(result.report)]))
+            yield row
+
+        schema = MAP_OUTPUT_SCHEMA if self._reports is not None else _REPORTED_SCHEMA
+        return map_input.map_in_arrow(map_partition, schema)
+
     @property
     def number_of_maps(self) -> int:
+        """Its map tasks (known once the map stage ran, at the latest)."""
+        if self.spec.number_of_maps is None:
+            raise InvalidOperationError(f"{self.name}: its map stage has not run yet")
         return self.spec.number_of_maps
 
     @property
@@ -191,7 +238,20 @@ class Exchange:
 
     def write(self) -> None:
         """Run the map stage: every input partition written once."""
-        self._register_rows(self._collect(), None)
+        rows = self._collect()
+        if self.spec.number_of_maps is None and not rows:
+            self._map_input = self._map_input.with_one_task()
+            self._mapped = self._map_frame(self._map_input, None)
+            rows = self._collect()
+        if self.spec.number_of_maps is None:
+            indexes = sorted(int(row["map_index"]) for row in rows)
+            if indexes != list(range(len(rows))):
+                raise StageFailedError(
+                    f"{self.name}: the map stage gave rows of map tasks {indexes[:8]}...,"
+                    f" not one row for each of {len(rows)} tasks"
+                )
+            self.spec = dataclasses.replace(self.spec, number_of_maps=len(rows))
+        self._register_rows(rows, None)
         if not any(
             output.descriptor.stores_local_resources_on() is not None
             for output in self.outputs.values()
@@ -212,6 +272,8 @@ class Exchange:
 
     def spark_shuffle_bytes(self) -> int | None:
         """Bytes of Spark's shuffle of its map tasks' rows (see :meth:`held_map_outputs`)."""
+        if self._spark_outputs is None:
+            return None
         if self.held_map_outputs() is None or self._anchor is None:
             return 0
         return self._spark_outputs.bytes_written(self._anchor)
@@ -221,6 +283,9 @@ class Exchange:
         outputs it does not hold (all of them the first time)."""
 
         def job() -> list[Row]:
+            if not self._held:  # no Spark shuffle of the rows (Spark Connect)
+                collected: list[Row] = self._mapped.collect()
+                return collected
             if self._anchor is None:
                 # The map stage's rows shuffled into one partition: the driver collects them.
                 rows = self._mapped.withColumn("result_id", F.lit(self.result_id))
@@ -228,15 +293,15 @@ class Exchange:
             held: list[Row] = self._anchor.frame.collect()
             return held
 
-        return self._timed(self.number_of_maps, job)
+        return self._timed(self.spec.number_of_maps, job)
 
-    def _timed(self, tasks: int, job: Callable[[], list[T]]) -> list[T]:
-        context = self._spark.sparkContext
-        description = f"map stage of {self.name} ({tasks} tasks)"
+    def _timed(self, tasks: int | None, job: Callable[[], list[T]]) -> list[T]:
+        counted = "" if tasks is None else f" ({tasks} tasks)"
+        description = f"map stage of {self.name}{counted}"
         started = time.perf_counter()
         try:
             with StageProgress(
-                context,
+                self._link.spark,
                 description,
                 rows=self._rows_written,
                 size=self._bytes_written,
@@ -250,12 +315,15 @@ class Exchange:
 
     def _run_maps(self, map_indexes: Sequence[int]) -> None:
         """Run these map tasks again, as a job of their own, and register what they wrote."""
-        context = self._spark.sparkContext
+        wanted = list(map_indexes)
         rows: list[Row] = self._timed(
-            len(map_indexes),
-            lambda: context.runJob(self._mapped.rdd, list, partitions=list(map_indexes)),
+            len(wanted),
+            lambda: self._link.run_partitions(self._maps_only, wanted),
         )
         self._register_rows(rows, None)
+
+    def _maps_only(self, only: frozenset[int] | None) -> DataFrame:
+        return self._mapped if only is None else self._map_frame(self._map_input, only)
 
     def _register_rows(self, rows: Sequence[Row], only: set[int] | None) -> None:
         """Register the map outputs in ``rows``; with ``only``, just those of these map tasks
@@ -319,6 +387,10 @@ class Exchange:
         )
 
     def _report_of(self, row: Row) -> MapReport:
+        if self._reports is None:
+            reported = pickle.loads(bytes(row["report"]))
+            assert isinstance(reported, MapReport)
+            return reported
         # Spark merges a task's accumulator updates before the job that ran it ends.
         report = self._reports.value.get((int(row["map_index"]), str(row["attempt"])))
         if report is None:
@@ -437,7 +509,7 @@ class Exchange:
         (a rerun that remade this exchange once released, a reducer's read of a released
         result, an attempt no reducer read). Spark then forgets the exchange's map outputs
         again, if it was told to once. Run on a released exchange after any Spark job."""
-        if not self.released:
+        if not self.released or self._written is None:
             return
         with self._lock:
             registered = set().union(*self._attempts.values())
@@ -464,5 +536,6 @@ class Exchange:
         return (
             self.held_map_outputs() is None
             or self._anchor is None
+            or self._spark_outputs is None
             or self._spark_outputs.forget(self._anchor)
         )

@@ -12,6 +12,8 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
+from pyspark_shuffle.spark_link import is_connect
+
 if TYPE_CHECKING:
     from pyspark_shuffle.exchange import Exchange
 
@@ -32,6 +34,8 @@ class TaskOutput:
     tasks: DataFrame
     produce: Produce
     description: str
+    number_of_tasks: int | None = None
+    """Partitions of ``tasks``, where known without running them."""
 
 
 class MapInput(abc.ABC):
@@ -44,7 +48,9 @@ class MapInput(abc.ABC):
 
     @property
     @abc.abstractmethod
-    def number_of_maps(self) -> int: ...
+    def number_of_maps(self) -> int | None:
+        """One map task per partition; ``None`` where Spark cannot say before running them
+        (a DataFrame under Spark Connect): the map stage then tells."""
 
     @abc.abstractmethod
     def task_output(self) -> TaskOutput:
@@ -60,6 +66,11 @@ class MapInput(abc.ABC):
             return write(produce(batches))
 
         return output.tasks.mapInArrow(read_and_write, schema)
+
+    def with_one_task(self) -> MapInput:
+        """The same rows in one task: where a stage had no task at all (an empty local
+        DataFrame under Spark Connect has no partition), an exchange still needs one."""
+        raise NotImplementedError(f"{type(self).__name__} always has a task")
 
     @property
     def upstream(self) -> Sequence[Exchange]:
@@ -87,8 +98,30 @@ class FrameInput(MapInput):
         return self._frame.schema
 
     @property
-    def number_of_maps(self) -> int:
-        return self._frame.rdd.getNumPartitions()
+    def number_of_maps(self) -> int | None:
+        if is_connect(self._frame.sparkSession):
+            return None
+        return int(self._frame.rdd.getNumPartitions())
 
     def task_output(self) -> TaskOutput:
-        return TaskOutput(self._frame, _unchanged, "DataFrame")
+        return TaskOutput(self._frame, _unchanged, "DataFrame", self.number_of_maps)
+
+    def with_one_task(self) -> MapInput:
+        return _NoRows(self._frame)
+
+
+def _nothing(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    return iter(())
+
+
+class _NoRows(FrameInput):
+    """An empty DataFrame's schema, with one task that hands over no rows (Spark optimizes
+    away any repartition of an empty relation, so the task is a one-row range's)."""
+
+    @property
+    def number_of_maps(self) -> int:
+        return 1
+
+    def task_output(self) -> TaskOutput:
+        one_task = self._frame.sparkSession.range(0, 1, 1, 1)
+        return TaskOutput(one_task, _nothing, "empty DataFrame", 1)

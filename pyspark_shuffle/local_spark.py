@@ -1,25 +1,40 @@
-"""A local Spark session ready for pyshuffle (the demo, tests and benchmarks use it), and the
-Java check that says what to install instead of failing deep inside Spark.
+"""A local Spark session ready for pyshuffle (the demo, tests and benchmarks use it), classic
+or through a Spark Connect server of its own, and the Java check that says what to install
+instead of failing deep inside Spark.
 
 ``python -m pyspark_shuffle.local_spark`` checks Java and exits non-zero with advice.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
-from collections.abc import Mapping
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
+import pyspark
 from pyspark.sql import SparkSession
 
 from shuffle_api import ConfigError
 
-__all__ = ["MINIMUM_JAVA", "java_version", "local_spark_session", "require_java"]
+__all__ = [
+    "MINIMUM_JAVA",
+    "java_version",
+    "local_connect_server",
+    "local_spark_session",
+    "require_java",
+]
+
+_CONNECT_SERVER_CLASS: Final = "org.apache.spark.sql.connect.service.SparkConnectServer"
+_CONNECT_START_SECONDS: Final = 180.0
 
 MINIMUM_JAVA: Final = 17
 
@@ -92,6 +107,87 @@ def local_spark_session(
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _wait_for_port(port: int, server: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + _CONNECT_START_SECONDS
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:]
+            raise ConfigError(f"the Spark Connect server exited ({server.returncode}):\n{tail}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+            return
+        time.sleep(0.2)
+    raise ConfigError(f"the Spark Connect server did not listen within {_CONNECT_START_SECONDS} s")
+
+
+@contextlib.contextmanager
+def local_connect_server(
+    *,
+    cores: int = 2,
+    max_task_failures: int = 1,
+    driver_memory: str = "2g",
+    conf: Mapping[str, str] | None = None,
+    python_path: Sequence[str] = (),
+) -> Iterator[str]:
+    """A Spark Connect server on ``local[cores, max_task_failures]``, started by PySpark's
+    own ``spark-submit`` on a free port of 127.0.0.1 (its Python workers run this
+    interpreter, with ``python_path`` importable: Connect runs them in a directory of the
+    session's own); yields its ``sc://`` URL for ``SparkSession.builder.remote``, and stops
+    it on exit. The server's own log is in a temporary file, shown if it fails to start."""
+    require_java()
+    port = _free_port()
+    submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
+    settings = {
+        "spark.connect.grpc.binding.address": "127.0.0.1",
+        "spark.connect.grpc.binding.port": str(port),
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": str(cores * 4),
+        **(conf or {}),
+    }
+    command = [
+        str(submit),
+        "--class",
+        _CONNECT_SERVER_CLASS,
+        "--master",
+        f"local[{cores},{max_task_failures}]",
+        "--driver-memory",
+        driver_memory,
+        *(item for key, value in settings.items() for item in ("--conf", f"{key}={value}")),
+        "spark-internal",
+    ]
+    environment = {
+        **os.environ,
+        "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+    }
+    if python_path:
+        inherited = [environment["PYTHONPATH"]] if environment.get("PYTHONPATH") else []
+        environment["PYTHONPATH"] = os.pathsep.join([*python_path, *inherited])
+    with tempfile.TemporaryDirectory(prefix="pyshuffle-connect-") as directory:
+        log = Path(directory) / "server.log"
+        with open(log, "wb") as output:
+            server = subprocess.Popen(
+                command, stdout=output, stderr=subprocess.STDOUT, env=environment
+            )
+        try:
+            _wait_for_port(port, server, log)
+            yield f"sc://127.0.0.1:{port}"
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
 
 
 def main() -> int:

@@ -45,8 +45,7 @@ def collect_arrow(output: TaskOutput, schema: pa.Schema) -> pa.Table:
                     {"task": pa.array([task], pa.int64()), "chunk": [to_ipc_stream(batch)]}
                 )
 
-    context = output.tasks.sparkSession.sparkContext
-    with JobLabel(context, f"{output.description} to Arrow"):
+    with JobLabel(output.tasks.sparkSession, f"{output.description} to Arrow"):
         try:
             rows = output.tasks.mapInArrow(chunks, _CHUNK_SCHEMA).collect()
         except Exception as error:
@@ -80,9 +79,8 @@ def write_parquet(output: TaskOutput, sink: ParquetSink, mode: str) -> int:
         yield sink.write_task(_task_index(), task_attempt_id(), produce(batches))
 
     description = f"{output.description} to Parquet {sink.url}"
-    context = output.tasks.sparkSession.sparkContext
     try:
-        with JobLabel(context, description):
+        with JobLabel(output.tasks.sparkSession, description):
             reports = output.tasks.mapInArrow(write, WRITE_REPORT_SCHEMA).collect()
     except Exception as error:
         sink.abort()
@@ -111,8 +109,8 @@ class FusedInput(MapInput):
         return self._schema
 
     @property
-    def number_of_maps(self) -> int:
-        return self._output.tasks.rdd.getNumPartitions()
+    def number_of_maps(self) -> int | None:
+        return self._output.number_of_tasks
 
     @property
     def upstream(self) -> Sequence[Exchange]:
@@ -150,11 +148,10 @@ def sample_rows(output: TaskOutput, schema: pa.Schema, wanted: int) -> pa.Table:
             }
         )
 
-    tasks = output.tasks.rdd.getNumPartitions()
-    share = max(1, -(-3 * wanted // max(1, tasks)))
-    context = output.tasks.sparkSession.sparkContext
+    # A result's tasks are known; elsewhere each task keeps up to 3 x ``wanted``.
+    share = max(1, -(-3 * wanted // max(1, output.number_of_tasks or 1)))
     description = f"sample of {', '.join(names)} from {output.description}"
-    with JobLabel(context, description):
+    with JobLabel(output.tasks.sparkSession, description):
         try:
             reports = output.tasks.mapInArrow(
                 sample, "task long, rows long, chunk binary"

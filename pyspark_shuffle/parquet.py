@@ -27,6 +27,7 @@ from pyspark.sql import functions as F  # noqa: N812 (Spark's own spelling)
 from pyspark.sql.types import StructType
 
 from pyspark_shuffle.inputs import MapInput, TaskOutput
+from pyspark_shuffle.spark_link import SparkLink
 from shuffle_api import InvalidOperationError
 from shuffle_api.batches import conform, nullable_inside
 
@@ -274,25 +275,24 @@ class ParquetInput(MapInput):
 
     def __init__(
         self,
-        spark: SparkSession,
+        link: SparkLink,
         source: ParquetSource,
         frame_schema: StructType,
         arrow_schema: pa.Schema,
     ) -> None:
-        self._spark = spark
+        self._link = link
         self._schema = frame_schema
         self._arrow_schema = arrow_schema
         dataset = source.dataset()
         self._dataset_schema = dataset.schema
         self._condition = source.arrow_condition()
         groups = _row_groups(dataset, self._condition, set(arrow_schema.names))
-        conf = spark._jsparkSession.sessionState().conf()
-        open_cost = int(conf.filesOpenCostInBytes())
+        open_cost = link.sql_bytes("spark.sql.files.openCostInBytes")
         total = sum(group.size + open_cost for group in groups)
         # Spark's FilePartition.maxSplitBytes: every core gets a task, none past the maximum.
         max_split = min(
-            int(conf.filesMaxPartitionBytes()),
-            max(open_cost, total // max(1, spark.sparkContext.defaultParallelism)),
+            link.sql_bytes("spark.sql.files.maxPartitionBytes"),
+            max(open_cost, total // link.default_parallelism()),
         )
         splits = split_by_size([group.size for group in groups], max_split, open_cost)
         self._tasks = [[groups[index].fragment for index in split] for split in splits] or [[]]
@@ -308,10 +308,18 @@ class ParquetInput(MapInput):
         return len(self._tasks)
 
     def task_output(self) -> TaskOutput:
-        rows = [(pickle.dumps(task),) for task in self._tasks]
-        tasks = self._spark.sparkContext.parallelize(rows, len(rows))
-        frame = self._spark.createDataFrame(tasks, "row_groups binary")
-        return TaskOutput(frame, self._reader().read, "Parquet source")
+        pickled = [pickle.dumps(task) for task in self._tasks]
+        spark = self._link.spark
+        if self._link.connect:
+            # Task i's row groups carried in the plan: row i of a literal array.
+            groups = F.array(*(F.lit(each) for each in pickled))
+            frame = spark.range(0, len(pickled), 1, len(pickled)).select(
+                F.element_at(groups, F.col("id").cast("int") + 1).alias("row_groups")
+            )
+        else:
+            rows = spark.sparkContext.parallelize([(each,) for each in pickled], len(pickled))
+            frame = spark.createDataFrame(rows, "row_groups binary")
+        return TaskOutput(frame, self._reader().read, "Parquet source", len(pickled))
 
     def read_table(self) -> pa.Table:
         """Every row, read here (in the driver) rather than by map tasks: for a side small

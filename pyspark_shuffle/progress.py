@@ -1,5 +1,6 @@
 """Progress of a running map stage: its Spark jobs labelled inside the user's own job group
-and description, and a progress line logged every few seconds."""
+and description (under Spark Connect: tagged, besides the user's own tags), and a progress
+line logged every few seconds."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import time
 from types import TracebackType
 from typing import TYPE_CHECKING, Final, Self
 
+from pyspark_shuffle.spark_link import Tally, is_connect
+
 if TYPE_CHECKING:
-    from pyspark import SparkContext
-    from pyspark.accumulators import Accumulator
+    from pyspark.sql import SparkSession
 
 __all__ = ["JobLabel", "StageProgress"]
 
@@ -22,24 +24,35 @@ JOB_DESCRIPTION: Final = "spark.job.description"
 INTERRUPT_ON_CANCEL: Final = "spark.job.interruptOnCancel"
 # What setJobGroup sets (all per thread): restored as they were when a stage ends.
 JOB_PROPERTIES: Final = (JOB_GROUP, JOB_DESCRIPTION, INTERRUPT_ON_CANCEL)
+PYSHUFFLE_TAG: Final = "pyshuffle"
+"""Under Spark Connect, the tag on every job pyshuffle runs (``spark.interruptTag`` of it
+stops them all; the user's own tags are on them too, so theirs stop them as well)."""
 
 
 class JobLabel:
     """Within it, the Spark jobs of this thread carry the user's job group (so
     cancelJobGroup still reaches them; a group of pyshuffle's own when the user set none)
     and a description that names pyshuffle's step after the user's own. On exit the job
-    properties are as they were."""
+    properties are as they were. Under Spark Connect (no job groups) the jobs carry
+    :data:`PYSHUFFLE_TAG` and the user's tags."""
 
-    def __init__(self, spark_context: SparkContext, step: str) -> None:
-        self._context = spark_context
+    def __init__(self, spark: SparkSession, step: str) -> None:
+        self._spark = spark
+        self.connect = is_connect(spark)
         self._label = f"pyshuffle: {step}"
         self._saved: dict[str, str | None] = {}
+        self._tagged = False
         self.group = ""
         self.jobs_before: frozenset[int] = frozenset()
         """The group's jobs known when the label was put on (not this step's)."""
 
     def __enter__(self) -> Self:
-        context = self._context
+        if self.connect:
+            self._tagged = PYSHUFFLE_TAG not in self._spark.getTags()
+            if self._tagged:
+                self._spark.addTag(PYSHUFFLE_TAG)
+            return self
+        context = self._spark.sparkContext
         self._saved = {key: context.getLocalProperty(key) for key in JOB_PROPERTIES}
         user_group, user_description = self._saved[JOB_GROUP], self._saved[JOB_DESCRIPTION]
         if user_group is None:
@@ -60,30 +73,35 @@ class JobLabel:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
+        if self.connect:
+            if self._tagged:
+                self._spark.removeTag(PYSHUFFLE_TAG)
+            return
         for key, value in self._saved.items():
             # None removes the property (SparkContext.setLocalProperty in the JVM).
-            self._context.setLocalProperty(key, value)  # type: ignore[arg-type]
+            self._spark.sparkContext.setLocalProperty(key, value)  # type: ignore[arg-type]
 
 
 class StageProgress:
     """A map stage's jobs under a :class:`JobLabel`; every ``interval`` seconds (0: never)
-    a line with its tasks and the rows and bytes written is logged at INFO."""
+    a line with its tasks and the rows and bytes written (where the tasks count them as
+    they go: not under Spark Connect) is logged at INFO."""
 
     def __init__(
         self,
-        spark_context: SparkContext,
+        spark: SparkSession,
         description: str,
         *,
-        rows: Accumulator[int],
-        size: Accumulator[int],
+        rows: Tally[int] | None,
+        size: Tally[int] | None,
         interval: float,
     ) -> None:
-        self._context = spark_context
+        self._spark = spark
         self._description = description
         self._rows = rows
         self._size = size
         self._interval = interval
-        self._label = JobLabel(spark_context, description)
+        self._label = JobLabel(spark, description)
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._report, name="pyshuffle-progress", daemon=True)
         self._started = 0.0
@@ -91,7 +109,7 @@ class StageProgress:
     def _tasks(self) -> tuple[int, int, int]:
         """Finished, running and all tasks of the stage's jobs: the group's jobs since entry
         (another thread's jobs in the user's group at the same time are counted too)."""
-        tracker = self._context.statusTracker()
+        tracker = self._spark.sparkContext.statusTracker()
         finished = running = total = 0
         for job_id in set(tracker.getJobIdsForGroup(self._label.group)) - self._label.jobs_before:
             job = tracker.getJobInfo(job_id)
@@ -104,11 +122,13 @@ class StageProgress:
         return finished, running, total
 
     def line(self) -> str:
+        seconds = f"{time.perf_counter() - self._started:.0f} s"
+        if self._label.connect or self._rows is None or self._size is None:
+            return f"{self._description}: running, {seconds}"
         finished, running, total = self._tasks()
         return (
             f"{self._description}: {finished} of {total} tasks done, {running} running,"
-            f" {self._rows.value:,} rows, {self._size.value / 1e6:,.1f} MB written,"
-            f" {time.perf_counter() - self._started:.0f} s"
+            f" {self._rows.value:,} rows, {self._size.value / 1e6:,.1f} MB written, {seconds}"
         )
 
     def _report(self) -> None:

@@ -9,7 +9,6 @@ from typing import Final
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
-from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
     ArrayType,
     DataType,
@@ -20,6 +19,7 @@ from pyspark.sql.types import (
     _parse_datatype_string,
 )
 
+from pyspark_shuffle.spark_compat import spark_arrow_schema
 from shuffle_api import InvalidOperationError, UnsupportedTypeError
 
 __all__ = ["arrow_schema", "check_carried", "check_keys", "declared_schema", "join_schema"]
@@ -37,12 +37,11 @@ def arrow_schema(
     """The Arrow schema Spark hands ``mapInArrow`` for ``schema`` (timestamps in the
     session's time zone; ``toArrow`` says ``timezone="UTC"``)."""
     large = str(spark.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false"))
-    arrow: pa.Schema = to_arrow_schema(
+    return spark_arrow_schema(
         schema,
-        timezone=timezone or spark.conf.get("spark.sql.session.timeZone"),
+        timezone=timezone or str(spark.conf.get("spark.sql.session.timeZone")),
         prefers_large_types=large.lower() == "true",
     )
-    return arrow
 
 
 def _nested(data_type: DataType, path: str) -> Iterator[tuple[str, DataType]]:

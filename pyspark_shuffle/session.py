@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import inspect
 import logging
+import operator
 import threading
 import time
 import weakref
@@ -17,13 +18,12 @@ from types import TracebackType
 from typing import Any, Self
 
 import pyarrow as pa
-from pyspark import Broadcast, TaskContext
-from pyspark.accumulators import Accumulator
+from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 (Spark's own spelling)
 from pyspark.sql.types import StructType
 
-from blob import BLOB_OPTIONS, BlobStore, blob_store_url
+from blob import BLOB_CACHE_MAX_SIZE, BLOB_OPTIONS, BlobStore, blob_store_url
 from pyspark_shuffle.broadcast import BroadcastSide, broadcast_join, broadcast_side
 from pyspark_shuffle.chain import Chain, ChainExchange, ChainStage
 from pyspark_shuffle.exchange import Exchange
@@ -69,11 +69,14 @@ from pyspark_shuffle.schemas import (
     join_schema,
 )
 from pyspark_shuffle.sorting import sort_keys_of
+from pyspark_shuffle.spark_link import Shared, SparkLink, Tally, spark_link, spark_settings
 from pyspark_shuffle.spark_outputs import SparkShuffleOutputs
 from pyspark_shuffle.tasks import (
     MapOutputs,
-    MapOutputsParam,
+    ReadCounts,
     ReduceStageSpec,
+    add_counts,
+    merge_map_outputs,
     run_reduce_task,
 )
 from scheduling.deployment import (
@@ -106,15 +109,10 @@ _LOG = logging.getLogger(__name__)
 
 
 def _spark_conf(spark: SparkSession) -> dict[str, str]:
-    """The ``spark.pyshuffle.*`` settings, prefix removed: the SparkContext's conf, and over it
-    the session's runtime conf (``spark.conf.set``; read on Spark 4, which can list it)."""
-    settings = dict(spark.sparkContext.getConf().getAll())
-    runtime_conf = getattr(spark.conf, "getAll", None)  # a property in PySpark 4
-    if isinstance(runtime_conf, Mapping):
-        settings.update(runtime_conf)
+    """The ``spark.pyshuffle.*`` settings, prefix removed (see ``spark_settings``)."""
     return {
         key.removeprefix(SPARK_CONF_PREFIX): value
-        for key, value in settings.items()
+        for key, value in spark_settings(spark).items()
         if key.startswith(SPARK_CONF_PREFIX)
     }
 
@@ -181,10 +179,11 @@ class _Result:
     schema: StructType
     plan: ConsumerPlan
     consumed_groups: list[ConsumedPartitionGroup]
-    rows_read: Accumulator[int]
-    bytes_read: Accumulator[int]
-    reruns_read: Accumulator[MapOutputs]
-    broadcasts: tuple[Broadcast[Any], ...]
+    read: Tally[ReadCounts]
+    """Rows and bytes its reducers read."""
+    reruns_read: Tally[MapOutputs] | None
+    """Map outputs Spark reran inside an action (where Spark holds a shuffle of them)."""
+    broadcasts: tuple[Shared[Any], ...]
     """What the executors keep to read it: the reducers' deployments, a broadcast side."""
     output: TaskOutput
     """The reduce tasks: their rows, and what each runs on them."""
@@ -194,6 +193,8 @@ class _Result:
     """Its reduce stage's name in the :class:`~pyspark_shuffle.chain.Chain`."""
     wraps: str | None = None
     """A broadcast join over a fused result: that result's stage, whose tasks its tasks run."""
+    tasks_run: Tally[frozenset[int]] | None = None
+    """A broadcast join whose tasks Spark could not count before they ran: those that ran."""
 
 
 def _column_names(columns: str | Sequence[str]) -> tuple[str, ...]:
@@ -211,6 +212,8 @@ def _check_frame(frame: DataFrame, keys: Sequence[str], what: str) -> None:
 def _adopt_reruns(result: _Result) -> None:
     """Register the map outputs Spark reran while ``result`` was read (so they are released
     with the rest and counted as reruns)."""
+    if result.reruns_read is None:
+        return
     by_id = {exchange.result_id: exchange for exchange in result.exchanges}
     for result_id, map_index, producer in sorted(result.reruns_read.value):
         try:
@@ -281,6 +284,12 @@ class SparkShuffle:
             offload_threshold=self._started_with.get(DESCRIPTOR_OFFLOAD_THRESHOLD),
         )
         self._master.start()
+        self._link: SparkLink = spark_link(
+            spark,
+            blob_url=blob_store_url(self._started_with),
+            blob_cache_bytes=self._started_with.get(BLOB_CACHE_MAX_SIZE),
+            secret=self._secret,
+        )
         self._job = RecordingJobContext(f"spark-{new_id()[:16]}")
         self._master.register_job(self._job)
         self._results: dict[int, tuple[weakref.ref[DataFrame], _Result]] = {}
@@ -290,7 +299,8 @@ class SparkShuffle:
         # what such a run writes is deleted after each operation.
         self._released: dict[str, Exchange] = {}
         self._chain = Chain()
-        self._spark_outputs = SparkShuffleOutputs(spark)
+        # Spark's map output tracker: classic sessions only (Connect has no Py4J).
+        self._spark_outputs = None if self._link.connect else SparkShuffleOutputs(spark)
         # Results the user dropped whose reduce tasks a rerun may still run, by stage: they
         # keep what those tasks read (descriptor lists, the deployments' broadcast).
         self._dropped: dict[str, _Result] = {}
@@ -602,9 +612,12 @@ class SparkShuffle:
         """Join ``streamed_frame`` task by task with the whole ``small`` side, shared with
         Spark's broadcast (as Spark's own broadcast joins are)."""
         table, written = small
-        context = self._spark.sparkContext
-        shared = context.broadcast(to_ipc_stream(table))
+        shared = self._link.share(to_ipc_stream(table))
         streamed = self._map_input(streamed_frame)
+        # Counted as they run where Spark cannot say before (a DataFrame under Spark Connect).
+        tasks_run = None
+        if streamed.number_of_maps is None:
+            tasks_run = self._link.tally(frozenset[int](), operator.or_)
         output = broadcast_join(
             streamed.task_output(),
             arrow_schema(self._spark, streamed.schema),
@@ -613,9 +626,10 @@ class SparkShuffle:
             shared=shared,
             operation=operation,
             output_schema=arrow_schema(self._spark, schema),
+            tasks_run=tasks_run,
         )
         result = output.tasks.mapInArrow(output.produce, schema)
-        figures = dataclasses.replace(written, joining_tasks=streamed.number_of_maps)
+        figures = dataclasses.replace(written, joining_tasks=streamed.number_of_maps or 0)
         self._remember(
             result,
             _Result(
@@ -624,13 +638,13 @@ class SparkShuffle:
                 schema,
                 ConsumerPlan((), (), ()),
                 [],
-                context.accumulator(0),
-                context.accumulator(0),
-                context.accumulator(frozenset(), MapOutputsParam()),
+                self._link.tally((0, 0), add_counts),
+                None,
                 (shared,),
                 output,
                 figures,
                 wraps=streamed.producer_stage,
+                tasks_run=tasks_run,
             ),
         )
         return result
@@ -639,7 +653,7 @@ class SparkShuffle:
         """Keep what reads ``frame``, a result of this object, while the user holds it."""
         stage = ChainStage(
             result.stage,
-            result.output.tasks.rdd.getNumPartitions(),
+            result.output.number_of_tasks or 1,
             tuple(exchange.result_id for exchange in result.exchanges),
             result.wraps,
         )
@@ -659,10 +673,12 @@ class SparkShuffle:
         _adopt_reruns(found)
         if found.broadcast is not None:
             side = found.broadcast
+            runs = found.tasks_run
+            joining = side.joining_tasks if runs is None else len(runs.value)
             return ShuffleStatistics(
                 map_tasks=side.map_tasks,
                 map_seconds=side.map_seconds,
-                reducers=side.joining_tasks,
+                reducers=joining,
                 rows_written=side.rows,
                 bytes_written=side.bytes,
                 rows_read=side.rows,
@@ -683,8 +699,8 @@ class SparkShuffle:
             reducers=len(found.plan.tasks),
             rows_written=sum(sum(exchange.rows_per_subpartition) for exchange in found.exchanges),
             bytes_written=sum(sum(exchange.bytes_per_subpartition) for exchange in found.exchanges),
-            rows_read=found.rows_read.value,
-            bytes_read=found.bytes_read.value,
+            rows_read=found.read.value[0],
+            bytes_read=found.read.value[1],
             map_tasks_rerun=sum(
                 runs - 1 for exchange in found.exchanges for runs in exchange.runs.per_map.values()
             ),
@@ -761,7 +777,9 @@ class SparkShuffle:
                 self._dropped[result.stage] = result
             unreachable = [
                 self._exchanges[result_id]
-                for result_id in self._chain.releasable(recomputable=self._spark_outputs.available)
+                for result_id in self._chain.releasable(
+                    recomputable=self._spark_outputs is not None and self._spark_outputs.available
+                )
                 if result_id in self._exchanges
             ]
         for exchange in unreachable:
@@ -808,6 +826,7 @@ class SparkShuffle:
             shared = {id(each): each for result in results for each in result.broadcasts}
             for each in shared.values():
                 each.destroy()
+        self._link.close()
 
     def __enter__(self) -> Self:
         return self
@@ -834,7 +853,7 @@ class SparkShuffle:
     def _spark_running(self) -> bool:
         """False once the SparkContext is stopped (say, ``close`` at interpreter exit after
         ``spark.stop()``): its broadcasts went with it."""
-        return self._spark.sparkContext._jsc is not None
+        return self._link.running()
 
     def _hash(self, keys: tuple[str, ...], num_partitions: int | None) -> HashPartitioner:
         return HashPartitioner(keys, num_partitions or self.configuration.get(MAX_SUBPARTITIONS))
@@ -872,7 +891,7 @@ class SparkShuffle:
             raise ShuffleServiceClosedError("this SparkShuffle is closed")
         self._release_unreachable()
         exchange = Exchange(
-            self._spark,
+            self._link,
             master=self._master,
             job=self._job,
             configuration=self.configuration,
@@ -925,7 +944,7 @@ class SparkShuffle:
             entry = self._sources.get(id(frame))
         if entry is not None and entry[0]() is frame and not frame.is_cached:
             return ParquetInput(
-                self._spark, entry[1], frame.schema, arrow_schema(self._spark, frame.schema)
+                self._link, entry[1], frame.schema, arrow_schema(self._spark, frame.schema)
             )
         return FrameInput(frame)
 
@@ -943,7 +962,7 @@ class SparkShuffle:
             return sample_rows(result.output, keys_schema, wanted)
         keys_only = frame.select(*keys)
         step = f"sample of {', '.join(keys)} for range bounds"
-        with JobLabel(self._spark.sparkContext, step):
+        with JobLabel(self._spark, step):
             rows = keys_only.count()
         wanted = self.configuration.get(RANGE_SAMPLE_SIZE)
         if rows > wanted:
@@ -975,18 +994,19 @@ class SparkShuffle:
         def descriptors_of(group: ConsumedPartitionGroup) -> Sequence[ShuffleDescriptor]:
             return by_result[group.result_id].descriptors()
 
-        context = self._spark.sparkContext
-        # A broadcast, not part of the task closure: every reduce task would otherwise carry
-        # (and unpickle) the deployments of all reducers.
-        deployments = context.broadcast(
+        # Shared, not part of the task closure: every reduce task would otherwise carry (and
+        # unpickle) the deployments of all reducers.
+        deployments = self._link.share(
             tuple(
                 consumer_deployments(
                     groups, "reduce", self._descriptors, descriptors_of, planned_reads(plan)
                 )
             )
         )
-        rows_read, bytes_read = context.accumulator(0), context.accumulator(0)
-        reruns_read = context.accumulator(frozenset(), MapOutputsParam())
+        read = self._link.tally((0, 0), add_counts)
+        reruns_read: Tally[MapOutputs] | None = None
+        if self._spark_outputs is not None:  # Spark reruns map tasks in an action (classic)
+            reruns_read = self._link.tally(MapOutputs(), merge_map_outputs)
         spec = ReduceStageSpec(
             self.configuration,
             self._secret,
@@ -996,8 +1016,7 @@ class SparkShuffle:
                 for exchange in exchanges
             ),
             operation,
-            rows_read,
-            bytes_read,
+            read,
             reruns_read,
         )
 
@@ -1022,7 +1041,7 @@ class SparkShuffle:
         reducers = self._reducer_rows(exchanges, len(plan.tasks))
         result = reducers.mapInArrow(reduce_partition, schema)
         names = ", ".join(exchange.name for exchange in exchanges)
-        output = TaskOutput(reducers, reduce_partition, f"reduce stage of {names}")
+        output = TaskOutput(reducers, reduce_partition, f"reduce stage of {names}", len(plan.tasks))
         consumed = [group for each in groups.exchanges for group in each.consumed]
         self._remember(
             result,
@@ -1032,8 +1051,7 @@ class SparkShuffle:
                 schema,
                 plan,
                 consumed,
-                rows_read,
-                bytes_read,
+                read,
                 reruns_read,
                 (deployments,),
                 output,
@@ -1084,7 +1102,7 @@ class SparkShuffle:
             self.configuration,
             inputs,
             operation.splittable_inputs(len(exchanges)),
-            self._spark.sparkContext.defaultParallelism,
+            self._link.default_parallelism(),
         )
         if plan.unsplittable:
             names = ", ".join(exchange.name for exchange in exchanges)

@@ -14,6 +14,11 @@ Spark's ``MapOutputTrackerMaster`` is reached through the
 DAGScheduler with Py4J reflection (``SparkEnv``'s own methods cannot be listed by Py4J in
 Spark 4); where that fails, :attr:`SparkShuffleOutputs.available` is false and callers keep
 what a rerun may need instead.
+
+Classic sessions only (Spark Connect has no Py4J: there the driver collects the map tasks'
+rows and reruns lost map tasks itself). Tested on PySpark 3.5.9, 4.0.5 and 4.3.0 (``make
+spark-versions`` recovers a lost partition through it); the Spark internals pyshuffle uses are
+these and nothing else.
 """
 
 from __future__ import annotations

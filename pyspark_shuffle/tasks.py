@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Final
 
 import pyarrow as pa
 from pyspark import TaskContext
-from pyspark.accumulators import AccumulatorParam
 
 from blob import BLOB_CACHE_MAX_SIZE
 from pyspark_shuffle.executor import this_executor
@@ -51,19 +50,19 @@ from shuffle_api.batches import coalesce
 from shuffle_api.options import CORE_OPTIONS, TARGET_BATCH_SIZE
 
 if TYPE_CHECKING:
-    from pyspark import Broadcast
-    from pyspark.accumulators import Accumulator
+    from pyspark_shuffle.spark_link import Shared, Tally
 
 __all__ = [
     "MAP_OUTPUT_SCHEMA",
     "MapOutputs",
-    "MapOutputsParam",
     "MapReport",
     "MapReports",
-    "MapReportsParam",
     "MapStageSpec",
     "MapTaskResult",
     "ReduceStageSpec",
+    "add_counts",
+    "merge_map_outputs",
+    "merge_map_reports",
     "run_map_task",
     "run_reduce_task",
     "task_attempt_id",
@@ -122,15 +121,18 @@ class MapStageSpec:
 
     configuration: Configuration
     result_id: str
-    number_of_maps: int
+    number_of_maps: int | None
+    """``None`` until the map stage tells (a Spark Connect DataFrame's partitions)."""
     partitioner: Partitioner
     secret: bytes = field(repr=False)
     """The application's: the tasks' data ports prove it to each other."""
 
     def partition_descriptor(self, map_index: int) -> PartitionDescriptor:
+        # Where the number is not known yet, the task's own descriptor names at least its own
+        # index: the driver registers each partition with the whole number.
         return PartitionDescriptor(
             self.result_id,
-            self.number_of_maps,
+            self.number_of_maps or map_index + 1,
             IntermediateResultPartitionID(self.result_id, map_index),
             ResultPartitionType.BLOCKING,
             self.partitioner.number_of_subpartitions,
@@ -183,16 +185,11 @@ MapReports = dict[tuple[int, str], MapReport]
 """Map task attempts' reports, by map index and attempt id."""
 
 
-class MapReportsParam(AccumulatorParam[MapReports]):
-    """Accumulates map reports. Merged in place: the driver merges one per map task, and
-    copying the whole dict each time would make M tasks cost O(M^2)."""
-
-    def zero(self, value: MapReports) -> MapReports:
-        return {}
-
-    def addInPlace(self, first: MapReports, second: MapReports) -> MapReports:  # noqa: N802
-        first.update(second)
-        return first
+def merge_map_reports(first: MapReports, second: MapReports) -> MapReports:
+    """Map reports merged in place: the driver merges one per map task, and copying the
+    whole dict each time would make M tasks cost O(M^2)."""
+    first.update(second)
+    return first
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,20 +240,21 @@ def run_map_task(
 
 @dataclass(frozen=True, slots=True)
 class ReduceStageSpec:
-    """What every reduce task needs. The deployments of all reducers are one Spark broadcast:
-    a task carries only its handle, and each Python worker process loads the value once, so
+    """What every reduce task needs. The deployments of all reducers are one shared value (a
+    Spark broadcast, or a blob): a task carries only its handle, and each Python worker
+    process loads the value once, so
     R reducers cost O(R) bytes, not O(R^2). Within it, the deployments share each input's one
     compressed descriptor list (pickled once) or name it by blob key, fetched once per Python
     worker process through its blob cache."""
 
     configuration: Configuration
     secret: bytes = field(repr=False)
-    deployments: Broadcast[tuple[ConsumerDeploymentDescriptor, ...]]
+    deployments: Shared[tuple[ConsumerDeploymentDescriptor, ...]]
     schemas: tuple[pa.Schema, ...]
     operation: ReduceOperation
-    rows_read: Accumulator[int] | None = None
-    bytes_read: Accumulator[int] | None = None
-    reruns_read: Accumulator[MapOutputs] | None = None
+    read: Tally[ReadCounts] | None = None
+    """Rows and bytes the reducers read."""
+    reruns_read: Tally[MapOutputs] | None = None
     """Map outputs reducers read that Spark reran inside an action: the driver registers
     them afterwards (so it releases them, and counts them as reruns)."""
 
@@ -264,15 +262,16 @@ class ReduceStageSpec:
 MapOutputs = frozenset[tuple[str, int, bytes]]
 """(result id, map index, serialized producer) of map outputs."""
 
+ReadCounts = tuple[int, int]
+"""Rows and bytes."""
 
-class MapOutputsParam(AccumulatorParam[MapOutputs]):
-    """Accumulates sets of map outputs (their union)."""
 
-    def zero(self, value: MapOutputs) -> MapOutputs:
-        return frozenset()
+def merge_map_outputs(first: MapOutputs, second: MapOutputs) -> MapOutputs:
+    return first | second
 
-    def addInPlace(self, first: MapOutputs, second: MapOutputs) -> MapOutputs:  # noqa: N802
-        return first | second
+
+def add_counts(first: ReadCounts, second: ReadCounts) -> ReadCounts:
+    return first[0] + second[0], first[1] + second[1]
 
 
 def _counted(batches: Iterator[pa.RecordBatch], spec: ReduceStageSpec) -> Iterator[pa.RecordBatch]:
@@ -281,9 +280,8 @@ def _counted(batches: Iterator[pa.RecordBatch], spec: ReduceStageSpec) -> Iterat
         rows += batch.num_rows
         size += batch.nbytes
         yield batch
-    if spec.rows_read is not None and spec.bytes_read is not None:
-        spec.rows_read.add(rows)
-        spec.bytes_read.add(size)
+    if spec.read is not None:
+        spec.read.add((rows, size))
 
 
 def current_map_outputs(

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from pyspark import TaskContext
 
+from pyspark_shuffle.spark_compat import SPARK_VERSION
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
@@ -28,8 +30,30 @@ def canonical(value: object) -> Hashable:
 
 def rows_of(frame: DataFrame) -> list[dict[str, Any]]:
     """The rows in the DataFrame's order, through Arrow (fast for lists and decimals)."""
-    rows: list[dict[str, Any]] = frame.toArrow().to_pylist()
+    if SPARK_VERSION >= (4, 0):  # toArrow is Spark 4's; Spark 3.5 has a private one
+        table = frame.toArrow()
+    else:
+        table = pa.Table.from_batches(frame._collect_as_arrow())  # type: ignore[operator]
+    rows: list[dict[str, Any]] = table.to_pylist()
     return rows
+
+
+def rows_per_partition(frame: DataFrame) -> list[int]:
+    """The rows of each partition, empty ones too (by Python tasks: works under Spark
+    Connect, which has no ``rdd``)."""
+
+    def count(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        task = TaskContext.get()
+        assert task is not None
+        rows = sum(batch.num_rows for batch in batches)
+        yield pa.record_batch({"partition": [task.partitionId()], "rows": [rows]})
+
+    counted = frame.mapInArrow(count, "partition long, rows long").collect()
+    return [row["rows"] for row in sorted(counted, key=lambda row: row["partition"])]
+
+
+def partitions_of(frame: DataFrame) -> int:
+    return len(rows_per_partition(frame))
 
 
 def multiset(frame: DataFrame) -> Counter[Hashable]:

@@ -17,7 +17,7 @@ import pytest
 
 from pyspark_shuffle import SparkShuffle
 from shuffle_api import InvalidOperationError
-from tests.integration.spark_rows import multiset
+from tests.integration.spark_rows import multiset, partitions_of
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -77,6 +77,9 @@ def test_the_side_spark_may_broadcast_is_broadcast_when_small(
     # For a right join the left side is the one that may be broadcast: make it the small one.
     left, right = (dimension, facts) if how == "right" else (facts, dimension)
     result = shuffle.join(left, right, "k", how)
+    assert result.columns == spark_join(left, right, how).columns
+    got = multiset(result)
+    # After an action: under Spark Connect the joining tasks are counted as they run.
     statistics = shuffle.statistics(result)
     assert statistics.broadcast_side == side
     if side is not None:
@@ -84,10 +87,8 @@ def test_the_side_spark_may_broadcast_is_broadcast_when_small(
         # Only the small side was written; the other side's tasks joined with all of it.
         assert shuffle.exchanges(result) == []
         assert statistics.rows_written == small.count()
-        assert statistics.map_tasks == small.rdd.getNumPartitions()
-        assert statistics.reducers == (left if side == "right" else right).rdd.getNumPartitions()
-    assert result.columns == spark_join(left, right, how).columns
-    got = multiset(result)
+        assert statistics.map_tasks == partitions_of(small)
+        assert statistics.reducers == partitions_of(left if side == "right" else right)
     assert got == multiset(spark_join(left, right, how))
     assert sum(got.values()) > 0
     shuffle.release(result)
@@ -205,16 +206,16 @@ def test_a_small_parquet_side_is_read_by_the_driver_with_no_spark_job_of_its_own
         str(tmp_path / "dimension"), columns=["k", "name"], filter=[("k", "<", 200)]
     )
     result = shuffle.join(facts, source, "k", how)
-    statistics = shuffle.statistics(result)
-    assert statistics.broadcast_side == "right"
-    # No map task wrote the side: the driver read its files, and all of its rows.
-    assert (statistics.map_tasks, statistics.rows_written) == (0, 200)
-    assert statistics.reducers == facts.rdd.getNumPartitions()
     expected = facts.join(
         dimension.select("k", "name").where("k < 200"), "k", SPARK_JOIN_NAMES.get(how, how)
     )
     assert result.columns == expected.columns
     assert multiset(result) == multiset(expected)
+    statistics = shuffle.statistics(result)
+    assert statistics.broadcast_side == "right"
+    # No map task wrote the side: the driver read its files, and all of its rows.
+    assert (statistics.map_tasks, statistics.rows_written) == (0, 200)
+    assert statistics.reducers == partitions_of(facts)
     shuffle.release(result)
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +17,9 @@ import pyarrow as pa
 import pytest
 
 from pyspark_shuffle import Exchange, SparkShuffle
-from shuffle_api import InvalidOperationError, StageFailedError
+from pyspark_shuffle.progress import JOB_PROPERTIES
+from pyspark_shuffle.spark_link import is_connect
+from shuffle_api import InvalidOperationError, StageCancelledError, StageFailedError
 from tests.integration.services import ShuffleService
 from tests.integration.spark_rows import multiset
 
@@ -163,3 +167,37 @@ def test_a_user_function_error_names_the_exception(shuffle: SparkShuffle, data: 
     result = shuffle.group_apply(data, "k", broken, "k long")
     with pytest.raises(Exception, match="ZeroDivisionError: group 5 cannot be summarised"):
         result.collect()
+
+
+def _slow(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    for batch in batches:
+        time.sleep(30)
+        yield batch
+
+
+def test_a_cancelled_map_stage_fails_as_a_cancellation(
+    shuffle: SparkShuffle, spark: SparkSession
+) -> None:
+    """The user's own handle stops pyshuffle's jobs: a job group cancelled (classic) or a tag
+    interrupted (Spark Connect); the operation raises the cancellation, typed, at once."""
+    frame = spark.range(0, 4, 1, 2).mapInArrow(_slow, "id long")
+    connect = is_connect(spark)
+    if connect:
+        spark.addTag("nightly-etl")
+        cancel = threading.Timer(6, spark.interruptTag, ["nightly-etl"])
+    else:
+        spark.sparkContext.setJobGroup("nightly-etl", "nightly load", interruptOnCancel=True)
+        cancel = threading.Timer(6, spark.sparkContext.cancelJobGroup, ["nightly-etl"])
+    started = time.monotonic()
+    cancel.start()
+    try:
+        with pytest.raises(StageCancelledError, match="map stage of repartition"):
+            shuffle.repartition(frame, "id", num_partitions=2)
+    finally:
+        cancel.cancel()
+        if connect:
+            spark.removeTag("nightly-etl")
+        else:
+            for key in JOB_PROPERTIES:
+                spark.sparkContext.setLocalProperty(key, None)  # type: ignore[arg-type]
+    assert time.monotonic() - started < 25, "the stage ran on after the cancellation"

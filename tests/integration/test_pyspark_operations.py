@@ -23,7 +23,7 @@ from shuffle_api import (
 )
 from tests.conftest import SPARK_MAX_SUBPARTITIONS
 from tests.integration.services import ShuffleService
-from tests.integration.spark_rows import canonical, multiset, ordered, rows_of
+from tests.integration.spark_rows import canonical, multiset, ordered, partitions_of, rows_of
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -80,7 +80,7 @@ def test_repartition_equals_spark_and_keeps_each_key_in_one_partition(
     shuffle: SparkShuffle, data: DataFrame, data_rows: Counter[Hashable], keys: list[str]
 ) -> None:
     result = shuffle.repartition(data, keys, num_partitions=5)
-    assert result.rdd.getNumPartitions() == 5
+    assert partitions_of(result) == 5
     assert result.columns == data.columns
     assert multiset(result) == data_rows  # Spark's data.repartition(5, *keys): the same rows
     placements = _partition_of_each_key(result, keys)
@@ -101,7 +101,7 @@ def test_repartition_with_automatic_reducers(
     result = small_reducers.repartition(data, "nk")
     statistics = small_reducers.statistics(result)
     assert 1 < statistics.reducers <= SPARK_MAX_SUBPARTITIONS
-    assert result.rdd.getNumPartitions() == statistics.reducers
+    assert partitions_of(result) == statistics.reducers
     assert multiset(result) == data_rows
     assert max(_partition_of_each_key(result, ["nk"]).values()) == 1
     # 64 MiB per reducer by default (lowered to keep both cores busy): fewer reducers.
@@ -254,7 +254,7 @@ def test_sort_equals_order_by(
 
 def test_sort_with_one_direction_for_all(shuffle: SparkShuffle, data: DataFrame) -> None:
     result = shuffle.sort(data, ["s", "id"], ascending=False, num_partitions=3)
-    assert result.rdd.getNumPartitions() == 3
+    assert partitions_of(result) == 3
     assert ordered(result) == ordered(_spark_order(data, ["s", "id"], [False, False]))
 
 

@@ -25,7 +25,7 @@ from pyspark_shuffle.planning import (
     one_reducer_per_subpartition,
 )
 from pyspark_shuffle.sorting import SortKey, sort_indices, sort_keys_of
-from pyspark_shuffle.tasks import MapReport, MapReportsParam
+from pyspark_shuffle.tasks import MapReport, merge_map_reports
 from scheduling.skew import InputSlice, ProducerRange
 from shuffle_api import (
     Configuration,
@@ -724,13 +724,14 @@ def test_map_reports_of_a_few_rows_per_subpartition_travel_compressed() -> None:
 
 
 def test_map_reports_merge_in_place_keeping_every_attempt() -> None:
-    param = MapReportsParam()
     empty = PartitionStatistics((), (), ())
     first, second = (
         MapReport.of(empty, None),
         MapReport.of(PartitionStatistics((1,), (2,), (3,)), None),
     )
-    merged = param.zero({})
+    merged: dict[tuple[int, str], MapReport] = {}
+    total = merged
     for update in ({(0, "task-1"): first}, {(0, "task-2"): second}, {(1, "task-3"): first}):
-        merged = param.addInPlace(merged, update)
+        total = merge_map_reports(total, update)
+    assert total is merged  # in place: M reports cost O(M), not O(M^2)
     assert merged == {(0, "task-1"): first, (0, "task-2"): second, (1, "task-3"): first}

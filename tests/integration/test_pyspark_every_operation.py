@@ -1,0 +1,153 @@
+"""Every operation once, with Spark's own result beside it, and one failure recovered: the
+subset that ``make spark-versions`` runs on each older Spark release (and ``make test`` on
+the newest, classic and Connect)."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from pyspark.sql import functions as F  # noqa: N812 (Spark's own spelling)
+
+from pyspark_shuffle import SparkShuffle
+from tests.integration.services import ShuffleService
+from tests.integration.spark_rows import multiset, ordered, partitions_of
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+ROWS = 6_000
+
+
+@pytest.fixture(scope="module")
+def events(spark: SparkSession) -> DataFrame:
+    return spark.range(0, ROWS, 1, 3).selectExpr(
+        "id",
+        "case when id % 11 = 0 then null else id % 29 end as k",
+        "cast(id % 7 as double) * 1.5 as amount",
+        "concat('e', id) as name",
+    )
+
+
+@pytest.fixture(scope="module")
+def users(spark: SparkSession) -> DataFrame:
+    return spark.range(0, 40, 1, 2).selectExpr("id as k", "concat('user', id) as user")
+
+
+def _totals(table: pa.Table) -> pa.Table:
+    grouped = table.group_by("k").aggregate([("amount", "sum"), ("id", "count")])
+    return grouped.select(["k", "amount_sum", "id_count"]).rename_columns(["k", "total", "n"])
+
+
+def _spark_totals(events: DataFrame) -> DataFrame:
+    return events.groupBy("k").agg(F.sum("amount").alias("total"), F.count("id").alias("n"))
+
+
+def _doubled(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    for batch in batches:
+        yield pa.record_batch([batch["id"], pc.multiply(batch["amount"], 2)], ["id", "twice"])
+
+
+def test_repartition_rebalance_and_repartition_map(
+    shuffle: SparkShuffle, events: DataFrame
+) -> None:
+    result = shuffle.repartition(events, "k", num_partitions=4)
+    assert partitions_of(result) == 4
+    assert multiset(result) == multiset(events)
+    statistics = shuffle.statistics(result)
+    assert (statistics.map_tasks, statistics.reducers, statistics.rows_written) == (3, 4, ROWS)
+    assert statistics.rows_read == 2 * ROWS  # counted by the reducers of both actions above
+    assert multiset(shuffle.rebalance(events, "k", num_partitions=3)) == multiset(events)
+    mapped = shuffle.repartition_map(events, "k", _doubled, "id long, twice double")
+    assert multiset(mapped) == multiset(events.selectExpr("id", "amount * 2 as twice"))
+
+
+def test_group_apply_both_ways(shuffle: SparkShuffle, events: DataFrame) -> None:
+    expected = multiset(_spark_totals(events))
+    schema = "k long, total double, n long"
+    assert multiset(shuffle.group_apply(events, "k", _totals, schema)) == expected
+    assert multiset(shuffle.group_apply_sorted(events, "k", _totals, schema)) == expected
+
+
+def test_sort(shuffle: SparkShuffle, events: DataFrame) -> None:
+    result = shuffle.sort(events, ["amount", "id"], ascending=[False, True], num_partitions=3)
+    assert ordered(result) == ordered(events.orderBy(F.desc("amount"), F.asc("id")))
+
+
+@pytest.mark.parametrize("broadcast", ["none", "right"])
+def test_join_shuffled_and_broadcast(
+    shuffle: SparkShuffle, events: DataFrame, users: DataFrame, broadcast: str
+) -> None:
+    result = shuffle.join(events, users, "k", "left", broadcast=broadcast)
+    assert multiset(result) == multiset(events.join(users, "k", "left"))
+    expected_side = None if broadcast == "none" else "right"
+    assert shuffle.statistics(result).broadcast_side == expected_side
+
+
+def test_parquet_in_and_out_and_to_arrow(
+    shuffle: SparkShuffle, spark: SparkSession, events: DataFrame, tmp_path: Path
+) -> None:
+    events.write.parquet(str(tmp_path / "events"))
+    source = shuffle.read_parquet(str(tmp_path / "events"), columns=["id", "k", "amount"])
+    totals = shuffle.group_apply(
+        source,
+        "k",
+        lambda table: _totals(table.append_column("name", table["id"])),
+        "k long, total double, n long",
+    )
+    files = shuffle.write_parquet(totals, str(tmp_path / "totals"))
+    assert files >= 1
+    written = pq.read_table(tmp_path / "totals").to_pylist()
+    assert sorted(written, key=str) == sorted(
+        (row.asDict() for row in _spark_totals(events).collect()), key=str
+    )
+    table = shuffle.to_arrow(shuffle.repartition(events, "k", num_partitions=2))
+    assert table.num_rows == ROWS
+    assert sorted(table.column("id").to_pylist()) == list(range(ROWS))
+
+
+def test_a_fused_chain_reads_the_earlier_result_in_its_tasks(
+    shuffle: SparkShuffle, events: DataFrame
+) -> None:
+    by_key = shuffle.repartition(events, "k", num_partitions=3)
+    totals = shuffle.group_apply(by_key, "k", _totals, "k long, total double, n long")
+    ordered_totals = shuffle.sort(totals, ["total", "k"], num_partitions=2)
+    assert ordered(ordered_totals) == ordered(_spark_totals(events).orderBy("total", "k"))
+    assert shuffle.statistics(ordered_totals).fused_inputs == 1
+    shuffle.release(ordered_totals)
+
+
+def test_a_lost_partition_is_recovered(shuffle: SparkShuffle, events: DataFrame) -> None:
+    result = shuffle.repartition(events, "k", num_partitions=2)
+    [exchange] = shuffle.exchanges(result)
+    for directory in ShuffleService.partition_directories(exchange.outputs[1].descriptor):
+        shutil.rmtree(directory)
+    with pytest.raises(Exception, match="PartitionNotFoundError"):
+        result.count()
+    recovered = shuffle.recover(result)
+    assert multiset(recovered) == multiset(events)
+    assert shuffle.statistics(recovered).map_tasks_rerun == 1
+    shuffle.release(recovered)
+    shuffle.release(result)
+
+
+def test_close_leaves_no_partition(
+    spark: SparkSession, service: ShuffleService, events: DataFrame
+) -> None:
+    with SparkShuffle(spark, config=service.config()) as own:
+        result = own.repartition(events, "k", num_partitions=2)
+        assert result.count() == ROWS
+        [exchange] = own.exchanges(result)
+        directories = [
+            directory
+            for output in exchange.outputs.values()
+            for directory in ShuffleService.partition_directories(output.descriptor)
+        ]
+        assert all(Path(directory).is_dir() for directory in directories)
+    assert not any(Path(directory).exists() for directory in directories)
