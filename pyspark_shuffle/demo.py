@@ -15,6 +15,7 @@ that the three agree.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import logging
 import math
@@ -33,7 +34,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as sf
 
-from pyspark_shuffle.local_spark import local_spark_session
+from pyspark_shuffle.local_spark import local_connect_server, local_spark_session
 from pyspark_shuffle.session import SparkShuffle
 from shuffle_api.options import SHUFFLE_SERVICE_FACTORY_CLASS
 
@@ -348,15 +349,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--verify", action="store_true", help="also run Spark's own SQL and check all agree"
     )
+    parser.add_argument(
+        "--connect",
+        action="store_true",
+        help="run as a Spark Connect client, of a local Connect server started for it",
+    )
     args = parser.parse_args(argv)
+    with contextlib.ExitStack() as resources:
+        return _run(args, resources)
+
+
+def _session(args: argparse.Namespace, resources: contextlib.ExitStack) -> SparkSession:
+    if not args.connect:
+        return local_spark_session("pyshuffle-demo", cores=args.cores, driver_memory="4g")
+    url = resources.enter_context(local_connect_server(cores=args.cores, driver_memory="4g"))
+    return SparkSession.builder.remote(url).getOrCreate()
+
+
+def _run(args: argparse.Namespace, resources: contextlib.ExitStack) -> int:
     # The library logs; the command shows its warnings, and the map stages' progress lines.
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     logging.getLogger("pyspark_shuffle.progress").setLevel(logging.INFO)
 
-    spark, seconds = _timed(
-        lambda: local_spark_session("pyshuffle-demo", cores=args.cores, driver_memory="4g")
-    )
-    print(f"Spark {spark.version} local[{args.cores}] started in {seconds:.1f} s")
+    spark, seconds = _timed(lambda: _session(args, resources))
+    kind = "through Spark Connect" if args.connect else "classic"
+    print(f"Spark {spark.version} local[{args.cores}] ({kind}) started in {seconds:.1f} s")
     work = args.work or Path(tempfile.mkdtemp(prefix="pyshuffle-demo-"))
     try:
         events, users = _write_inputs(spark, work, args.rows, args.users, args.cores)
@@ -375,9 +392,11 @@ def main(argv: list[str] | None = None) -> int:
             lambda: run_with_spark_udfs(spark, events, users, str(work / "spark-out"))
         )
         print(f"pipeline through pyshuffle:                      {ours_seconds:6.1f} s")
+        ratio = spark_seconds / ours_seconds
+        versus = f"{ratio:.1f}x faster" if ratio >= 1 else f"{1 / ratio:.1f}x slower"
         print(
             f"the same functions through Spark's applyInArrow: {spark_seconds:6.1f} s"
-            f"  (pyshuffle {spark_seconds / ours_seconds:.1f}x faster)"
+            f"  (pyshuffle {versus})"
         )
         references = [spark_outcome]
         if args.verify:
