@@ -70,7 +70,7 @@ STATUS_CODES: Final[dict[type[ShuffleError], grpc.StatusCode]] = {
     e.PartitionAlreadyConsumedError: grpc.StatusCode.FAILED_PRECONDITION,
     e.PartitionError: grpc.StatusCode.FAILED_PRECONDITION,
     e.ShuffleServiceClosedError: grpc.StatusCode.FAILED_PRECONDITION,
-    e.StageCancelledError: grpc.StatusCode.CANCELLED,
+    e.StageCancelledError: grpc.StatusCode.ABORTED,
     e.StageFailedError: grpc.StatusCode.ABORTED,
     e.ShuffleError: grpc.StatusCode.FAILED_PRECONDITION,
 }

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-import pickle
 import re
 import threading
 import time
@@ -105,8 +104,11 @@ def _producer(encoded: bytes, sender: str) -> ProducerDescriptor:
     return producer
 
 
-_REPORTED_SCHEMA: Final = f"{MAP_OUTPUT_SCHEMA}, report binary"
-"""A map task's row with its report in it (where no Spark shuffle of the rows is held)."""
+_REPORTED_SCHEMA: Final = (
+    f"{MAP_OUTPUT_SCHEMA}, statistics binary, subpartitions long, arrow_schema binary"
+)
+"""A map task's row with its :class:`MapReport`'s fields in it (where no Spark shuffle of the
+rows is held)."""
 
 
 def _producer_of(row: Row) -> ProducerDescriptor:
@@ -204,7 +206,13 @@ class Exchange:
             if reports is not None:
                 reports.add({(map_index, attempt): result.report})
             else:
-                row = row.append_column("report", pa.array([pickle.dumps(result.report)]))
+                report = result.report
+                for name, value, kind in (
+                    ("statistics", report.statistics, pa.binary()),
+                    ("subpartitions", report.subpartitions, pa.int64()),
+                    ("arrow_schema", report.arrow_schema, pa.binary()),
+                ):
+                    row = row.append_column(name, pa.array([value], kind))
             yield row
 
         schema = MAP_OUTPUT_SCHEMA if self._reports is not None else _REPORTED_SCHEMA
@@ -388,9 +396,12 @@ class Exchange:
 
     def _report_of(self, row: Row) -> MapReport:
         if self._reports is None:
-            reported = pickle.loads(bytes(row["report"]))
-            assert isinstance(reported, MapReport)
-            return reported
+            schema = row["arrow_schema"]
+            return MapReport(
+                bytes(row["statistics"]),
+                int(row["subpartitions"]),
+                None if schema is None else bytes(schema),
+            )
         # Spark merges a task's accumulator updates before the job that ran it ends.
         report = self._reports.value.get((int(row["map_index"]), str(row["attempt"])))
         if report is None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from pyspark_shuffle.spark_link import is_connect
@@ -68,9 +68,9 @@ class MapInput(abc.ABC):
         return output.tasks.mapInArrow(read_and_write, schema)
 
     def with_one_task(self) -> MapInput:
-        """The same rows in one task: where a stage had no task at all (an empty local
-        DataFrame under Spark Connect has no partition), an exchange still needs one."""
-        raise NotImplementedError(f"{type(self).__name__} always has a task")
+        """No rows, in one task: where a stage had no task at all (an empty local DataFrame
+        under Spark Connect has no partition), an exchange still needs one."""
+        return _NoRows(self.task_output().tasks.sparkSession, self.schema)
 
     @property
     def upstream(self) -> Sequence[Exchange]:
@@ -104,24 +104,30 @@ class FrameInput(MapInput):
         return int(self._frame.rdd.getNumPartitions())
 
     def task_output(self) -> TaskOutput:
-        return TaskOutput(self._frame, _unchanged, "DataFrame", self.number_of_maps)
-
-    def with_one_task(self) -> MapInput:
-        return _NoRows(self._frame)
+        # Not counted here: with adaptive execution, counting runs the DataFrame's shuffles.
+        return TaskOutput(self._frame, _unchanged, "DataFrame")
 
 
 def _nothing(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     return iter(())
 
 
-class _NoRows(FrameInput):
-    """An empty DataFrame's schema, with one task that hands over no rows (Spark optimizes
-    away any repartition of an empty relation, so the task is a one-row range's)."""
+class _NoRows(MapInput):
+    """A schema, with one task that hands over no rows (Spark optimizes away any repartition
+    of an empty relation, so the task is a one-row range's)."""
+
+    def __init__(self, spark: SparkSession, schema: StructType) -> None:
+        self._spark = spark
+        self._schema = schema
+
+    @property
+    def schema(self) -> StructType:
+        return self._schema
 
     @property
     def number_of_maps(self) -> int:
         return 1
 
     def task_output(self) -> TaskOutput:
-        one_task = self._frame.sparkSession.range(0, 1, 1, 1)
+        one_task = self._spark.range(0, 1, 1, 1)
         return TaskOutput(one_task, _nothing, "empty DataFrame", 1)

@@ -278,18 +278,20 @@ class SparkShuffle:
         master_context = ShuffleMasterContext(self._started_with)
         # The application's secret: shipped with the tasks, never in descriptors.
         self._secret = master_context.secret
-        self._master = factory.create_shuffle_master(master_context)
-        self._descriptors = DescriptorCache(
-            blob_store=BlobStore(blob_store_url(self._started_with)),
-            offload_threshold=self._started_with.get(DESCRIPTOR_OFFLOAD_THRESHOLD),
-        )
-        self._master.start()
+        # Before the master starts: a session this cannot work with is refused with nothing
+        # left running.
         self._link: SparkLink = spark_link(
             spark,
             blob_url=blob_store_url(self._started_with),
             blob_cache_bytes=self._started_with.get(BLOB_CACHE_MAX_SIZE),
             secret=self._secret,
         )
+        self._master = factory.create_shuffle_master(master_context)
+        self._descriptors = DescriptorCache(
+            blob_store=BlobStore(blob_store_url(self._started_with)),
+            offload_threshold=self._started_with.get(DESCRIPTOR_OFFLOAD_THRESHOLD),
+        )
+        self._master.start()
         self._job = RecordingJobContext(f"spark-{new_id()[:16]}")
         self._master.register_job(self._job)
         self._results: dict[int, tuple[weakref.ref[DataFrame], _Result]] = {}
@@ -619,7 +621,7 @@ class SparkShuffle:
         if streamed.number_of_maps is None:
             tasks_run = self._link.tally(frozenset[int](), operator.or_)
         output = broadcast_join(
-            streamed.task_output(),
+            dataclasses.replace(streamed.task_output(), number_of_tasks=streamed.number_of_maps),
             arrow_schema(self._spark, streamed.schema),
             table,
             side=written.side,
@@ -693,14 +695,15 @@ class SparkShuffle:
                 ),
                 broadcast_side=side.side,
             )
+        read = found.read.value  # once: both figures from one listing
         return ShuffleStatistics(
             map_tasks=sum(exchange.number_of_maps for exchange in found.exchanges),
             map_seconds=sum(exchange.runs.seconds for exchange in found.exchanges),
             reducers=len(found.plan.tasks),
             rows_written=sum(sum(exchange.rows_per_subpartition) for exchange in found.exchanges),
             bytes_written=sum(sum(exchange.bytes_per_subpartition) for exchange in found.exchanges),
-            rows_read=found.read.value[0],
-            bytes_read=found.read.value[1],
+            rows_read=read[0],
+            bytes_read=read[1],
             map_tasks_rerun=sum(
                 runs - 1 for exchange in found.exchanges for runs in exchange.runs.per_map.values()
             ),

@@ -11,16 +11,16 @@ loads once, a tally is a small file per addition that the driver sums.
 from __future__ import annotations
 
 import abc
+import copy
 import hashlib
 import hmac
 import logging
 import os
 import pickle
-import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pyspark.accumulators import AccumulatorParam
 from pyspark.sql import DataFrame, Row, SparkSession
@@ -29,6 +29,7 @@ from pyspark.sql import functions as F  # noqa: N812 (Spark's own spelling)
 from blob import BlobStore, process_blob_cache
 from pyspark_shuffle.spark_compat import CONNECT_SINCE, SPARK_VERSION
 from shuffle_api import ConfigError, SerializationError, StorageError, new_id
+from shuffle_api.config import parse_memory_size
 from shuffle_api.store import Store
 
 if TYPE_CHECKING:
@@ -70,15 +71,12 @@ def spark_settings(spark: SparkSession) -> dict[str, str]:
     return settings
 
 
-_BYTE_UNITS: Final = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40, "p": 2**50}
-
-
 def byte_size(text: str) -> int:
     """A Spark byte-size setting ("134217728b", "128MB", "4m", "1024") in bytes."""
-    match = re.fullmatch(r"\s*(\d+)\s*([bkmgtp]?)b?\s*", text.lower())
-    if match is None:
-        raise ConfigError(f"{text!r} is not a Spark byte size (say 128m or 134217728b)")
-    return int(match.group(1)) * _BYTE_UNITS[match.group(2)]
+    try:
+        return parse_memory_size(text)
+    except ValueError as error:
+        raise ConfigError(f"{text!r} is not a Spark byte size (say 128m or 134217728b)") from error
 
 
 class Shared(abc.ABC, Generic[T]):
@@ -126,14 +124,9 @@ class SparkLink(abc.ABC):
     def settings(self) -> dict[str, str]:
         return spark_settings(self.spark)
 
-    def default_parallelism(self) -> int:
-        """Spark's default parallelism (the cores of the executors, mostly), asked once."""
-        if self._default_parallelism is None:
-            self._default_parallelism = max(1, self._ask_default_parallelism())
-        return self._default_parallelism
-
     @abc.abstractmethod
-    def _ask_default_parallelism(self) -> int: ...
+    def default_parallelism(self) -> int:
+        """Spark's default parallelism (the cores of the executors, mostly)."""
 
     @abc.abstractmethod
     def share(self, value: T) -> Shared[T]:
@@ -143,11 +136,6 @@ class SparkLink(abc.ABC):
     def tally(self, zero: T, merge: Callable[[T, T], T]) -> Tally[T]:
         """A tally starting at ``zero``; ``merge`` (a module-level function: it travels with
         the tasks) adds a value to a total and may change the total in place."""
-
-    @abc.abstractmethod
-    def number_of_partitions(self, frame: DataFrame) -> int | None:
-        """How many partitions (so map tasks) ``frame`` has, or ``None`` where Spark cannot
-        say without running it (Connect): the map stage then tells."""
 
     @abc.abstractmethod
     def run_partitions(
@@ -177,8 +165,7 @@ class _MergeParam(AccumulatorParam[T]):
         self._merge = merge
 
     def zero(self, value: T) -> T:
-        fresh: T = pickle.loads(pickle.dumps(self._zero))  # merge may change it in place
-        return fresh
+        return copy.deepcopy(self._zero)  # merge may change it in place
 
     def addInPlace(self, first: T, second: T) -> T:  # noqa: N802 (Spark's name)
         return self._merge(first, second)
@@ -218,8 +205,9 @@ class ClassicLink(SparkLink):
     def connect(self) -> bool:
         return False
 
-    def _ask_default_parallelism(self) -> int:
-        return int(self.spark.sparkContext.defaultParallelism)
+    def default_parallelism(self) -> int:
+        # Asked each time: executors register after the session starts, and come and go.
+        return max(1, int(self.spark.sparkContext.defaultParallelism))
 
     def share(self, value: T) -> Shared[T]:
         return _Broadcast(self.spark.sparkContext.broadcast(value))
@@ -227,9 +215,6 @@ class ClassicLink(SparkLink):
     def tally(self, zero: T, merge: Callable[[T, T], T]) -> Tally[T]:
         param = _MergeParam(zero, merge)
         return _Accumulator(self.spark.sparkContext.accumulator(param.zero(zero), param))
-
-    def number_of_partitions(self, frame: DataFrame) -> int:
-        return int(frame.rdd.getNumPartitions())
 
     def run_partitions(
         self, frame_of: Callable[[frozenset[int] | None], DataFrame], partitions: list[int]
@@ -314,10 +299,14 @@ class _StoreTally(Tally[T]):
         self._merge = merge
         self._total: T | None = None
         self._seen: set[str] = set()
+        self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
         # What a task needs: where to add, not what the driver merged.
-        return {**self.__dict__, "_total": None, "_seen": set()}
+        return {**self.__dict__, "_total": None, "_seen": set(), "_lock": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _lock=threading.Lock())
 
     def add(self, value: T) -> None:
         store = Store(self._url)
@@ -331,17 +320,19 @@ class _StoreTally(Tally[T]):
         store = Store(self._url)
         directory = store.path(*self._directory)
         try:
-            names = sorted(store.filesystem.ls(directory, detail=False))
+            # Listed afresh: object stores' file systems cache listings.
+            names = sorted(store.filesystem.ls(directory, detail=False, refresh=True))
         except FileNotFoundError:
             names = []
-        if self._total is None:
-            self._total = pickle.loads(pickle.dumps(self._zero))
-        for name in names:
-            if name in self._seen or not name.endswith(".pickle"):
-                continue  # a file still being written ends in another suffix
-            self._total = self._merge(self._total, self._load(store.read_bytes(name), name))
-            self._seen.add(name)
-        return self._total
+        with self._lock:
+            if self._total is None:
+                self._total = copy.deepcopy(self._zero)
+            for name in names:
+                if name in self._seen or not name.endswith(".pickle"):
+                    continue  # a file still being written ends in another suffix
+                self._total = self._merge(self._total, self._load(store.read_bytes(name), name))
+                self._seen.add(name)
+            return self._total
 
     def _load(self, signed: bytes, name: str) -> T:
         signature, data = (
@@ -375,11 +366,14 @@ class ConnectLink(SparkLink):
     def connect(self) -> bool:
         return True
 
-    def _ask_default_parallelism(self) -> int:
-        # A range without a partition count has Spark's default parallelism of partitions.
-        tasks = self.spark.range(0, 1 << 16).select(F.spark_partition_id().alias("task"))
-        [row] = tasks.agg(F.max("task")).collect()
-        return int(row[0]) + 1
+    def default_parallelism(self) -> int:
+        # Asked once (a Spark job): a range without a partition count has Spark's default
+        # parallelism of partitions.
+        if self._default_parallelism is None:
+            tasks = self.spark.range(0, 1 << 16).select(F.spark_partition_id().alias("task"))
+            [row] = tasks.agg(F.max("task")).collect()
+            self._default_parallelism = max(1, int(row[0]) + 1)
+        return self._default_parallelism
 
     def share(self, value: T) -> Shared[T]:
         # A nonce first: equal values shared twice are two blobs, destroyed apart.
@@ -390,9 +384,6 @@ class ConnectLink(SparkLink):
     def tally(self, zero: T, merge: Callable[[T, T], T]) -> Tally[T]:
         directory = (self._directory, new_id()[:16])
         return _StoreTally(self._blob_url, directory, zero, merge, self._secret)
-
-    def number_of_partitions(self, frame: DataFrame) -> None:
-        return None
 
     def run_partitions(
         self, frame_of: Callable[[frozenset[int] | None], DataFrame], partitions: list[int]
