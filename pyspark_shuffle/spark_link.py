@@ -114,15 +114,11 @@ class SparkLink(abc.ABC):
 
     def __init__(self, spark: SparkSession) -> None:
         self.spark = spark
-        self._default_parallelism: int | None = None
 
     @property
     @abc.abstractmethod
     def connect(self) -> bool:
         """Whether this is the Connect side (what is left out there is documented)."""
-
-    def settings(self) -> dict[str, str]:
-        return spark_settings(self.spark)
 
     @abc.abstractmethod
     def default_parallelism(self) -> int:
@@ -356,6 +352,7 @@ class ConnectLink(SparkLink):
         self, spark: SparkSession, blob_url: str, blob_cache_bytes: int, secret: bytes
     ) -> None:
         super().__init__(spark)
+        self._default_parallelism: int | None = None
         self._secret = secret
         self._blob_url = blob_url
         self._cache_bytes = blob_cache_bytes
