@@ -26,6 +26,7 @@ from pyspark_shuffle.options import MAX_RECOVERY_ATTEMPTS, PROGRESS_INTERVAL
 from pyspark_shuffle.partitioners import Partitioner
 from pyspark_shuffle.planning import codec_neutral_bytes
 from pyspark_shuffle.progress import StageProgress
+from pyspark_shuffle.registry import RegisteredExchange
 from pyspark_shuffle.spark_link import SparkLink, Tally
 from pyspark_shuffle.spark_outputs import HeldShuffle, SparkShuffleOutputs, held_shuffle
 from pyspark_shuffle.tasks import (
@@ -115,7 +116,7 @@ def _producer_of(row: Row) -> ProducerDescriptor:
     return _producer(bytes(row["producer"]), "a map task")
 
 
-class Exchange:
+class Exchange(RegisteredExchange):
     """One map input (a DataFrame, or a source its tasks read) shuffled by one partitioner
     through the service's master."""
 
@@ -142,7 +143,6 @@ class Exchange:
         self.frame_schema = map_input.schema
         self.upstream = tuple(map_input.upstream)
         self.producer_stage = map_input.producer_stage
-        """The reduce stage of the result it is fused from (``None``: read from a source)."""
         self.name = name
         # Reducers from bytes written (neighbouring subpartitions coalesced), or one each.
         self.automatic_reducers = automatic_reducers
@@ -277,6 +277,10 @@ class Exchange:
         if an executor dies with its map outputs, Spark reruns those map tasks (a fetch
         failure) inside the action, and the reducers find the new attempts in it."""
         return self._anchor.frame if self._held and self._anchor is not None else None
+
+    @property
+    def on_executors(self) -> bool:
+        return self.held_map_outputs() is not None
 
     def spark_shuffle_bytes(self) -> int | None:
         """Bytes of Spark's shuffle of its map tasks' rows (see :meth:`held_map_outputs`)."""

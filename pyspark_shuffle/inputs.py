@@ -6,16 +6,13 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
+from pyspark_shuffle.registry import RegisteredExchange
 from pyspark_shuffle.spark_link import is_connect
-
-if TYPE_CHECKING:
-    from pyspark_shuffle.exchange import Exchange
 
 __all__ = ["BatchWriter", "FrameInput", "MapInput", "Produce", "TaskOutput"]
 
@@ -73,7 +70,7 @@ class MapInput(abc.ABC):
         return _NoRows(self.task_output().tasks.sparkSession, self.schema)
 
     @property
-    def upstream(self) -> Sequence[Exchange]:
+    def upstream(self) -> Sequence[RegisteredExchange]:
         """The exchanges the map tasks read (a fused stage's), which must outlive them."""
         return ()
 

@@ -101,7 +101,7 @@ class FusedInput(MapInput):
     ) -> None:
         self._output = output
         self._schema = schema
-        self._exchanges = tuple(exchanges)
+        self.exchanges = tuple(exchanges)
         self._stage = stage
 
     @property
@@ -114,7 +114,7 @@ class FusedInput(MapInput):
 
     @property
     def upstream(self) -> Sequence[Exchange]:
-        return self._exchanges
+        return self.exchanges
 
     @property
     def producer_stage(self) -> str:

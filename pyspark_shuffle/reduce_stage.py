@@ -1,0 +1,203 @@
+"""The reduce stage of a result: how many reducers read what (the plan), and the Spark
+DataFrame whose tasks are the reducers."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyspark import TaskContext
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F  # noqa: N812 (Spark's own spelling)
+from pyspark.sql.types import StructType
+
+from pyspark_shuffle.exchange import Exchange
+from pyspark_shuffle.inputs import TaskOutput
+from pyspark_shuffle.operations import ReduceOperation
+from pyspark_shuffle.planning import adaptive_plan, one_reducer_per_subpartition
+from pyspark_shuffle.results import Result
+from pyspark_shuffle.schemas import arrow_schema
+from pyspark_shuffle.spark_link import SparkLink, Tally
+from pyspark_shuffle.tasks import (
+    MapOutputs,
+    ReduceStageSpec,
+    add_counts,
+    merge_map_outputs,
+    run_reduce_task,
+)
+from scheduling.deployment import DescriptorCache, consumer_deployments, planned_reads
+from scheduling.graph import Stage, StageExchange, StageGraph
+from scheduling.groups import ConsumedPartitionGroup, build_groups
+from scheduling.skew import ConsumerPlan
+from shuffle_api import Configuration, ShuffleDescriptor
+from shuffle_api.batches import conform
+
+__all__ = ["Driver", "plan_reducers", "reduce_stage"]
+
+_LOG = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Driver:
+    """What the stages of one ``SparkShuffle`` share on the driver."""
+
+    spark: SparkSession
+    link: SparkLink
+    secret: bytes
+    """The application's secret: shipped with the tasks, never in descriptors."""
+    descriptors: DescriptorCache
+    reruns_in_actions: bool
+    """Spark reruns lost map tasks inside an action (it holds a shuffle of their rows)."""
+
+
+def plan_reducers(
+    configuration: Configuration,
+    exchanges: Sequence[Exchange],
+    operation: ReduceOperation,
+    default_parallelism: int,
+) -> ConsumerPlan:
+    """One reducer per subpartition, or as many as the bytes written ask for (skewed
+    subpartitions split where ``operation`` allows)."""
+    inputs = [exchange.bytes_matrix() for exchange in exchanges]
+    if not exchanges[0].automatic_reducers:
+        return one_reducer_per_subpartition(inputs)
+    plan = adaptive_plan(
+        configuration,
+        inputs,
+        operation.splittable_inputs(len(exchanges)),
+        default_parallelism,
+    )
+    if plan.unsplittable:
+        _LOG.warning(
+            "%s: skewed subpartitions %s are each read whole by one reducer (the operation"
+            " keeps a key in one reducer, or one map task wrote the subpartition); reducers"
+            " read %s bytes at most",
+            ", ".join(exchange.name for exchange in exchanges),
+            list(plan.unsplittable),
+            f"{max(task.bytes for task in plan.tasks):,}",
+        )
+    return plan
+
+
+def reduce_stage(
+    driver: Driver,
+    configuration: Configuration,
+    exchanges: Sequence[Exchange],
+    operation: ReduceOperation,
+    schema: StructType,
+    *,
+    plan: ConsumerPlan,
+) -> tuple[DataFrame, Result]:
+    """The reducers of ``plan`` over ``exchanges`` running ``operation``: their DataFrame (of
+    ``schema``), and what the driver keeps to read it."""
+    graph = StageGraph(
+        [
+            *(Stage(f"map-{i}", e.number_of_maps) for i, e in enumerate(exchanges)),
+            Stage("reduce", len(plan.tasks)),
+        ],
+        [StageExchange(e.result_id, f"map-{i}", "reduce") for i, e in enumerate(exchanges)],
+    )
+    groups = build_groups(graph)
+    by_result = {exchange.result_id: exchange for exchange in exchanges}
+
+    def descriptors_of(group: ConsumedPartitionGroup) -> Sequence[ShuffleDescriptor]:
+        return by_result[group.result_id].descriptors()
+
+    # Shared, not part of the task closure: every reduce task would otherwise carry (and
+    # unpickle) the deployments of all reducers.
+    deployments = driver.link.share(
+        tuple(
+            consumer_deployments(
+                groups, "reduce", driver.descriptors, descriptors_of, planned_reads(plan)
+            )
+        )
+    )
+    read = driver.link.tally((0, 0), add_counts)
+    reruns_read: Tally[MapOutputs] | None = None
+    if driver.reruns_in_actions:
+        reruns_read = driver.link.tally(MapOutputs(), merge_map_outputs)
+    spec = ReduceStageSpec(
+        configuration,
+        driver.secret,
+        deployments,
+        tuple(
+            exchange.schema(arrow_schema(driver.spark, exchange.frame_schema))
+            for exchange in exchanges
+        ),
+        operation,
+        read,
+        reruns_read,
+    )
+    output_schema = arrow_schema(driver.spark, schema)
+
+    def reduce_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        reruns: dict[tuple[str, int], bytes] = {}
+        for batch in batches:
+            for result_id, map_index, producer in zip(
+                *batch.select(["result_id", "map_index", "producer"]).to_pydict().values(),
+                strict=True,
+            ):
+                if result_id is not None:
+                    reruns[result_id, map_index] = producer
+        task = TaskContext.get()
+        assert task is not None
+        # The declared types (an operation's function may return int32 for a long, say), so
+        # that Spark, a fused stage and a sink all get the same.
+        for batch in run_reduce_task(spec, task.partitionId(), reruns):
+            yield conform(batch, output_schema)
+
+    reducers = _reducer_rows(driver.spark, exchanges, len(plan.tasks))
+    names = ", ".join(exchange.name for exchange in exchanges)
+    output = TaskOutput(reducers, reduce_partition, f"reduce stage of {names}", len(plan.tasks))
+    consumed = [group for each in groups.exchanges for group in each.consumed]
+    result = Result(
+        list(exchanges),
+        operation,
+        schema,
+        plan,
+        consumed,
+        read,
+        reruns_read,
+        (deployments,),
+        output,
+    )
+    return reducers.mapInArrow(reduce_partition, schema), result
+
+
+def _reducer_rows(spark: SparkSession, exchanges: Sequence[Exchange], count: int) -> DataFrame:
+    """The reduce stage's tasks: partition ``i`` is reducer ``i``, with a row for each map
+    output of its inputs that Spark reran inside the action (none, mostly).
+
+    Made in the JVM, so a reduce task costs what a ``mapInArrow`` task over Spark's cheapest
+    source does. Where map outputs live on executors, each task reads Spark's shuffle of the
+    map tasks' rows (see ``Exchange.held_map_outputs``): a lost executor makes Spark rerun its
+    map tasks inside the action, and the rows of attempts the driver does not know (reruns)
+    reach every reducer; the rest are dropped in the JVM."""
+    reducers = spark.range(0, count, 1, max(count, 1))
+    held = [frame for exchange in exchanges if (frame := exchange.held_map_outputs())]
+    if not held:
+        return reducers.selectExpr(
+            "cast(null as string) as result_id",
+            "cast(null as long) as map_index",
+            "cast(null as binary) as producer",
+        )
+    known = spark.createDataFrame(
+        [
+            (exchange.result_id, map_index, attempt)
+            for exchange in exchanges
+            for map_index, attempt in exchange.known_attempts()
+        ],
+        "result_id string, map_index long, attempt string",
+    )
+    rows = functools.reduce(DataFrame.unionByName, held).coalesce(1)
+    reruns = rows.join(F.broadcast(known), ["result_id", "map_index", "attempt"], "left_anti")
+    # A cartesian product, never a broadcast of either side: each reduce task must read the
+    # shuffle itself, for Spark to rerun what it lost.
+    return (
+        reducers.hint("shuffle_replicate_nl")
+        .crossJoin(reruns.select("result_id", "map_index", "producer"))
+        .select("result_id", "map_index", "producer")
+    )

@@ -1,0 +1,188 @@
+"""The map and reduce stages that the operations of one ``SparkShuffle`` are made of: an
+exchange written from a DataFrame, a source or an earlier result (fused), and a result read
+from exchanges, each kept in the registry."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql.types import StructType
+
+from pyspark_shuffle.exchange import Exchange
+from pyspark_shuffle.inputs import FrameInput, MapInput, TaskOutput
+from pyspark_shuffle.operations import ReduceOperation
+from pyspark_shuffle.options import MAX_SUBPARTITIONS
+from pyspark_shuffle.outputs import FusedInput, collect_arrow, sample_rows
+from pyspark_shuffle.parquet import ParquetInput, ParquetSource
+from pyspark_shuffle.partitioners import HashPartitioner, Partitioner
+from pyspark_shuffle.progress import JobLabel
+from pyspark_shuffle.reduce_stage import Driver, plan_reducers, reduce_stage
+from pyspark_shuffle.registry import ResultRegistry
+from pyspark_shuffle.results import Result
+from pyspark_shuffle.schemas import arrow_schema, check_carried, check_keys
+from pyspark_shuffle.spark_outputs import SparkShuffleOutputs
+from scheduling.skew import ConsumerPlan
+from shuffle_api import (
+    Configuration,
+    InvalidOperationError,
+    RecordingJobContext,
+    ShuffleMaster,
+)
+
+__all__ = ["Stages", "column_names"]
+
+
+def column_names(columns: str | Sequence[str]) -> tuple[str, ...]:
+    names = (columns,) if isinstance(columns, str) else tuple(columns)
+    if not names:
+        raise InvalidOperationError("a shuffle needs at least one key column")
+    return names
+
+
+def check_frame(frame: DataFrame, keys: Sequence[str], what: str) -> None:
+    check_carried(frame.schema, what)
+    check_keys(frame.schema, keys, what)
+
+
+class Stages:
+    """Map stages (exchanges) and reduce stages (results) of one ``SparkShuffle``: each
+    operation reads its ``configuration`` once and hands it to them."""
+
+    def __init__(
+        self,
+        driver: Driver,
+        master: ShuffleMaster,
+        job: RecordingJobContext,
+        spark_outputs: SparkShuffleOutputs | None,
+        registry: ResultRegistry[Result, ParquetSource],
+    ) -> None:
+        self.driver = driver
+        self.registry = registry
+        self._master = master
+        self._job = job
+        # Spark's map output tracker: classic sessions only (Connect has no Py4J).
+        self._spark_outputs = spark_outputs
+
+    def hash_partitioner(
+        self, configuration: Configuration, keys: tuple[str, ...], num_partitions: int | None
+    ) -> HashPartitioner:
+        return HashPartitioner(keys, num_partitions or configuration.get(MAX_SUBPARTITIONS))
+
+    def hash_exchange(
+        self,
+        configuration: Configuration,
+        frame: DataFrame,
+        keys: str | Sequence[str],
+        num_partitions: int | None,
+        what: str,
+        *,
+        pinned: bool = False,
+    ) -> Exchange:
+        names = column_names(keys)
+        check_frame(frame, names, what)
+        return self.exchange(
+            configuration,
+            self.map_input(frame),
+            self.hash_partitioner(configuration, names, num_partitions),
+            f"{what}{names}",
+            automatic=num_partitions is None,
+            pinned=pinned,
+        )
+
+    def exchange(
+        self,
+        configuration: Configuration,
+        source: MapInput,
+        partitioner: Partitioner,
+        name: str,
+        *,
+        automatic: bool,
+        pinned: bool = False,
+    ) -> Exchange:
+        """Write ``source``; a ``pinned`` exchange stays until released with a result that
+        reads it, or closed."""
+        self.registry.check_open()
+        self.registry.release_unreachable()
+        exchange = Exchange(
+            self.driver.link,
+            master=self._master,
+            job=self._job,
+            configuration=configuration,
+            secret=self.driver.secret,
+            spark_outputs=self._spark_outputs,
+            map_input=source,
+            partitioner=partitioner,
+            name=name,
+            automatic_reducers=automatic,
+        )
+        self.registry.writing(exchange)
+        exchange.write()
+        self.registry.written(exchange, pinned=pinned)
+        return exchange
+
+    def live_result(self, frame: DataFrame) -> Result | None:
+        """The result of this object that ``frame`` is, untouched by Spark since; ``None`` for
+        any other DataFrame, and for one the user cached (Spark's cache then holds its rows,
+        and reading them beats rerunning the reduce)."""
+        return None if frame.is_cached else self.registry.result(frame)
+
+    def task_output(self, frame: DataFrame) -> TaskOutput:
+        """The tasks that make ``frame``: its reduce tasks when it is a result of this object,
+        else its own partitions."""
+        result = self.live_result(frame)
+        return FrameInput(frame).task_output() if result is None else result.output
+
+    def map_input(self, frame: DataFrame) -> MapInput:
+        """What the map tasks read: when ``frame`` is a result or a source this object made
+        and Spark did not change since, its reduce tasks (fused) or the source's files; else
+        the rows Spark hands over."""
+        result = self.live_result(frame)
+        if result is not None:
+            return FusedInput(result.output, frame.schema, result.exchanges, result.stage)
+        source = None if frame.is_cached else self.registry.source(frame)
+        if source is not None:
+            schema = arrow_schema(self.driver.spark, frame.schema)
+            return ParquetInput(self.driver.link, source, frame.schema, schema)
+        return FrameInput(frame)
+
+    def sample(self, frame: DataFrame, keys: Sequence[str], wanted: int) -> pa.Table:
+        """A uniform sample of the key columns: from the reduce tasks of a result of this
+        object (fused: no rows through the JVM), else taken in the JVM and collected as
+        Arrow by Python tasks (not by Spark's ``toArrow``, which in PySpark 4.3 refuses a
+        null struct with a non-null field)."""
+        result = self.live_result(frame)
+        if result is not None:
+            schema = arrow_schema(self.driver.spark, frame.schema)
+            keys_schema = pa.schema([schema.field(key) for key in keys])
+            return sample_rows(result.output, keys_schema, wanted)
+        keys_only = frame.select(*keys)
+        step = f"sample of {', '.join(keys)} for range bounds"
+        with JobLabel(self.driver.spark, step):
+            rows = keys_only.count()
+        if rows > wanted:
+            keys_only = keys_only.sample(fraction=min(1.0, 1.2 * wanted / rows), seed=rows)
+        tasks = dataclasses.replace(FrameInput(keys_only).task_output(), description=step)
+        return collect_arrow(tasks, arrow_schema(self.driver.spark, keys_only.schema))
+
+    def reduce(
+        self,
+        configuration: Configuration,
+        exchanges: Sequence[Exchange],
+        operation: ReduceOperation,
+        schema: StructType,
+        *,
+        plan: ConsumerPlan | None = None,
+    ) -> DataFrame:
+        for exchange in exchanges:
+            exchange.recover()
+        if plan is None:
+            cores = self.driver.link.default_parallelism()
+            plan = plan_reducers(configuration, exchanges, operation, cores)
+        frame, result = reduce_stage(
+            self.driver, configuration, exchanges, operation, schema, plan=plan
+        )
+        self.registry.remember(frame, result)
+        return frame
