@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark import TaskContext
 
-from pyspark_shuffle.inputs import TaskOutput
+from pyspark_shuffle.inputs import RowTasks
 from pyspark_shuffle.ipc import from_ipc_stream
 from pyspark_shuffle.operations import JOIN_TYPES, Join
 from pyspark_shuffle.ordered_bytes import is_nested
@@ -120,7 +120,7 @@ class _UniqueKeyLookup:
 
 
 def broadcast_join(
-    streamed: TaskOutput,
+    streamed: RowTasks,
     streamed_schema: pa.Schema,
     small: pa.Table,
     *,
@@ -129,7 +129,7 @@ def broadcast_join(
     operation: Join,
     output_schema: pa.Schema,
     tasks_run: Tally[frozenset[int]] | None = None,
-) -> TaskOutput:
+) -> RowTasks:
     """The tasks of the streamed side, each joining its rows with the whole broadcast side
     ``small`` (which the tasks read from ``shared``, its Arrow IPC) on ``side``; their rows of
     ``output_schema``. Each adds its index to ``tasks_run`` (where the streamed side's tasks
@@ -162,8 +162,8 @@ def broadcast_join(
         for batch in operation.apply(inputs, schemas):
             yield conform(batch, output_schema)
 
-    return TaskOutput(
-        streamed.tasks,
+    return RowTasks(
+        streamed.frame,
         join,
         f"broadcast join with {streamed.description}",
         streamed.number_of_tasks,

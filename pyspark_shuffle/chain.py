@@ -12,7 +12,7 @@ A finished stage may still run again to remake a partition lost with an executor
 default service a later stage's map outputs live on the executors that wrote them; one lost
 reruns its producer, which reads the producer's inputs again. Flink then restarts the regions
 upstream of a released partition too. The Spark driver does the same once Spark is told a
-released exchange's map outputs are gone (``spark_outputs``), so an exchange only such a rerun
+released exchange's map outputs are gone (``spark_internals``), so an exchange only such a rerun
 could read is released (``recomputable``); where Spark cannot be told, it is kept. Either way
 the results whose reduce stages a rerun may run keep what their tasks need
 (:meth:`Chain.rerunnable`).

@@ -27,8 +27,8 @@ from pyspark_shuffle.partitioners import Partitioner
 from pyspark_shuffle.planning import codec_neutral_bytes
 from pyspark_shuffle.progress import StageProgress
 from pyspark_shuffle.registry import RegisteredExchange
+from pyspark_shuffle.spark_internals import HeldShuffle, SparkShuffleOutputs, held_shuffle
 from pyspark_shuffle.spark_link import SparkLink, Tally
-from pyspark_shuffle.spark_outputs import HeldShuffle, SparkShuffleOutputs, held_shuffle
 from pyspark_shuffle.tasks import (
     MAP_OUTPUT_SCHEMA,
     MapOutputs,

@@ -14,25 +14,25 @@ from pyspark.sql.types import StructType
 from pyspark_shuffle.registry import RegisteredExchange
 from pyspark_shuffle.spark_link import is_connect
 
-__all__ = ["BatchWriter", "FrameInput", "MapInput", "Produce", "TaskOutput"]
+__all__ = ["BatchWriter", "FrameInput", "MapInput", "Produce", "RowTasks"]
 
 BatchWriter = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 """What a map task runs on its input's batches: it writes them, and yields its metadata row."""
 
 Produce = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
-"""What a task runs on the batches of its partition of ``TaskOutput.tasks`` to make its rows."""
+"""What a task runs on the batches of its partition of ``RowTasks.frame`` to make its rows."""
 
 
 @dataclass(frozen=True, slots=True)
-class TaskOutput:
+class RowTasks:
     """The tasks that make some rows: task ``i`` turns the batches of partition ``i`` of
-    ``tasks`` into its rows with ``produce``."""
+    ``frame`` into its rows with ``produce``."""
 
-    tasks: DataFrame
+    frame: DataFrame
     produce: Produce
     description: str
     number_of_tasks: int | None = None
-    """Partitions of ``tasks``, where known without running them."""
+    """Partitions of ``frame``, where known without running them."""
 
 
 class MapInput(abc.ABC):
@@ -50,24 +50,24 @@ class MapInput(abc.ABC):
         (a DataFrame under Spark Connect): the map stage then tells."""
 
     @abc.abstractmethod
-    def task_output(self) -> TaskOutput:
+    def row_tasks(self) -> RowTasks:
         """The tasks that read the input, one per map task, and what makes their rows."""
 
     def map_in_arrow(self, write: BatchWriter, schema: StructType | str) -> DataFrame:
         """The map tasks as a DataFrame of what ``write`` yields (of ``schema``): task ``i``
         hands ``write`` the rows of map task ``i``."""
-        output = self.task_output()
-        produce = output.produce
+        tasks = self.row_tasks()
+        produce = tasks.produce
 
         def read_and_write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             return write(produce(batches))
 
-        return output.tasks.mapInArrow(read_and_write, schema)
+        return tasks.frame.mapInArrow(read_and_write, schema)
 
     def with_one_task(self) -> MapInput:
         """No rows, in one task: where a stage had no task at all (an empty local DataFrame
         under Spark Connect has no partition), an exchange still needs one."""
-        return _NoRows(self.task_output().tasks.sparkSession, self.schema)
+        return _NoRows(self.row_tasks().frame.sparkSession, self.schema)
 
     @property
     def upstream(self) -> Sequence[RegisteredExchange]:
@@ -100,9 +100,9 @@ class FrameInput(MapInput):
             return None
         return int(self._frame.rdd.getNumPartitions())
 
-    def task_output(self) -> TaskOutput:
+    def row_tasks(self) -> RowTasks:
         # Not counted here: with adaptive execution, counting runs the DataFrame's shuffles.
-        return TaskOutput(self._frame, _unchanged, "DataFrame")
+        return RowTasks(self._frame, _unchanged, "DataFrame")
 
 
 def _nothing(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -125,6 +125,6 @@ class _NoRows(MapInput):
     def number_of_maps(self) -> int:
         return 1
 
-    def task_output(self) -> TaskOutput:
+    def row_tasks(self) -> RowTasks:
         one_task = self._spark.range(0, 1, 1, 1)
-        return TaskOutput(one_task, _nothing, "empty DataFrame", 1)
+        return RowTasks(one_task, _nothing, "empty DataFrame", 1)

@@ -15,11 +15,11 @@ from pyspark.sql.types import StructType
 
 from pyspark_shuffle.broadcast import BroadcastSide, broadcast_join, broadcast_side
 from pyspark_shuffle.exchange import Exchange
+from pyspark_shuffle.fused import FusedInput, collect_arrow
 from pyspark_shuffle.inputs import MapInput
 from pyspark_shuffle.ipc import to_ipc_stream
 from pyspark_shuffle.operations import Join, PassThrough
 from pyspark_shuffle.options import JOIN_BROADCAST_THRESHOLD
-from pyspark_shuffle.outputs import FusedInput, collect_arrow
 from pyspark_shuffle.parquet import ParquetInput
 from pyspark_shuffle.planning import one_reducer
 from pyspark_shuffle.results import Result
@@ -87,8 +87,8 @@ def _broadcast_join(
     tasks_run = None
     if streamed.number_of_maps is None:
         tasks_run = driver.link.tally(frozenset[int](), operator.or_)
-    output = broadcast_join(
-        dataclasses.replace(streamed.task_output(), number_of_tasks=streamed.number_of_maps),
+    tasks = broadcast_join(
+        dataclasses.replace(streamed.row_tasks(), number_of_tasks=streamed.number_of_maps),
         arrow_schema(driver.spark, streamed.schema),
         table,
         side=written.side,
@@ -106,12 +106,12 @@ def _broadcast_join(
         driver.link.tally((0, 0), add_counts),
         None,
         (shared,),
-        output,
+        tasks,
         dataclasses.replace(written, joining_tasks=streamed.number_of_maps or 0),
         wraps=streamed.producer_stage,
         tasks_run=tasks_run,
     )
-    frame = output.tasks.mapInArrow(output.produce, schema)
+    frame = tasks.frame.mapInArrow(tasks.produce, schema)
     stages.registry.remember(frame, result)
     return frame
 
@@ -124,7 +124,7 @@ def _collect_broadcast_side(
     plan = one_reducer([small.bytes_matrix()])
     reader = stages.reduce(configuration, [small], PassThrough(), small.frame_schema, plan=plan)
     table = collect_arrow(
-        stages.registry.known_result(reader).output,
+        stages.registry.known_result(reader).row_tasks,
         arrow_schema(stages.driver.spark, small.frame_schema),
     )
     rows, size = sum(small.rows_per_subpartition), sum(small.bytes_per_subpartition)

@@ -26,7 +26,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 (Spark's own spelling)
 from pyspark.sql.types import StructType
 
-from pyspark_shuffle.inputs import MapInput, TaskOutput
+from pyspark_shuffle.inputs import MapInput, RowTasks
 from pyspark_shuffle.spark_link import SparkLink
 from shuffle_api import InvalidOperationError
 from shuffle_api.batches import conform, nullable_inside
@@ -307,7 +307,7 @@ class ParquetInput(MapInput):
     def number_of_maps(self) -> int:
         return len(self._tasks)
 
-    def task_output(self) -> TaskOutput:
+    def row_tasks(self) -> RowTasks:
         pickled = [pickle.dumps(task) for task in self._tasks]
         spark = self._link.spark
         if self._link.connect:
@@ -319,7 +319,7 @@ class ParquetInput(MapInput):
         else:
             rows = spark.sparkContext.parallelize([(each,) for each in pickled], len(pickled))
             frame = spark.createDataFrame(rows, "row_groups binary")
-        return TaskOutput(frame, self._reader().read, "Parquet source", len(pickled))
+        return RowTasks(frame, self._reader().read, "Parquet source", len(pickled))
 
     def read_table(self) -> pa.Table:
         """Every row, read here (in the driver) rather than by map tasks: for a side small

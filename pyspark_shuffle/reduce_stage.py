@@ -15,7 +15,7 @@ from pyspark.sql import functions as F  # noqa: N812 (Spark's own spelling)
 from pyspark.sql.types import StructType
 
 from pyspark_shuffle.exchange import Exchange
-from pyspark_shuffle.inputs import TaskOutput
+from pyspark_shuffle.inputs import RowTasks
 from pyspark_shuffle.operations import ReduceOperation
 from pyspark_shuffle.planning import adaptive_plan, one_reducer_per_subpartition
 from pyspark_shuffle.results import Result
@@ -151,7 +151,7 @@ def reduce_stage(
 
     reducers = _reducer_rows(driver.spark, exchanges, len(plan.tasks))
     names = ", ".join(exchange.name for exchange in exchanges)
-    output = TaskOutput(reducers, reduce_partition, f"reduce stage of {names}", len(plan.tasks))
+    tasks = RowTasks(reducers, reduce_partition, f"reduce stage of {names}", len(plan.tasks))
     consumed = [group for each in groups.exchanges for group in each.consumed]
     result = Result(
         list(exchanges),
@@ -162,7 +162,7 @@ def reduce_stage(
         read,
         reruns_read,
         (deployments,),
-        output,
+        tasks,
     )
     return reducers.mapInArrow(reduce_partition, schema), result
 

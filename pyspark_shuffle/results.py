@@ -12,7 +12,7 @@ from pyspark.sql.types import StructType
 
 from pyspark_shuffle.broadcast import BroadcastSide
 from pyspark_shuffle.exchange import Exchange
-from pyspark_shuffle.inputs import TaskOutput
+from pyspark_shuffle.inputs import RowTasks
 from pyspark_shuffle.operations import ReduceOperation
 from pyspark_shuffle.registry import RegisteredExchange, RegisteredResult
 from pyspark_shuffle.spark_link import Shared, Tally
@@ -75,8 +75,8 @@ class Result(RegisteredResult):
     reruns_read: Tally[MapOutputs] | None
     """Map outputs Spark reran inside an action (where Spark holds a shuffle of them)."""
     broadcasts: tuple[Shared[Any], ...]
-    output: TaskOutput
-    """The reduce tasks: their rows, and what each runs on them."""
+    row_tasks: RowTasks
+    """Its tasks (reducers, or a broadcast join's), and what each runs to make its rows."""
     broadcast: BroadcastSide | None = None
     """A broadcast join's: ``exchanges`` are then those its tasks read through a fused input."""
     stage: str = dataclasses.field(default_factory=new_stage)
@@ -86,7 +86,7 @@ class Result(RegisteredResult):
 
     @property
     def number_of_tasks(self) -> int:
-        return self.output.number_of_tasks or 1
+        return self.row_tasks.number_of_tasks or 1
 
     def map_outputs_rerun(self) -> MapOutputs:
         return frozenset() if self.reruns_read is None else self.reruns_read.value

@@ -21,6 +21,7 @@ from pyspark.sql.types import StructType
 
 from blob import BLOB_CACHE_MAX_SIZE, BlobStore, blob_store_url
 from pyspark_shuffle.exchange import Exchange
+from pyspark_shuffle.fused import collect_arrow, write_parquet
 from pyspark_shuffle.joins import join
 from pyspark_shuffle.operations import (
     BatchFunction,
@@ -31,7 +32,6 @@ from pyspark_shuffle.operations import (
     SortWithin,
 )
 from pyspark_shuffle.options import MAX_SUBPARTITIONS, RANGE_SAMPLE_SIZE
-from pyspark_shuffle.outputs import collect_arrow, write_parquet
 from pyspark_shuffle.parquet import ParquetFilter, ParquetSink, ParquetSource
 from pyspark_shuffle.partitioners import RangePartitioner, choose_boundaries
 from pyspark_shuffle.reduce_stage import Driver
@@ -40,8 +40,8 @@ from pyspark_shuffle.results import Result, ShuffleStatistics, new_stage
 from pyspark_shuffle.schemas import arrow_schema, check_carried, declared_schema
 from pyspark_shuffle.session_config import SessionConfig, spark_configuration
 from pyspark_shuffle.sorting import sort_keys_of
+from pyspark_shuffle.spark_internals import SparkShuffleOutputs
 from pyspark_shuffle.spark_link import spark_link
-from pyspark_shuffle.spark_outputs import SparkShuffleOutputs
 from pyspark_shuffle.stages import Stages, check_frame, column_names
 from scheduling.deployment import DescriptorCache
 from scheduling.options import DESCRIPTOR_OFFLOAD_THRESHOLD
@@ -143,7 +143,7 @@ class SparkShuffle:
         spark_schema = frame.schema
         schema = arrow_schema(self._spark, spark_schema)
         sink = ParquetSink(path, names, new_id()[:16], schema, spark_schema, compression)
-        return write_parquet(self._stages.task_output(frame), sink, mode)
+        return write_parquet(self._stages.row_tasks(frame), sink, mode)
 
     def to_arrow(self, frame: DataFrame) -> pa.Table:
         """``frame`` as a ``pyarrow.Table`` in the driver, in its order: a result of this
@@ -151,7 +151,7 @@ class SparkShuffle:
         rows)."""
         check_carried(frame.schema, "to_arrow")
         schema = arrow_schema(self._spark, frame.schema, timezone="UTC")  # as toArrow's
-        return collect_arrow(self._stages.task_output(frame), schema)
+        return collect_arrow(self._stages.row_tasks(frame), schema)
 
     # -- operations ---------------------------------------------------------------------
 
@@ -229,7 +229,7 @@ class SparkShuffle:
         # tasks read through a fused input can have been lost.
         for exchange in found.exchanges:
             exchange.recover()
-        again = found.output.tasks.mapInArrow(found.output.produce, found.schema)
+        again = found.row_tasks.frame.mapInArrow(found.row_tasks.produce, found.schema)
         self._registry.remember(again, dataclasses.replace(found, stage=new_stage()))
         return again
 

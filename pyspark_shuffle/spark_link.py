@@ -28,6 +28,7 @@ from pyspark.sql import functions as F  # noqa: N812 (Spark's own spelling)
 
 from blob import BlobStore, process_blob_cache
 from pyspark_shuffle.spark_compat import CONNECT_SINCE, SPARK_VERSION
+from pyspark_shuffle.spark_internals import context_running
 from shuffle_api import ConfigError, SerializationError, StorageError, new_id
 from shuffle_api.config import parse_memory_size
 from shuffle_api.store import Store
@@ -220,7 +221,7 @@ class ClassicLink(SparkLink):
         return rows
 
     def running(self) -> bool:
-        return self.spark.sparkContext._jsc is not None
+        return context_running(self.spark)
 
     def close(self) -> None:
         """Nothing to remove: Spark drops broadcasts and accumulators."""

@@ -12,10 +12,10 @@ from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
 from pyspark_shuffle.exchange import Exchange
-from pyspark_shuffle.inputs import FrameInput, MapInput, TaskOutput
+from pyspark_shuffle.fused import FusedInput, collect_arrow, sample_rows
+from pyspark_shuffle.inputs import FrameInput, MapInput, RowTasks
 from pyspark_shuffle.operations import ReduceOperation
 from pyspark_shuffle.options import MAX_SUBPARTITIONS
-from pyspark_shuffle.outputs import FusedInput, collect_arrow, sample_rows
 from pyspark_shuffle.parquet import ParquetInput, ParquetSource
 from pyspark_shuffle.partitioners import HashPartitioner, Partitioner
 from pyspark_shuffle.progress import JobLabel
@@ -23,7 +23,7 @@ from pyspark_shuffle.reduce_stage import Driver, plan_reducers, reduce_stage
 from pyspark_shuffle.registry import ResultRegistry
 from pyspark_shuffle.results import Result
 from pyspark_shuffle.schemas import arrow_schema, check_carried, check_keys
-from pyspark_shuffle.spark_outputs import SparkShuffleOutputs
+from pyspark_shuffle.spark_internals import SparkShuffleOutputs
 from scheduling.skew import ConsumerPlan
 from shuffle_api import (
     Configuration,
@@ -129,11 +129,11 @@ class Stages:
         and reading them beats rerunning the reduce)."""
         return None if frame.is_cached else self.registry.result(frame)
 
-    def task_output(self, frame: DataFrame) -> TaskOutput:
+    def row_tasks(self, frame: DataFrame) -> RowTasks:
         """The tasks that make ``frame``: its reduce tasks when it is a result of this object,
         else its own partitions."""
         result = self.live_result(frame)
-        return FrameInput(frame).task_output() if result is None else result.output
+        return FrameInput(frame).row_tasks() if result is None else result.row_tasks
 
     def map_input(self, frame: DataFrame) -> MapInput:
         """What the map tasks read: when ``frame`` is a result or a source this object made
@@ -141,7 +141,7 @@ class Stages:
         the rows Spark hands over."""
         result = self.live_result(frame)
         if result is not None:
-            return FusedInput(result.output, frame.schema, result.exchanges, result.stage)
+            return FusedInput(result.row_tasks, frame.schema, result.exchanges, result.stage)
         source = None if frame.is_cached else self.registry.source(frame)
         if source is not None:
             schema = arrow_schema(self.driver.spark, frame.schema)
@@ -157,14 +157,14 @@ class Stages:
         if result is not None:
             schema = arrow_schema(self.driver.spark, frame.schema)
             keys_schema = pa.schema([schema.field(key) for key in keys])
-            return sample_rows(result.output, keys_schema, wanted)
+            return sample_rows(result.row_tasks, keys_schema, wanted)
         keys_only = frame.select(*keys)
         step = f"sample of {', '.join(keys)} for range bounds"
         with JobLabel(self.driver.spark, step):
             rows = keys_only.count()
         if rows > wanted:
             keys_only = keys_only.sample(fraction=min(1.0, 1.2 * wanted / rows), seed=rows)
-        tasks = dataclasses.replace(FrameInput(keys_only).task_output(), description=step)
+        tasks = dataclasses.replace(FrameInput(keys_only).row_tasks(), description=step)
         return collect_arrow(tasks, arrow_schema(self.driver.spark, keys_only.schema))
 
     def reduce(

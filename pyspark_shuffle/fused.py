@@ -13,7 +13,7 @@ from pyspark import TaskContext
 from pyspark.sql.types import StructType
 
 from pyspark_shuffle.exchange import Exchange, stage_failure
-from pyspark_shuffle.inputs import MapInput, TaskOutput
+from pyspark_shuffle.inputs import MapInput, RowTasks
 from pyspark_shuffle.ipc import from_ipc_stream, to_ipc_stream
 from pyspark_shuffle.parquet import WRITE_MODES, WRITE_REPORT_SCHEMA, ParquetSink
 from pyspark_shuffle.progress import JobLabel
@@ -32,10 +32,10 @@ def _task_index() -> int:
     return task.partitionId()
 
 
-def collect_arrow(output: TaskOutput, schema: pa.Schema) -> pa.Table:
+def collect_arrow(tasks: RowTasks, schema: pa.Schema) -> pa.Table:
     """The result in task order, each task's batches as IPC streams (Spark's driver result
     limit, spark.driver.maxResultSize, applies as to ``toArrow``)."""
-    produce = output.produce
+    produce = tasks.produce
 
     def chunks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         task = _task_index()
@@ -45,16 +45,16 @@ def collect_arrow(output: TaskOutput, schema: pa.Schema) -> pa.Table:
                     {"task": pa.array([task], pa.int64()), "chunk": [to_ipc_stream(batch)]}
                 )
 
-    with JobLabel(output.tasks.sparkSession, f"{output.description} to Arrow"):
+    with JobLabel(tasks.frame.sparkSession, f"{tasks.description} to Arrow"):
         try:
-            rows = output.tasks.mapInArrow(chunks, _CHUNK_SCHEMA).collect()
+            rows = tasks.frame.mapInArrow(chunks, _CHUNK_SCHEMA).collect()
         except Exception as error:
-            raise stage_failure(f"{output.description} to Arrow", error) from error
+            raise stage_failure(f"{tasks.description} to Arrow", error) from error
     batches = [batch for row in rows for batch in from_ipc_stream(bytes(row["chunk"])).to_batches()]
     return conform_all(batches, schema)
 
 
-def write_parquet(output: TaskOutput, sink: ParquetSink, mode: str) -> int:
+def write_parquet(tasks: RowTasks, sink: ParquetSink, mode: str) -> int:
     """Write the result with ``sink`` as Spark's ``write.mode(mode).parquet`` would; the
     number of files committed (0 when ``mode`` is ignore and the path exists)."""
     if mode not in WRITE_MODES:
@@ -73,15 +73,15 @@ def write_parquet(output: TaskOutput, sink: ParquetSink, mode: str) -> int:
             )
         if mode == "ignore":
             return 0
-    produce = output.produce
+    produce = tasks.produce
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         yield sink.write_task(_task_index(), task_attempt_id(), produce(batches))
 
-    description = f"{output.description} to Parquet {sink.url}"
+    description = f"{tasks.description} to Parquet {sink.url}"
     try:
-        with JobLabel(output.tasks.sparkSession, description):
-            reports = output.tasks.mapInArrow(write, WRITE_REPORT_SCHEMA).collect()
+        with JobLabel(tasks.frame.sparkSession, description):
+            reports = tasks.frame.mapInArrow(write, WRITE_REPORT_SCHEMA).collect()
     except Exception as error:
         sink.abort()
         raise stage_failure(description, error) from error
@@ -97,9 +97,9 @@ class FusedInput(MapInput):
     into the new exchange's writer."""
 
     def __init__(
-        self, output: TaskOutput, schema: StructType, exchanges: Sequence[Exchange], stage: str
+        self, tasks: RowTasks, schema: StructType, exchanges: Sequence[Exchange], stage: str
     ) -> None:
-        self._output = output
+        self._tasks = tasks
         self._schema = schema
         self.exchanges = tuple(exchanges)
         self._stage = stage
@@ -110,7 +110,7 @@ class FusedInput(MapInput):
 
     @property
     def number_of_maps(self) -> int | None:
-        return self._output.number_of_tasks
+        return self._tasks.number_of_tasks
 
     @property
     def upstream(self) -> Sequence[Exchange]:
@@ -120,16 +120,16 @@ class FusedInput(MapInput):
     def producer_stage(self) -> str:
         return self._stage
 
-    def task_output(self) -> TaskOutput:
-        return self._output
+    def row_tasks(self) -> RowTasks:
+        return self._tasks
 
 
-def sample_rows(output: TaskOutput, schema: pa.Schema, wanted: int) -> pa.Table:
+def sample_rows(tasks: RowTasks, schema: pa.Schema, wanted: int) -> pa.Table:
     """About ``wanted`` rows of ``schema``'s columns, drawn uniformly from the result, in one
     job whose tasks send the driver their samples as Arrow IPC (never rows through the JVM).
     Each task keeps up to three times its even share (as Spark's RangePartitioner), in random
     order; the driver then takes the first rows of each in proportion to the rows it had."""
-    produce, names = output.produce, schema.names
+    produce, names = tasks.produce, schema.names
 
     def sample(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         task = _task_index()
@@ -149,13 +149,11 @@ def sample_rows(output: TaskOutput, schema: pa.Schema, wanted: int) -> pa.Table:
         )
 
     # A result's tasks are known; elsewhere each task keeps up to 3 x ``wanted``.
-    share = max(1, -(-3 * wanted // max(1, output.number_of_tasks or 1)))
-    description = f"sample of {', '.join(names)} from {output.description}"
-    with JobLabel(output.tasks.sparkSession, description):
+    share = max(1, -(-3 * wanted // max(1, tasks.number_of_tasks or 1)))
+    description = f"sample of {', '.join(names)} from {tasks.description}"
+    with JobLabel(tasks.frame.sparkSession, description):
         try:
-            reports = output.tasks.mapInArrow(
-                sample, "task long, rows long, chunk binary"
-            ).collect()
+            reports = tasks.frame.mapInArrow(sample, "task long, rows long, chunk binary").collect()
         except Exception as error:
             raise stage_failure(description, error) from error
     total = sum(int(report["rows"]) for report in reports)

@@ -18,7 +18,7 @@ what a rerun may need instead.
 Classic sessions only (Spark Connect has no Py4J: there the driver collects the map tasks'
 rows and reruns lost map tasks itself). Tested on PySpark 3.5.9, 4.0.5 and 4.3.0 (``make
 spark-versions`` recovers a lost partition through it); the Spark internals pyshuffle uses are
-these and nothing else.
+these (and whether the SparkContext still runs) and nothing else.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["HeldShuffle", "SparkShuffleOutputs", "held_shuffle"]
+__all__ = ["HeldShuffle", "SparkShuffleOutputs", "context_running", "held_shuffle"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -57,6 +57,12 @@ class HeldShuffle:
 
     frame: DataFrame
     java_rdd: Any
+
+
+def context_running(spark: SparkSession) -> bool:
+    """False once the SparkContext is stopped (PySpark drops its JVM handle; no public API
+    says so)."""
+    return spark.sparkContext._jsc is not None
 
 
 def held_shuffle(shuffled: DataFrame) -> HeldShuffle:
