@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pyspark
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -27,6 +26,7 @@ from pyspark.sql.types import LongType, StructField, StructType
 from pyspark_shuffle import SparkShuffle
 from pyspark_shuffle.broadcast import BROADCAST_CHOICES
 from pyspark_shuffle.schemas import arrow_schema
+from pyspark_shuffle.spark_compat import SPARK_VERSION
 from shuffle_api import UnsupportedTypeError
 from tests.integration.services import ShuffleService
 from tests.integration.spark_rows import canonical, canonical_rows, handed_rows, handed_to_python
@@ -272,7 +272,7 @@ def every_type(spark: SparkSession) -> DataFrame:
         "case when i64 % 4 = 0 then null else array(i32, null, i32 + 1) end as arr",
         "map(coalesce(s, ''), array(d), 'x', array()) as m",
     ]
-    if int(spark.version.split(".")[0]) >= 4:
+    if SPARK_VERSION >= (4, 0):
         nested.append("parse_json(concat('{\"row\": ', id, '}')) as var")
     frame: DataFrame = (
         spark.range(0, 60, 1, 3)
@@ -403,7 +403,7 @@ KEYS_SPARK_REFUSES = {
     "map": ("map('a', id) as c", "map<string,bigint>"),
     "struct of a map": ("named_struct('m', map('a', id)) as c", "map<string,bigint>"),
 }
-if int(pyspark.__version__.split(".")[0]) >= 4:
+if SPARK_VERSION >= (4, 0):
     KEYS_SPARK_REFUSES["variant"] = ("parse_json('{\"a\": 1}') as c", "variant")
     KEYS_SPARK_REFUSES["array of geometry"] = (
         "array(st_geomfromwkb(X'0101000000000000000000F03F0000000000000040')) as c",
