@@ -7,14 +7,14 @@ import argparse
 import importlib
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Final
 
 from shuffle_api.config import ConfigOption, Configuration
 from shuffle_api.errors import ConfigError, ShuffleError
 from shuffle_api.factory import load_shuffle_service_factory
-from shuffle_api.options import CORE_OPTIONS
+from shuffle_api.options import CORE_OPTIONS, SHUFFLE_SERVICE_FACTORY_CLASS
 
 __all__ = ["main"]
 
@@ -73,14 +73,25 @@ def _print_part(title: str, options: Sequence[ConfigOption[Any]], config: Config
     print()
 
 
-def _role_of(configuration: Configuration) -> str:
-    """A daemon's file sets a key only daemons read; anything else is a client's."""
-    client_keys = {
-        option.key
+def _unique(options: Iterable[ConfigOption[Any]]) -> tuple[ConfigOption[Any], ...]:
+    """``options`` with each key once, in first-seen order."""
+    return tuple({option.key: option for option in options}.values())
+
+
+def _client_options() -> tuple[ConfigOption[Any], ...]:
+    """Every option a client reads (a Spark application's processes on any installed
+    implementation, or ``pyshuffle admin``), each key once."""
+    return _unique(
+        option
         for _, target, role in OPTION_CATALOGS
         if role == CLIENT
         for option in catalog(target)
-    }
+    )
+
+
+def _role_of(configuration: Configuration) -> str:
+    """A daemon's file sets a key only daemons read; anything else is a client's."""
+    client_keys = {option.key for option in _client_options()}
     daemon_only = {option.key for option in catalog(DAEMON_OPTIONS)} - client_keys
     return DAEMON if daemon_only & set(configuration.values) else CLIENT
 
@@ -98,6 +109,7 @@ def print_options(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configuration = Configuration.load(toml_file=args.config)
     role = args.role or _role_of(configuration)
+    unread: list[str] = []
     if role == DAEMON:
         daemon = catalog(DAEMON_OPTIONS)
         if not daemon:
@@ -105,9 +117,15 @@ def print_options(argv: list[str] | None = None) -> int:
         known = (*CORE_OPTIONS, *daemon)
         configuration.validate(known)
     else:
-        pyspark = catalog(PYSPARK_OPTIONS)
-        factory = load_shuffle_service_factory(configuration, extra_options=pyspark)
-        known = (*CORE_OPTIONS, *factory.config_options(), *pyspark)
+        # A client's file may be for any installed implementation or for `pyshuffle admin`
+        # (which reads the external service's client keys whatever the factory): all their
+        # keys are valid. Those the configured service does not read are named: a Spark
+        # application on that service refuses them.
+        client = _client_options()
+        factory = load_shuffle_service_factory(configuration, extra_options=client)
+        service = (*CORE_OPTIONS, *factory.config_options(), *catalog(PYSPARK_OPTIONS))
+        known = _unique((*service, *client))
+        unread = sorted(set(configuration.values) - {option.key for option in service})
     if args.config is None and args.role is None:  # every part, as this environment sets it
         _print_part("the contract", CORE_OPTIONS, configuration)
         for title, target, _ in OPTION_CATALOGS:
@@ -118,6 +136,13 @@ def print_options(argv: list[str] | None = None) -> int:
                 print(f"# {title}: not installed\n")
         return 0
     print(f"# {args.config or 'the environment'}: valid for a {role}\n")
+    if unread:
+        print(
+            f"# not read by the configured service"
+            f" ({configuration.get(SHUFFLE_SERVICE_FACTORY_CLASS)}), so a Spark application"
+            f" on it refuses them; `pyshuffle admin` or another implementation reads them:"
+            f" {', '.join(unread)}\n"
+        )
     _print_part(f"{role} options", known, configuration)
     return 0
 

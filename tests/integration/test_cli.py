@@ -97,3 +97,47 @@ def test_options_refuses_a_file_that_mixes_the_roles(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert "unknown config key 'netty-like.sort-buffer.size'" in result.stderr
+
+
+def _minimal_client_file(path: Path) -> Path:
+    """What `pyshuffle admin --config` needs: the coordinator and the token, no factory."""
+    path.write_text(
+        '[external-shuffle.coordinator]\naddress = "127.0.0.1:9097"\n'
+        '[external-shuffle.auth]\ntoken-file = "/run/pyshuffle/token"\n'
+    )
+    return path
+
+
+def test_options_accepts_a_minimal_client_file_that_admin_reads(tmp_path: Path) -> None:
+    client = _minimal_client_file(tmp_path / "client.toml")
+    result = _pyshuffle("options", "--config", str(client), env=WITHOUT_PYSHUFFLE_VARIABLES)
+    assert result.returncode == 0, result.stderr
+    assert "valid for a client" in result.stdout
+    assert "\nexternal-shuffle.coordinator.address = '127.0.0.1:9097'" in result.stdout
+    # The default service reads neither key: a Spark application on it would refuse them.
+    assert (
+        "not read by the configured service (netty_like.NettyShuffleServiceFactory)"
+        in result.stdout
+    )
+    assert "external-shuffle.auth.token-file, external-shuffle.coordinator.address\n" in (
+        result.stdout
+    )
+
+
+def test_options_names_no_unread_key_when_the_file_chooses_their_service(tmp_path: Path) -> None:
+    client = _minimal_client_file(tmp_path / "client.toml")
+    client.write_text('shuffle-service-factory.class = "external_shuffle"\n' + client.read_text())
+    result = _pyshuffle("options", "--config", str(client), env=WITHOUT_PYSHUFFLE_VARIABLES)
+    assert result.returncode == 0, result.stderr
+    assert "valid for a client" in result.stdout
+    assert "not read by" not in result.stdout
+
+
+def test_options_still_refuses_an_unknown_key_in_a_client_file(tmp_path: Path) -> None:
+    client = _minimal_client_file(tmp_path / "client.toml")
+    client.write_text(client.read_text().replace("address", "adress"))
+    result = _pyshuffle("options", "--config", str(client), env=WITHOUT_PYSHUFFLE_VARIABLES)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert "unknown config key 'external-shuffle.coordinator.adress'" in result.stderr
+    assert "did you mean 'external-shuffle.coordinator.address'" in result.stderr
