@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.integration.cluster_jobs import PACKED_ENVIRONMENT, ROWS
+from tests.source_tree import copy_source
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -160,14 +160,7 @@ def test_a_worker_killed_during_the_reduce_stage_with_one_replica_is_recovered_b
 def _packed_environment(work: Path) -> Path:
     """pyshuffle (with the external service's client) installed from this checkout into a new
     virtual environment, packed with venv-pack as a user ships it to executors."""
-    source = work / "source"
-    shutil.copytree(
-        ROOT,
-        source,
-        ignore=shutil.ignore_patterns(
-            ".*", "*.egg-info", "build", "__pycache__", "tests", "benchmarks", "docs", "deploy"
-        ),
-    )
+    source = copy_source(work / "source")
     environment = work / "environment"
     subprocess.run([sys.executable, "-m", "venv", str(environment)], check=True, timeout=120)
     subprocess.run(
