@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import email
 import subprocess
 import sys
 import tomllib
 import zipfile
 from collections.abc import Iterator
+from email.message import Message
 
 import pytest
 
@@ -43,3 +45,30 @@ def test_every_package_ships_a_py_typed_marker(wheel: zipfile.ZipFile) -> None:
     assert PACKAGES, "pyproject.toml finds no package"
     missing = [package for package in PACKAGES if f"{package}/py.typed" not in names]
     assert not missing, f"no py.typed in the wheel for {missing}"
+
+
+def _metadata(wheel: zipfile.ZipFile) -> Message:
+    (path,) = [name for name in wheel.namelist() if name.endswith(".dist-info/METADATA")]
+    return email.message_from_bytes(wheel.read(path))
+
+
+def test_the_license_is_an_spdx_expression_with_its_file(wheel: zipfile.ZipFile) -> None:
+    metadata = _metadata(wheel)
+    assert metadata["License-Expression"] == "Apache-2.0"
+    assert metadata["License"] is None  # the deprecated free-text field
+    assert metadata.get_all("License-File") == ["LICENSE"]
+    assert any(name.endswith(".dist-info/licenses/LICENSE") for name in wheel.namelist())
+
+
+def test_the_classifiers_say_typed_and_start_at_the_oldest_python(wheel: zipfile.ZipFile) -> None:
+    metadata = _metadata(wheel)
+    classifiers = metadata.get_all("Classifier") or []
+    assert "Typing :: Typed" in classifiers
+    assert not [c for c in classifiers if c.startswith("License ::")]  # the expression says it
+    pythons = sorted(
+        tuple(map(int, c.rsplit(" ", 1)[1].split(".")))
+        for c in classifiers
+        if c.startswith("Programming Language :: Python :: 3.")
+    )
+    oldest = metadata["Requires-Python"].removeprefix(">=")
+    assert pythons and pythons[0] == tuple(map(int, oldest.split("."))), (pythons, oldest)

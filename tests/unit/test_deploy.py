@@ -304,7 +304,8 @@ def test_containerfile_copies_every_package_and_installs_the_external_extra(path
         pattern.rstrip("*")
         for pattern in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
     ]
-    for needed in [*packages, pyproject["project"]["readme"], "pyproject.toml"]:
+    project = pyproject["project"]
+    for needed in [*packages, project["readme"], *project["license-files"], "pyproject.toml"]:
         assert needed in copied.split(), f"{path.name} does not copy {needed}"
     assert re.search(r"pip install (--\S+ \S+ )*\S*\[external\]", _runs(path))
 
