@@ -37,6 +37,13 @@ SUBCOMMANDS: Final[dict[str, tuple[str, str]]] = {
     ),
 }
 
+# The modules only an extra installs, by extra, and the command that sets up a source checkout
+# with it: a subcommand that misses one says what to install, not ModuleNotFoundError.
+EXTRAS: Final[dict[str, tuple[frozenset[str], str]]] = {
+    "spark": (frozenset({"pyspark", "pandas"}), "make demo"),
+    "external": (frozenset({"grpc", "grpc_health", "prometheus_client"}), "make setup"),
+}
+
 CLIENT: Final = "client"
 DAEMON: Final = "daemon"
 PYSPARK_OPTIONS: Final = "pyspark_shuffle.options:PYSPARK_SHUFFLE_OPTIONS"
@@ -162,6 +169,18 @@ def _load(target: str) -> Callable[[list[str]], int]:
     return function
 
 
+def _missing_extra(error: ModuleNotFoundError) -> str | None:
+    """What to install for the module ``error`` misses, if an extra installs it."""
+    root = (error.name or "").partition(".")[0]
+    for extra, (modules, make_target) in EXTRAS.items():
+        if root in modules:
+            return (
+                f"{root} is not installed: pip install 'pyshuffle[{extra}]'"
+                f" (in a source checkout: {make_target})"
+            )
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else argv
     if arguments and arguments[0] in ("-V", "--version"):
@@ -176,6 +195,12 @@ def main(argv: list[str] | None = None) -> int:
         return _load(SUBCOMMANDS[arguments[0]][0])(arguments[1:])
     except ShuffleError as error:
         print(f"pyshuffle {arguments[0]}: {type(error).__name__}: {error}", file=sys.stderr)
+        return 1
+    except ModuleNotFoundError as error:
+        missing = _missing_extra(error)
+        if missing is None:
+            raise
+        print(f"pyshuffle {arguments[0]}: {missing}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # the reader left (`pyshuffle options | head`): not an error
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - Python flushes stdout at exit

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from importlib.metadata import version
 from pathlib import Path
+
+import pytest
 
 from tests.pyshuffle_command import WITHOUT_PYSHUFFLE_VARIABLES
 from tests.pyshuffle_command import pyshuffle as _pyshuffle
@@ -141,3 +145,39 @@ def test_options_still_refuses_an_unknown_key_in_a_client_file(tmp_path: Path) -
     assert "Traceback" not in result.stderr
     assert "unknown config key 'external-shuffle.coordinator.adress'" in result.stderr
     assert "did you mean 'external-shuffle.coordinator.address'" in result.stderr
+
+
+def _pyshuffle_without(module: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``pyshuffle ARGS`` where ``module`` does not import, as without the extra that has it."""
+    main = (
+        f"import sys; sys.modules[{module!r}] = None;"
+        " from shuffle_api.cli import main; sys.exit(main())"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", main, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_demo_without_pyspark_says_to_install_the_spark_extra() -> None:
+    result = _pyshuffle_without("pyspark", "demo")
+    assert result.returncode == 1
+    assert result.stderr == (
+        "pyshuffle demo: pyspark is not installed: pip install 'pyshuffle[spark]'"
+        " (in a source checkout: make demo)\n"
+    )
+
+
+@pytest.mark.parametrize("command", ["daemon", "admin"])
+def test_the_daemon_and_admin_without_grpc_say_to_install_the_external_extra(
+    command: str,
+) -> None:
+    result = _pyshuffle_without("grpc", command, "--help")
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert f"pyshuffle {command}: grpc is not installed: pip install 'pyshuffle[external]'" in (
+        result.stderr
+    )
