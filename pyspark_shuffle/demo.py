@@ -19,6 +19,7 @@ import contextlib
 import itertools
 import logging
 import math
+import os
 import shutil
 import tempfile
 import time
@@ -143,6 +144,35 @@ def _totals_by(key: str, distinct: str | None) -> Callable[[pa.Table], pa.Table]
     return totals
 
 
+_ROWS_NOTED: dict[str, tuple[int, int]] = {}
+"""Per note file: its descriptor and the rows noted so far (by this Python worker)."""
+
+
+def _note_rows(notes: Path, rows: int) -> None:
+    """Add ``rows`` to this process's count under ``notes`` (module level: a Python worker
+    keeps one count across its tasks)."""
+    path = str(notes / str(os.getpid()))
+    descriptor, noted = _ROWS_NOTED.get(path) or (os.open(path, os.O_WRONLY | os.O_CREAT), 0)
+    noted += rows
+    os.pwrite(descriptor, f"{noted:>20}".encode(), 0)
+    _ROWS_NOTED[path] = descriptor, noted
+
+
+def counting_rows(function: Callable[[pa.Table], pa.Table], notes: Path) -> Callable[..., Any]:
+    """``function``, noting the rows of every call under ``notes`` (the demo's Spark is local:
+    its Python workers share this machine's disk); :func:`rows_counted` sums them."""
+
+    def counted(table: pa.Table) -> pa.Table:
+        _note_rows(notes, table.num_rows)
+        return function(table)
+
+    return counted
+
+
+def rows_counted(notes: Path) -> int:
+    return sum(int(path.read_text()) for path in notes.iterdir())
+
+
 @dataclass(frozen=True)
 class Outcome:
     """A pipeline's answers: sessions in their global order, totals per segment and category."""
@@ -153,11 +183,14 @@ class Outcome:
 
 
 def run_with_pyshuffle(
-    shuffle: SparkShuffle, events_path: str, users_path: str, out: str
+    shuffle: SparkShuffle, events_path: str, users_path: str, out: str, notes: Path
 ) -> tuple[Outcome, list[str]]:
+    """The pipeline; ``notes``: where the sessions function notes the events it sees."""
     events = shuffle.read_parquet(events_path)
     users = shuffle.read_parquet(users_path)
-    sessions = shuffle.group_apply(events, "user", sessionize, SESSIONS_SCHEMA)
+    sessions = shuffle.group_apply(
+        events, "user", counting_rows(sessionize, notes), SESSIONS_SCHEMA
+    )
     enriched = shuffle.join(sessions, users, "user", "inner")
     segments = shuffle.group_apply(
         enriched, "segment", _totals_by("segment", None), SEGMENTS_SCHEMA
@@ -178,10 +211,11 @@ def run_with_pyshuffle(
     ):
         stats = shuffle.statistics(result)
         source = "fused" if stats.fused_inputs else "Parquet"
+        kept = ", rows kept" if stats.kept else ""
         lines.append(
             f"  {name:<22} {stats.map_tasks:>4} maps -> {stats.reducers:>3} reducers"
             f" {stats.rows_written:>12,} rows {stats.bytes_written / 1e6:>9,.1f} MB"
-            f"  map {stats.map_seconds:6.2f} s  input: {source}"
+            f"  map {stats.map_seconds:6.2f} s  input: {source}{kept}"
         )
     return outcome, lines
 
@@ -382,11 +416,20 @@ def _run(args: argparse.Namespace, resources: contextlib.ExitStack) -> int:
         with SparkShuffle(spark, config_file=args.config) as shuffle:
             factory = shuffle.configuration.get(SHUFFLE_SERVICE_FACTORY_CLASS)
             print(f"shuffle service: {factory}")
+            notes = work / "sessions-function-rows"
+            notes.mkdir()
             (outcome, lines), ours_seconds = _timed(
-                lambda: run_with_pyshuffle(shuffle, events, users, str(work / "pyshuffle-out"))
+                lambda: run_with_pyshuffle(
+                    shuffle, events, users, str(work / "pyshuffle-out"), notes
+                )
             )
         print("shuffle statistics per result:")
         print("\n".join(lines))
+        sessionized = rows_counted(notes)
+        print(
+            f"the sessions function ran on {sessionized:,} events"
+            f" ({sessionized / args.rows:.2f} times each)"
+        )
         _print_outcome(outcome)
         spark_outcome, spark_seconds = _timed(
             lambda: run_with_spark_udfs(spark, events, users, str(work / "spark-out"))
@@ -404,6 +447,7 @@ def _run(args: argparse.Namespace, resources: contextlib.ExitStack) -> int:
             print(f"the same in Spark's own SQL (window functions):  {sql_seconds:6.1f} s")
             references.append(sql_outcome)
         checks = _agree(outcome, references)
+        checks["sessions function once per event"] = sessionized == args.rows
         for name, same in checks.items():
             print(f"verified {name}: {'OK' if same else 'MISMATCH'}")
         return 0 if all(checks.values()) else 1

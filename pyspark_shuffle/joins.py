@@ -75,12 +75,19 @@ def _small_parquet_side(source: MapInput, side: str, threshold: int | None) -> S
 
 
 def _broadcast_join(
-    stages: Stages, small: SmallSide, streamed_frame: DataFrame, operation: Join, schema: StructType
+    stages: Stages,
+    configuration: Configuration,
+    small: SmallSide,
+    streamed_frame: DataFrame,
+    *,
+    operation: Join,
+    schema: StructType,
 ) -> DataFrame:
     """``streamed_frame`` joined task by task with the whole ``small`` side, shared as Spark's
     own broadcast joins share theirs."""
     driver = stages.driver
-    streamed = stages.map_input(streamed_frame)
+    # Not kept: its tasks run the other side's tasks and join in the same pass.
+    streamed = stages.map_input(configuration, streamed_frame, keep=False)
     table, written = small
     shared = driver.link.share(to_ipc_stream(table))
     # Counted as they run where Spark cannot say before (a DataFrame under Spark Connect).
@@ -154,21 +161,26 @@ def join(
     if side is not None:
         other = "left" if side == "right" else "right"
         forced = broadcast == side
-        source = stages.map_input(frames[side])  # built once: a Parquet one lists its files
+        # Built once: a Parquet one lists its files.
+        source = stages.map_input(configuration, frames[side])
         small = _small_parquet_side(source, side, None if forced else threshold)
         if small is not None:
-            return _broadcast_join(stages, small, frames[other], operation, schema)
+            return _broadcast_join(
+                stages, configuration, small, frames[other], operation=operation, schema=schema
+            )
         written[side] = stages.exchange(
             configuration, source, partitioner, f"join-{side}{keys}", automatic=automatic
         )
         if forced or sum(written[side].bytes_per_subpartition) <= threshold:
             small = _collect_broadcast_side(stages, configuration, written[side], side)
-            return _broadcast_join(stages, small, frames[other], operation, schema)
+            return _broadcast_join(
+                stages, configuration, small, frames[other], operation=operation, schema=schema
+            )
     exchanges = [
         written.get(name)
         or stages.exchange(
             configuration,
-            stages.map_input(frames[name]),
+            stages.map_input(configuration, frames[name]),
             partitioner,
             f"join-{name}{keys}",
             automatic=automatic,

@@ -70,6 +70,11 @@ class ReduceOperation(abc.ABC):
         a sorted range or a repartition's key must stay in one reducer."""
         return (False,) * inputs
 
+    def worth_keeping(self) -> bool:
+        """Whether a later reader should read a kept copy of the rows rather than run the
+        reduce tasks again: yes, but for a pass-through, whose tasks only read an exchange."""
+        return True
+
 
 def _results_as_batches(result: pa.Table | Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     if isinstance(result, pa.Table):
@@ -89,6 +94,9 @@ class PassThrough(ReduceOperation):
 
     def splittable_inputs(self, inputs: int) -> tuple[bool, ...]:
         return (self.rebalance,) * inputs
+
+    def worth_keeping(self) -> bool:
+        return False
 
     def apply(
         self, inputs: Sequence[Iterator[pa.RecordBatch]], schemas: Sequence[pa.Schema]

@@ -9,10 +9,17 @@ from typing import Any, Final
 
 from blob import BLOB_OPTIONS
 from scheduling.options import SCHEDULING_OPTIONS
-from shuffle_api.config import ConfigOption, float_option, int_option, memory_option
+from shuffle_api.config import (
+    ConfigOption,
+    bool_option,
+    float_option,
+    int_option,
+    memory_option,
+)
 
 __all__ = [
     "JOIN_BROADCAST_THRESHOLD",
+    "KEEP_RESULTS",
     "MAX_RECOVERY_ATTEMPTS",
     "MAX_SUBPARTITIONS",
     "PROGRESS_INTERVAL",
@@ -61,6 +68,15 @@ JOIN_BROADCAST_THRESHOLD = memory_option(
     " shuffled (Spark's spark.sql.autoBroadcastJoinThreshold); 0: only when join() asks.",
     minimum=0,
 )
+KEEP_RESULTS = bool_option(
+    "pyspark-shuffle.keep-results",
+    True,
+    "A result whose tasks run more than a read (a group-apply, a map, a join, a sort) is kept"
+    " the first time a later operation reads it: its tasks write their rows once to an"
+    " exchange of its own, which that operation and every later one read (so each function"
+    " runs once per row). false: each reader runs its tasks again (fused), which saves that"
+    " write when a result has one reader.",
+)
 PROGRESS_INTERVAL = float_option(
     "pyspark-shuffle.progress.interval",
     5.0,
@@ -80,6 +96,7 @@ PYSPARK_SHUFFLE_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
     REDUCER_MIN_COUNT,
     RANGE_SAMPLE_SIZE,
     JOIN_BROADCAST_THRESHOLD,
+    KEEP_RESULTS,
     PROGRESS_INTERVAL,
     MAX_RECOVERY_ATTEMPTS,
     *SCHEDULING_OPTIONS,

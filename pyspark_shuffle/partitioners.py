@@ -42,6 +42,17 @@ class Partitioner(abc.ABC):
 
 
 @dataclass(frozen=True, slots=True)
+class WholePartitioner(Partitioner):
+    """Every row to the one subpartition: each map task's rows kept whole, in order (a kept
+    result's, read back task by task)."""
+
+    number_of_subpartitions: int = 1
+
+    def subpartitions(self, batch: pa.RecordBatch) -> npt.NDArray[np.int64]:
+        return np.zeros(batch.num_rows, dtype=np.int64)
+
+
+@dataclass(frozen=True, slots=True)
 class HashPartitioner(Partitioner):
     keys: tuple[str, ...]
     number_of_subpartitions: int

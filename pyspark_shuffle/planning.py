@@ -14,12 +14,21 @@ from scheduling.options import SKEW_FACTOR, SKEW_THRESHOLD
 from scheduling.parallelism import ParallelismBounds
 from scheduling.skew import (
     ConsumerPlan,
+    ConsumerTask,
+    InputSlice,
+    ProducerRange,
     SkewOptions,
     plan_consumers,
 )
-from shuffle_api import Configuration
+from shuffle_api import Configuration, SubpartitionRange
 
-__all__ = ["adaptive_plan", "codec_neutral_bytes", "one_reducer", "one_reducer_per_subpartition"]
+__all__ = [
+    "adaptive_plan",
+    "codec_neutral_bytes",
+    "one_reducer",
+    "one_reducer_per_map_task",
+    "one_reducer_per_subpartition",
+]
 
 BytesMatrix = npt.NDArray[np.int64]
 """Bytes map task m wrote to subpartition s, at ``[m, s]``."""
@@ -51,6 +60,17 @@ def one_reducer(inputs: Sequence[BytesMatrix]) -> ConsumerPlan:
     """A single reducer that reads every subpartition of every map task (a side read whole)."""
     bounds = ParallelismBounds(1, 1, bytes_per_task=1)
     return plan_consumers(inputs, bounds, skew=None, splittable=(False,) * len(inputs))
+
+
+def one_reducer_per_map_task(matrix: BytesMatrix) -> ConsumerPlan:
+    """Reducer m reads what map task m wrote, all its subpartitions: a kept result read back
+    task by task, pointwise (the producer ranges of a skew split, one map task each)."""
+    subpartitions = SubpartitionRange(0, matrix.shape[1] - 1)
+    tasks = tuple(
+        ConsumerTask((InputSlice(subpartitions, ProducerRange(m, m)),), int(matrix[m].sum()))
+        for m in range(matrix.shape[0])
+    )
+    return ConsumerPlan(tasks, (), ())
 
 
 def adaptive_plan(

@@ -78,6 +78,11 @@ class RegisteredResult(abc.ABC):
         """Its reduce tasks."""
 
     @abc.abstractmethod
+    def take_dependents(self) -> list[object]:
+        """The frames of results that live only for it (its kept rows' reader), handed over
+        once: they are dropped with it."""
+
+    @abc.abstractmethod
     def map_outputs_rerun(self) -> frozenset[tuple[str, int, bytes]]:
         """Map outputs Spark reran while it was read: (result id, map index, producer)."""
 
@@ -193,12 +198,10 @@ class ResultRegistry(Generic[R, S]):
         """Drop the result ``frame`` is and release the exchanges no other live result
         reads."""
         with self._lock:
-            entry = self._results.pop(id(frame), None)
-            if entry is None:
+            entry = self._results.get(id(frame))
+            if entry is None or entry[0]() is not frame:
                 return
-            result = entry[1]
-            self._chain.drop(result.stage)
-            self._dropped[result.stage] = result
+            result = self._drop(id(frame))
             still_read = self._chain.read_by_live()
             asked = [
                 self._exchanges[exchange.result_id]
@@ -218,9 +221,8 @@ class ResultRegistry(Generic[R, S]):
         with self._lock:
             dead = [key for key, (frame, _) in self._results.items() if frame() is None]
             for key in dead:
-                result = self._results.pop(key)[1]
-                self._chain.drop(result.stage)
-                self._dropped[result.stage] = result
+                if key in self._results:  # not dropped with the result it lived for
+                    self._drop(key)
             unreachable = [
                 self._exchanges[result_id]
                 for result_id in self._chain.releasable(recomputable=self._recomputable())
@@ -264,6 +266,18 @@ class ResultRegistry(Generic[R, S]):
             exchange.release()
         # Once each: a recovered broadcast join shares its broadcast side.
         return list({id(each): each for result in results for each in result.broadcasts}.values())
+
+    def _drop(self, key: int) -> R:
+        """The user dropped the result under ``key``, and with it those that lived only for it
+        (lock held)."""
+        result = self._results.pop(key)[1]
+        self._chain.drop(result.stage)
+        self._dropped[result.stage] = result
+        for frame in result.take_dependents():
+            entry = self._results.get(id(frame))
+            if entry is not None and entry[0]() is frame:
+                self._drop(id(frame))
+        return result
 
     def _forget(self, result: R) -> None:
         """Drop what the driver and executors keep to read ``result``."""

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
 from pyspark_shuffle.broadcast import BroadcastSide
@@ -53,6 +54,9 @@ class ShuffleStatistics:
     broadcast_side: str | None = None
     """For a join: the side broadcast (``"left"`` or ``"right"``; the figures above are that
     side's, ``reducers`` the other side's tasks that joined with it), or ``None``."""
+    kept: bool = False
+    """Later operations read this result's rows from a copy its tasks wrote once (see
+    ``pyspark-shuffle.keep-results``), not by running its tasks again."""
     spark_shuffle_bytes: int | None = None
     """Bytes of Spark's own shuffle that this result's exchanges keep, so that Spark reruns
     map tasks lost with an executor: one small row per map task, read by every reducer (0
@@ -83,6 +87,16 @@ class Result(RegisteredResult):
     wraps: str | None = None
     tasks_run: Tally[frozenset[int]] | None = None
     """A broadcast join whose tasks Spark could not count before they ran: those that ran."""
+    kept: tuple[DataFrame, Result] | None = None
+    """Its rows as kept for later readers (see ``pyspark-shuffle.keep-results``): the
+    DataFrame that reads them back task by task, and its result; held here, for as long as
+    this result is."""
+
+    def take_dependents(self) -> list[object]:
+        if self.kept is None:
+            return []
+        frame, self.kept = self.kept[0], None
+        return [frame]
 
     @property
     def number_of_tasks(self) -> int:
@@ -113,6 +127,7 @@ class Result(RegisteredResult):
                     1 for exchange in (*self.exchanges, *self._upstream()) if exchange.released
                 ),
                 broadcast_side=side.side,
+                kept=self.kept is not None,
             )
         read = self.read.value  # once: both figures from one listing
         exchanges = self.exchanges
@@ -132,6 +147,7 @@ class Result(RegisteredResult):
             unsplittable_subpartitions=self.plan.unsplittable,
             fused_inputs=sum(1 for exchange in exchanges if exchange.upstream),
             upstream_released=sum(1 for exchange in self._upstream() if exchange.released),
+            kept=self.kept is not None,
             spark_shuffle_bytes=_sum_known(
                 exchange.spark_shuffle_bytes() for exchange in exchanges
             ),

@@ -31,7 +31,7 @@ from pyspark_shuffle.operations import (
     PassThrough,
     SortWithin,
 )
-from pyspark_shuffle.options import MAX_SUBPARTITIONS, RANGE_SAMPLE_SIZE
+from pyspark_shuffle.options import MAX_SUBPARTITIONS
 from pyspark_shuffle.parquet import ParquetFilter, ParquetSink, ParquetSource
 from pyspark_shuffle.partitioners import RangePartitioner, choose_boundaries
 from pyspark_shuffle.reduce_stage import Driver
@@ -287,11 +287,11 @@ class SparkShuffle:
         configuration = self.configuration
         sort_keys = sort_keys_of(names, ascending)
         subpartitions = num_partitions or configuration.get(MAX_SUBPARTITIONS)
-        sample = self._stages.sample(frame, names, configuration.get(RANGE_SAMPLE_SIZE))
+        sample = self._stages.sample(configuration, frame, names)
         partitioner = RangePartitioner(
             sort_keys, choose_boundaries(sample, sort_keys, subpartitions), subpartitions
         )
-        source = self._stages.map_input(frame)
+        source = self._stages.map_input(configuration, frame)
         exchange = self._stages.exchange(
             configuration, source, partitioner, f"sort{names}", automatic=num_partitions is None
         )

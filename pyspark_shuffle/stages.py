@@ -5,6 +5,8 @@ from exchanges, each kept in the registry."""
 from __future__ import annotations
 
 import dataclasses
+import logging
+import threading
 from collections.abc import Sequence
 
 import pyarrow as pa
@@ -14,10 +16,11 @@ from pyspark.sql.types import StructType
 from pyspark_shuffle.exchange import Exchange
 from pyspark_shuffle.fused import FusedInput, collect_arrow, sample_rows
 from pyspark_shuffle.inputs import FrameInput, MapInput, RowTasks
-from pyspark_shuffle.operations import ReduceOperation
-from pyspark_shuffle.options import MAX_SUBPARTITIONS
+from pyspark_shuffle.operations import PassThrough, ReduceOperation
+from pyspark_shuffle.options import KEEP_RESULTS, MAX_SUBPARTITIONS, RANGE_SAMPLE_SIZE
 from pyspark_shuffle.parquet import ParquetInput, ParquetSource
-from pyspark_shuffle.partitioners import HashPartitioner, Partitioner
+from pyspark_shuffle.partitioners import HashPartitioner, Partitioner, WholePartitioner
+from pyspark_shuffle.planning import one_reducer_per_map_task
 from pyspark_shuffle.progress import JobLabel
 from pyspark_shuffle.reduce_stage import Driver, plan_reducers, reduce_stage
 from pyspark_shuffle.registry import ResultRegistry
@@ -32,7 +35,9 @@ from shuffle_api import (
     ShuffleMaster,
 )
 
-__all__ = ["Stages", "column_names"]
+__all__ = ["Stages", "check_frame", "column_names"]
+
+_LOG = logging.getLogger(__name__)
 
 
 def column_names(columns: str | Sequence[str]) -> tuple[str, ...]:
@@ -65,6 +70,8 @@ class Stages:
         self._job = job
         # Spark's map output tracker: classic sessions only (Connect has no Py4J).
         self._spark_outputs = spark_outputs
+        # One keeps a result at a time: two operations reading it at once keep it once.
+        self._keeping = threading.RLock()
 
     def hash_partitioner(
         self, configuration: Configuration, keys: tuple[str, ...], num_partitions: int | None
@@ -85,7 +92,7 @@ class Stages:
         check_frame(frame, names, what)
         return self.exchange(
             configuration,
-            self.map_input(frame),
+            self.map_input(configuration, frame),
             self.hash_partitioner(configuration, names, num_partitions),
             f"{what}{names}",
             automatic=num_partitions is None,
@@ -130,34 +137,43 @@ class Stages:
         return None if frame.is_cached else self.registry.result(frame)
 
     def row_tasks(self, frame: DataFrame) -> RowTasks:
-        """The tasks that make ``frame``: its reduce tasks when it is a result of this object,
-        else its own partitions."""
+        """The tasks that make ``frame``: when it is a result of this object, those that read
+        its kept rows back, or its reduce tasks; else its own partitions."""
         result = self.live_result(frame)
-        return FrameInput(frame).row_tasks() if result is None else result.row_tasks
+        if result is None:
+            return FrameInput(frame).row_tasks()
+        return self._reading(result, None).row_tasks
 
-    def map_input(self, frame: DataFrame) -> MapInput:
+    def map_input(
+        self, configuration: Configuration, frame: DataFrame, *, keep: bool = True
+    ) -> MapInput:
         """What the map tasks read: when ``frame`` is a result or a source this object made
-        and Spark did not change since, its reduce tasks (fused) or the source's files; else
-        the rows Spark hands over."""
+        and Spark did not change since, the result's tasks (fused; its kept rows, kept now
+        unless ``keep`` is false) or the source's files; else the rows Spark hands over."""
         result = self.live_result(frame)
         if result is not None:
-            return FusedInput(result.row_tasks, frame.schema, result.exchanges, result.stage)
+            read = self._reading(result, configuration if keep else None)
+            return FusedInput(read.row_tasks, frame.schema, read.exchanges, read.stage)
         source = None if frame.is_cached else self.registry.source(frame)
         if source is not None:
             schema = arrow_schema(self.driver.spark, frame.schema)
             return ParquetInput(self.driver.link, source, frame.schema, schema)
         return FrameInput(frame)
 
-    def sample(self, frame: DataFrame, keys: Sequence[str], wanted: int) -> pa.Table:
-        """A uniform sample of the key columns: from the reduce tasks of a result of this
-        object (fused: no rows through the JVM), else taken in the JVM and collected as
-        Arrow by Python tasks (not by Spark's ``toArrow``, which in PySpark 4.3 refuses a
-        null struct with a non-null field)."""
+    def sample(
+        self, configuration: Configuration, frame: DataFrame, keys: Sequence[str]
+    ) -> pa.Table:
+        """A uniform sample of the key columns: from the tasks of a result of this object
+        (its rows kept first, so that the sort's map stage does not run its tasks again; no
+        rows through the JVM), else taken in the JVM and collected as Arrow by Python tasks
+        (not by Spark's ``toArrow``, which in PySpark 4.3 refuses a null struct with a
+        non-null field)."""
+        wanted = configuration.get(RANGE_SAMPLE_SIZE)
         result = self.live_result(frame)
         if result is not None:
             schema = arrow_schema(self.driver.spark, frame.schema)
             keys_schema = pa.schema([schema.field(key) for key in keys])
-            return sample_rows(result.row_tasks, keys_schema, wanted)
+            return sample_rows(self._reading(result, configuration).row_tasks, keys_schema, wanted)
         keys_only = frame.select(*keys)
         step = f"sample of {', '.join(keys)} for range bounds"
         with JobLabel(self.driver.spark, step):
@@ -166,6 +182,32 @@ class Stages:
             keys_only = keys_only.sample(fraction=min(1.0, 1.2 * wanted / rows), seed=rows)
         tasks = dataclasses.replace(FrameInput(keys_only).row_tasks(), description=step)
         return collect_arrow(tasks, arrow_schema(self.driver.spark, keys_only.schema))
+
+    def _reading(self, result: Result, configuration: Configuration | None) -> Result:
+        """What a later operation reads for ``result``: its kept rows (kept now, the first
+        time, where ``configuration`` keeps results and its tasks are worth keeping), else
+        its own tasks."""
+        with self._keeping:
+            if (
+                result.kept is None
+                and configuration is not None
+                and configuration.get(KEEP_RESULTS)
+                and result.operation.worth_keeping()
+            ):
+                result.kept = self._keep(configuration, result)
+            return result if result.kept is None else result.kept[1]
+
+    def _keep(self, configuration: Configuration, result: Result) -> tuple[DataFrame, Result]:
+        """``result``'s tasks run once more, each writing its rows whole to an exchange of
+        their own; and the result that reads them back, task ``i`` what task ``i`` wrote."""
+        source = FusedInput(result.row_tasks, result.schema, result.exchanges, result.stage)
+        exchange = self.exchange(
+            configuration, source, WholePartitioner(), f"kept-{result.stage}", automatic=False
+        )
+        plan = one_reducer_per_map_task(exchange.bytes_matrix())
+        frame = self.reduce(configuration, [exchange], PassThrough(), result.schema, plan=plan)
+        _LOG.info("kept the rows of %s: later operations read them", result.row_tasks.description)
+        return frame, self.registry.known_result(frame)
 
     def reduce(
         self,

@@ -7,6 +7,10 @@ chain goes on."""
 from __future__ import annotations
 
 import gc
+import os
+import uuid
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -153,10 +157,10 @@ def test_dropped_results_are_released_while_the_chain_goes_on(
     statistics = shuffle.statistics(ranked)
     after = len(service.stored_paths())
     assert ranked.count() == 5
-    # The group_apply's and the join's exchanges go as soon as their results are dropped: on
-    # the external service no rerun of a later stage needs them; on the default service Spark
-    # is told they are gone, so a rerun remakes them.
-    assert statistics.upstream_released == 3
+    # The group_apply's and the join's exchanges, and the rows each kept for its reader, go as
+    # soon as their results are dropped: on the external service no rerun of a later stage
+    # needs them; on the default service Spark is told they are gone, so a rerun remakes them.
+    assert statistics.upstream_released == 5
     assert after - before < while_chained - before
     shuffle.release(ranked)
     shuffle.release(segments)
@@ -175,3 +179,49 @@ def test_a_broadcast_join_over_a_dropped_result_stays_readable(
         gc.collect()
         assert shuffle.statistics(joined).broadcast_side == "right"
         assert multiset(joined) == multiset(_spark_summary(events).join(users, "user"))
+
+
+def _counted(directory: Path) -> Callable[[pa.Table], pa.Table]:
+    """``summarize`` that notes the rows of every call in ``directory`` (local mode: the
+    executors share the driver's disk)."""
+
+    def counted(table: pa.Table) -> pa.Table:
+        note = directory / f"{os.getpid()}-{uuid.uuid4().hex}"
+        note.write_text(str(table.num_rows))
+        return summarize(table)
+
+    return counted
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_a_result_two_operations_read_runs_its_function_once_per_row(
+    spark: SparkSession,
+    service: ShuffleService,
+    events: DataFrame,
+    tmp_path: Path,
+    keep: bool,
+) -> None:
+    from pyspark.sql import functions as F  # noqa: N812, PLC0415
+
+    before = len(service.stored_paths())
+    config = service.config(**{"pyspark-shuffle.keep-results": keep})
+    with SparkShuffle(spark, config=config) as shuffle:
+        summary = shuffle.group_apply(events, "user", _counted(tmp_path), SUMMARY)
+        busiest = shuffle.sort(summary, ["events", "user"], ascending=[False, True])
+        sizes = shuffle.group_apply(
+            summary,
+            "events",
+            lambda table: pa.table({"events": table["events"][:1], "users": [table.num_rows]}),
+            "events long, users long",
+        )
+        expected = _spark_summary(events)
+        assert ordered(busiest) == ordered(expected.orderBy(F.desc("events"), "user"))
+        assert multiset(sizes) == multiset(
+            expected.groupBy("events").agg(F.count("*").alias("users"))
+        )
+        assert shuffle.statistics(summary).kept is keep
+        assert shuffle.statistics(busiest).fused_inputs == 1
+        rows = sum(int(note.read_text()) for note in tmp_path.iterdir())
+        # Kept: once. Else three times: the sort's sample and map stage, the group-apply's.
+        assert rows == (ROWS if keep else 3 * ROWS)
+    assert len(service.stored_paths()) == before

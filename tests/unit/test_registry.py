@@ -85,6 +85,7 @@ class _Result(RegisteredResult):
         self.broadcasts: tuple[Shared[Any], ...] = (self.shared,)
         self.consumed_groups: Sequence[ConsumedPartitionGroup] = ()
         self._reruns = reruns
+        self.dependents: list[object] = []
 
     @property
     def number_of_tasks(self) -> int:
@@ -92,6 +93,10 @@ class _Result(RegisteredResult):
 
     def map_outputs_rerun(self) -> frozenset[tuple[str, int, bytes]]:
         return self._reruns
+
+    def take_dependents(self) -> list[object]:
+        dependents, self.dependents = self.dependents, []
+        return dependents
 
 
 class _Frame:
@@ -242,3 +247,20 @@ def test_a_source_is_found_by_its_frame_while_it_lives() -> None:
     registry.add_source(frame, "s3://bucket/table")
     assert registry.source(frame) == "s3://bucket/table"
     assert registry.source(_Frame()) is None
+
+
+def test_a_result_s_kept_rows_go_with_it() -> None:
+    registry = _registry()
+    x1 = _write(registry, _Exchange("x1"))
+    frame = _Frame()
+    result = _Result("r1", [x1])
+    registry.remember(frame, result)
+    kept = _write(registry, _Exchange("kept", fused_from="r1"))
+    reader = _Frame()
+    registry.remember(reader, _Result("read-kept", [kept]))
+    result.dependents = [reader]  # held by the result alone
+    del reader
+    registry.release_unreachable()
+    assert not kept.released  # read by a live result, for as long as r1 is held
+    registry.release(frame)
+    assert (x1.released, kept.released) == (True, True)
