@@ -36,6 +36,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as sf
 
 from pyspark_shuffle.local_spark import local_connect_server, local_spark_session
+from pyspark_shuffle.options import KEEP_RESULTS
 from pyspark_shuffle.session import SparkShuffle
 from shuffle_api.options import SHUFFLE_SERVICE_FACTORY_CLASS
 
@@ -415,9 +416,9 @@ def _run(args: argparse.Namespace, resources: contextlib.ExitStack) -> int:
         _start_python_workers(spark, args.cores)
         with SparkShuffle(spark, config_file=args.config) as shuffle:
             factory = shuffle.configuration.get(SHUFFLE_SERVICE_FACTORY_CLASS)
+            keeping = shuffle.configuration.get(KEEP_RESULTS)
             print(f"shuffle service: {factory}")
-            notes = work / "sessions-function-rows"
-            notes.mkdir()
+            notes = Path(tempfile.mkdtemp(prefix="sessions-function-rows-", dir=work))
             (outcome, lines), ours_seconds = _timed(
                 lambda: run_with_pyshuffle(
                     shuffle, events, users, str(work / "pyshuffle-out"), notes
@@ -447,7 +448,8 @@ def _run(args: argparse.Namespace, resources: contextlib.ExitStack) -> int:
             print(f"the same in Spark's own SQL (window functions):  {sql_seconds:6.1f} s")
             references.append(sql_outcome)
         checks = _agree(outcome, references)
-        checks["sessions function once per event"] = sessionized == args.rows
+        if keeping:  # else each reader of the sessions runs the function again
+            checks["sessions function once per event"] = sessionized == args.rows
         for name, same in checks.items():
             print(f"verified {name}: {'OK' if same else 'MISMATCH'}")
         return 0 if all(checks.values()) else 1

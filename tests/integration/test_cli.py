@@ -28,11 +28,19 @@ def test_demo_runs_the_pyspark_pipeline_and_verifies_it(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "shuffle service: netty_like.NettyShuffleServiceFactory" in result.stdout
-    for check in ("sessions", "segments", "categories", "global order"):
+    checks = (
+        "sessions",
+        "segments",
+        "categories",
+        "global order",
+        "sessions function once per event",
+    )
+    for check in checks:
         assert f"verified {check}: OK" in result.stdout
     assert "20,000 rows" in result.stdout  # the statistics of the sessions' group-apply
     assert "input: fused" in result.stdout  # the join reads the sessions' reduce tasks
     assert "the same functions through Spark's applyInArrow" in result.stdout
+    assert "the sessions function ran on 20,000 events (1.00 times each)" in result.stdout
     assert list(store.iterdir()) == []  # the demo releases everything it wrote
 
 
