@@ -4,6 +4,7 @@ figures it gives in :class:`ShuffleStatistics`."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -91,6 +92,10 @@ class Result(RegisteredResult):
     """Its rows as kept for later readers (see ``pyspark-shuffle.keep-results``): the
     DataFrame that reads them back task by task, and its result; held here, for as long as
     this result is."""
+    keeping: threading.Lock = dataclasses.field(
+        default_factory=threading.Lock, init=False, repr=False, compare=False
+    )
+    """Held while its rows are kept: two operations reading it at once keep them once."""
 
     def take_dependents(self) -> list[object]:
         if self.kept is None:

@@ -143,7 +143,7 @@ class SparkShuffle:
         spark_schema = frame.schema
         schema = arrow_schema(self._spark, spark_schema)
         sink = ParquetSink(path, names, new_id()[:16], schema, spark_schema, compression)
-        return write_parquet(self._stages.row_tasks(frame), sink, mode)
+        return write_parquet(self._stages.row_tasks(self.configuration, frame), sink, mode)
 
     def to_arrow(self, frame: DataFrame) -> pa.Table:
         """``frame`` as a ``pyarrow.Table`` in the driver, in its order: a result of this
@@ -151,7 +151,7 @@ class SparkShuffle:
         rows)."""
         check_carried(frame.schema, "to_arrow")
         schema = arrow_schema(self._spark, frame.schema, timezone="UTC")  # as toArrow's
-        return collect_arrow(self._stages.row_tasks(frame), schema)
+        return collect_arrow(self._stages.row_tasks(self.configuration, frame), schema)
 
     # -- operations ---------------------------------------------------------------------
 
@@ -230,7 +230,7 @@ class SparkShuffle:
         for exchange in found.exchanges:
             exchange.recover()
         again = found.row_tasks.frame.mapInArrow(found.row_tasks.produce, found.schema)
-        self._registry.remember(again, dataclasses.replace(found, stage=new_stage()))
+        self._registry.remember(again, dataclasses.replace(found, stage=new_stage(), kept=None))
         return again
 
     def group_apply(

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 from collections.abc import Sequence
 
 import pyarrow as pa
@@ -70,8 +69,6 @@ class Stages:
         self._job = job
         # Spark's map output tracker: classic sessions only (Connect has no Py4J).
         self._spark_outputs = spark_outputs
-        # One keeps a result at a time: two operations reading it at once keep it once.
-        self._keeping = threading.RLock()
 
     def hash_partitioner(
         self, configuration: Configuration, keys: tuple[str, ...], num_partitions: int | None
@@ -136,13 +133,13 @@ class Stages:
         and reading them beats rerunning the reduce)."""
         return None if frame.is_cached else self.registry.result(frame)
 
-    def row_tasks(self, frame: DataFrame) -> RowTasks:
+    def row_tasks(self, configuration: Configuration, frame: DataFrame) -> RowTasks:
         """The tasks that make ``frame``: when it is a result of this object, those that read
         its kept rows back, or its reduce tasks; else its own partitions."""
         result = self.live_result(frame)
         if result is None:
             return FrameInput(frame).row_tasks()
-        return self._reading(result, None).row_tasks
+        return self._reading(result, configuration, keep=False).row_tasks
 
     def map_input(
         self, configuration: Configuration, frame: DataFrame, *, keep: bool = True
@@ -152,7 +149,7 @@ class Stages:
         unless ``keep`` is false) or the source's files; else the rows Spark hands over."""
         result = self.live_result(frame)
         if result is not None:
-            read = self._reading(result, configuration if keep else None)
+            read = self._reading(result, configuration, keep=keep)
             return FusedInput(read.row_tasks, frame.schema, read.exchanges, read.stage)
         source = None if frame.is_cached else self.registry.source(frame)
         if source is not None:
@@ -173,7 +170,9 @@ class Stages:
         if result is not None:
             schema = arrow_schema(self.driver.spark, frame.schema)
             keys_schema = pa.schema([schema.field(key) for key in keys])
-            return sample_rows(self._reading(result, configuration).row_tasks, keys_schema, wanted)
+            return sample_rows(
+                self._reading(result, configuration, keep=True).row_tasks, keys_schema, wanted
+            )
         keys_only = frame.select(*keys)
         step = f"sample of {', '.join(keys)} for range bounds"
         with JobLabel(self.driver.spark, step):
@@ -183,30 +182,38 @@ class Stages:
         tasks = dataclasses.replace(FrameInput(keys_only).row_tasks(), description=step)
         return collect_arrow(tasks, arrow_schema(self.driver.spark, keys_only.schema))
 
-    def _reading(self, result: Result, configuration: Configuration | None) -> Result:
+    def _reading(self, result: Result, configuration: Configuration, *, keep: bool) -> Result:
         """What a later operation reads for ``result``: its kept rows (kept now, the first
-        time, where ``configuration`` keeps results and its tasks are worth keeping), else
-        its own tasks."""
-        with self._keeping:
+        time, where ``keep`` and ``configuration`` say so and its tasks are worth keeping;
+        first remade where some were lost), else its own tasks."""
+        with result.keeping:
+            kept = result.kept
             if (
-                result.kept is None
-                and configuration is not None
+                kept is None
+                and keep
                 and configuration.get(KEEP_RESULTS)
                 and result.operation.worth_keeping()
             ):
-                result.kept = self._keep(configuration, result)
-            return result if result.kept is None else result.kept[1]
+                source = FusedInput(result.row_tasks, result.schema, result.exchanges, result.stage)
+                name = f"kept-{result.stage}"
+                exchange = self.exchange(
+                    configuration, source, WholePartitioner(), name, automatic=False
+                )
+                kept = result.kept = self._kept_reader(configuration, result, exchange)
+                _LOG.info("kept the rows of %s for later operations", result.row_tasks.description)
+            elif kept is not None and kept[1].exchanges[0].recover():
+                # The reader names the attempts that were lost: one that reads their reruns.
+                exchange = kept[1].exchanges[0]
+                kept = result.kept = self._kept_reader(configuration, result, exchange)
+            return result if kept is None else kept[1]
 
-    def _keep(self, configuration: Configuration, result: Result) -> tuple[DataFrame, Result]:
-        """``result``'s tasks run once more, each writing its rows whole to an exchange of
-        their own; and the result that reads them back, task ``i`` what task ``i`` wrote."""
-        source = FusedInput(result.row_tasks, result.schema, result.exchanges, result.stage)
-        exchange = self.exchange(
-            configuration, source, WholePartitioner(), f"kept-{result.stage}", automatic=False
-        )
+    def _kept_reader(
+        self, configuration: Configuration, result: Result, exchange: Exchange
+    ) -> tuple[DataFrame, Result]:
+        """The result that reads ``result``'s kept rows back: task ``i`` what its task ``i``
+        wrote to ``exchange``."""
         plan = one_reducer_per_map_task(exchange.bytes_matrix())
         frame = self.reduce(configuration, [exchange], PassThrough(), result.schema, plan=plan)
-        _LOG.info("kept the rows of %s: later operations read them", result.row_tasks.description)
         return frame, self.registry.known_result(frame)
 
     def reduce(

@@ -89,6 +89,47 @@ def test_recover_after_a_failed_action_gives_a_result_that_reads(
     assert multiset(recovered) == multiset(data)
 
 
+def _rows_per_key(table: pa.Table) -> pa.Table:
+    return pa.table({"k": table["k"][:1], "rows": pa.array([table.num_rows], pa.int64())})
+
+
+def test_lost_kept_rows_are_remade_before_a_later_read(
+    shuffle: SparkShuffle, data: DataFrame
+) -> None:
+    counts = shuffle.group_apply(data, "k", _rows_per_key, "k long, rows long")
+    again = shuffle.repartition(counts, "k", num_partitions=2)  # keeps the counts' rows
+    assert shuffle.statistics(counts).kept
+    [kept] = shuffle.exchanges(again)[0].upstream
+    assert isinstance(kept, Exchange)
+    _delete_outputs(kept, [0])
+    expected = Counter((row["k"], row["count"]) for row in data.groupBy("k").count().collect())
+    # to_arrow reads the kept rows: the lost one is remade first, and read where it is now.
+    table = shuffle.to_arrow(counts)
+    assert Counter(zip(table["k"].to_pylist(), table["rows"].to_pylist(), strict=True)) == (
+        expected
+    )
+    assert kept.runs.per_map[0] == 2
+    assert sum(expected.values()) == 38  # 37 keys and null
+
+
+def test_a_recovered_broadcast_join_does_not_share_kept_rows(
+    shuffle: SparkShuffle, data: DataFrame
+) -> None:
+    counts = shuffle.group_apply(data, "k", _rows_per_key, "k long, rows long")
+    joined = shuffle.join(
+        counts, counts.selectExpr("k", "rows * 2 as twice"), "k", broadcast="right"
+    )
+    shuffle.repartition(joined, "k", num_partitions=2)  # keeps the join's rows
+    recovered = shuffle.recover(joined)
+    assert shuffle.statistics(joined).kept
+    assert not shuffle.statistics(recovered).kept
+    shuffle.release(joined)  # its kept rows go; the recovered join reads its own tasks
+    spark_counts = data.groupBy("k").count().withColumnRenamed("count", "rows")
+    expected = spark_counts.join(spark_counts.selectExpr("k", "rows * 2 as twice"), "k")
+    assert multiset(recovered) == multiset(expected)
+    assert shuffle.to_arrow(recovered).num_rows == 37  # the null key joins nothing
+
+
 def test_a_retried_map_task_writes_no_duplicate_rows(
     spark: SparkSession, shuffle: SparkShuffle, tmp_path: Path
 ) -> None:

@@ -225,3 +225,13 @@ def test_a_result_two_operations_read_runs_its_function_once_per_row(
         # Kept: once. Else three times: the sort's sample and map stage, the group-apply's.
         assert rows == (ROWS if keep else 3 * ROWS)
     assert len(service.stored_paths()) == before
+
+
+def test_a_kept_sort_keeps_its_order(shuffle: SparkShuffle, events: DataFrame) -> None:
+    ranked = shuffle.sort(events, ["amount", "id"], ascending=[False, True])
+    shuffle.repartition(ranked, "category", num_partitions=2)  # keeps the sort's rows
+    assert shuffle.statistics(ranked).kept
+    table = shuffle.to_arrow(ranked)  # read back through the kept rows
+    pairs = list(zip(table["amount"].to_pylist(), table["id"].to_pylist(), strict=True))
+    assert len(pairs) == ROWS
+    assert pairs == sorted(pairs, key=lambda pair: (-pair[0], pair[1]))

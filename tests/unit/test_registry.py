@@ -264,3 +264,19 @@ def test_a_result_s_kept_rows_go_with_it() -> None:
     assert not kept.released  # read by a live result, for as long as r1 is held
     registry.release(frame)
     assert (x1.released, kept.released) == (True, True)
+
+
+def test_a_collected_result_s_kept_rows_go_with_it() -> None:
+    registry = _registry()
+    x1 = _write(registry, _Exchange("x1"))
+    frame = _Frame()
+    result = _Result("r1", [x1])
+    registry.remember(frame, result)
+    kept = _write(registry, _Exchange("kept", fused_from="r1"))
+    reader = _Frame()
+    registry.remember(reader, _Result("read-kept", [kept]))
+    result.dependents = [reader]
+    del reader, result, frame
+    gc.collect()
+    registry.release_unreachable()
+    assert (x1.released, kept.released) == (True, True)
