@@ -249,25 +249,11 @@ def test_a_source_is_found_by_its_frame_while_it_lives() -> None:
     assert registry.source(_Frame()) is None
 
 
-def test_a_result_s_kept_rows_go_with_it() -> None:
-    registry = _registry()
-    x1 = _write(registry, _Exchange("x1"))
-    frame = _Frame()
-    result = _Result("r1", [x1])
-    registry.remember(frame, result)
-    kept = _write(registry, _Exchange("kept", fused_from="r1"))
-    reader = _Frame()
-    registry.remember(reader, _Result("read-kept", [kept]))
-    result.dependents = [reader]  # held by the result alone
-    del reader
-    registry.release_unreachable()
-    assert not kept.released  # read by a live result, for as long as r1 is held
-    registry.release(frame)
-    assert (x1.released, kept.released) == (True, True)
-
-
-def test_a_collected_result_s_kept_rows_go_with_it() -> None:
-    registry = _registry()
+def _kept_chain(
+    registry: ResultRegistry[_Result, str],
+) -> tuple[_Frame, _Result, _Exchange, _Exchange]:
+    """r1 over x1, and the rows r1 kept: an exchange its tasks wrote, whose reader only r1
+    holds (as ``Result.kept`` does)."""
     x1 = _write(registry, _Exchange("x1"))
     frame = _Frame()
     result = _Result("r1", [x1])
@@ -276,7 +262,22 @@ def test_a_collected_result_s_kept_rows_go_with_it() -> None:
     reader = _Frame()
     registry.remember(reader, _Result("read-kept", [kept]))
     result.dependents = [reader]
-    del reader, result, frame
+    return frame, result, x1, kept
+
+
+def test_a_result_s_kept_rows_go_with_it() -> None:
+    registry = _registry()
+    frame, _, x1, kept = _kept_chain(registry)
+    registry.release_unreachable()
+    assert not kept.released  # read by a live result, for as long as r1 is held
+    registry.release(frame)
+    assert (x1.released, kept.released) == (True, True)
+
+
+def test_a_collected_result_s_kept_rows_go_with_it() -> None:
+    registry = _registry()
+    frame, result, x1, kept = _kept_chain(registry)
+    del result, frame
     gc.collect()
     registry.release_unreachable()
     assert (x1.released, kept.released) == (True, True)
