@@ -39,10 +39,10 @@ from pyspark_shuffle.tasks import (
     merge_map_reports,
     run_map_task,
 )
+from scheduling.map_sizes import MapSizes
 from shuffle_api import (
     Configuration,
     InvalidOperationError,
-    PartitionStatistics,
     ProducerDescriptor,
     RecordingJobContext,
     SerializationError,
@@ -86,7 +86,7 @@ class MapOutput:
 
     map_index: int
     descriptor: ShuffleDescriptor
-    statistics: PartitionStatistics
+    sizes: MapSizes
 
 
 @dataclass
@@ -105,9 +105,7 @@ def _producer(encoded: bytes, sender: str) -> ProducerDescriptor:
     return producer
 
 
-_REPORTED_SCHEMA: Final = (
-    f"{MAP_OUTPUT_SCHEMA}, statistics binary, subpartitions long, arrow_schema binary"
-)
+_REPORTED_SCHEMA: Final = f"{MAP_OUTPUT_SCHEMA}, sizes binary, arrow_schema binary"
 """A map task's row with its :class:`MapReport`'s fields in it (where no Spark shuffle of the
 rows is held)."""
 
@@ -207,12 +205,11 @@ class Exchange(RegisteredExchange):
                 reports.add({(map_index, attempt): result.report})
             else:
                 report = result.report
-                for name, value, kind in (
-                    ("statistics", report.statistics, pa.binary()),
-                    ("subpartitions", report.subpartitions, pa.int64()),
-                    ("arrow_schema", report.arrow_schema, pa.binary()),
+                for name, value in (
+                    ("sizes", report.sizes),
+                    ("arrow_schema", report.arrow_schema),
                 ):
-                    row = row.append_column(name, pa.array([value], kind))
+                    row = row.append_column(name, pa.array([value], pa.binary()))
             yield row
 
         schema = MAP_OUTPUT_SCHEMA if self._reports is not None else _REPORTED_SCHEMA
@@ -231,18 +228,14 @@ class Exchange(RegisteredExchange):
             return dict(self._outputs)
 
     @property
-    def rows_per_subpartition(self) -> tuple[int, ...]:
-        return self._sum_per_subpartition("rows_per_subpartition")
+    def total_rows(self) -> int:
+        """Rows its registered map outputs hold."""
+        return sum(output.sizes.rows for output in self.outputs.values())
 
     @property
-    def bytes_per_subpartition(self) -> tuple[int, ...]:
-        return self._sum_per_subpartition("bytes_per_subpartition")
-
-    def _sum_per_subpartition(self, what: str) -> tuple[int, ...]:
-        totals = np.zeros(self.spec.partitioner.number_of_subpartitions, dtype=np.int64)
-        for output in self.outputs.values():
-            totals += np.asarray(getattr(output.statistics, what), dtype=np.int64)
-        return tuple(int(value) for value in totals)
+    def total_bytes(self) -> int:
+        """Bytes its registered map outputs hold, as stored."""
+        return sum(output.sizes.stored_bytes for output in self.outputs.values())
 
     def write(self) -> None:
         """Run the map stage: every input partition written once."""
@@ -401,11 +394,7 @@ class Exchange(RegisteredExchange):
     def _report_of(self, row: Row) -> MapReport:
         if self._reports is None:
             schema = row["arrow_schema"]
-            return MapReport(
-                bytes(row["statistics"]),
-                int(row["subpartitions"]),
-                None if schema is None else bytes(schema),
-            )
+            return MapReport(bytes(row["sizes"]), None if schema is None else bytes(schema))
         # Spark merges a task's accumulator updates before the job that ran it ends.
         report = self._reports.value.get((int(row["map_index"]), str(row["attempt"])))
         if report is None:
@@ -419,7 +408,7 @@ class Exchange(RegisteredExchange):
         schema = report.schema()
         if schema is not None and self._schema is None:
             self._schema = schema
-        self._replace(MapOutput(map_index, descriptor, report.partition_statistics()))
+        self._replace(MapOutput(map_index, descriptor, report.map_sizes()))
 
     def _replace(self, output: MapOutput) -> None:
         """Make ``output`` the registered attempt of its map task; release the one before."""
@@ -490,16 +479,13 @@ class Exchange(RegisteredExchange):
 
     def bytes_matrix(self) -> npt.NDArray[np.int64]:
         """Bytes map task m wrote to subpartition s, at ``[m, s]``, as plans weigh them
-        (:func:`~pyspark_shuffle.planning.codec_neutral_bytes`)."""
+        (:func:`~pyspark_shuffle.planning.codec_neutral_bytes` of the estimates of
+        :class:`~scheduling.map_sizes.MapSizes`). Built for a plan and dropped after it."""
         by_index = self.outputs
-        outputs = [by_index[index] for index in range(self.number_of_maps)]
         shape = (self.number_of_maps, self.spec.partitioner.number_of_subpartitions)
-        stored, arrow = (
-            np.array(
-                [getattr(output.statistics, what) for output in outputs], dtype=np.int64
-            ).reshape(shape)
-            for what in ("bytes_per_subpartition", "arrow_bytes_per_subpartition")
-        )
+        stored, arrow = np.zeros(shape, dtype=np.int64), np.zeros(shape, dtype=np.int64)
+        for index in range(self.number_of_maps):
+            stored[index], arrow[index] = by_index[index].sizes.estimate()
         return codec_neutral_bytes(stored, arrow)
 
     def release(self, *, forget_in_spark: bool = False) -> bool:

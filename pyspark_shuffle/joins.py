@@ -134,7 +134,7 @@ def _collect_broadcast_side(
         stages.registry.known_result(reader).row_tasks,
         arrow_schema(stages.driver.spark, small.frame_schema),
     )
-    rows, size = sum(small.rows_per_subpartition), sum(small.bytes_per_subpartition)
+    rows, size = small.total_rows, small.total_bytes
     stages.registry.release(reader)
     return table, BroadcastSide(side, small.number_of_maps, small.runs.seconds, rows, size, 0)
 
@@ -171,7 +171,7 @@ def join(
         written[side] = stages.exchange(
             configuration, source, partitioner, f"join-{side}{keys}", automatic=automatic
         )
-        if forced or sum(written[side].bytes_per_subpartition) <= threshold:
+        if forced or written[side].total_bytes <= threshold:
             small = _collect_broadcast_side(stages, configuration, written[side], side)
             return _broadcast_join(
                 stages, configuration, small, frames[other], operation=operation, schema=schema

@@ -140,8 +140,8 @@ class Result(RegisteredResult):
             map_tasks=sum(exchange.number_of_maps for exchange in exchanges),
             map_seconds=sum(exchange.runs.seconds for exchange in exchanges),
             reducers=len(self.plan.tasks),
-            rows_written=sum(sum(exchange.rows_per_subpartition) for exchange in exchanges),
-            bytes_written=sum(sum(exchange.bytes_per_subpartition) for exchange in exchanges),
+            rows_written=sum(exchange.total_rows for exchange in exchanges),
+            bytes_written=sum(exchange.total_bytes for exchange in exchanges),
             rows_read=read[0],
             bytes_read=read[1],
             map_tasks_rerun=sum(

@@ -26,6 +26,7 @@ from scheduling.deployment import (
     ConsumerDeploymentDescriptor,
     resolve_gate,
 )
+from scheduling.map_sizes import MapSizes
 from shuffle_api import (
     Configuration,
     InputGateDeploymentDescriptor,
@@ -156,24 +157,23 @@ def task_attempt_id() -> str:
 
 @dataclass(frozen=True, slots=True)
 class MapReport:
-    """What one map task attempt wrote, for the driver: its statistics, compressed (see
-    ``PartitionStatistics.encode``), and the Arrow schema of its batches (``None`` when it
-    wrote no rows)."""
+    """What one map task attempt wrote, for the driver: its sizes, compressed (see
+    :class:`~scheduling.map_sizes.MapSizes`: O(1) for the driver to keep, where every
+    subpartition's rows and bytes would be O(R)), and the Arrow schema of its batches
+    (``None`` when it wrote no rows)."""
 
-    statistics: bytes
-    subpartitions: int
+    sizes: bytes
     arrow_schema: bytes | None
 
     @classmethod
     def of(cls, statistics: PartitionStatistics, schema: pa.Schema | None) -> MapReport:
         return cls(
-            statistics.encode(),
-            len(statistics.rows_per_subpartition),
+            MapSizes.of(statistics).encode(),
             None if schema is None else schema.serialize().to_pybytes(),
         )
 
-    def partition_statistics(self) -> PartitionStatistics:
-        return PartitionStatistics.decode(self.statistics, self.subpartitions)
+    def map_sizes(self) -> MapSizes:
+        return MapSizes.decode(self.sizes)
 
     def schema(self) -> pa.Schema | None:
         if self.arrow_schema is None:

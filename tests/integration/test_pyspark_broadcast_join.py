@@ -107,7 +107,7 @@ def test_a_side_above_the_threshold_is_shuffled_and_written_once(
     assert right_exchange.name.startswith("join-right")
     # The right side's map stage ran once: its output, too large to broadcast, is shuffled.
     assert set(right_exchange.runs.per_map.values()) == {1}
-    assert sum(right_exchange.rows_per_subpartition) == dimension.count()
+    assert right_exchange.total_rows == dimension.count()
     assert multiset(result) == multiset(spark_join(facts, dimension, how))
 
 

@@ -26,6 +26,7 @@ from pyspark_shuffle.planning import (
 )
 from pyspark_shuffle.sorting import SortKey, sort_indices, sort_keys_of
 from pyspark_shuffle.tasks import MapReport, merge_map_reports
+from scheduling.map_sizes import MapSizes
 from scheduling.skew import InputSlice, ProducerRange
 from shuffle_api import (
     Configuration,
@@ -705,22 +706,22 @@ def test_a_void_key_matches_nothing_as_in_spark(how: str) -> None:
 
 
 @pytest.mark.parametrize("subpartitions", [0, 1, 4_000])
-def test_a_map_report_gives_back_its_statistics_and_schema(subpartitions: int) -> None:
+def test_a_map_report_gives_back_its_sizes_and_schema(subpartitions: int) -> None:
     rng = np.random.default_rng(subpartitions)
     rows = rng.integers(0, 10, subpartitions).tolist()
     written = (rng.integers(0, 2**40, subpartitions) * 7).tolist()
     statistics = PartitionStatistics(tuple(rows), tuple(written), tuple(w + 3 for w in written))
     schema = pa.schema({"k": pa.int64(), "tags": pa.map_(pa.string(), pa.int32())})
     report = MapReport.of(statistics, schema)
-    assert report.partition_statistics() == statistics
+    assert report.map_sizes() == MapSizes.of(statistics)
     assert report.schema() == schema
     assert MapReport.of(statistics, None).schema() is None
 
 
-def test_map_reports_of_a_few_rows_per_subpartition_travel_compressed() -> None:
-    counts = tuple(int(n) for n in np.random.default_rng(1).integers(0, 8, 4_000))
+def test_a_map_report_does_not_grow_with_subpartitions_all_written() -> None:
+    counts = tuple(int(n) for n in np.random.default_rng(1).integers(1, 8, 4_000))
     report = MapReport.of(PartitionStatistics(counts, counts, counts), None)
-    assert len(report.statistics) < 3 * 8 * len(counts) / 4
+    assert len(report.sizes) < 100
 
 
 def test_map_reports_merge_in_place_keeping_every_attempt() -> None:
