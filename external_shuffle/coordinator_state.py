@@ -160,7 +160,7 @@ class CoordinatorState:
                 if entry is None:
                     self._track(_Partition(partition, (address.worker_id,), now))
                     adopted += 1
-                elif not entry.application_id:
+                elif not entry.job_id:
                     self._set_replicas(entry, (*entry.replicas, address.worker_id))
                 else:
                     obsolete.add(partition)  # its application has it placed elsewhere
@@ -220,7 +220,7 @@ class CoordinatorState:
                 for replica in entry.replicas:
                     self._workers[replica].pending_release.add(entry.partition)
                 application = self._applications.get(entry.application_id)
-                if application is not None:
+                if application is not None and entry.job_id:
                     application.lost.append((entry.job_id, entry.partition))
         logger.warning(
             "worker declared dead: %s; %d partitions lost",
@@ -333,9 +333,10 @@ class CoordinatorState:
         self, request: pb.RegisterPartitionRequest, partition: ResultPartitionID
     ) -> PartitionPlacement:
         """Place the partition attempt, or give its place (idempotent); with ``placed_on``,
-        track it where the client says it is. The driver's call claims it for its job."""
+        track it where the client says it is. A producer's call names the application it
+        writes for (kept while that lives); the driver's claims it for its job."""
         with self._lock:
-            if request.application_id:
+            if request.job_id:
                 application = self._application(request.application_id)
                 if request.job_id not in application.jobs:
                     raise NotRegisteredError(
@@ -351,15 +352,19 @@ class CoordinatorState:
                 else:
                     entry.replicas = self._place(partition, request)
                     self._track(entry)
-            elif request.placed_on and not entry.application_id:
+            elif request.placed_on and not entry.job_id:
                 # Adopted from the workers that registered so far: the client knows them all.
                 self._restore_replicas(entry, request.placed_on)
-            if request.application_id and not entry.application_id:
+            if request.application_id and entry.application_id not in (
+                "",
+                request.application_id,
+            ):
+                raise NotRegisteredError(f"partition {partition} belongs to another application")
+            if request.application_id:
                 entry.application_id = request.application_id
+            if request.job_id and not entry.job_id:
                 entry.job_id = request.job_id
                 entry.persistent = request.persistent
-            elif request.application_id and entry.application_id != request.application_id:
-                raise NotRegisteredError(f"partition {partition} belongs to another application")
             return self._placement_of(entry)
 
     def release_partitions(
@@ -426,10 +431,13 @@ class CoordinatorState:
                 entries.extend(
                     e for e in self._partitions.values() if e.application_id == application_id
                 )
+            # Unclaimed: no application known here owns it (adopted from a worker, or placed
+            # for an application that never registered here).
             unclaimed = [
                 entry
                 for entry in self._partitions.values()
-                if not entry.application_id and now - entry.placed_at > self.application_timeout
+                if entry.application_id not in self._applications
+                and now - entry.placed_at > self.application_timeout
             ]
             for partition, released_at in list(self._released.items()):
                 if now - released_at <= self.application_timeout:

@@ -13,6 +13,7 @@ from external_shuffle.coordinators import Coordinators
 from external_shuffle.descriptor import ExternalShuffleDescriptor
 from external_shuffle.gate import ExternalInputGate, GateSettings
 from external_shuffle.options import (
+    CLIENT_APPLICATION,
     CLIENT_RETRY_TIMEOUT,
     CLIENT_TIMEOUT,
     MAX_IN_FLIGHT,
@@ -163,8 +164,10 @@ class ExternalShuffleEnvironment(ShuffleEnvironment):
         self, descriptor: PartitionDescriptor, partition: ResultPartitionID
     ) -> tuple[WorkerAddress, ...]:
         """Ask the coordinator where to push a partition whose descriptor is still unknown
-        (the engine registers it with the master after the task; it gets the same place)."""
+        (the engine registers it with the master after the task; it gets the same place).
+        Placed for the application the master named, if it did: kept while it lives."""
         request = pb.RegisterPartitionRequest(
+            application_id=self._config.get(CLIENT_APPLICATION),
             partition=key_of(partition),
             number_of_subpartitions=descriptor.number_of_subpartitions,
             producer_host=self._host,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
@@ -25,6 +25,7 @@ from external_shuffle.channels import ChannelPool, ClientSettings, translate_rpc
 from external_shuffle.coordinators import Coordinators
 from external_shuffle.descriptor import ExternalShuffleDescriptor
 from external_shuffle.options import (
+    CLIENT_APPLICATION,
     CLIENT_HEARTBEAT_INTERVAL,
     CLIENT_RETRY_TIMEOUT,
     REPLICATION_FACTOR,
@@ -410,6 +411,12 @@ class ExternalShuffleMaster(ShuffleMaster):
             f"releasing {len(request.partitions)} partitions",
             lambda stub: stub.ReleasePartitions(request, timeout=self._settings.timeout),
         )
+
+    def environment_configuration(self) -> Mapping[str, str]:
+        """Producers place partitions on behalf of this application: the coordinator keeps
+        them while it lives, not only for the application timeout until the driver claims
+        them at the end of the map stage."""
+        return {CLIENT_APPLICATION.key: self.application_id}
 
     def partitions_with_metrics(self, job_id: str) -> Future[list[PartitionWithMetrics]]:
         """Every partition the job registered: available with its statistics if a live worker

@@ -22,6 +22,7 @@ __all__ = [
     "AUTH_TOKEN",
     "AUTH_TOKEN_FILE",
     "BIND_HOST",
+    "CLIENT_APPLICATION",
     "CLIENT_HEARTBEAT_INTERVAL",
     "CLIENT_OPTIONS",
     "CLIENT_RETRY_TIMEOUT",
@@ -163,6 +164,13 @@ CLIENT_RETRY_TIMEOUT = float_option(
     "Seconds a client keeps retrying, with backoff, while no coordinator answers: a"
     " coordinator restarting is ridden through, not failed at once (workers keep trying).",
     minimum=0.0,
+)
+CLIENT_APPLICATION = str_option(
+    "external-shuffle.client.application",
+    "",
+    "Set by the driver's shuffle master in its tasks' configuration, not by users: the"
+    " application the partitions its producers place belong to. The coordinator keeps them"
+    " while the application lives, however long its map stage runs.",
 )
 CLIENT_HEARTBEAT_INTERVAL = float_option(
     "external-shuffle.client.heartbeat-interval",
@@ -320,6 +328,7 @@ CLIENT_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
     CLIENT_TIMEOUT,
     CLIENT_RETRY_TIMEOUT,
     CLIENT_HEARTBEAT_INTERVAL,
+    CLIENT_APPLICATION,
 )
 DAEMON_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
     *_SHARED,

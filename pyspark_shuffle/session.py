@@ -78,6 +78,7 @@ class SparkShuffle:
             secret=master_context.secret,
         )
         self._master = self._config.factory.create_shuffle_master(master_context)
+        self._config.from_master = self._master.environment_configuration()
         descriptors = DescriptorCache(
             blob_store=BlobStore(blob_store_url(started_with)),
             offload_threshold=started_with.get(DESCRIPTOR_OFFLOAD_THRESHOLD),

@@ -60,6 +60,8 @@ class SessionConfig:
         # What an operation may set anew: keys read by its planning and tasks. The others
         # configure the running master, descriptor cache or blob store.
         fixed = {SHUFFLE_SERVICE_FACTORY_CLASS.key, *(option.key for option in BLOB_OPTIONS)}
+        self.from_master: Mapping[str, str] = {}
+        """What the running master adds for its tasks' environments (set once it exists)."""
         self._per_operation = {
             option.key
             for option in (*CORE_OPTIONS, *PYSPARK_SHUFFLE_OPTIONS)
@@ -80,4 +82,4 @@ class SessionConfig:
                     f" {is_now!r} (from {now.sources.get(key, 'its default')}): it configures"
                     " the running shuffle service, so set it before SparkShuffle starts"
                 )
-        return now
+        return now.with_values(self.from_master, source="the shuffle master")

@@ -7,7 +7,7 @@ synchronous code (``.result()``) and from asyncio (``asyncio.wrap_future``).
 from __future__ import annotations
 
 import abc
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from types import TracebackType
@@ -107,6 +107,12 @@ class ShuffleMaster(abc.ABC):
     @abc.abstractmethod
     def partitions_with_metrics(self, job_id: str) -> Future[list[PartitionWithMetrics]]:
         """The job's registered partitions, whether each is available, bytes per subpartition."""
+
+    def environment_configuration(self) -> Mapping[str, str]:
+        """Settings of this master's that the engine adds to the configuration of its tasks'
+        shuffle environments (none by default): what the environments must know of the
+        running master, such as the application their partitions belong to."""
+        return {}
 
     def __enter__(self) -> Self:
         self.start()

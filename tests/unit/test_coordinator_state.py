@@ -115,6 +115,58 @@ def test_held_partitions_nobody_claims_are_deleted_after_the_application_timeout
     assert releases.per_worker == {worker(0): [partition(0), partition(1)]}
 
 
+def test_a_partition_placed_for_a_living_application_waits_for_its_claim(clock: Clock) -> None:
+    """A map stage may run longer than the application timeout: what its producers placed
+    early is the application's, kept until the driver claims it at the stage's end."""
+    state = new_state(clock)
+    state.register_worker(worker(0), pb.WorkerLoad(), [])
+    state.register_application("app-1")
+    state.register_job("app-1", "job-1")
+    placed = register(state, 0, application="app-1", job="")  # a producer's placement
+    for _ in range(4):
+        clock.now += APPLICATION_TIMEOUT / 2
+        state.application_heartbeat("app-1")
+        state.worker_heartbeat("worker-0", pb.WorkerLoad())
+        assert state.reap().count == 0
+    assert register(state, 0) == placed  # the driver's claim finds it where it was put
+    assert state.partitions_per_application() == {"app-1": 1}
+    assert state.unregister_application("app-1").per_worker == {worker(0): [partition(0)]}
+
+
+def test_a_partition_placed_for_an_application_goes_with_it(clock: Clock) -> None:
+    state = new_state(clock)
+    state.register_worker(worker(0), pb.WorkerLoad(), [])
+    for application in ("app-1", "app-2"):
+        state.register_application(application)
+        state.register_job(application, "job-1")
+    register(state, 0, application="app-1", job="")
+    with pytest.raises(NotRegisteredError, match="another application"):
+        register(state, 0, application="app-2")
+    clock.now += APPLICATION_TIMEOUT + 1
+    state.worker_heartbeat("worker-0", pb.WorkerLoad())
+    assert state.reap().per_worker == {worker(0): [partition(0)]}  # app-1 expired
+
+
+def test_a_partition_placed_for_an_unknown_application_expires_unclaimed(clock: Clock) -> None:
+    # A coordinator that restarted, or one the application never registered with.
+    state = new_state(clock)
+    state.register_worker(worker(0), pb.WorkerLoad(), [])
+    register(state, 0, application="app-9", job="")
+    clock.now += APPLICATION_TIMEOUT / 2
+    state.worker_heartbeat("worker-0", pb.WorkerLoad())
+    assert state.reap().count == 0
+    state.register_application("app-9")  # its driver tells it in time: the owner lives
+    clock.now += APPLICATION_TIMEOUT / 2 + 1
+    state.worker_heartbeat("worker-0", pb.WorkerLoad())
+    state.application_heartbeat("app-9")
+    assert state.reap().count == 0
+    state.unregister_application("app-9")
+    register(state, 1, application="app-8", job="")
+    clock.now += APPLICATION_TIMEOUT + 1
+    state.worker_heartbeat("worker-0", pb.WorkerLoad())
+    assert state.reap().per_worker == {worker(0): [partition(1)]}
+
+
 def test_a_driver_may_tell_a_place_on_a_worker_not_registered_yet(clock: Clock) -> None:
     state = new_state(clock)
     state.register_application("app-1")
