@@ -19,7 +19,7 @@ from external_shuffle.cluster_view import ApplicationRow, ClusterView, WorkerRow
 from external_shuffle.coordinator_state import CoordinatorState, PartitionPlacement, Releases
 from external_shuffle.metrics import DaemonMetrics
 from external_shuffle.statuses import reports_errors
-from external_shuffle.wire import WorkerAddress, key_of, partition_of
+from external_shuffle.wire import Commit, WorkerAddress, key_of, partition_of
 from scheduling.placement import PlacementStrategy
 from shuffle_api import ResultPartitionID
 
@@ -136,7 +136,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
     def WorkerHeartbeat(  # noqa: N802
         self, request: pb.WorkerHeartbeatRequest, context: grpc.ServicerContext
     ) -> pb.WorkerHeartbeatResponse:
-        release = self.state.worker_heartbeat(request.worker_id, request.load)
+        release = self.state.worker_heartbeat(
+            request.worker_id, request.load, [Commit.from_pb(c) for c in request.committed]
+        )
         if release is None:
             return pb.WorkerHeartbeatResponse(known=False)
         return pb.WorkerHeartbeatResponse(known=True, release=[key_of(p) for p in release])

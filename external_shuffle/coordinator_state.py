@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
-from external_shuffle.wire import WorkerAddress
+from external_shuffle.wire import Commit, WorkerAddress
 from external_shuffle.wire_errors import NotRegisteredError, UnavailableError
 from scheduling.placement import (
     NoPlacementTargetError,
@@ -147,23 +147,7 @@ class CoordinatorState:
             previous = self._workers.get(address.worker_id)
             obsolete = set() if previous is None else set(previous.pending_release)
             self._workers[address.worker_id] = _Worker(address, load, now)
-            adopted = 0
-            for partition in held:
-                entry = self._partitions.get(partition)
-                if partition in self._released:
-                    obsolete.add(partition)
-                    continue
-                if partition in obsolete or (
-                    entry is not None and address.worker_id in entry.replicas
-                ):
-                    continue
-                if entry is None:
-                    self._track(_Partition(partition, (address.worker_id,), now))
-                    adopted += 1
-                elif not entry.job_id:
-                    self._set_replicas(entry, (*entry.replicas, address.worker_id))
-                else:
-                    obsolete.add(partition)  # its application has it placed elsewhere
+            adopted = self._adopt(address.worker_id, [Commit(p) for p in held], obsolete)
         logger.info(
             "worker registered; %d partitions unknown here kept until claimed",
             adopted,
@@ -172,9 +156,11 @@ class CoordinatorState:
         return sorted(obsolete, key=str)
 
     def worker_heartbeat(
-        self, worker_id: str, load: pb.WorkerLoad
+        self, worker_id: str, load: pb.WorkerLoad, committed: Sequence[Commit] = ()
     ) -> list[ResultPartitionID] | None:
-        """The partitions the worker must delete; None if it must register (again)."""
+        """The partitions the worker must delete; None if it must register (again). What it
+        committed since its last heartbeat and nobody here placed on it is taken as at a
+        registration."""
         with self._lock:
             worker = self._workers.get(worker_id)
             if worker is None or not worker.alive:
@@ -182,6 +168,7 @@ class CoordinatorState:
             worker.load = load
             worker.last_seen = self._clock()
             release, worker.pending_release = worker.pending_release, set()
+            self._adopt(worker_id, committed, release)
         return sorted(release, key=str)
 
     def workers(self) -> list[WorkerView]:
@@ -448,6 +435,32 @@ class CoordinatorState:
             return self._release([*entries, *unclaimed])
 
     # --- internals (under the lock) -----------------------------------------------------------
+
+    def _adopt(
+        self, worker_id: str, held: Sequence[Commit], obsolete: set[ResultPartitionID]
+    ) -> int:
+        """Track the copies the worker holds where nothing here says so: a partition unknown
+        here is kept (its application's, if the writer named one: else unclaimed); add to
+        ``obsolete`` the copies to delete (released, or placed elsewhere for a job). Returns
+        how many partitions it adopted."""
+        now = self._clock()
+        adopted = 0
+        for commit in held:
+            partition = commit.partition
+            entry = self._partitions.get(partition)
+            if partition in self._released:
+                obsolete.add(partition)
+                continue
+            if partition in obsolete or (entry is not None and worker_id in entry.replicas):
+                continue
+            if entry is None:
+                self._track(_Partition(partition, (worker_id,), now, commit.application_id))
+                adopted += 1
+            elif not entry.job_id:
+                self._set_replicas(entry, (*entry.replicas, worker_id))
+            else:
+                obsolete.add(partition)  # its application has it placed elsewhere
+        return adopted
 
     def _is_alive(self, worker_id: str) -> bool:
         worker = self._workers.get(worker_id)

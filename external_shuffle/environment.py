@@ -86,6 +86,7 @@ class ExternalShuffleEnvironment(ShuffleEnvironment):
             chunk_size=message_chunk_size(config),
             max_in_flight=config.get(MAX_IN_FLIGHT),
             timeout=self._timeout,
+            application_id=config.get(CLIENT_APPLICATION),
         )
         self._gate_settings = GateSettings(
             read_from_store=config.get(READ_FROM_STORE),
@@ -167,7 +168,7 @@ class ExternalShuffleEnvironment(ShuffleEnvironment):
         (the engine registers it with the master after the task; it gets the same place).
         Placed for the application the master named, if it did: kept while it lives."""
         request = pb.RegisterPartitionRequest(
-            application_id=self._config.get(CLIENT_APPLICATION),
+            application_id=self._push.application_id,
             partition=key_of(partition),
             number_of_subpartitions=descriptor.number_of_subpartitions,
             producer_host=self._host,

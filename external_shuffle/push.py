@@ -37,6 +37,8 @@ class PushSettings:
     chunk_size: int
     max_in_flight: int
     timeout: float
+    application_id: str = ""
+    """Named in each commit: the worker tells its coordinators whose partition it holds."""
 
 
 class _ReplicaPush:
@@ -244,7 +246,10 @@ class PushSink(PartitionSink):
 
     def commit(self, index: bytes, manifest: bytes) -> None:
         request = pb.CommitPartitionRequest(
-            partition=key_of(self._partition), index=index, manifest=manifest
+            partition=key_of(self._partition),
+            index=index,
+            manifest=manifest,
+            application_id=self.settings.application_id,
         )
         for worker in list(self._live):
             try:

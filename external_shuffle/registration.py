@@ -24,12 +24,15 @@ def heartbeat_loop(
     stop: threading.Event,
     timeout: float,
 ) -> None:
-    """Register with the coordinator, then send heartbeats until ``stop``; re-register when the
-    coordinator forgot this worker. Partitions the coordinator calls obsolete are deleted."""
+    """Register with the coordinator, then send heartbeats, with what was committed since the
+    last, until ``stop``; re-register when the coordinator forgot this worker, or a heartbeat
+    missed commits. Partitions the coordinator calls obsolete are deleted."""
     registered = False
+    watch = service.watch_commits()
     while not stop.is_set():
         try:
             if not registered:
+                watch.take()  # the list below holds these
                 response = coordinator.RegisterWorker(
                     pb.RegisterWorkerRequest(
                         worker=service.address.to_pb(),
@@ -44,10 +47,15 @@ def heartbeat_loop(
                     service.release(obsolete)
                 registered = True
                 logger.info("registered with the coordinator", extra=_describe(service))
+            elif (committed := watch.take()) is None:
+                registered = False  # more commits than a heartbeat tells: all of them again
+                continue
             else:
                 beat = coordinator.WorkerHeartbeat(
                     pb.WorkerHeartbeatRequest(
-                        worker_id=service.address.worker_id, load=service.load()
+                        worker_id=service.address.worker_id,
+                        load=service.load(),
+                        committed=[commit.to_pb() for commit in committed],
                     ),
                     timeout=timeout,
                 )

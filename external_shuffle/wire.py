@@ -10,6 +10,7 @@ from shuffle_api import IntermediateResultPartitionID, PartitionStatistics, Resu
 from shuffle_api.ids import validate_id
 
 __all__ = [
+    "Commit",
     "WorkerAddress",
     "key_of",
     "partition_of",
@@ -48,6 +49,25 @@ def statistics_from_pb(message: pb.PartitionStatistics) -> PartitionStatistics:
         tuple(message.bytes_per_subpartition),
         tuple(message.arrow_bytes_per_subpartition),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """A partition a worker committed, and the application its writer named ("" if none)."""
+
+    partition: ResultPartitionID
+    application_id: str = ""
+
+    def to_pb(self) -> pb.CommittedPartition:
+        return pb.CommittedPartition(
+            partition=key_of(self.partition), application_id=self.application_id
+        )
+
+    @classmethod
+    def from_pb(cls, message: pb.CommittedPartition) -> Commit:
+        if message.application_id:
+            validate_id(message.application_id, "application id")
+        return cls(partition_of(message.partition), message.application_id)
 
 
 @dataclass(frozen=True, slots=True)

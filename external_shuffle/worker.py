@@ -22,12 +22,14 @@ import grpc
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
+from external_shuffle.commit_watch import CommitWatch
 from external_shuffle.framing import PushChunk, fetch_prefix
 from external_shuffle.metrics import DaemonMetrics
 from external_shuffle.options import MIN_CHUNK_SIZE
 from external_shuffle.statuses import reports_errors
 from external_shuffle.streams import OpenStreams, StreamLimits
 from external_shuffle.wire import (
+    Commit,
     WorkerAddress,
     key_of,
     partition_of,
@@ -55,7 +57,7 @@ from shuffle_api.format import (
 )
 from shuffle_api.format.manifest import MANIFEST_FILE
 from shuffle_api.format.reader import check_commit
-from shuffle_api.ids import IntermediateResultPartitionID, new_id
+from shuffle_api.ids import IntermediateResultPartitionID, new_id, validate_id
 from shuffle_api.store import Store, storage_errors
 
 __all__ = ["Fetch", "MemoryBudget", "WorkerService"]
@@ -65,6 +67,8 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _PARTITION_LOCK_STRIPES = 64
+_WATCHED_COMMITS = 10_000
+"""Commits a coordinator hears of in one heartbeat; beyond, the worker registers again."""
 
 WORKER_ID_FILE = ".pyshuffle-worker-id"
 """Under the store root: the worker's id, so a restarted worker is the same worker. A name no
@@ -195,6 +199,7 @@ class WorkerService(pb_grpc.WorkerServicer):
         self._budget = MemoryBudget(memory_budget, budget_timeout)
         self._uploads: dict[ResultPartitionID, _Upload] = {}
         self._committed: dict[ResultPartitionID, _Committed] = {}
+        self._commit_watches: list[CommitWatch] = []
         self._lock = threading.Lock()
         # Commit and release of one partition exclude each other (striped: file I/O happens
         # under them, and partitions apart do not wait for each other).
@@ -254,6 +259,13 @@ class WorkerService(pb_grpc.WorkerServicer):
         self.metrics.stored_bytes.set(sum(c.stored_bytes for c in self._committed.values()))
 
     # --- state for the coordinator ------------------------------------------------------------
+
+    def watch_commits(self) -> CommitWatch:
+        """Commits from now on, for one coordinator's heartbeats."""
+        watch = CommitWatch(_WATCHED_COMMITS)
+        with self._lock:
+            self._commit_watches.append(watch)
+        return watch
 
     def committed_partitions(self) -> list[ResultPartitionID]:
         with self._lock:
@@ -398,6 +410,8 @@ class WorkerService(pb_grpc.WorkerServicer):
         self, request: pb.CommitPartitionRequest, context: grpc.ServicerContext
     ) -> pb.CommitPartitionResponse:
         partition = partition_of(request.partition)
+        if request.application_id:
+            validate_id(request.application_id, "application id")
         # A release of the same partition waits, or is waited for: never half of each.
         with self._partition_lock(partition):
             with self._lock:
@@ -426,6 +440,8 @@ class WorkerService(pb_grpc.WorkerServicer):
                 self._uploads.pop(partition, None)
                 self._committed[partition] = _Committed(manifest.statistics, manifest.data_bytes)
                 self._update_gauges()
+                for watch in self._commit_watches:
+                    watch.add(Commit(partition, request.application_id))
         return pb.CommitPartitionResponse()
 
     @contextlib.contextmanager

@@ -81,12 +81,22 @@ class RegisterWorkerResponse(_message.Message):
     def __init__(self, obsolete: _Optional[_Iterable[_Union[PartitionKey, _Mapping]]] = ...) -> None: ...
 
 class WorkerHeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id", "load")
+    __slots__ = ("worker_id", "load", "committed")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     load: WorkerLoad
-    def __init__(self, worker_id: _Optional[str] = ..., load: _Optional[_Union[WorkerLoad, _Mapping]] = ...) -> None: ...
+    committed: _containers.RepeatedCompositeFieldContainer[CommittedPartition]
+    def __init__(self, worker_id: _Optional[str] = ..., load: _Optional[_Union[WorkerLoad, _Mapping]] = ..., committed: _Optional[_Iterable[_Union[CommittedPartition, _Mapping]]] = ...) -> None: ...
+
+class CommittedPartition(_message.Message):
+    __slots__ = ("partition", "application_id")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    APPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
+    partition: PartitionKey
+    application_id: str
+    def __init__(self, partition: _Optional[_Union[PartitionKey, _Mapping]] = ..., application_id: _Optional[str] = ...) -> None: ...
 
 class WorkerHeartbeatResponse(_message.Message):
     __slots__ = ("known", "release")
@@ -288,14 +298,16 @@ class PushDataResponse(_message.Message):
     def __init__(self, received_bytes: _Optional[int] = ..., duplicates_dropped: _Optional[int] = ...) -> None: ...
 
 class CommitPartitionRequest(_message.Message):
-    __slots__ = ("partition", "index", "manifest")
+    __slots__ = ("partition", "index", "manifest", "application_id")
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    APPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
     partition: PartitionKey
     index: bytes
     manifest: bytes
-    def __init__(self, partition: _Optional[_Union[PartitionKey, _Mapping]] = ..., index: _Optional[bytes] = ..., manifest: _Optional[bytes] = ...) -> None: ...
+    application_id: str
+    def __init__(self, partition: _Optional[_Union[PartitionKey, _Mapping]] = ..., index: _Optional[bytes] = ..., manifest: _Optional[bytes] = ..., application_id: _Optional[str] = ...) -> None: ...
 
 class CommitPartitionResponse(_message.Message):
     __slots__ = ()

@@ -15,9 +15,9 @@ import pytest
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle.local_cluster import LocalCluster
 from external_shuffle.wire import partition_of
-from shuffle_api import ResultPartitionID, ShuffleDescriptor, new_id
+from shuffle_api import ResultPartitionID, ShuffleDescriptor, UnknownShuffleDescriptor, new_id
 from shuffle_api.testing import ShuffleScenario
-from shuffle_api.testing.harness import in_background
+from shuffle_api.testing.harness import in_background, route
 from tests.reliability.external_cluster import (
     ALL,
     PARTITIONS,
@@ -27,7 +27,10 @@ from tests.reliability.external_cluster import (
     eventually,
     external,
     ids,
+    list_workers,
+    on_store,
     partition_files,
+    placed_on,
     rows_of,
     scenario_on,
 )
@@ -82,6 +85,39 @@ def test_a_restarted_coordinator_deletes_nothing_and_the_job_reads_everything(
         assert ids([m.shuffle_descriptor for m in metrics]) == ids(written)
         assert scenario.job.lost == []
         assert rows_of(scenario.read(scenario.consumer, written, ALL)) == list(range(ROWS))
+    nothing_stored(cluster)
+
+
+def test_a_partition_committed_after_its_coordinator_restarted_is_found_where_it_is(
+    one_coordinator: LocalCluster,
+) -> None:
+    """Placed, then the coordinator restarts and the workers register again, then committed
+    (a map task that waited): the worker's next heartbeat tells the coordinator, so the
+    driver's claim finds the copy where it is rather than placing it anew on the emptier
+    worker, reads get every row, and nothing is left once the application is done."""
+    cluster = one_coordinator
+    with scenario_on(cluster, **{"external-shuffle.client.heartbeat-interval": 600.0}) as scenario:
+        descriptor = scenario.partition_descriptor(0, partitions=1, subpartitions=SUBPARTITIONS)
+        attempt = "attempt-" + new_id()
+        partition = ResultPartitionID(descriptor.partition_id, attempt)
+        writer = scenario.writer(descriptor, UnknownShuffleDescriptor(partition))  # placed
+        cluster.kill_coordinator()
+        cluster.start_coordinator()
+        cluster.wait_for_workers({cluster.worker_target(i) for i in range(2)})
+        with writer:
+            for batch in batches():
+                writer.write(batch, route(batch, SUBPARTITIONS))
+            writer.finish()
+        [holder] = [index for index in range(2) if on_store(cluster, index, partition)]
+        # The heartbeat that carries the commit also carries the load that counts it.
+        eventually(
+            lambda: any(entry.load.partitions for entry in list_workers(cluster)),
+            "a worker's heartbeat told the coordinator of the commit",
+        )
+        external(scenario.master).heartbeat()  # registers the application again
+        registered = scenario.register(descriptor, attempt)
+        assert placed_on(cluster, registered) == {holder}
+        assert rows_of(scenario.read(scenario.consumer, [registered], ALL)) == list(range(ROWS))
     nothing_stored(cluster)
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle.coordinator_state import CoordinatorState
-from external_shuffle.wire import WorkerAddress, key_of
+from external_shuffle.wire import Commit, WorkerAddress, key_of
 from external_shuffle.wire_errors import NotRegisteredError
 from scheduling.placement import new_placement_strategy
 from shuffle_api import IntermediateResultPartitionID, ResultPartitionID
@@ -165,6 +165,49 @@ def test_a_partition_placed_for_an_unknown_application_expires_unclaimed(clock: 
     clock.now += APPLICATION_TIMEOUT + 1
     state.worker_heartbeat("worker-0", pb.WorkerLoad())
     assert state.reap().per_worker == {worker(0): [partition(1)]}
+
+
+def test_a_commit_after_the_workers_registration_is_learned_from_its_heartbeat(
+    clock: Clock,
+) -> None:
+    """Restarted after placing a partition and before its commit, with its worker registered
+    again: the heartbeat after the commit says where it is, and the driver's claim finds it
+    there rather than placing it anew on a worker that never had it."""
+    state = new_state(clock)
+    full = pb.WorkerLoad(stored_bytes=10**12)  # where a new partition is placed last
+    state.register_worker(worker(0), pb.WorkerLoad(), [])
+    state.register_worker(worker(1), full, [])
+    state.register_application("app-1")
+    state.register_job("app-1", "job-1")
+    assert state.worker_heartbeat("worker-1", full, [Commit(partition(0), "app-1")]) == []
+    for _ in range(3):  # the application's: kept however long its map stage runs
+        clock.now += APPLICATION_TIMEOUT / 2
+        state.application_heartbeat("app-1")
+        state.worker_heartbeat("worker-0", pb.WorkerLoad())
+        state.worker_heartbeat("worker-1", full)
+        assert state.reap().count == 0
+    assert register(state, 0) == (worker(1),)
+    assert state.release_partitions("app-1", [partition(0)]).per_worker == {
+        worker(1): [partition(0)]
+    }
+
+
+def test_a_commit_of_what_is_released_or_placed_elsewhere_is_deleted(clock: Clock) -> None:
+    state = new_state(clock)
+    state.register_worker(worker(0), pb.WorkerLoad(), [])
+    state.register_worker(worker(1), pb.WorkerLoad(stored_bytes=10**12), [])
+    state.register_application("app-1")
+    state.register_job("app-1", "job-1")
+    assert register(state, 0) == (worker(0),)
+    register(state, 1)
+    state.release_partitions("app-1", [partition(1)])
+    assert state.worker_heartbeat("worker-0", pb.WorkerLoad(), [Commit(partition(0))]) == []
+    late = [Commit(partition(0), "app-1"), Commit(partition(1), "app-1")]
+    assert state.worker_heartbeat("worker-1", pb.WorkerLoad(), late) == [
+        partition(0),
+        partition(1),
+    ]
+    assert state.partition_count() == 1
 
 
 def test_a_driver_may_tell_a_place_on_a_worker_not_registered_yet(clock: Clock) -> None:
