@@ -282,7 +282,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         self, request: pb.GetPartitionStatusRequest, context: grpc.ServicerContext
     ) -> pb.GetPartitionStatusResponse:
         placements, askable = self.state.job_partitions(request.application_id, request.job_id)
-        statistics = self._committed_statistics(placements, askable)
+        statistics = self._committed_statistics(
+            placements, askable, without_statistics=request.without_statistics
+        )
         return pb.GetPartitionStatusResponse(
             partitions=[
                 pb.PartitionStatus(
@@ -313,9 +315,14 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         return answer
 
     def _committed_statistics(
-        self, placements: list[PartitionPlacement], askable: dict[str, WorkerAddress]
+        self,
+        placements: list[PartitionPlacement],
+        askable: dict[str, WorkerAddress],
+        *,
+        without_statistics: bool,
     ) -> dict[ResultPartitionID, pb.PartitionStatistics]:
-        """Ask each worker which of these partitions it has committed."""
+        """Ask each worker which of these partitions it has committed (their statistics
+        empty ``without_statistics``)."""
         by_worker: dict[str, list[ResultPartitionID]] = defaultdict(list)
         for placement in placements:
             for replica in placement.replicas:
@@ -323,7 +330,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                     by_worker[replica.worker_id].append(placement.partition)
         found: dict[ResultPartitionID, pb.PartitionStatistics] = {}
         for worker_id, partitions in by_worker.items():
-            request = pb.WorkerPartitionStatusRequest(partitions=[key_of(p) for p in partitions])
+            request = pb.WorkerPartitionStatusRequest(
+                partitions=[key_of(p) for p in partitions], without_statistics=without_statistics
+            )
             try:
                 answer = self._worker_status(askable[worker_id], request)
             except grpc.RpcError as error:

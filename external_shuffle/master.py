@@ -200,7 +200,7 @@ class ExternalShuffleMaster(ShuffleMaster):
             with self._lock:
                 job_ids = list(self._jobs)
             for job_id in job_ids:
-                self.partitions_with_metrics(job_id)
+                self.partitions_with_metrics(job_id, statistics=False)
 
     def _announce_missed(self, address: str) -> None:
         """Tell the coordinator at ``address`` where the partitions it missed are."""
@@ -418,11 +418,15 @@ class ExternalShuffleMaster(ShuffleMaster):
         them at the end of the map stage."""
         return {CLIENT_APPLICATION.key: self.application_id}
 
-    def partitions_with_metrics(self, job_id: str) -> Future[list[PartitionWithMetrics]]:
-        """Every partition the job registered: available with its statistics if a live worker
-        has it committed; the others are reported lost to the job (and their leftovers
-        deleted)."""
-        request = pb.GetPartitionStatusRequest(application_id=self.application_id, job_id=job_id)
+    def partitions_with_metrics(
+        self, job_id: str, *, statistics: bool = True
+    ) -> Future[list[PartitionWithMetrics]]:
+        """Every partition the job registered: available (with its statistics, if asked for)
+        if a live worker has it committed; the others are reported lost to the job (and their
+        leftovers deleted)."""
+        request = pb.GetPartitionStatusRequest(
+            application_id=self.application_id, job_id=job_id, without_statistics=not statistics
+        )
         response = self._on_first(
             f"status of job {job_id}",
             lambda stub: stub.GetPartitionStatus(request, timeout=self._settings.timeout),
@@ -438,8 +442,8 @@ class ExternalShuffleMaster(ShuffleMaster):
                 lost.append(partition)
                 result.append(PartitionWithMetrics(entry.descriptor, False, None))
             else:
-                statistics = statistics_from_pb(status.statistics)
-                result.append(PartitionWithMetrics(entry.descriptor, True, statistics))
+                found = statistics_from_pb(status.statistics) if statistics else None
+                result.append(PartitionWithMetrics(entry.descriptor, True, found))
         if lost:
             self._report_lost(job_id, lost)
             try:

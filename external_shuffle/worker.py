@@ -158,8 +158,19 @@ class Fetch:
 
 @dataclass(frozen=True, slots=True)
 class _Committed:
-    statistics: PartitionStatistics
+    """What the worker keeps of a committed partition: its statistics compressed (a few KiB
+    where thousands of subpartitions' numbers take hundreds as Python integers)."""
+
+    encoded_statistics: bytes
+    subpartitions: int
     stored_bytes: int
+
+    @classmethod
+    def of(cls, statistics: PartitionStatistics, stored_bytes: int) -> _Committed:
+        return cls(statistics.encode(), len(statistics.rows_per_subpartition), stored_bytes)
+
+    def statistics(self) -> PartitionStatistics:
+        return PartitionStatistics.decode(self.encoded_statistics, self.subpartitions)
 
 
 def _until_cancelled(messages: Iterator[T]) -> Iterator[T]:
@@ -247,7 +258,7 @@ class WorkerService(pb_grpc.WorkerServicer):
             except ShuffleError as error:
                 logger.warning("ignoring corrupt %s: %s", partition, error)
                 continue
-            self._committed[partition] = _Committed(
+            self._committed[partition] = _Committed.of(
                 reader.manifest.statistics, reader.manifest.data_bytes
             )
         self._update_gauges()
@@ -438,7 +449,7 @@ class WorkerService(pb_grpc.WorkerServicer):
                 raise
             with self._lock:
                 self._uploads.pop(partition, None)
-                self._committed[partition] = _Committed(manifest.statistics, manifest.data_bytes)
+                self._committed[partition] = _Committed.of(manifest.statistics, manifest.data_bytes)
                 self._update_gauges()
                 for watch in self._commit_watches:
                     watch.add(Commit(partition, request.application_id))
@@ -531,8 +542,8 @@ class WorkerService(pb_grpc.WorkerServicer):
                     partition=key_of(partition),
                     committed=committed is not None,
                     statistics=None
-                    if committed is None
-                    else statistics_to_pb(committed.statistics),
+                    if committed is None or request.without_statistics
+                    else statistics_to_pb(committed.statistics()),
                 )
             )
         return pb.WorkerPartitionStatusResponse(partitions=entries)

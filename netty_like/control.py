@@ -11,6 +11,7 @@ from netty_like.protocol import (
     FrameType,
     HostedState,
     decode_error,
+    decode_held,
     decode_statuses,
     encode_hosted,
     encode_partitions,
@@ -79,11 +80,17 @@ class ControlConnection:
             )
         return reply
 
-    def statuses(self, partitions: Sequence[ResultPartitionID]) -> list[PartitionStatistics | None]:
-        """Each partition's statistics if the data port holds it, else ``None``."""
+    def statuses(
+        self, partitions: Sequence[ResultPartitionID], subpartitions: int
+    ) -> list[PartitionStatistics | None]:
+        """Each partition's statistics if the data port holds it, else ``None``. A reply
+        holds 24 bytes per subpartition of each (``subpartitions``: the most any has), so
+        the partitions are asked for in batches whose replies fit in half a frame."""
+        per_partition = 3 * 8 * subpartitions + 64
+        most = max(1, min(_BATCH, self._max_frame_size // 2 // per_partition))
         statuses: list[PartitionStatistics | None] = []
-        for start in range(0, len(partitions), _BATCH):
-            batch = partitions[start : start + _BATCH]
+        for start in range(0, len(partitions), most):
+            batch = partitions[start : start + most]
             reply = self._call(FrameType.STATUS, encode_partitions(batch), FrameType.STATUS_REPLY)
             decoded = decode_statuses(reply)
             if len(decoded) != len(batch):
@@ -93,6 +100,22 @@ class ControlConnection:
                 )
             statuses += decoded
         return statuses
+
+    def held(self, partitions: Sequence[ResultPartitionID]) -> list[bool]:
+        """Whether the data port holds each partition (a byte each: no statistics)."""
+        held: list[bool] = []
+        for start in range(0, len(partitions), _BATCH):
+            batch = partitions[start : start + _BATCH]
+            reply = decode_held(
+                self._call(FrameType.HELD, encode_partitions(batch), FrameType.HELD_REPLY)
+            )
+            if len(reply) != len(batch):
+                raise TransportError(
+                    f"the data port {self.address} answered {len(reply)} for"
+                    f" {len(batch)} partitions"
+                )
+            held += reply
+        return held
 
     def release(self, partitions: Sequence[ResultPartitionID]) -> None:
         for start in range(0, len(partitions), _BATCH):

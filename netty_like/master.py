@@ -38,7 +38,7 @@ from shuffle_api import (
     ShuffleMasterContext,
     ShuffleServiceClosedError,
 )
-from shuffle_api.format import PartitionFileReader, partition_directory
+from shuffle_api.format import PartitionFileReader, is_readable, partition_directory
 from shuffle_api.master import completed
 from shuffle_api.store import Store
 
@@ -217,40 +217,32 @@ class NettyShuffleMaster(ShuffleMaster):
             return answer
         raise AssertionError("unreachable")
 
-    def partitions_with_metrics(self, job_id: str) -> Future[list[PartitionWithMetrics]]:
-        """Blocking partitions with their statistics as their data ports report them; ones no
-        longer held (or whose data port is gone) are reported lost to the job's context."""
+    def partitions_with_metrics(
+        self, job_id: str, *, statistics: bool = True
+    ) -> Future[list[PartitionWithMetrics]]:
+        """Blocking partitions, available or not, with their statistics (if asked for) as
+        their data ports report them; ones no longer held (or whose data port is gone) are
+        reported lost to the job's context."""
         job = self._job(job_id)
         with self._lock:
             tracked = [
-                descriptor
+                (partition_descriptor, descriptor)
                 for partition_descriptor, descriptor in job.partitions.values()
                 if partition_descriptor.partition_type.is_reconsumable
             ]
-        statistics: dict[ResultPartitionID, PartitionStatistics | None] = {}
-        for endpoint, group in _by_endpoint(tracked).items():
+        subpartitions = max((p.number_of_subpartitions for p, _ in tracked), default=1)
+        found: dict[ResultPartitionID, _Found] = {}
+        for endpoint, group in _by_endpoint(descriptor for _, descriptor in tracked).items():
             partitions = [descriptor.result_partition_id for descriptor in group]
-            if endpoint is None:
-                statistics.update(zip(partitions, map(self._on_store, partitions), strict=True))
-                continue
-            try:
-                held = self._ask(endpoint, methodcaller("statuses", partitions))
-            except ShuffleError as error:
-                _LOG.warning(
-                    "data port %s:%d does not answer (%s): its %d partitions are lost",
-                    *endpoint,
-                    error,
-                    len(partitions),
-                )
-                held = [None] * len(partitions)
-            statistics.update(zip(partitions, held, strict=True))
+            answers = self._look_up(endpoint, partitions, statistics, subpartitions)
+            found.update(zip(partitions, answers, strict=True))
         result: list[PartitionWithMetrics] = []
         lost: list[ResultPartitionID] = []
-        for descriptor in tracked:
-            found = statistics[descriptor.result_partition_id]
-            if found is None:
+        for _, descriptor in tracked:
+            available, partition_statistics = found[descriptor.result_partition_id]
+            if not available:
                 lost.append(descriptor.result_partition_id)
-            result.append(PartitionWithMetrics(descriptor, found is not None, found))
+            result.append(PartitionWithMetrics(descriptor, available, partition_statistics))
         if lost:
             with self._lock:
                 for partition in lost:
@@ -258,11 +250,47 @@ class NettyShuffleMaster(ShuffleMaster):
             job.context.stop_tracking_and_release_partitions(lost)
         return completed(result)
 
+    def _look_up(
+        self,
+        endpoint: _Endpoint | None,
+        partitions: list[ResultPartitionID],
+        statistics: bool,
+        subpartitions: int,
+    ) -> list[_Found]:
+        """Whether each partition is held where ``endpoint`` serves it (``None``: on this
+        process's store), with its statistics if asked for."""
+        if endpoint is None:
+            if not statistics:
+                return [(is_readable(self._store, p), None) for p in partitions]
+            return [_found(self._on_store(partition)) for partition in partitions]
+        try:
+            if not statistics:
+                held = self._ask(endpoint, methodcaller("held", partitions))
+                return [(is_held, None) for is_held in held]
+            answers = self._ask(endpoint, methodcaller("statuses", partitions, subpartitions))
+            return [_found(answer) for answer in answers]
+        except ShuffleError as error:
+            _LOG.warning(
+                "data port %s:%d does not answer (%s): its %d partitions are lost",
+                *endpoint,
+                error,
+                len(partitions),
+            )
+            return [(False, None)] * len(partitions)
+
     def _on_store(self, partition: ResultPartitionID) -> PartitionStatistics | None:
         try:
             return PartitionFileReader(self._store, partition).manifest.statistics
         except (PartitionNotFoundError, PartitionCorruptedError):
             return None
+
+
+_Found = tuple[bool, PartitionStatistics | None]
+"""Whether a partition is available, and its statistics (when asked for and available)."""
+
+
+def _found(statistics: PartitionStatistics | None) -> _Found:
+    return statistics is not None, statistics
 
 
 def _by_endpoint(

@@ -27,7 +27,7 @@ from shuffle_api import (
     ResultPartitionID,
     SubpartitionRange,
 )
-from shuffle_api.format import PartitionFileReader, partition_directory
+from shuffle_api.format import PartitionFileReader, is_readable, partition_directory
 from shuffle_api.store import Store
 
 __all__ = ["EncodedRun", "ResultPartitionManager", "SubpartitionView"]
@@ -162,6 +162,16 @@ class ResultPartitionManager:
                     statistics = PartitionFileReader(self._store, partition).manifest.statistics
             statuses.append(statistics)
         return statuses
+
+    def held(self, partitions: Collection[ResultPartitionID]) -> list[bool]:
+        """Whether each blocking partition is held and its files read (its layout as readers
+        of its data cache it: nothing per subpartition is decoded)."""
+        with self._condition:
+            held = [partition in self._blocking for partition in partitions]
+        return [
+            is_held and is_readable(self._store, partition)
+            for partition, is_held in zip(partitions, held, strict=True)
+        ]
 
     def register_pipelined(self, partition: PipelinedPartition) -> None:
         with self._condition:

@@ -8,7 +8,8 @@ Producer -> consumer: SCHEMA, BUFFER (one per credit, carries the backlog), END,
 batch, SCHEMA, BUFFERs and END per partition, in order (an ERROR ends the channel).
 Control, answered in order by ACK, STATUS_REPLY or ERROR: HOST (a process of the same
 executor hands a partition it writes or wrote to the executor's host), STATUS (which of these
-partitions are held, with their statistics), RELEASE, SHUTDOWN (a host's application is done).
+partitions are held, with their statistics), HELD (which are held: a byte each, answered by
+HELD_REPLY), RELEASE, SHUTDOWN (a host's application is done).
 """
 
 from __future__ import annotations
@@ -38,9 +39,11 @@ __all__ = [
     "FrameType",
     "HostedState",
     "Request",
+    "decode_held",
     "decode_hosted",
     "decode_partitions",
     "decode_statuses",
+    "encode_held",
     "encode_hosted",
     "encode_partitions",
     "encode_statuses",
@@ -77,6 +80,8 @@ class FrameType(enum.IntEnum):
     ACK = 15
     SHUTDOWN = 16
     REQUEST_BATCH = 17
+    HELD = 18
+    HELD_REPLY = 19
 
 
 class HostedState(enum.IntEnum):
@@ -215,6 +220,21 @@ def encode_statuses(statuses: Sequence[PartitionStatistics | None]) -> bytes:
         parts.append(struct.pack(f"!{count}q", *statistics.bytes_per_subpartition))
         parts.append(struct.pack(f"!{count}q", *statistics.arrow_bytes_per_subpartition))
     return b"".join(parts)
+
+
+def encode_held(held: Sequence[bool]) -> bytes:
+    """Per partition, a byte: held (1) or not (0)."""
+    return _COUNT.pack(len(held)) + bytes(map(int, held))
+
+
+def decode_held(body: memoryview) -> list[bool]:
+    if len(body) < _COUNT.size:
+        raise TransportError("a held reply is too short")
+    (count,) = _COUNT.unpack_from(body)
+    flags = body[_COUNT.size :]
+    if len(flags) != count or any(flag > 1 for flag in flags):
+        raise TransportError(f"a held reply of {len(flags)} bytes for {count} partitions")
+    return [bool(flag) for flag in flags]
 
 
 def decode_statuses(body: memoryview) -> list[PartitionStatistics | None]:

@@ -37,6 +37,7 @@ from netty_like.protocol import (
     decode_partitions,
     encode_channel,
     encode_error,
+    encode_held,
     encode_statuses,
     read_frame,
 )
@@ -165,6 +166,9 @@ class _Connection:
                 statuses = manager.statuses(decode_partitions(body))
                 self.send(FrameType.STATUS_REPLY, encode_statuses(statuses))
                 return
+            if frame_type is FrameType.HELD:
+                self.send(FrameType.HELD_REPLY, encode_held(manager.held(decode_partitions(body))))
+                return
             if frame_type is FrameType.RELEASE:
                 manager.release(decode_partitions(body))
             elif frame_type is FrameType.HOST:
@@ -238,7 +242,9 @@ class _Connection:
             self.sock.shutdown(socket.SHUT_RDWR)  # the listener closes it
 
 
-_CONTROL = frozenset({FrameType.STATUS, FrameType.RELEASE, FrameType.HOST, FrameType.SHUTDOWN})
+_CONTROL = frozenset(
+    {FrameType.STATUS, FrameType.HELD, FrameType.RELEASE, FrameType.HOST, FrameType.SHUTDOWN}
+)
 
 
 class _Channel:

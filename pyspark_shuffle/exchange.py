@@ -425,7 +425,7 @@ class Exchange(RegisteredExchange):
 
     def lost_maps(self) -> list[int]:
         """Map tasks whose partition the service reported lost or no longer has."""
-        metrics = self._master.partitions_with_metrics(self._job.job_id).result()
+        metrics = self._master.partitions_with_metrics(self._job.job_id, statistics=False).result()
         unavailable = {m.shuffle_descriptor.result_partition_id for m in metrics if not m.available}
         unavailable.update(self._job.lost)
         return sorted(

@@ -105,8 +105,13 @@ class ShuffleMaster(abc.ABC):
         """Free the partition's data wherever it lives (idempotent)."""
 
     @abc.abstractmethod
-    def partitions_with_metrics(self, job_id: str) -> Future[list[PartitionWithMetrics]]:
-        """The job's registered partitions, whether each is available, bytes per subpartition."""
+    def partitions_with_metrics(
+        self, job_id: str, *, statistics: bool = True
+    ) -> Future[list[PartitionWithMetrics]]:
+        """The job's registered partitions, whether each is available, and (``statistics``)
+        rows and bytes per subpartition of each available one. Without statistics nothing
+        that grows with the subpartitions travels or is read: what an engine checks before
+        each stage at thousands of map tasks and reducers."""
 
     def environment_configuration(self) -> Mapping[str, str]:
         """Settings of this master's that the engine adds to the configuration of its tasks'

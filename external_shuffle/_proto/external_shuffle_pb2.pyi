@@ -256,12 +256,14 @@ class ReleasePartitionsResponse(_message.Message):
     def __init__(self, released: _Optional[int] = ...) -> None: ...
 
 class GetPartitionStatusRequest(_message.Message):
-    __slots__ = ("application_id", "job_id")
+    __slots__ = ("application_id", "job_id", "without_statistics")
     APPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    WITHOUT_STATISTICS_FIELD_NUMBER: _ClassVar[int]
     application_id: str
     job_id: str
-    def __init__(self, application_id: _Optional[str] = ..., job_id: _Optional[str] = ...) -> None: ...
+    without_statistics: bool
+    def __init__(self, application_id: _Optional[str] = ..., job_id: _Optional[str] = ..., without_statistics: _Optional[bool] = ...) -> None: ...
 
 class PartitionStatus(_message.Message):
     __slots__ = ("location", "available", "statistics")
@@ -366,10 +368,12 @@ class WorkerReleasePartitionsResponse(_message.Message):
     def __init__(self, released: _Optional[int] = ...) -> None: ...
 
 class WorkerPartitionStatusRequest(_message.Message):
-    __slots__ = ("partitions",)
+    __slots__ = ("partitions", "without_statistics")
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    WITHOUT_STATISTICS_FIELD_NUMBER: _ClassVar[int]
     partitions: _containers.RepeatedCompositeFieldContainer[PartitionKey]
-    def __init__(self, partitions: _Optional[_Iterable[_Union[PartitionKey, _Mapping]]] = ...) -> None: ...
+    without_statistics: bool
+    def __init__(self, partitions: _Optional[_Iterable[_Union[PartitionKey, _Mapping]]] = ..., without_statistics: _Optional[bool] = ...) -> None: ...
 
 class WorkerPartitionStatusResponse(_message.Message):
     __slots__ = ("partitions",)

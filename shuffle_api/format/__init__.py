@@ -8,6 +8,7 @@ from shuffle_api.format.reader import (
     PartitionFileReader,
     Run,
     decode_run,
+    is_readable,
     verify_checksum,
     verify_run,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "StoreSink",
     "decode_run",
     "ipc_write_options",
+    "is_readable",
     "partition_directory",
     "verify_checksum",
     "verify_run",

@@ -33,6 +33,7 @@ __all__ = [
     "Run",
     "check_commit",
     "decode_run",
+    "is_readable",
     "verify_checksum",
     "verify_run",
 ]
@@ -563,3 +564,13 @@ class PartitionFileReader:
                 verify_run(piece, index.run(position), self._partition)  # names the run
             start += size
         yield from decode_run(data, schema, self._partition)
+
+
+def is_readable(store: Store, partition: ResultPartitionID) -> bool:
+    """Whether the partition's committed files are on the store and decode: its layout as
+    readers of its data check it, nothing per subpartition decoded (as statistics would be)."""
+    try:
+        PartitionFileReader(store, partition, cached=True, checked=True)
+    except (PartitionNotFoundError, PartitionCorruptedError):
+        return False
+    return True

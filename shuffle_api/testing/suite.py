@@ -240,16 +240,32 @@ class ShuffleServiceConformance:
         table = scenario.read(scenario.consumer, copies, SubpartitionRange(0, 1))  # type: ignore[arg-type]
         assert table.num_rows == 1_000
 
-    def test_lost_partition_is_reported_to_the_job(self, scenario: ShuffleScenario) -> None:
+    @pytest.mark.parametrize("statistics", [True, False], ids=["with-statistics", "available"])
+    def test_lost_partition_is_reported_to_the_job(
+        self, scenario: ShuffleScenario, statistics: bool
+    ) -> None:
         descriptors, _ = scenario.produce(make_batches(1_000), partitions=2, subpartitions=2)
         lost = descriptors[0].result_partition_id
         scenario.lose(descriptors[0])
-        scenario.master.partitions_with_metrics(scenario.job.job_id).result(timeout=60)
-        available = scenario.master.partitions_with_metrics(scenario.job.job_id).result(timeout=60)
+        job = scenario.job.job_id
+        scenario.master.partitions_with_metrics(job, statistics=statistics).result(timeout=60)
+        available = scenario.master.partitions_with_metrics(job, statistics=statistics).result(
+            timeout=60
+        )
         ids = {m.shuffle_descriptor.result_partition_id for m in available if m.available}
         assert descriptors[1].result_partition_id in ids
         assert lost not in ids
         assert scenario.job.lost == [lost]
+
+    def test_availability_alone_carries_no_statistics(self, scenario: ShuffleScenario) -> None:
+        descriptors, _ = scenario.produce(make_batches(2_000), partitions=3, subpartitions=5)
+        metrics = scenario.master.partitions_with_metrics(
+            scenario.job.job_id, statistics=False
+        ).result(timeout=60)
+        assert sorted(m.shuffle_descriptor.result_partition_id for m in metrics) == sorted(
+            d.result_partition_id for d in descriptors
+        )
+        assert all(m.available and m.statistics is None for m in metrics)
 
     def test_unsupported_partition_types_are_rejected(self, scenario: ShuffleScenario) -> None:
         for partition_type in ResultPartitionType:

@@ -266,6 +266,22 @@ def _served(scenario: ShuffleScenario) -> int:
     return _requests(scenario.producer)
 
 
+def test_statistics_larger_than_a_frame_arrive_in_batches(scenario: ShuffleScenario) -> None:
+    """Eight partitions of 8,000 subpartitions: their statistics take 1.5 MiB, more than a
+    frame (1 MiB). Asked for in batches that fit, each is reported available with its
+    statistics (not all lost with an oversize reply); availability alone is a byte each."""
+    descriptors, statistics = scenario.produce(
+        make_batches(4_000), partitions=8, subpartitions=8_000
+    )
+    job = scenario.job.job_id
+    metrics = scenario.master.partitions_with_metrics(job).result(timeout=60)
+    by_id = {m.shuffle_descriptor.result_partition_id: m for m in metrics}
+    assert [by_id[d.result_partition_id].statistics for d in descriptors] == statistics
+    held = scenario.master.partitions_with_metrics(job, statistics=False).result(timeout=60)
+    assert len(held) == 8 and all(m.available for m in held)
+    assert scenario.job.lost == []
+
+
 def test_a_reader_asks_the_producer_once_for_its_partitions(scenario: ShuffleScenario) -> None:
     data = make_batches(6_000, batch_rows=500)
     descriptors, _ = scenario.produce(data, partitions=12, subpartitions=3)
