@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from netty_like.protocol import (
     FrameType,
@@ -31,6 +32,8 @@ __all__ = ["ControlConnection"]
 # Partitions named in one STATUS or RELEASE frame: keeps each frame far below the request
 # limit of the data port (8 MiB) whatever the ids' lengths.
 _BATCH = 10_000
+
+T = TypeVar("T")
 
 
 class ControlConnection:
@@ -88,34 +91,34 @@ class ControlConnection:
         the partitions are asked for in batches whose replies fit in half a frame."""
         per_partition = 3 * 8 * subpartitions + 64
         most = max(1, min(_BATCH, self._max_frame_size // 2 // per_partition))
-        statuses: list[PartitionStatistics | None] = []
-        for start in range(0, len(partitions), most):
-            batch = partitions[start : start + most]
-            reply = self._call(FrameType.STATUS, encode_partitions(batch), FrameType.STATUS_REPLY)
-            decoded = decode_statuses(reply)
-            if len(decoded) != len(batch):
-                raise TransportError(
-                    f"the data port {self.address} answered {len(decoded)} statuses for"
-                    f" {len(batch)} partitions"
-                )
-            statuses += decoded
-        return statuses
+        return self._each(
+            FrameType.STATUS, FrameType.STATUS_REPLY, decode_statuses, partitions, most
+        )
 
     def held(self, partitions: Sequence[ResultPartitionID]) -> list[bool]:
         """Whether the data port holds each partition (a byte each: no statistics)."""
-        held: list[bool] = []
-        for start in range(0, len(partitions), _BATCH):
-            batch = partitions[start : start + _BATCH]
-            reply = decode_held(
-                self._call(FrameType.HELD, encode_partitions(batch), FrameType.HELD_REPLY)
-            )
-            if len(reply) != len(batch):
+        return self._each(FrameType.HELD, FrameType.HELD_REPLY, decode_held, partitions, _BATCH)
+
+    def _each(
+        self,
+        frame_type: FrameType,
+        answer: FrameType,
+        decode: Callable[[memoryview], list[T]],
+        partitions: Sequence[ResultPartitionID],
+        most: int,
+    ) -> list[T]:
+        """One answer per partition, asked for ``most`` partitions at a time."""
+        answers: list[T] = []
+        for start in range(0, len(partitions), most):
+            batch = partitions[start : start + most]
+            decoded = decode(self._call(frame_type, encode_partitions(batch), answer))
+            if len(decoded) != len(batch):
                 raise TransportError(
-                    f"the data port {self.address} answered {len(reply)} for"
-                    f" {len(batch)} partitions"
+                    f"the data port {self.address} answered {len(decoded)} to"
+                    f" {frame_type.name} of {len(batch)} partitions"
                 )
-            held += reply
-        return held
+            answers += decoded
+        return answers
 
     def release(self, partitions: Sequence[ResultPartitionID]) -> None:
         for start in range(0, len(partitions), _BATCH):
