@@ -63,6 +63,7 @@ class NettyInputGate(SequentialInputGate):
         self._manager = manager
         self._settings = settings
         self._data_ports = data_ports
+        self._pipelined = descriptor.consumed_partition_type.must_be_pipelined
 
     def _read(self, descriptor: ShuffleDescriptor) -> Generator[pa.RecordBatch]:
         if not isinstance(descriptor, NettyShuffleDescriptor):
@@ -71,7 +72,7 @@ class NettyInputGate(SequentialInputGate):
                 f" {type(descriptor).__name__}"
             )
         partition = descriptor.result_partition_id
-        pipelined = self._descriptor.consumed_partition_type.must_be_pipelined
+        pipelined = self._pipelined
         if descriptor.is_local_to(self._settings.resource_id):
             yield from self._read_local(partition, pipelined)
             return
@@ -125,7 +126,7 @@ class NettyInputGate(SequentialInputGate):
         descriptor = self._shuffle_descriptors[index]
         if (
             not isinstance(descriptor, NettyShuffleDescriptor)
-            or self._descriptor.consumed_partition_type.must_be_pipelined
+            or self._pipelined
             or descriptor.data_port == LOCAL_ONLY_PORT
             or descriptor.is_local_to(self._settings.resource_id)
             or self._on_this_store(descriptor)

@@ -32,7 +32,7 @@ class PipelinedPartitionWriter(SplittingPartitionWriter):
         self._rows = np.zeros(count, dtype=np.int64)
         self._bytes = np.zeros(count, dtype=np.int64)
 
-    def _emit(self, subpartition: int, batch: pa.RecordBatch) -> None:
+    def _emit(self, subpartition: int, batch: pa.RecordBatch, size: int) -> None:
         if subpartition == BROADCAST:
             targets = range(len(self._partition.subpartitions))
         else:
@@ -40,7 +40,7 @@ class PipelinedPartitionWriter(SplittingPartitionWriter):
         for index in targets:
             self._partition.subpartitions[index].add(batch)
             self._rows[index] += batch.num_rows
-            self._bytes[index] += batch.nbytes
+            self._bytes[index] += size
 
     def _commit(self) -> PartitionStatistics:
         for subpartition in self._partition.subpartitions:

@@ -213,8 +213,12 @@ class SplittingPartitionWriter(ResultPartitionWriter):
             self._emit_sized(BROADCAST, batch)
 
     def _emit_sized(self, subpartition: int, batch: pa.RecordBatch) -> None:
+        size = batch.nbytes  # microseconds: counted once per piece
+        if size <= self._target_batch_bytes:
+            self._emit(subpartition, batch, size)
+            return
         for piece in chop(batch, self._target_batch_bytes):
-            self._emit(subpartition, piece)
+            self._emit(subpartition, piece, piece.nbytes)
 
     def finish(self) -> PartitionStatistics:
         with self._lock:
@@ -239,8 +243,9 @@ class SplittingPartitionWriter(ResultPartitionWriter):
         self._discard(error)
 
     @abc.abstractmethod
-    def _emit(self, subpartition: int, batch: pa.RecordBatch) -> None:
-        """Take one batch for one subpartition, or for :data:`BROADCAST`."""
+    def _emit(self, subpartition: int, batch: pa.RecordBatch, size: int) -> None:
+        """Take one batch (of ``size`` Arrow bytes) for one subpartition, or for
+        :data:`BROADCAST`."""
 
     @abc.abstractmethod
     def _commit(self) -> PartitionStatistics: ...

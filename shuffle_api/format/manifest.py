@@ -21,6 +21,7 @@ __all__ = [
     "INDEX_FILE",
     "INDEX_SCHEMA",
     "MANIFEST_FILE",
+    "MAX_SUBPARTITIONS",
     "NO_STATISTICS",
     "PartitionManifest",
 ]
@@ -30,6 +31,9 @@ FORMAT_VERSION: Final = 2
 """2: statistics as one compressed field (``PartitionStatistics.encode``), where 1 had three
 lists of numbers: a reader fetches a manifest per partition it reads, and lists of thousands
 cost milliseconds to write and parse each time."""
+MAX_SUBPARTITIONS: Final = 1 << 17
+"""The most subpartitions a partition may have: a reader's index of runs grows with the
+count, whatever was written."""
 DATA_FILE: Final = "data.arrow"
 INDEX_FILE: Final = "index.arrow"
 MANIFEST_FILE: Final = "manifest.json"

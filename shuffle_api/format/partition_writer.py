@@ -42,8 +42,8 @@ class SortMergePartitionWriter(SplittingPartitionWriter):
         )
         self._on_commit = on_commit
 
-    def _emit(self, subpartition: int, batch: pa.RecordBatch) -> None:
-        self._file.add(subpartition, batch)
+    def _emit(self, subpartition: int, batch: pa.RecordBatch, size: int) -> None:
+        self._file.add(subpartition, batch, size)
 
     def _commit(self) -> PartitionStatistics:
         statistics = self._file.commit()

@@ -24,7 +24,7 @@ import xxhash
 from shuffle_api.batches import coalesce
 from shuffle_api.errors import ShuffleError
 from shuffle_api.format.codec_choice import AUTO, choose_codec, ipc_write_options
-from shuffle_api.format.manifest import INDEX_SCHEMA, PartitionManifest
+from shuffle_api.format.manifest import INDEX_SCHEMA, MAX_SUBPARTITIONS, PartitionManifest
 from shuffle_api.format.sink import DataStream, PartitionSink, write_all
 from shuffle_api.io import BROADCAST, PartitionStatistics
 from shuffle_api.options import COMPRESSION_AUTO_BANDWIDTH, TARGET_BATCH_SIZE
@@ -37,32 +37,54 @@ MAX_RUN_BYTES = 8 << 20
 runs stay far below ``netty-like.network.max-frame-size`` whatever the sort buffer holds."""
 
 
+# Bytes the IPC writer hands over natively before they cross into Python (and are hashed).
+_STREAM_BUFFER_BYTES = 256 << 10
+# Bytes the hashing sink gathers before it writes to the store.
+_STORE_WRITE_BYTES = 1 << 20
+
+
 class _HashingSink:
     """A write-only file that hashes what passes through, so each run's checksum costs no
-    re-read. pyarrow writes to it through ``pa.PythonFile``."""
+    re-read, and writes it to the store in chunks of about :data:`_STORE_WRITE_BYTES`.
+    pyarrow writes to it through a native buffer (``_IpcStream``), flushed at each run's end:
+    one Python call per small run, where the IPC writer alone makes five per batch."""
 
     def __init__(self, target: DataStream) -> None:
         self._target = target
         self._hasher = xxhash.xxh3_64()
+        self._pending = bytearray()
         self._position = 0
         self.closed = False
 
     def write(self, data: bytes) -> int:
         self._hasher.update(data)
-        write_all(self._target, data)
+        self._pending += data
+        if len(self._pending) >= _STORE_WRITE_BYTES:
+            self.drain()
         self._position += len(data)
         return len(data)
+
+    def drain(self) -> None:
+        """Write what is gathered to the store."""
+        write_all(self._target, self._pending)
+        self._pending.clear()
 
     def tell(self) -> int:
         return self._position
 
     def flush(self) -> None:
-        self._target.flush()
+        """Nothing to do: what was written reaches the store by :meth:`drain` or
+        :meth:`close`."""
 
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            self._target.close()
+            try:
+                if self._pending:
+                    self.drain()
+                self._target.flush()
+            finally:
+                self._target.close()
 
     def take_checksum(self) -> int:
         """The hash of everything written since the last call."""
@@ -94,6 +116,11 @@ class PartitionFileWriter:
         target_batch_bytes: int = TARGET_BATCH_SIZE.default,
         auto_bandwidth: int = COMPRESSION_AUTO_BANDWIDTH.default,
     ) -> None:
+        if not 1 <= number_of_subpartitions <= MAX_SUBPARTITIONS:
+            raise ShuffleError(
+                f"partition {sink.partition}: {number_of_subpartitions} subpartitions, outside"
+                f" 1..{MAX_SUBPARTITIONS}"
+            )
         self._sink = sink
         self._partition = sink.partition
         self._subpartitions = number_of_subpartitions
@@ -112,15 +139,16 @@ class PartitionFileWriter:
         self._spilling_bytes = 0
         # The spill thread's side: the producer reads it only after waiting for the spill.
         self._data: _HashingSink | None = None
+        self._stream: pa.BufferedOutputStream | None = None
         self._run_start = 0
         self._ipc: pa.ipc.RecordBatchFileWriter | None = None
         self._batches = 0
         self._regions = 0
-        self._index: dict[str, list[int]] = {field.name: [] for field in INDEX_SCHEMA}
-        # Rows, stored bytes and Arrow bytes (the rows of PartitionStatistics): per
-        # subpartition, and of the broadcast runs, which every subpartition's reader gets.
-        self._counts = np.zeros((3, number_of_subpartitions), dtype=np.int64)
-        self._broadcast_counts = np.zeros(3, dtype=np.int64)
+        # Per run: its index row (INDEX_SCHEMA's columns).
+        self._runs: list[tuple[int, ...]] = []
+        # Per subpartition (then of the broadcast batches), the Arrow bytes of the batches
+        # taken: the statistics weigh the rows as the producer had them, whatever the codec.
+        self._arrow_bytes = [0] * (number_of_subpartitions + 1)
 
     @property
     def buffered_bytes(self) -> int:
@@ -132,21 +160,26 @@ class PartitionFileWriter:
         """Bytes of batches in memory: the region filling plus the one being written."""
         return self._buffered_bytes + self._spilling_bytes
 
-    def add(self, subpartition: int, batch: pa.RecordBatch) -> None:
-        """Take a batch for one subpartition (or :data:`BROADCAST`); spill past the budget."""
+    def add(self, subpartition: int, batch: pa.RecordBatch, size: int | None = None) -> None:
+        """Take a batch for one subpartition (or :data:`BROADCAST`); spill past the budget.
+        ``size``: its ``nbytes``, where the caller has it (pyarrow takes microseconds to
+        count them, as long as the rest of this call for a small batch)."""
         if not (subpartition == BROADCAST or 0 <= subpartition < self._subpartitions):
             raise ShuffleError(
                 f"subpartition {subpartition} out of range [0, {self._subpartitions})"
                 f" of partition {self._partition}"
             )
         self._check_schema(batch.schema)
+        if size is None:
+            size = batch.nbytes
+        self._arrow_bytes[subpartition] += size  # the broadcast's in the last place
         if subpartition == BROADCAST:
             self.spill()
             # Queued behind the region just handed over: the spill thread runs one task at a time.
-            self._hand_over(lambda: self._write_broadcast(batch), batch.nbytes)
+            self._hand_over(lambda: self._write_broadcast(batch), size)
             return
         self._buffers[subpartition].append(batch)
-        self._buffered_bytes += batch.nbytes
+        self._buffered_bytes += size
         if self._buffered_bytes >= self._region_bytes:
             self.spill()
 
@@ -188,79 +221,90 @@ class PartitionFileWriter:
     def _write_region(self, region: list[list[pa.RecordBatch]]) -> None:
         """Each subpartition's batches as one run (or a few, see :data:`MAX_RUN_BYTES`) of
         batches of about the target size: fewer, larger IPC messages to write and to read."""
-        for subpartition, batches in enumerate(region):
-            if batches:
-                self._write_run(subpartition, coalesce(batches, self._target_batch_bytes))
+        target = self._target_batch_bytes
+        with storage_errors(self._sink.where):
+            for subpartition, batches in enumerate(region):
+                if len(batches) == 1:  # most subpartitions of a region of many
+                    self._write_run(subpartition, batches)
+                elif batches:
+                    self._write_run(subpartition, coalesce(batches, target))
+            self._drain()
         self._regions += 1
 
     def _write_broadcast(self, batch: pa.RecordBatch) -> None:
-        self._write_run(BROADCAST, [batch])
+        with storage_errors(self._sink.where):
+            self._write_run(BROADCAST, [batch])
+            self._drain()
         self._regions += 1
+
+    def _drain(self) -> None:
+        """A spilled region is on the store when its spill ends: a slow store holds the
+        producer back, and the writer holds its budget, not more."""
+        if self._stream is not None and self._data is not None:
+            self._stream.flush()
+            self._data.drain()
 
     def _open(
         self, first_batch: pa.RecordBatch
-    ) -> tuple[_HashingSink, pa.ipc.RecordBatchFileWriter]:
-        if self._data is not None and self._ipc is not None:
-            return self._data, self._ipc
+    ) -> tuple[pa.BufferedOutputStream, pa.ipc.RecordBatchFileWriter]:
+        if self._stream is not None and self._ipc is not None:
+            return self._stream, self._ipc
         schema = self._schema
         assert schema is not None
         self._codec = choose_codec(self._codec, first_batch, self._auto_bandwidth)
-        with storage_errors(self._sink.where):
-            self._data = _HashingSink(self._sink.open_data())
-            self._ipc = pa.ipc.new_file(
-                pa.PythonFile(self._data, mode="w"), schema, options=ipc_write_options(self._codec)
-            )
-            # Forces the header and schema out now, so every run's range holds only batches.
-            self._ipc.write_batch(
-                pa.record_batch([pa.array([], type=field.type) for field in schema], schema=schema)
-            )
+        self._data = _HashingSink(self._sink.open_data())
+        self._stream = pa.BufferedOutputStream(
+            pa.PythonFile(self._data, mode="w"), _STREAM_BUFFER_BYTES
+        )
+        self._ipc = pa.ipc.new_file(self._stream, schema, options=ipc_write_options(self._codec))
+        # Forces the header and schema out now, so every run's range holds only batches.
+        self._ipc.write_batch(
+            pa.record_batch([pa.array([], type=field.type) for field in schema], schema=schema)
+        )
+        self._stream.flush()
         self._data.take_checksum()
         self._run_start = self._data.tell()
         self._batches = 1
-        return self._data, self._ipc
+        return self._stream, self._ipc
 
     def _write_run(self, subpartition: int, batches: Iterable[pa.RecordBatch]) -> None:
-        """Write ``batches`` as runs of at most about :data:`MAX_RUN_BYTES` each."""
+        """Write ``batches`` as runs of at most about :data:`MAX_RUN_BYTES` each (called
+        within ``storage_errors``: once per run of thousands of small ones)."""
         pending = iter(batches)
         first = next(pending, None)
         if first is None:
             return
-        sink, ipc = self._open(first)
-        batches_in_run = rows_in_run = arrow_bytes_in_run = 0
-        with storage_errors(self._sink.where):
-            for batch in itertools.chain((first,), pending):
-                ipc.write_batch(batch)
-                batches_in_run += 1
-                rows_in_run += batch.num_rows
-                arrow_bytes_in_run += batch.nbytes
-                if sink.tell() - self._run_start >= MAX_RUN_BYTES:
-                    self._index_run(subpartition, batches_in_run, rows_in_run, arrow_bytes_in_run)
-                    batches_in_run = rows_in_run = arrow_bytes_in_run = 0
+        stream, ipc = self._open(first)
+        batches_in_run = rows_in_run = 0
+        for batch in itertools.chain((first,), pending):
+            ipc.write_batch(batch)
+            batches_in_run += 1
+            rows_in_run += batch.num_rows
+            if stream.tell() - self._run_start >= MAX_RUN_BYTES:
+                self._index_run(subpartition, batches_in_run, rows_in_run)
+                batches_in_run = rows_in_run = 0
         if batches_in_run:
-            self._index_run(subpartition, batches_in_run, rows_in_run, arrow_bytes_in_run)
+            self._index_run(subpartition, batches_in_run, rows_in_run)
 
-    def _index_run(self, subpartition: int, batches: int, rows: int, arrow_bytes: int) -> None:
-        assert self._data is not None
+    def _index_run(self, subpartition: int, batches: int, rows: int) -> None:
+        data, stream = self._data, self._stream
+        assert data is not None and stream is not None
+        stream.flush()  # the run's bytes reach the hashing sink
         start = self._run_start
-        self._run_start = self._data.tell()
-        length = self._run_start - start
-        for name, value in (
-            ("subpartition", subpartition),
-            ("region", self._regions),
-            ("first_batch", self._batches),
-            ("num_batches", batches),
-            ("offset", start),
-            ("length", length),
-            ("rows", rows),
-            ("checksum", self._data.take_checksum()),
-        ):
-            self._index[name].append(value)
+        self._run_start = data.tell()
+        self._runs.append(
+            (
+                subpartition,
+                self._regions,
+                self._batches,
+                batches,
+                start,
+                self._run_start - start,
+                rows,
+                data.take_checksum(),
+            )
+        )
         self._batches += batches
-        counts = (rows, length, arrow_bytes)
-        if subpartition == BROADCAST:
-            self._broadcast_counts += counts
-        else:
-            self._counts[:, subpartition] += counts
 
     # --- commit and abort ----------------------------------------------------------------------
 
@@ -270,17 +314,19 @@ class PartitionFileWriter:
         self._wait_for_spill()
         self._spiller.shutdown()
         data_bytes = 0
-        if self._ipc is not None and self._data is not None:
+        if self._ipc is not None and self._stream is not None and self._data is not None:
             with storage_errors(self._sink.where):
                 self._ipc.close()
+                self._stream.close()  # closes the hashing sink, which writes the rest
                 data_bytes = self._data.tell()
-                self._data.close()
+        columns = [list(column) for column in zip(*self._runs, strict=True)] or [
+            [] for _ in INDEX_SCHEMA
+        ]
         index = pa.BufferOutputStream()
         with pa.ipc.new_file(index, INDEX_SCHEMA) as index_writer:
-            index_writer.write_table(pa.table(self._index, schema=INDEX_SCHEMA))
+            index_writer.write_table(pa.table(columns, schema=INDEX_SCHEMA))
         index_bytes = index.getvalue().to_pybytes()
-        totals = self._counts + self._broadcast_counts[:, np.newaxis]
-        statistics = PartitionStatistics(*(tuple(int(v) for v in row) for row in totals))
+        statistics = self._statistics(columns)
         manifest = PartitionManifest(
             partition=self._partition,
             number_of_subpartitions=self._subpartitions,
@@ -293,6 +339,20 @@ class PartitionFileWriter:
         )
         self._sink.commit(index_bytes, manifest.to_json())
         return statistics
+
+    def _statistics(self, columns: list[list[int]]) -> PartitionStatistics:
+        """Rows, stored bytes and Arrow bytes per subpartition: each subpartition's own plus
+        the broadcast's, which every subpartition's reader gets."""
+        subpartition = np.asarray(columns[0], dtype=np.int64)
+        # The broadcast runs' totals in the last place.
+        own = np.where(subpartition == BROADCAST, self._subpartitions, subpartition)
+        totals = []
+        for column in (columns[6], columns[5]):  # rows, length
+            sums = np.zeros(self._subpartitions + 1, dtype=np.int64)
+            np.add.at(sums, own, np.asarray(column, dtype=np.int64))
+            totals.append(sums)
+        totals.append(np.asarray(self._arrow_bytes, dtype=np.int64))
+        return PartitionStatistics(*(tuple((sums[:-1] + sums[-1]).tolist()) for sums in totals))
 
     def abort(self) -> None:
         """Drop buffers and delete whatever reached the store."""

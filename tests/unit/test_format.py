@@ -46,6 +46,7 @@ from shuffle_api.format.manifest import (
     INDEX_FILE,
     INDEX_SCHEMA,
     MANIFEST_FILE,
+    MAX_SUBPARTITIONS,
     NO_STATISTICS,
     PartitionManifest,
 )
@@ -531,6 +532,27 @@ def test_readers_of_data_neither_decode_nor_need_the_statistics(
     assert manifest.statistics is NO_STATISTICS
     assert manifest.data_bytes > 0
     assert read_keys(reader, 1) == expected_keys(SPREAD_WRITES, 1)
+
+
+def test_a_manifest_claiming_too_many_subpartitions_is_corrupt_and_allocates_nothing(
+    store: Store, partition: ResultPartitionID
+) -> None:
+    write_partition(store, partition, SPREAD_WRITES)
+    # A reader's lookup table grows with the count: a billion would take gigabytes.
+    edit_manifest(store, partition, lambda document: document.update(number_of_subpartitions=10**9))
+
+    for cached in (False, True):
+        with pytest.raises(PartitionCorruptedError, match="1000000000 subpartitions"):
+            PartitionFileReader(store, partition, cached=cached)
+
+
+def test_a_writer_of_more_subpartitions_than_readers_take_is_refused(
+    store: Store, partition: ResultPartitionID
+) -> None:
+    with pytest.raises(ShuffleError, match=f"{MAX_SUBPARTITIONS + 1} subpartitions"):
+        PartitionFileWriter(
+            StoreSink(store, partition), MAX_SUBPARTITIONS + 1, codec="none", memory_budget=1
+        )
 
 
 # --- readable with plain pyarrow -----------------------------------------------------------
