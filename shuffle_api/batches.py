@@ -151,13 +151,13 @@ def coalesce(
     size: Callable[[pa.RecordBatch], int] = lambda piece: piece.nbytes,
 ) -> Iterator[pa.RecordBatch]:
     """The rows of ``pieces``, in order, in as few batches of at most ``target`` (by ``size``:
-    bytes unless told otherwise) as consecutive pieces fill (one copy each); a piece larger
-    than that passes as it is."""
+    bytes unless told otherwise) as consecutive pieces of one schema fill (one copy each); a
+    piece larger than that passes as it is."""
     group: list[pa.RecordBatch] = []
     group_size = 0
     for piece in pieces:
         piece_size = size(piece)
-        if group and group_size + piece_size > target:
+        if group and (group_size + piece_size > target or not piece.schema.equals(group[0].schema)):
             yield _concatenate(group)
             group, group_size = [], 0
         group.append(piece)

@@ -6,8 +6,10 @@ from __future__ import annotations
 import gc
 import tracemalloc
 from collections import Counter
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
 from pyspark.sql import functions as F  # noqa: N812 (Spark's own spelling)
 
 from pyspark_shuffle import SparkShuffle
@@ -44,6 +46,27 @@ def test_200_map_tasks_into_1000_reducers_equal_spark(
     assert statistics.rows_written == statistics.rows_read == ROWS
     assert statistics.map_tasks_rerun == 0
     assert partitions_of(result) == REDUCERS  # reads it all again: after the counts
+    shuffle.release(result)
+
+
+def _batches_and_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    sizes = [batch.num_rows for batch in batches]
+    yield pa.record_batch({"batches": [len(sizes)], "rows": [sum(sizes)]})
+
+
+def test_a_reducer_gets_the_small_blocks_of_many_map_outputs_in_few_batches(
+    shuffle: SparkShuffle, spark: SparkSession
+) -> None:
+    """Each of 100 map outputs holds a few rows for each reducer: the reducer's function gets
+    them gathered, as Spark hands a task its rows, not a batch per map output."""
+    data = spark.range(0, 4_000, 1, 100).selectExpr("id % 997 as k", "id as v")
+    result = shuffle.repartition_map(
+        data, "k", _batches_and_rows, "batches long, rows long", num_partitions=8
+    )
+    counts = result.collect()
+    assert sum(row.rows for row in counts) == 4_000
+    assert len(counts) == 8
+    assert all(row.batches == 1 for row in counts)  # one batch of ~500 rows from 100 blocks
     shuffle.release(result)
 
 

@@ -319,6 +319,17 @@ def test_coalesce_passes_a_piece_larger_than_the_target_as_it_is() -> None:
     assert batches[1] is large
 
 
+def test_coalesce_never_joins_pieces_of_two_schemas() -> None:
+    first = int_batch(10)
+    other = first.cast(pa.schema([pa.field("row", pa.int32())]))  # another map task's types
+    pieces = [first, first, other, other, first]
+
+    batches = list(coalesce(pieces, 1 << 20))
+
+    assert [batch.num_rows for batch in batches] == [20, 20, 10]
+    assert [batch.schema for batch in batches] == [first.schema, other.schema, first.schema]
+
+
 def test_coalesce_of_nothing_yields_nothing() -> None:
     assert list(coalesce([], 1000)) == []
 
