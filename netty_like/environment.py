@@ -8,6 +8,7 @@ process serves them itself.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Collection, Sequence
@@ -131,6 +132,9 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
                 )
             )
             self._port = self._executor_host.port
+            self._gate_settings = dataclasses.replace(
+                self._gate_settings, executor_location=self._executor_host.resource_id
+            )
             return self._port
         if self._executor_pid is not None:
             _LOG.warning(

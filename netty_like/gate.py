@@ -38,6 +38,9 @@ class GateSettings:
     files where this process sees them."""
     read_from_shared_store: bool = True
     sources_in_flight: int = 1
+    executor_location: str | None = None
+    """The resource id of this process's executor host, if it has one: the partitions that
+    host serves were written by this executor's processes, to this process's store."""
 
 
 class NettyInputGate(SequentialInputGate):
@@ -108,10 +111,17 @@ class NettyInputGate(SequentialInputGate):
 
     def _on_this_store(self, descriptor: NettyShuffleDescriptor) -> bool:
         """Whether the partition is written to the store this process reads from (a shared
-        one): then it is read there, not asked of its producer."""
-        return (
-            self._settings.read_from_shared_store
-            and descriptor.store_url == self._settings.store_url
+        one, or this executor's own): then it is read there, not asked of its producer.
+
+        A descriptor names the master's store, which is the producer's only where every
+        process is given one store URL; its executor is known by its host."""
+        settings = self._settings
+        return settings.read_from_shared_store and (
+            descriptor.store_url == settings.store_url
+            or (
+                settings.executor_location is not None
+                and descriptor.producer_location == settings.executor_location
+            )
         )
 
     def _not_on_store(self) -> str:

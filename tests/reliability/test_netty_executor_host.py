@@ -197,6 +197,41 @@ def test_partitions_outlive_their_writer_and_go_with_the_executor(
     master.close()
 
 
+def test_a_process_of_the_executor_reads_its_partitions_from_the_store_not_the_host(
+    tmp_path: Path, executor: subprocess.Popen[bytes]
+) -> None:
+    """The driver keeps its own store (Spark gives each executor, and the driver, a local
+    directory of its own), so descriptors name another store than the executor's: a reader
+    on the executor that wrote a partition reads its files all the same, not through the
+    host's data port (one round trip and a copy through the host per block)."""
+    store = tmp_path / "executor-store"
+    config = Configuration.load({"netty-like.storage.url": str(store)}, environ={})
+    driver_config = config.with_values({"netty-like.storage.url": str(tmp_path / "driver")})
+    master_context = ShuffleMasterContext(driver_config)
+    master = load_shuffle_service_factory(driver_config).create_shuffle_master(master_context)
+    job = RecordingJobContext("job")
+    master.register_job(job)
+    application = _Application(store, config, master_context, master, job, executor.pid)
+    with application.environment("writer") as writer_environment:
+        written = _write(writer_environment, master, "job", 0)
+    [host] = _hosts(executor.pid)
+    os.kill(host, signal.SIGKILL)  # no data port serves the partition any more
+    _wait_until(lambda: not _alive(host))
+
+    with application.environment("reader") as reader:
+        [gate] = reader.create_input_gates(
+            ShuffleIOOwner("reduce", "reduce-0"),
+            [
+                InputGateDeploymentDescriptor(
+                    RESULT, ResultPartitionType.BLOCKING, SubpartitionRange(0, 1), (written,)
+                )
+            ],
+        )
+        with gate:
+            assert sum(batch.num_rows for batch in gate) == 5_000
+    master.close()
+
+
 def test_the_master_releases_on_the_host_and_shuts_it_down(
     application: _Application, executor: subprocess.Popen[bytes]
 ) -> None:
