@@ -182,18 +182,13 @@ def open_session(master: str, work: Path) -> SparkSession:
     return session
 
 
-def open_shuffle(
-    stack: contextlib.ExitStack, session: SparkSession, service: str, cluster_mode: bool
-) -> SparkShuffle:
-    directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"many-{service}-")))
-    if service == "netty_like":
-        # On a local-cluster, each executor's store is its own local directory.
-        options: dict[str, Any] = (
-            {} if cluster_mode else {"netty-like.storage.url": str(directory / "store")}
-        )
-    else:
+def open_shuffle(stack: contextlib.ExitStack, session: SparkSession, service: str) -> SparkShuffle:
+    # The default service as a user gets it: each executor's store is its own local directory.
+    options: dict[str, Any] = {}
+    if service != "netty_like":
         # Stores apart: reducers read through the workers, as on hosts of their own.
-        cluster = stack.enter_context(LocalCluster(directory, workers=2, store_shared=False))
+        directory = stack.enter_context(tempfile.TemporaryDirectory(prefix=f"many-{service}-"))
+        cluster = stack.enter_context(LocalCluster(Path(directory), workers=2, store_shared=False))
         options = cluster.client_config()
     return stack.enter_context(SparkShuffle(session, options))
 
@@ -215,14 +210,13 @@ def main() -> None:
         for maps in sorted(args.maps)
         for reducers in sorted(args.reducers)
     ]
-    cluster_mode = args.master.startswith("local-cluster")
     with contextlib.ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="many-partitions-")))
         session = open_session(args.master, work)
         stack.callback(session.stop)
         jobs: dict[str, tuple[Job, SparkShuffle | None]] = {SPARK: (spark_job, None)}
         for service in args.services:
-            opened = open_shuffle(stack, session, service, cluster_mode)
+            opened = open_shuffle(stack, session, service)
             jobs[service] = (pyshuffle_job(opened, fused=False), opened)
             jobs[service + FUSED] = (pyshuffle_job(opened, fused=True), opened)
         runs = [name for name in jobs if name != SPARK]
