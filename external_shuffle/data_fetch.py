@@ -56,6 +56,27 @@ class DataPortUnreachableError(TransportError):
 
 Received = PartitionManifest | FetchedRun
 _CONNECT_TIMEOUT = 5.0
+# Decoded manifests kept per process (a reducer's next task fetches the same map outputs),
+# each of at most _CACHED_MANIFEST_BYTES: at most 32 MiB of manifests.
+_CACHED_MANIFESTS = 2048
+_CACHED_MANIFEST_BYTES = 16 << 10
+
+
+def _manifest(data: bytes, what: str, partition: ResultPartitionID) -> PartitionManifest:
+    """The manifest a worker sent before a partition's runs (no statistics): a fetch of a
+    small block would otherwise spend more on decoding it (JSON, base64, the Arrow schema)
+    than on the block."""
+    if len(data) <= _CACHED_MANIFEST_BYTES:
+        try:
+            return _decoded_manifest(data, partition)
+        except ShuffleError:
+            pass  # not cached: decoded again below, for an error that says what was fetched
+    return PartitionManifest.from_json(data, what, partition, statistics=False)
+
+
+@functools.lru_cache(maxsize=_CACHED_MANIFESTS)
+def _decoded_manifest(data: bytes, partition: ResultPartitionID) -> PartitionManifest:
+    return PartitionManifest.from_json(data, "a fetched manifest", partition, statistics=False)
 
 
 def fetch_over_data_port(
@@ -128,7 +149,7 @@ def _receive(
             raise TransportError(f"{what}: the worker hung up before the end")
         frame_type, body = frame
         if frame_type == MANIFEST and manifest is None:
-            manifest = PartitionManifest.from_json(bytes(body), what, partition, statistics=False)
+            manifest = _manifest(bytes(body), what, partition)
             yield manifest
         elif frame_type == RUN and manifest is not None and len(body) == RUN_HEADER.size:
             length, checksum = RUN_HEADER.unpack(body)
@@ -161,9 +182,7 @@ def fetch_over_grpc(
         for chunk in stream:
             message = chunk.header
             if message.manifest:
-                yield PartitionManifest.from_json(
-                    message.manifest, what, partition, statistics=False
-                )
+                yield _manifest(message.manifest, what, partition)
                 continue
             pieces.append(chunk.data)
             if not message.end_of_run:

@@ -199,6 +199,33 @@ def test_a_fetch_over_the_data_port_gets_what_grpc_gets(
     assert 0 < len(one) - 1 < len(runs)
 
 
+def test_a_process_decodes_a_partition_s_manifest_once_for_all_its_fetches(
+    address: WorkerAddress, secret: bytes, stored: BuiltPartition
+) -> None:
+    """Each reducer of a map output gets its manifest with its block: decoding it (JSON,
+    base64, the Arrow schema) cost more than a small block."""
+    partition = new_partition()
+    connections = ConnectionPool(secret)
+
+    def manifest_of(request: bytes) -> PartitionManifest:
+        answers = fetch_over_data_port(
+            address,
+            [(pb.FetchDataRequest.FromString(request), partition)],
+            connections=connections,
+            timeout=10,
+            max_frame_size=64 << 20,
+        )
+        [manifest] = [answer for answer in answers if isinstance(answer, PartitionManifest)]
+        return manifest
+
+    try:
+        first, second = manifest_of(_request(stored, 0, 0)), manifest_of(_request(stored, 1, 1))
+    finally:
+        connections.close()
+    assert first is second
+    assert first.number_of_subpartitions == SUBPARTITIONS
+
+
 def test_fetches_share_a_connection_and_survive_its_idle_close(
     cluster: LocalCluster, address: WorkerAddress, secret: bytes, stored: BuiltPartition
 ) -> None:
