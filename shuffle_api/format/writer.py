@@ -46,7 +46,7 @@ _STORE_WRITE_BYTES = 1 << 20
 class _HashingSink:
     """A write-only file that hashes what passes through, so each run's checksum costs no
     re-read, and writes it to the store in chunks of about :data:`_STORE_WRITE_BYTES`.
-    pyarrow writes to it through a native buffer (``_IpcStream``), flushed at each run's end:
+    pyarrow writes to it through a native ``pa.BufferedOutputStream``, flushed at each run's end:
     one Python call per small run, where the IPC writer alone makes five per batch."""
 
     def __init__(self, target: DataStream) -> None:
