@@ -49,6 +49,7 @@ from shuffle_api import (
 )
 from shuffle_api.format import (
     DataStream,
+    Layouts,
     PartitionFileReader,
     PartitionManifest,
     StoreSink,
@@ -444,6 +445,9 @@ class WorkerService(pb_grpc.WorkerServicer):
                 if upload is not None:
                     upload.close()
                 sink.commit(request.index, request.manifest)
+                # Fetches take layouts from a cache that does not look at the files again: a
+                # partition deleted under this worker and pushed anew must not meet its old one.
+                PartitionFileReader.forget(self._store, partition)
             except StorageError:
                 self._forget(partition)  # a full disk gets its space back
                 raise
@@ -472,7 +476,7 @@ class WorkerService(pb_grpc.WorkerServicer):
         stream = self._streams.open(peer, cancel)
         started = time.perf_counter()
         try:
-            reader = PartitionFileReader(self._store, partition, cached=True, checked=True)
+            reader = PartitionFileReader(self._store, partition, Layouts.READ)
             if subpartitions.end >= reader.manifest.number_of_subpartitions:
                 raise InvalidIdentifierError(
                     f"subpartitions {subpartitions.start}..{subpartitions.end} out of range:"

@@ -27,7 +27,7 @@ from shuffle_api import (
     ResultPartitionID,
     SubpartitionRange,
 )
-from shuffle_api.format import PartitionFileReader, is_readable, partition_directory
+from shuffle_api.format import Layouts, PartitionFileReader, is_readable, partition_directory
 from shuffle_api.store import Store
 
 __all__ = ["EncodedRun", "ResultPartitionManager", "SubpartitionView"]
@@ -131,6 +131,8 @@ class ResultPartitionManager:
         return self._store
 
     def register_blocking(self, partition: ResultPartitionID) -> None:
+        # Views take layouts from a cache that does not look at the files again.
+        PartitionFileReader.forget(self._store, partition)
         with self._condition:
             self._writing.discard(partition)
             self._blocking.add(partition)
@@ -224,7 +226,7 @@ class ResultPartitionManager:
                     " committed here, or released)",
                     partition,
                 )
-            reader = PartitionFileReader(self._store, partition, cached=True)
+            reader = PartitionFileReader(self._store, partition, Layouts.READ)
             return _BlockingView(reader, subpartitions, verify)
         deadline = time.monotonic() + self._request_timeout
         with self._condition:
@@ -266,6 +268,7 @@ class ResultPartitionManager:
             if pipelined is not None:
                 pipelined.release()
             if stored:
+                PartitionFileReader.forget(self._store, partition)
                 # <result>/<index>/ too when this was their last attempt: nothing stays behind.
                 self._store.delete_tree(
                     partition_directory(self._store, partition), empty_parents=2

@@ -34,7 +34,7 @@ from shuffle_api.errors import (
     StorageError,
     TransportError,
 )
-from shuffle_api.format import PartitionFileReader
+from shuffle_api.format import Layouts, PartitionFileReader
 from shuffle_api.ids import IntermediateResultPartitionID, ResultPartitionID
 from shuffle_api.io import InputGate
 from shuffle_api.sockets import MAX_BATCH
@@ -171,7 +171,7 @@ class SequentialInputGate(InputGate):
         if store is None:
             return None
         try:
-            return PartitionFileReader(store, partition, cached=True)
+            return PartitionFileReader(store, partition, Layouts.MAPPED)
         except (PartitionNotFoundError, StorageError):
             return None
 

@@ -5,6 +5,7 @@ from shuffle_api.format.layout import partition_directory
 from shuffle_api.format.manifest import FORMAT_VERSION, PartitionManifest
 from shuffle_api.format.partition_writer import SortMergePartitionWriter
 from shuffle_api.format.reader import (
+    Layouts,
     PartitionFileReader,
     Run,
     decode_run,
@@ -18,6 +19,7 @@ from shuffle_api.format.writer import PartitionFileWriter
 __all__ = [
     "FORMAT_VERSION",
     "DataStream",
+    "Layouts",
     "PartitionFileReader",
     "PartitionFileWriter",
     "PartitionManifest",

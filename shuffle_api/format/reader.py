@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import enum
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -35,6 +36,7 @@ from shuffle_api.store import RangeReader, Store
 
 __all__ = [
     "MAX_SUBPARTITIONS",
+    "Layouts",
     "PartitionFileReader",
     "Run",
     "check_commit",
@@ -340,23 +342,35 @@ def _decode_layout(
     return _Layout(manifest, index, manifest_bytes, index_bytes, store.child(directory, DATA_FILE))
 
 
+class Layouts(enum.Enum):
+    """Where a reader takes a partition's layout (its manifest and index) from."""
+
+    FILES = enum.auto()
+    """Read and decoded for this reader, statistics included."""
+    MAPPED = enum.auto()
+    """The process's cache, index files memory-mapped from a local store: for readers in
+    tasks, which need no statistics. A partition's files are taken never to change once
+    committed (a released one's data file is gone, which its next read finds)."""
+    READ = enum.auto()
+    """The process's cache, index files read: for long-lived servers, which a file
+    truncated under a mapping would kill. They ``forget`` what they delete or commit."""
+    CHECKED = enum.auto()
+    """The process's cache while the manifest and index files still hold the bytes it was
+    decoded from (read again each time: small files, and much less work than decoding
+    them), for a reader that must see files changed or corrupted under it."""
+
+
 class _LayoutCache:
     """Per process, the layouts of partitions read lately: a reader of many partitions (one
     reducer after another in a Python worker, a data port's blocking views, the external
     worker's fetches) decodes each manifest and index once. Bounded by entries and by the
-    bytes they hold beyond index files mapped from a local store.
+    bytes they hold beyond index files mapped from a local store."""
 
-    ``checked``: a layout is taken from the cache only if the manifest and index files still
-    hold the bytes it was decoded from (read again each time: small files, and much less work
-    than decoding them), for a reader that must see files changed or corrupted under it; the
-    index is then read, never mapped (a file truncated under a mapping kills its reader).
-    Else a partition's files are taken never to change once committed (a released one's data
-    file is gone, which its next read finds)."""
-
-    def __init__(self, max_entries: int, max_bytes: int, *, checked: bool = False) -> None:
+    def __init__(self, max_entries: int, max_bytes: int, layouts: Layouts) -> None:
         self._max_entries = max_entries
         self._max_bytes = max_bytes
-        self._checked = checked
+        self._checked = layouts is Layouts.CHECKED
+        self._map_index = layouts is Layouts.MAPPED
         self._layouts: collections.OrderedDict[
             tuple[str, ResultPartitionID], tuple[_Layout, int]
         ] = collections.OrderedDict()
@@ -375,10 +389,10 @@ class _LayoutCache:
         elif found is not None:
             return self._touch(key, found[0])
         else:
-            files = _read_files(store, partition, map_index=True)
+            files = _read_files(store, partition, map_index=self._map_index)
             layout = _decode_layout(store, partition, files, statistics=False)
         cost = _ENTRY_BYTES + layout.index.copied_bytes + len(layout.manifest_bytes)
-        if self._checked or not store.maps_files:
+        if not (self._map_index and store.maps_files):
             cost += layout.index.file_bytes
         with self._lock:
             replaced = self._layouts.pop(key, None)
@@ -405,41 +419,31 @@ class _LayoutCache:
             if dropped is not None:
                 self._bytes -= dropped[1]
 
-    def clear(self) -> None:
-        with self._lock:
-            self._layouts.clear()
-            self._bytes = 0
-
 
 # A layout's Python objects (manifest, schema, arrays): about this much beside its arrays.
 _ENTRY_BYTES: Final = 4096
-_LAYOUTS: Final = _LayoutCache(max_entries=16_384, max_bytes=64 << 20)
-_CHECKED_LAYOUTS: Final = _LayoutCache(max_entries=16_384, max_bytes=64 << 20, checked=True)
+_CACHES: Final = {
+    layouts: _LayoutCache(max_entries=16_384, max_bytes=64 << 20, layouts=layouts)
+    for layouts in (Layouts.MAPPED, Layouts.READ, Layouts.CHECKED)
+}
 
 
 class PartitionFileReader:
-    """A committed partition on a store. Opening reads the manifest and the index only;
-    ``cached``: from the process's cache of layouts (the manifest without its statistics),
-    for readers of data, who need no statistics; ``checked`` too: the cached layout only
-    while the files still hold what it was decoded from (see ``_LayoutCache``), for a reader
-    that must see files changed under it."""
+    """A committed partition on a store. Opening reads the manifest and the index only, or
+    takes them from a cache of the process (see ``Layouts``: cached manifests carry no
+    statistics)."""
 
     def __init__(
-        self,
-        store: Store,
-        partition: ResultPartitionID,
-        *,
-        cached: bool = False,
-        checked: bool = False,
+        self, store: Store, partition: ResultPartitionID, layouts: Layouts = Layouts.FILES
     ) -> None:
         self._store = store
         self._partition = partition
         self._data: RangeReader | None = None
-        if not cached:
+        if layouts is Layouts.FILES:
             files = _read_files(store, partition, map_index=True)
             layout = _decode_layout(store, partition, files, statistics=True)
         else:
-            layout = (_CHECKED_LAYOUTS if checked else _LAYOUTS).get(store, partition)
+            layout = _CACHES[layouts].get(store, partition)
         self._data_path = layout.data_path
         self.manifest = layout.manifest
         self.manifest_bytes = layout.manifest_bytes
@@ -449,7 +453,7 @@ class PartitionFileReader:
     @staticmethod
     def forget(store: Store, partition: ResultPartitionID) -> None:
         """Drop the cached layouts of a partition whose files are being deleted."""
-        for cache in (_LAYOUTS, _CHECKED_LAYOUTS):
+        for cache in _CACHES.values():
             cache.forget(store, partition)
 
     @property
@@ -591,7 +595,7 @@ def is_readable(store: Store, partition: ResultPartitionID) -> bool:
     """Whether the partition's committed files are on the store and decode: its layout as
     readers of its data check it, nothing per subpartition decoded (as statistics would be)."""
     try:
-        PartitionFileReader(store, partition, cached=True, checked=True)
+        PartitionFileReader(store, partition, Layouts.CHECKED)
     except (PartitionNotFoundError, PartitionCorruptedError):
         return False
     return True

@@ -101,10 +101,14 @@ def new_partition() -> ResultPartitionID:
     )
 
 
-def build_partition(rows: int = 4_000, memory_budget: int = 64 << 10) -> BuiltPartition:
-    """A real partition (several regions, every subpartition) in the on-store format; a run
-    holds at most about ``memory_budget / SUBPARTITIONS`` bytes."""
-    partition = new_partition()
+def build_partition(
+    rows: int = 4_000,
+    memory_budget: int = 64 << 10,
+    partition: ResultPartitionID | None = None,
+) -> BuiltPartition:
+    """A real partition (several regions, every subpartition) in the on-store format, of a
+    new id unless given; a run holds at most about ``memory_budget / SUBPARTITIONS`` bytes."""
+    partition = partition or new_partition()
     sink = CapturingSink(partition)
     writer = PartitionFileWriter(sink, SUBPARTITIONS, codec="none", memory_budget=memory_budget)
     batches = make_batches(rows, batch_rows=250)

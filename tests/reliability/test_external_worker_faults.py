@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -131,6 +132,23 @@ def test_a_data_file_deleted_before_a_fetch_is_not_found(
         grpc.StatusCode.DATA_LOSS,
     )
     serves(cluster, worker)
+
+
+def test_a_partition_deleted_under_the_worker_and_pushed_anew_is_served_anew(
+    cluster: LocalCluster, worker: pb_grpc.WorkerStub
+) -> None:
+    first = build_partition(rows=1_000)
+    push(cluster, worker, first)
+    commit(cluster, worker, first)
+    assert fetch_all(worker, first.key, auth(cluster))[0] == first.manifest
+    shutil.rmtree(data_file(cluster, first).parent)
+    assert not committed(cluster, worker, first), "the worker sees its files gone"
+    again = build_partition(rows=3_000, partition=first.partition)
+    push(cluster, worker, again)
+    commit(cluster, worker, again)
+    manifest, runs = fetch_all(worker, again.key, auth(cluster))
+    assert manifest == again.manifest != first.manifest
+    assert all(xxhash.xxh3_64_intdigest(data) == checksum for data, checksum in runs)
 
 
 # --- a full disk --------------------------------------------------------------------------------

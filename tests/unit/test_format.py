@@ -36,6 +36,7 @@ from shuffle_api import (
     UnsupportedFormatVersionError,
 )
 from shuffle_api.format import (
+    Layouts,
     PartitionFileReader,
     PartitionFileWriter,
     StoreSink,
@@ -527,7 +528,7 @@ def test_readers_of_data_neither_decode_nor_need_the_statistics(
     manifest_bytes = store.read_bytes(file_path(store, partition, MANIFEST_FILE))
 
     manifest = PartitionManifest.from_json(manifest_bytes, "fetched", statistics=False)
-    reader = PartitionFileReader(store, partition, cached=True)
+    reader = PartitionFileReader(store, partition, Layouts.MAPPED)
 
     assert manifest.statistics is NO_STATISTICS
     assert manifest.data_bytes > 0
@@ -541,9 +542,9 @@ def test_a_manifest_claiming_too_many_subpartitions_is_corrupt_and_allocates_not
     # A reader's lookup table grows with the count: a billion would take gigabytes.
     edit_manifest(store, partition, lambda document: document.update(number_of_subpartitions=10**9))
 
-    for cached in (False, True):
+    for layouts in Layouts:
         with pytest.raises(PartitionCorruptedError, match="1000000000 subpartitions"):
-            PartitionFileReader(store, partition, cached=cached)
+            PartitionFileReader(store, partition, layouts)
 
 
 def test_a_writer_of_more_subpartitions_than_readers_take_is_refused(
@@ -727,8 +728,8 @@ def test_cached_readers_share_one_decoded_layout_without_statistics(
     store: Store, partition: ResultPartitionID
 ) -> None:
     write_partition(store, partition, SPREAD_WRITES)
-    first = PartitionFileReader(store, partition, cached=True)
-    second = PartitionFileReader(store, partition, cached=True)
+    first = PartitionFileReader(store, partition, Layouts.MAPPED)
+    second = PartitionFileReader(store, partition, Layouts.MAPPED)
     assert first._index is second._index
     assert first.manifest.statistics.rows_per_subpartition == ()
     assert first.manifest_bytes == store.read_bytes(file_path(store, partition, MANIFEST_FILE))
@@ -736,33 +737,50 @@ def test_cached_readers_share_one_decoded_layout_without_statistics(
         expected_keys(SPREAD_WRITES, s) for s in range(3)
     ]
     PartitionFileReader.forget(store, partition)
-    assert PartitionFileReader(store, partition, cached=True)._index is not first._index
+    assert PartitionFileReader(store, partition, Layouts.MAPPED)._index is not first._index
+
+
+def test_a_server_reads_its_cached_index_so_files_truncated_under_it_cannot_kill_it(
+    local_store: Store, partition: ResultPartitionID
+) -> None:
+    write_partition(local_store, partition, SPREAD_WRITES)
+    first = PartitionFileReader(local_store, partition, Layouts.READ)
+    # Cut to nothing: pages of a mapped index would now fault (SIGBUS) when read.
+    os.truncate(file_path(local_store, partition, INDEX_FILE), 0)
+    again = PartitionFileReader(local_store, partition, Layouts.READ)
+    assert again._index is first._index, "taken from the cache, files not read again"
+    assert [read_keys(again, s) for s in range(3)] == [
+        expected_keys(SPREAD_WRITES, s) for s in range(3)
+    ]
+    PartitionFileReader.forget(local_store, partition)
+    with pytest.raises(PartitionCorruptedError):
+        PartitionFileReader(local_store, partition, Layouts.READ)
 
 
 def test_a_checked_reader_sees_files_changed_under_its_cache(
     store: Store, partition: ResultPartitionID
 ) -> None:
     write_partition(store, partition, SPREAD_WRITES)
-    first = PartitionFileReader(store, partition, cached=True, checked=True)
-    assert PartitionFileReader(store, partition, cached=True, checked=True)._index is first._index
+    first = PartitionFileReader(store, partition, Layouts.CHECKED)
+    assert PartitionFileReader(store, partition, Layouts.CHECKED)._index is first._index
     # A byte of the index flipped in place: same name, same size.
     index_path = file_path(store, partition, INDEX_FILE)
     index = bytearray(store.read_bytes(index_path))
     index[len(index) // 2] ^= 0xFF
     rewrite(store, index_path, bytes(index))
     with pytest.raises(ChecksumMismatchError):
-        PartitionFileReader(store, partition, cached=True, checked=True)
+        PartitionFileReader(store, partition, Layouts.CHECKED)
     index[len(index) // 2] ^= 0xFF
     rewrite(store, index_path, bytes(index))
-    assert read_keys(PartitionFileReader(store, partition, cached=True, checked=True), 1) == (
+    assert read_keys(PartitionFileReader(store, partition, Layouts.CHECKED), 1) == (
         expected_keys(SPREAD_WRITES, 1)
     )
     edit_manifest(store, partition, lambda document: document.update(format_version=99))
     with pytest.raises(UnsupportedFormatVersionError):
-        PartitionFileReader(store, partition, cached=True, checked=True)
+        PartitionFileReader(store, partition, Layouts.CHECKED)
     store.delete_tree(partition_directory(store, partition))
     with pytest.raises(PartitionNotFoundError):
-        PartitionFileReader(store, partition, cached=True, checked=True)
+        PartitionFileReader(store, partition, Layouts.CHECKED)
 
 
 # --- corruption ----------------------------------------------------------------------------
