@@ -319,9 +319,8 @@ class PartitionFileWriter:
                 self._ipc.close()
                 self._stream.close()  # closes the hashing sink, which writes the rest
                 data_bytes = self._data.tell()
-        columns = [list(column) for column in zip(*self._runs, strict=True)] or [
-            [] for _ in INDEX_SCHEMA
-        ]
+        rows_by_column = list(zip(*self._runs, strict=True)) or [() for _ in INDEX_SCHEMA]
+        columns = dict(zip(INDEX_SCHEMA.names, map(list, rows_by_column), strict=True))
         index = pa.BufferOutputStream()
         with pa.ipc.new_file(index, INDEX_SCHEMA) as index_writer:
             index_writer.write_table(pa.table(columns, schema=INDEX_SCHEMA))
@@ -340,14 +339,14 @@ class PartitionFileWriter:
         self._sink.commit(index_bytes, manifest.to_json())
         return statistics
 
-    def _statistics(self, columns: list[list[int]]) -> PartitionStatistics:
+    def _statistics(self, columns: dict[str, list[int]]) -> PartitionStatistics:
         """Rows, stored bytes and Arrow bytes per subpartition: each subpartition's own plus
         the broadcast's, which every subpartition's reader gets."""
-        subpartition = np.asarray(columns[0], dtype=np.int64)
+        subpartition = np.asarray(columns["subpartition"], dtype=np.int64)
         # The broadcast runs' totals in the last place.
         own = np.where(subpartition == BROADCAST, self._subpartitions, subpartition)
         totals = []
-        for column in (columns[6], columns[5]):  # rows, length
+        for column in (columns["rows"], columns["length"]):
             sums = np.zeros(self._subpartitions + 1, dtype=np.int64)
             np.add.at(sums, own, np.asarray(column, dtype=np.int64))
             totals.append(sums)
