@@ -187,6 +187,9 @@ class SequentialInputGate(InputGate):
         return False
 
     def _known(self, index: int) -> ShuffleDescriptor:
+        descriptor = self._shuffle_descriptors[index]
+        if not descriptor.is_unknown and not self._closed:
+            return descriptor  # known from the start, mostly: no lock taken per partition
         with self._condition:
             self._condition.wait_for(
                 lambda: self._closed or not self._shuffle_descriptors[index].is_unknown,

@@ -381,16 +381,16 @@ class _LayoutCache:
         key = (store.url, partition)
         with self._lock:
             found = self._layouts.get(key)
+            if found is not None and not self._checked:
+                self._layouts.move_to_end(key)
+                return found[0]
         if self._checked:
             files = _read_files(store, partition, map_index=False)
             if found is not None and files == (found[0].manifest_bytes, found[0].index_bytes):
                 return self._touch(key, found[0])
-            layout = _decode_layout(store, partition, files, statistics=False)
-        elif found is not None:
-            return self._touch(key, found[0])
         else:
             files = _read_files(store, partition, map_index=self._map_index)
-            layout = _decode_layout(store, partition, files, statistics=False)
+        layout = _decode_layout(store, partition, files, statistics=False)
         cost = _ENTRY_BYTES + layout.index.copied_bytes + len(layout.manifest_bytes)
         if not (self._map_index and store.maps_files):
             cost += layout.index.file_bytes
