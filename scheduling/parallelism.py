@@ -76,7 +76,9 @@ def ranges_by_bytes(
     Greedy: a range grows while its bytes stay within a limit (it always holds at least one
     subpartition). The limit starts at ``bytes_per_task`` and is bisected up (too many ranges)
     or down (too few) to the nearest limit whose count lands in ``[min, max]``; ``min`` is
-    capped at the number of subpartitions. If no limit lands, an even split by count into
+    capped at the number of subpartitions. Where the count jumps from below ``min`` to above
+    it (near-equal subpartitions), the ranges below are cut and the largest split in two
+    until there are ``min``. If no limit lands, an even split by count into
     ``clamp(ceil(total / bytes_per_task), min, max)`` ranges. O(S log total).
     """
     values = _checked_bytes(bytes_per_subpartition)
@@ -142,18 +144,17 @@ def ranges_by_bytes_in_runs(
                     lo = mid
                 else:
                     hi = mid
+            if count(lo) > low:
+                # The count jumps past min (near-equal subpartitions: 8 even ones give 4
+                # ranges, then 8): the fewer, larger ranges, the largest split until min.
+                return _split_largest(_cut(runs, run_prefixes, hi), prefix, low)
             limit = lo if count(lo) <= high else None
 
-    ranges: list[SubpartitionRange] = []
     if limit is not None:
-        for run, run_prefix in zip(runs, run_prefixes, strict=True):
-            start = 0
-            for end in _greedy_ends(run_prefix, limit):
-                ranges.append(SubpartitionRange(run.start + start, run.start + end - 1))
-                start = end
-        return tuple(ranges)
+        return tuple(_cut(runs, run_prefixes, limit))
 
     # No limit lands in the bounds: split by subpartition count instead, ignoring bytes.
+    ranges: list[SubpartitionRange] = []
     wanted = max(low, min(-(-total // bounds.bytes_per_task), high))
     wanted = max(len(runs), min(wanted, covered))
     shares = _apportion([len(run) for run in runs], wanted)
@@ -161,6 +162,45 @@ def ranges_by_bytes_in_runs(
         for local in split_evenly(len(run), share):
             ranges.append(SubpartitionRange(run.start + local.start, run.start + local.end))
     return tuple(ranges)
+
+
+def _cut(
+    runs: Sequence[SubpartitionRange], run_prefixes: list[list[int]], limit: int
+) -> list[SubpartitionRange]:
+    """The greedy ranges of each run at ``limit``."""
+    ranges: list[SubpartitionRange] = []
+    for run, run_prefix in zip(runs, run_prefixes, strict=True):
+        start = 0
+        for end in _greedy_ends(run_prefix, limit):
+            ranges.append(SubpartitionRange(run.start + start, run.start + end - 1))
+            start = end
+    return ranges
+
+
+def _split_largest(
+    ranges: list[SubpartitionRange], prefix: list[int], wanted: int
+) -> tuple[SubpartitionRange, ...]:
+    """``ranges`` with the one of the most bytes (of two subpartitions or more; the first of
+    equals) split in two, at the first boundary with half its bytes or more before it, until
+    there are ``wanted``: no range grows."""
+
+    def entry(start: int, end: int) -> tuple[int, int, int]:
+        return prefix[start] - prefix[end + 1], start, end  # the most bytes first
+
+    single = [r for r in ranges if r.start == r.end]
+    heap = [entry(r.start, r.end) for r in ranges if r.start < r.end]
+    heapq.heapify(heap)
+    while heap and len(single) + len(heap) < wanted:
+        _, start, end = heapq.heappop(heap)
+        middle = -(-(prefix[start] + prefix[end + 1]) // 2)  # the prefix sum there
+        cut = min(bisect.bisect_left(prefix, middle, start + 1, end + 1), end)
+        for half_start, half_end in ((start, cut - 1), (cut, end)):
+            if half_start == half_end:
+                single.append(SubpartitionRange(half_start, half_end))
+            else:
+                heapq.heappush(heap, entry(half_start, half_end))
+    split = single + [SubpartitionRange(start, end) for _, start, end in heap]
+    return tuple(sorted(split, key=lambda r: r.start))
 
 
 def _checked_bytes(bytes_per_subpartition: Sequence[int]) -> list[int]:

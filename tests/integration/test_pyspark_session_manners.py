@@ -100,8 +100,8 @@ def test_spark_conf_set_takes_effect_for_the_next_operation(
     session_conf.append(key)
     spark.conf.set(key, "5")
     result = shuffle.repartition(data, "k")
-    # At least 5 (of 8 subpartitions): ranges are cut by bytes, and 8 even ones make 8.
-    assert before == 2 and 5 <= shuffle.statistics(result).reducers <= 8
+    # 5 of 8 near-even subpartitions: cut in 4 by bytes, the largest then split in two.
+    assert before == 2 and shuffle.statistics(result).reducers == 5
     assert multiset(result) == multiset(data)
     spark.conf.unset(key)
     assert shuffle.statistics(shuffle.repartition(data, "k")).reducers == before

@@ -133,6 +133,24 @@ def test_too_few_ranges_bisect_the_limit_down_to_the_largest_that_reaches_min() 
     assert got == _r((0, 2), (3, 5), (6, 7))
 
 
+def test_a_count_jumping_past_min_splits_the_largest_ranges_until_min() -> None:
+    # limit 199 -> 8 ranges, 200 -> 4 (two each): more than min 5 either way below. The 4
+    # ranges of 200, the largest (the first of equals) split in two until there are 5.
+    assert ranges_by_bytes([100] * 8, ParallelismBounds(5, 8, 10_000)) == _r(
+        (0, 0), (1, 1), (2, 3), (4, 5), (6, 7)
+    )
+    # Uneven: [0,1]=201 [2,3]=199 [4,5]=202 [6,7]=198; [4,5] is split, then [0,1].
+    got = ranges_by_bytes([100, 101, 99, 100, 100, 102, 100, 98], ParallelismBounds(6, 8, 10_000))
+    assert got == _r((0, 0), (1, 1), (2, 3), (4, 4), (5, 5), (6, 7))
+
+
+def test_a_split_cuts_where_half_the_bytes_lie_before() -> None:
+    # limit 10 -> [4,0,0,6] [5,5]: 2 < min 3; limit 9 -> 4 ranges. [4,0,0,6] (10 bytes, the
+    # first of equals) is cut before its 6: the first boundary with 5 bytes or more before.
+    got = ranges_by_bytes([4, 0, 0, 6, 5, 5], ParallelismBounds(3, 8, 10))
+    assert got == _r((0, 2), (3, 3), (4, 5))
+
+
 def test_downward_bisection_can_reach_one_range_per_subpartition() -> None:
     # limit 100 -> 1 < min'=min(4, 2)=2; limit 9 -> [0] [1].
     assert ranges_by_bytes([5, 5], ParallelismBounds(4, 8, 100)) == _r((0, 0), (1, 1))
@@ -220,6 +238,21 @@ def _greedy(values: list[int], limit: int) -> list[tuple[int, int]]:
     return ranges
 
 
+def _split_until(
+    values: list[int], ranges: list[tuple[int, int]], wanted: int
+) -> list[tuple[int, int]]:
+    """The range of the most bytes (the first of equals) split where half its bytes or more
+    lie before, until there are ``wanted``."""
+    while len(ranges) < wanted:
+        splittable = [r for r in ranges if r[1] > r[0]]
+        start, end = max(splittable, key=lambda r: (sum(values[r[0] : r[1] + 1]), -r[0]))
+        total = sum(values[start : end + 1])
+        cut = next((c for c in range(start + 1, end) if 2 * sum(values[start:c]) >= total), end)
+        at = ranges.index((start, end))
+        ranges[at : at + 1] = [(start, cut - 1), (cut, end)]
+    return ranges
+
+
 def _reference(values: list[int], bounds: ParallelismBounds) -> list[tuple[int, int]]:
     """The rule with every limit tried in turn instead of bisection."""
     total, n = sum(values), len(values)
@@ -237,6 +270,8 @@ def _reference(values: list[int], bounds: ParallelismBounds) -> list[tuple[int, 
             return _greedy(values, limit)
     else:
         reaching = [x for x in range(per_task + 1) if len(_greedy(values, x)) >= low]
+        if reaching and len(_greedy(values, max(reaching))) > low:
+            return _split_until(values, _greedy(values, max(reaching) + 1), low)
         if reaching and len(_greedy(values, max(reaching))) <= high:
             return _greedy(values, max(reaching))
     wanted = min(max(low, min(-(-total // per_task), high)), n)
