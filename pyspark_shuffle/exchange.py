@@ -14,8 +14,6 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
-import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql import DataFrame, Row
@@ -24,7 +22,7 @@ from pyspark.sql import functions as F  # noqa: N812 (Spark's own spelling)
 from pyspark_shuffle.inputs import MapInput
 from pyspark_shuffle.options import MAX_RECOVERY_ATTEMPTS, PROGRESS_INTERVAL
 from pyspark_shuffle.partitioners import Partitioner
-from pyspark_shuffle.planning import codec_neutral_bytes
+from pyspark_shuffle.planning import MapOutputBytes
 from pyspark_shuffle.progress import StageProgress
 from pyspark_shuffle.registry import RegisteredExchange
 from pyspark_shuffle.spark_internals import HeldShuffle, SparkShuffleOutputs, held_shuffle
@@ -477,16 +475,11 @@ class Exchange(RegisteredExchange):
         outputs = self.outputs
         return tuple(outputs[index].descriptor for index in range(self.number_of_maps))
 
-    def bytes_matrix(self) -> npt.NDArray[np.int64]:
-        """Bytes map task m wrote to subpartition s, at ``[m, s]``, as plans weigh them
-        (:func:`~pyspark_shuffle.planning.codec_neutral_bytes` of the estimates of
-        :class:`~scheduling.map_sizes.MapSizes`). Built for a plan and dropped after it."""
-        by_index = self.outputs
-        shape = (self.number_of_maps, self.spec.partitioner.number_of_subpartitions)
-        stored, arrow = np.zeros(shape, dtype=np.int64), np.zeros(shape, dtype=np.int64)
-        for index in range(self.number_of_maps):
-            stored[index], arrow[index] = by_index[index].sizes.estimate()
-        return codec_neutral_bytes(stored, arrow)
+    def written_bytes(self) -> MapOutputBytes:
+        """What map task m wrote to subpartition s, as plans weigh it (see
+        :class:`~pyspark_shuffle.planning.MapOutputBytes`)."""
+        outputs = self.outputs
+        return MapOutputBytes([outputs[index].sizes for index in range(self.number_of_maps)])
 
     def release(self, *, forget_in_spark: bool = False) -> bool:
         """Delete its partitions, and every other copy its map tasks wrote. With

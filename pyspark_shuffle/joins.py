@@ -128,7 +128,7 @@ def _collect_broadcast_side(
 ) -> SmallSide:
     """What ``small`` wrote, read by one reducer into the driver; ``small`` is released once
     read."""
-    plan = one_reducer([small.bytes_matrix()])
+    plan = one_reducer([small.written_bytes()])
     reader = stages.reduce(configuration, [small], PassThrough(), small.frame_schema, plan=plan)
     table = collect_arrow(
         stages.registry.known_result(reader).row_tasks,

@@ -10,8 +10,10 @@ import numpy as np
 import numpy.typing as npt
 
 from pyspark_shuffle.options import REDUCER_MIN_COUNT, REDUCER_TARGET_SIZE
+from scheduling.map_sizes import MapSizes
 from scheduling.options import SKEW_FACTOR, SKEW_THRESHOLD
 from scheduling.parallelism import ParallelismBounds
+from scheduling.producer_bytes import ProducerBytes
 from scheduling.skew import (
     ConsumerPlan,
     ConsumerTask,
@@ -23,6 +25,7 @@ from scheduling.skew import (
 from shuffle_api import Configuration, SubpartitionRange
 
 __all__ = [
+    "MapOutputBytes",
     "adaptive_plan",
     "codec_neutral_bytes",
     "one_reducer",
@@ -31,24 +34,64 @@ __all__ = [
 ]
 
 BytesMatrix = npt.NDArray[np.int64]
-"""Bytes map task m wrote to subpartition s, at ``[m, s]``."""
+"""Bytes map task m wrote to subpartition s, at ``[m, s]`` (or one map task's row of it)."""
+Inputs = Sequence[ProducerBytes | BytesMatrix]
 
 
-def codec_neutral_bytes(stored: BytesMatrix, arrow: BytesMatrix) -> BytesMatrix:
+def codec_neutral_bytes(
+    stored: BytesMatrix, arrow: BytesMatrix, stored_total: int, arrow_total: int
+) -> BytesMatrix:
     """What plans weigh: each map task's Arrow bytes per subpartition, scaled so that they
-    add up to the bytes stored. With the ``auto`` codec, map tasks of one exchange may store
-    the same rows compressed or not; by stored bytes, a reducer of compressed outputs would
-    get more rows than one of uncompressed outputs. Scaled, sizes keep the meaning of stored
-    bytes (the target size, the skew threshold). Rounded up: what holds Arrow bytes never
-    weighs nothing."""
-    stored_total, arrow_total = int(stored.sum()), int(arrow.sum())
+    add up to the bytes stored (the exchange's totals). With the ``auto`` codec, map tasks of
+    one exchange may store the same rows compressed or not; by stored bytes, a reducer of
+    compressed outputs would get more rows than one of uncompressed outputs. Scaled, sizes
+    keep the meaning of stored bytes (the target size, the skew threshold). Rounded up: what
+    holds Arrow bytes never weighs nothing."""
     if not arrow_total:
         return stored
     scaled: BytesMatrix = np.ceil(arrow * (stored_total / arrow_total)).astype(np.int64)
     return scaled
 
 
-def one_reducer_per_subpartition(inputs: Sequence[BytesMatrix]) -> ConsumerPlan:
+class MapOutputBytes(ProducerBytes):
+    """An exchange's map outputs as plans weigh them: :func:`codec_neutral_bytes` of the
+    estimates of each map task's :class:`~scheduling.map_sizes.MapSizes`, made map task by
+    map task, so planning holds a row at a time, never map tasks x subpartitions numbers."""
+
+    def __init__(self, sizes: Sequence[MapSizes]) -> None:
+        self._sizes = tuple(sizes)
+        self._stored_total = sum(map_sizes.stored_bytes for map_sizes in self._sizes)
+        self._arrow_total = sum(map_sizes.arrow_bytes for map_sizes in self._sizes)
+        self._subpartition_totals: BytesMatrix | None = None  # a plan asks several times
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return len(self._sizes), self._sizes[0].subpartitions if self._sizes else 0
+
+    def _weighed(self, map_sizes: MapSizes) -> BytesMatrix:
+        stored, arrow = map_sizes.estimate()
+        return codec_neutral_bytes(stored, arrow, self._stored_total, self._arrow_total)
+
+    def subpartition_totals(self) -> BytesMatrix:
+        if self._subpartition_totals is None:
+            totals = np.zeros(self.shape[1], dtype=np.int64)
+            for map_sizes in self._sizes:
+                totals += self._weighed(map_sizes)
+            self._subpartition_totals = totals
+        return self._subpartition_totals
+
+    def producer_totals(self) -> BytesMatrix:
+        return np.array([int(self._weighed(s).sum()) for s in self._sizes], dtype=np.int64)
+
+    def columns(self, subpartitions: Sequence[int]) -> BytesMatrix:
+        chosen = list(subpartitions)
+        columns = np.zeros((len(self._sizes), len(chosen)), dtype=np.int64)
+        for index, map_sizes in enumerate(self._sizes):
+            columns[index] = self._weighed(map_sizes)[chosen]
+        return columns
+
+
+def one_reducer_per_subpartition(inputs: Inputs) -> ConsumerPlan:
     """Reducer k reads subpartition k of every map task of every input."""
     subpartitions = inputs[0].shape[1]
     # min = max = S: one reducer per subpartition, empty ones too.
@@ -56,26 +99,26 @@ def one_reducer_per_subpartition(inputs: Sequence[BytesMatrix]) -> ConsumerPlan:
     return plan_consumers(inputs, bounds, skew=None, splittable=(False,) * len(inputs))
 
 
-def one_reducer(inputs: Sequence[BytesMatrix]) -> ConsumerPlan:
+def one_reducer(inputs: Inputs) -> ConsumerPlan:
     """A single reducer that reads every subpartition of every map task (a side read whole)."""
     bounds = ParallelismBounds(1, 1, bytes_per_task=1)
     return plan_consumers(inputs, bounds, skew=None, splittable=(False,) * len(inputs))
 
 
-def one_reducer_per_map_task(matrix: BytesMatrix) -> ConsumerPlan:
+def one_reducer_per_map_task(written: ProducerBytes) -> ConsumerPlan:
     """Reducer m reads what map task m wrote, all its subpartitions: a kept result read back
     task by task, pointwise (the producer ranges of a skew split, one map task each)."""
-    subpartitions = SubpartitionRange(0, matrix.shape[1] - 1)
+    subpartitions = SubpartitionRange(0, written.shape[1] - 1)
     tasks = tuple(
-        ConsumerTask((InputSlice(subpartitions, ProducerRange(m, m)),), int(matrix[m].sum()))
-        for m in range(matrix.shape[0])
+        ConsumerTask((InputSlice(subpartitions, ProducerRange(m, m)),), int(total))
+        for m, total in enumerate(written.producer_totals().tolist())
     )
     return ConsumerPlan(tasks, (), ())
 
 
 def adaptive_plan(
     configuration: Configuration,
-    inputs: Sequence[BytesMatrix],
+    inputs: Inputs,
     splittable: Sequence[bool],
     default_parallelism: int,
 ) -> ConsumerPlan:

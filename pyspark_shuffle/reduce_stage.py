@@ -61,7 +61,7 @@ def plan_reducers(
 ) -> ConsumerPlan:
     """One reducer per subpartition, or as many as the bytes written ask for (skewed
     subpartitions split where ``operation`` allows)."""
-    inputs = [exchange.bytes_matrix() for exchange in exchanges]
+    inputs = [exchange.written_bytes() for exchange in exchanges]
     if not exchanges[0].automatic_reducers:
         return one_reducer_per_subpartition(inputs)
     plan = adaptive_plan(

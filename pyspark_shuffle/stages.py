@@ -212,7 +212,7 @@ class Stages:
     ) -> tuple[DataFrame, Result]:
         """The result that reads ``result``'s kept rows back: task ``i`` what its task ``i``
         wrote to ``exchange``."""
-        plan = one_reducer_per_map_task(exchange.bytes_matrix())
+        plan = one_reducer_per_map_task(exchange.written_bytes())
         frame = self.reduce(configuration, [exchange], PassThrough(), result.schema, plan=plan)
         return frame, self.registry.known_result(frame)
 

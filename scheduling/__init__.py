@@ -20,6 +20,7 @@ from scheduling.placement import (
     PlacementStrategy,
     TaskBalancedPlacement,
 )
+from scheduling.producer_bytes import MatrixBytes, ProducerBytes
 from scheduling.regions import PipelinedRegion, RegionTopology, build_regions
 from scheduling.release import PartitionReleaser
 from scheduling.skew import ConsumerPlan, SkewOptions, plan_consumers
@@ -34,10 +35,12 @@ __all__ = [
     "GateReference",
     "GroupInput",
     "LocalInputPreferredPlacement",
+    "MatrixBytes",
     "ParallelismBounds",
     "PartitionReleaser",
     "PipelinedRegion",
     "PlacementStrategy",
+    "ProducerBytes",
     "RegionTopology",
     "SkewOptions",
     "Stage",

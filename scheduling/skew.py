@@ -19,6 +19,7 @@ import numpy
 import numpy.typing
 
 from scheduling.parallelism import ParallelismBounds, ranges_by_bytes, ranges_by_bytes_in_runs
+from scheduling.producer_bytes import MatrixBytes, ProducerBytes
 from shuffle_api import ConfigError, InvalidOperationError, SubpartitionRange
 
 __all__ = [
@@ -108,13 +109,14 @@ class ConsumerPlan:
 
 
 def plan_consumers(
-    inputs: Sequence[_Matrix],
+    inputs: Sequence[ProducerBytes | _Matrix],
     bounds: ParallelismBounds,
     *,
     skew: SkewOptions | None,
     splittable: Sequence[bool],
 ) -> ConsumerPlan:
-    """Consumer tasks for inputs given as ``(producers, subpartitions)`` byte matrices.
+    """Consumer tasks for inputs of ``(producers, subpartitions)`` bytes (matrices, or
+    ``ProducerBytes`` that hold less).
 
     Without ``skew``: one task per range of :func:`ranges_by_bytes` over the bytes per
     subpartition summed over all inputs, reading that range of every producer.
@@ -134,13 +136,14 @@ def plan_consumers(
     ``max``: when they (plus one range per run) already exceed it, the rest is coalesced as far
     as it goes and the total exceeds ``max_parallelism``.
     """
-    matrices = _checked_inputs(inputs, splittable)
-    totals = [matrix.sum(axis=0, dtype=numpy.int64) for matrix in matrices]
+    sources = _checked_inputs(inputs, splittable)
+    producers = [source.shape[0] for source in sources]
+    totals = [source.subpartition_totals() for source in sources]
     combined = [int(value) for value in numpy.vstack(totals).sum(axis=0).tolist()]
 
     if skew is None:
         tasks = tuple(
-            _whole_task(matrices, combined, subpartitions)
+            _whole_task(producers, combined, subpartitions)
             for subpartitions in ranges_by_bytes(combined, bounds)
         )
         return ConsumerPlan(tasks=tasks, skewed=(), unsplittable=())
@@ -150,64 +153,74 @@ def plan_consumers(
         _target(total, mask, bounds) for total, mask in zip(totals, skewed_masks, strict=True)
     ]
     detected = [int(k) for k in numpy.flatnonzero(numpy.logical_or.reduce(skewed_masks))]
+    # Every producer's bytes at the detected subpartitions only, of each input.
+    columns = [source.columns(detected) for source in sources] if detected else []
 
     tasks_at: dict[int, list[ConsumerTask]] = {}
     split: list[int] = []
     unsplittable: list[int] = []
-    for k in detected:
+    for at, k in enumerate(detected):
+        at_k = [input_columns[:, at] for input_columns in columns]
         # Per input: the producer slices it is read in at k (whole unless it is cut).
-        slices = [[ProducerRange(0, matrix.shape[0] - 1)] for matrix in matrices]
+        slices = [[ProducerRange(0, count - 1)] for count in producers]
         cut_any = False
         too_big = False
-        for i, matrix in enumerate(matrices):
+        for i, column in enumerate(at_k):
             if not (skewed_masks[i][k] and splittable[i]):
                 continue
             cut_any = True
-            column = matrix[:, k]
             too_big = too_big or bool((column > targets[i]).any())
             slices[i] = _producer_slices(column, targets[i])
         if not cut_any or too_big:
             unsplittable.append(k)
-        tasks_at[k] = [_sliced_task(matrices, k, chosen) for chosen in itertools.product(*slices)]
+        tasks_at[k] = [_sliced_task(at_k, k, chosen) for chosen in itertools.product(*slices)]
         if len(tasks_at[k]) > 1:
             split.append(k)
 
     runs = _runs_between(detected, len(combined))
     fixed = sum(len(tasks) for tasks in tasks_at.values())
     for subpartitions in ranges_by_bytes_in_runs(combined, runs, bounds, fixed_tasks=fixed):
-        tasks_at[subpartitions.start] = [_whole_task(matrices, combined, subpartitions)]
+        tasks_at[subpartitions.start] = [_whole_task(producers, combined, subpartitions)]
 
     ordered = tuple(task for start in sorted(tasks_at) for task in tasks_at[start])
     return ConsumerPlan(tasks=ordered, skewed=tuple(split), unsplittable=tuple(unsplittable))
 
 
-def _checked_inputs(inputs: Sequence[_Matrix], splittable: Sequence[bool]) -> list[_Matrix]:
+def _checked_inputs(
+    inputs: Sequence[ProducerBytes | _Matrix], splittable: Sequence[bool]
+) -> list[ProducerBytes]:
     if not inputs:
         raise InvalidOperationError("no inputs: need at least one to plan consumers")
     if len(splittable) != len(inputs):
         raise InvalidOperationError(
             f"splittable has {len(splittable)} entries for {len(inputs)} inputs"
         )
-    matrices: list[_Matrix] = []
-    for i, matrix in enumerate(inputs):
-        if not isinstance(matrix, numpy.ndarray) or matrix.ndim != 2:
+    sources: list[ProducerBytes] = []
+    for i, given in enumerate(inputs):
+        source = given if isinstance(given, ProducerBytes) else _checked_matrix(i, given)
+        shape = source.shape
+        if shape[0] < 1 or shape[1] < 1:
             raise InvalidOperationError(
-                f"input {i} must be a 2-d array (producers, subpartitions), got {matrix!r:.80}"
+                f"input {i} has shape {shape}: need at least one producer and subpartition"
             )
-        if not numpy.issubdtype(matrix.dtype, numpy.integer):
-            raise InvalidOperationError(f"input {i} must hold integer bytes, got {matrix.dtype}")
-        if matrix.shape[0] < 1 or matrix.shape[1] < 1:
+        if sources and shape[1] != sources[0].shape[1]:
             raise InvalidOperationError(
-                f"input {i} has shape {matrix.shape}: need at least one producer and subpartition"
+                f"input {i} has {shape[1]} subpartitions, input 0 has {sources[0].shape[1]}"
             )
-        if matrix.shape[1] != inputs[0].shape[1]:
-            raise InvalidOperationError(
-                f"input {i} has {matrix.shape[1]} subpartitions, input 0 has {inputs[0].shape[1]}"
-            )
-        if (matrix < 0).any():
-            raise InvalidOperationError(f"input {i} holds negative bytes")
-        matrices.append(matrix.astype(numpy.int64, copy=False))
-    return matrices
+        sources.append(source)
+    return sources
+
+
+def _checked_matrix(i: int, matrix: object) -> MatrixBytes:
+    if not isinstance(matrix, numpy.ndarray) or matrix.ndim != 2:
+        raise InvalidOperationError(
+            f"input {i} must be a 2-d array (producers, subpartitions), got {matrix!r:.80}"
+        )
+    if not numpy.issubdtype(matrix.dtype, numpy.integer):
+        raise InvalidOperationError(f"input {i} must hold integer bytes, got {matrix.dtype}")
+    if (matrix < 0).any():
+        raise InvalidOperationError(f"input {i} holds negative bytes")
+    return MatrixBytes(matrix.astype(numpy.int64, copy=False))
 
 
 def _skewed_mask(totals: _Matrix, skew: SkewOptions) -> numpy.typing.NDArray[numpy.bool_]:
@@ -251,24 +264,21 @@ def _runs_between(detected: list[int], subpartitions: int) -> list[SubpartitionR
 
 
 def _whole_task(
-    matrices: list[_Matrix], combined: list[int], subpartitions: SubpartitionRange
+    producers: list[int], combined: list[int], subpartitions: SubpartitionRange
 ) -> ConsumerTask:
     return ConsumerTask(
-        inputs=tuple(
-            InputSlice(subpartitions, ProducerRange(0, matrix.shape[0] - 1)) for matrix in matrices
-        ),
+        inputs=tuple(InputSlice(subpartitions, ProducerRange(0, count - 1)) for count in producers),
         bytes=sum(combined[subpartitions.start : subpartitions.end + 1]),
     )
 
 
-def _sliced_task(
-    matrices: list[_Matrix], k: int, producers: tuple[ProducerRange, ...]
-) -> ConsumerTask:
-    at_k = SubpartitionRange.single(k)
+def _sliced_task(at_k: list[_Matrix], k: int, producers: tuple[ProducerRange, ...]) -> ConsumerTask:
+    """The task reading ``producers`` of each input at ``k`` (``at_k``: each input's bytes
+    there, by producer)."""
     return ConsumerTask(
-        inputs=tuple(InputSlice(at_k, chosen) for chosen in producers),
+        inputs=tuple(InputSlice(SubpartitionRange.single(k), chosen) for chosen in producers),
         bytes=sum(
-            int(matrix[chosen.start : chosen.end + 1, k].sum())
-            for matrix, chosen in zip(matrices, producers, strict=True)
+            int(column[chosen.start : chosen.end + 1].sum())
+            for column, chosen in zip(at_k, producers, strict=True)
         ),
     )

@@ -8,6 +8,7 @@ import itertools
 import math
 import random
 import struct
+import tracemalloc
 from collections import Counter
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from typing import Any
@@ -20,14 +21,16 @@ from pyspark_shuffle.hashing import hash_keys
 from pyspark_shuffle.operations import GroupApply, Join, PassThrough, SortWithin, group_ids
 from pyspark_shuffle.partitioners import HashPartitioner, RangePartitioner, choose_boundaries
 from pyspark_shuffle.planning import (
+    MapOutputBytes,
     adaptive_plan,
     codec_neutral_bytes,
+    one_reducer_per_map_task,
     one_reducer_per_subpartition,
 )
 from pyspark_shuffle.sorting import SortKey, sort_indices, sort_keys_of
 from pyspark_shuffle.tasks import MapReport, merge_map_reports
 from scheduling.map_sizes import MapSizes
-from scheduling.skew import InputSlice, ProducerRange
+from scheduling.skew import ConsumerTask, InputSlice, ProducerRange
 from shuffle_api import (
     Configuration,
     InvalidOperationError,
@@ -356,7 +359,7 @@ def test_map_tasks_that_stored_the_same_rows_with_different_codecs_weigh_alike()
     arrow[:, 1] = 30_000
     stored = arrow.copy()
     stored[:2] //= 3
-    weighed = codec_neutral_bytes(stored, arrow)
+    weighed = codec_neutral_bytes(stored, arrow, int(stored.sum()), int(arrow.sum()))
     assert (weighed[:, 1] == weighed[0, 1]).all()
     assert 0 <= int(weighed.sum()) - int(stored.sum()) < weighed.size  # rounded up, cell by cell
     configuration = Configuration.load(
@@ -376,9 +379,65 @@ def test_map_tasks_that_stored_the_same_rows_with_different_codecs_weigh_alike()
     assert map_tasks_per_reducer == [1, 1, 1, 1]
 
 
+def _map_sizes(maps: int, subpartitions: int, seed: int) -> list[MapSizes]:
+    """Map outputs of random sizes, a few subpartitions empty and one skewed; half the map
+    tasks compressed theirs to a third."""
+    rng = np.random.default_rng(seed)
+    sizes = []
+    for m in range(maps):
+        arrow = rng.integers(1, 1_000, subpartitions) * (rng.random(subpartitions) > 0.1)
+        arrow[3] *= 200
+        stored = arrow // 3 if m % 2 else arrow
+        rows = tuple((arrow // 10).tolist())
+        statistics = PartitionStatistics(rows, tuple(stored.tolist()), tuple(arrow.tolist()))
+        sizes.append(MapSizes.of(statistics))
+    return sizes
+
+
+@pytest.mark.parametrize("min_count", ["0", "7"])
+def test_plans_from_map_output_sizes_equal_those_of_the_whole_matrix(min_count: str) -> None:
+    sizes = _map_sizes(40, 60, seed=int(min_count))
+    estimates = [map_sizes.estimate() for map_sizes in sizes]
+    stored = np.stack([stored for stored, _ in estimates])
+    arrow = np.stack([arrow for _, arrow in estimates])
+    matrix = codec_neutral_bytes(stored, arrow, int(stored.sum()), int(arrow.sum()))
+    configuration = Configuration.load(
+        {
+            "pyspark-shuffle.reducer.target-size": "20000",
+            "pyspark-shuffle.reducer.min-count": min_count,
+            "scheduling.skew.threshold": "100000",
+        }
+    )
+    by_rows = adaptive_plan(configuration, [MapOutputBytes(sizes)], [True], 2)
+    assert by_rows == adaptive_plan(configuration, [matrix], [True], 2)
+    assert by_rows.skewed == (3,), "the skewed subpartition is split: its column was read"
+    assert one_reducer_per_map_task(MapOutputBytes(sizes)).tasks == tuple(
+        ConsumerTask((InputSlice(SubpartitionRange(0, 59), ProducerRange(m, m)),), int(row))
+        for m, row in enumerate(matrix.sum(axis=1).tolist())
+    )
+
+
+def test_planning_from_map_output_sizes_holds_no_matrix_of_every_block() -> None:
+    maps, subpartitions = 400, 5_000  # a matrix of their bytes: 16 MB
+    written = MapOutputBytes(_map_sizes(maps, subpartitions, seed=1))
+    tracemalloc.start()
+    try:
+        configuration = Configuration.load(
+            {"scheduling.skew.threshold": "1000000", "pyspark-shuffle.reducer.target-size": "4MiB"}
+        )
+        plan = adaptive_plan(configuration, [written], [True], 2)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert plan.skewed == (3,)
+    assert peak < maps * subpartitions * 8 // 8, f"{peak:,} bytes at the peak"
+
+
 def test_a_subpartition_with_rows_never_weighs_nothing() -> None:
     arrow = np.array([[1, 0, 1_000_000]], dtype=np.int64)
-    weighed = codec_neutral_bytes(arrow // 1000, arrow)
+    weighed = codec_neutral_bytes(
+        arrow // 1000, arrow, int((arrow // 1000).sum()), int(arrow.sum())
+    )
     assert weighed[0, 0] > 0 and weighed[0, 1] == 0
 
 
