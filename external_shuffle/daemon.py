@@ -1,8 +1,9 @@
 """``pyshuffle daemon --role coordinator|worker|all --config FILE``.
 
 Each role serves its own gRPC port with the token interceptor, message limits, optional TLS and
-the gRPC health service; one Prometheus endpoint serves the process's metrics. SIGTERM (or
-SIGINT) drains: health turns NOT_SERVING, a worker takes no new partitions, in-flight streams
+the gRPC health service; one HTTP endpoint serves the process's Prometheus metrics and the
+probes' ``/healthz`` and ``/readyz``. SIGTERM (or SIGINT) drains: health turns NOT_SERVING (and
+``/readyz`` 503), a worker takes no new partitions, in-flight streams
 get ``external-shuffle.daemon.shutdown-grace`` seconds to finish, then the process exits.
 """
 
@@ -28,6 +29,7 @@ from external_shuffle.channels import ChannelPool, ClientSettings, channel_optio
 from external_shuffle.coordinator import CoordinatorService
 from external_shuffle.data_port import DataPortLimits, WorkerDataPort
 from external_shuffle.framing import worker_rpc_handler
+from external_shuffle.health import Readiness
 from external_shuffle.logs import LEVELS, configure_logging
 from external_shuffle.metrics import COORDINATOR, WORKER, DaemonMetrics
 from external_shuffle.options import (
@@ -109,7 +111,7 @@ class _Served:
     health: health.HealthServicer
 
 
-class Daemon:
+class Daemon(Readiness):
     """The roles of one daemon process, started and stopped together."""
 
     def __init__(self, configuration: Configuration, role: str) -> None:
@@ -132,7 +134,10 @@ class Daemon:
         self.status_port: int | None = None
         self._stop_background = threading.Event()  # heartbeats and the worker's reaper
         self._heartbeats: list[threading.Thread] = []
+        self._known_by: list[threading.Event] = []  # per coordinator: it knows this worker
         self._reaper: threading.Thread | None = None
+        self._started = False
+        self._stopping = False
 
     def _new_server(self, port: int, streams: int = 0) -> _Served:
         threads = streams + _UNARY_THREADS
@@ -186,7 +191,9 @@ class Daemon:
             logger.info("coordinator serving", extra={"port": served.port})
             status_port = config.get(COORDINATOR_STATUS_PORT)
             if status_port >= 0:
-                self._status_page = StatusPage(self.coordinator.view, self._token, self.metrics)
+                self._status_page = StatusPage(
+                    self.coordinator.view, self._token, self.metrics, self
+                )
                 self.status_port = self._status_page.serve(self._bind, status_port)
                 logger.info("status page serving", extra={"port": self.status_port})
         if self._role in ("worker", "all"):
@@ -224,6 +231,8 @@ class Daemon:
                 self.data_port.start(self.worker)
             # Registered with each coordinator: any of them may place on it, and restart.
             for address in coordinator_addresses(config):
+                known = threading.Event()
+                self._known_by.append(known)
                 heartbeats = threading.Thread(
                     target=heartbeat_loop,
                     args=(
@@ -233,6 +242,7 @@ class Daemon:
                         self._stop_background,
                         self._peers.settings.timeout,
                     ),
+                    kwargs={"known": known},
                     name=f"worker-heartbeats-{address}",
                     daemon=True,
                 )
@@ -248,8 +258,23 @@ class Daemon:
             )
         metrics_port = config.get(METRICS_PORT)
         if metrics_port >= 0:
-            self.metrics_port = self.metrics.serve(self._bind, metrics_port)
+            self.metrics_port = self.metrics.serve(self._bind, metrics_port, self)
             logger.info("metrics serving", extra={"port": self.metrics_port})
+        self._started = True
+
+    def not_ready(self) -> str | None:
+        """Ready: started and not stopping; a worker also known to a coordinator and not
+        draining."""
+        if self._stopping:
+            return "shutting down"
+        if not self._started:
+            return "starting"
+        if self.worker is not None:
+            if self.worker.draining:
+                return "the worker is decommissioning: it takes no new partitions"
+            if not any(known.is_set() for known in self._known_by):
+                return "the worker is registered with no coordinator"
+        return None
 
     def _new_data_port(self, limits: StreamLimits) -> WorkerDataPort | None:
         port = self._config.get(WORKER_DATA_PORT)
@@ -289,6 +314,7 @@ class Daemon:
 
     def stop(self) -> None:
         """Drain, then stop: in-flight streams get the shutdown grace to finish."""
+        self._stopping = True
         for served in self._served:
             served.health.enter_graceful_shutdown()
         if self.worker is not None:

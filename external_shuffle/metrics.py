@@ -1,12 +1,20 @@
-"""The daemon's Prometheus metrics (one registry per daemon process, served over HTTP): each
-role exports its own, and a process exports those of the roles it runs."""
+"""The daemon's Prometheus metrics (one registry per daemon process, served over HTTP with the
+probes' /healthz and /readyz): each role exports its own, and a process exports those of the
+roles it runs."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
-from typing import Final
+import logging
+import socket
+import threading
+from collections.abc import Callable, Collection, Iterable
+from typing import Any, Final
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
+
+from external_shuffle.health import PROBE_HEADERS, Readiness, probe_answer
 
 __all__ = ["COORDINATOR", "WORKER", "DaemonMetrics"]
 
@@ -15,6 +23,32 @@ WORKER: Final = "worker"
 # Seconds a push or fetch stream lasts: from a small partition's milliseconds to the minutes
 # of a large one on a busy disk.
 _STREAM_SECONDS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+logger = logging.getLogger(__name__)
+
+_StartResponse = Callable[[str, list[tuple[str, str]]], Any]
+_WsgiApp = Callable[[dict[str, Any], _StartResponse], Iterable[bytes]]
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """Requests at debug level (a scrape every few seconds is no news), not on stderr."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        logger.debug(format, *args)
+
+
+def _with_probes(metrics: _WsgiApp, readiness: Readiness) -> _WsgiApp:
+    """``metrics``, with the probes' paths answered first."""
+
+    def app(environ: dict[str, Any], start_response: _StartResponse) -> Iterable[bytes]:
+        answer = probe_answer(environ.get("PATH_INFO", ""), readiness)
+        if answer is None:
+            return metrics(environ, start_response)
+        headers = [*PROBE_HEADERS.items(), ("Content-Length", str(len(answer.body)))]
+        start_response(f"{answer.status.value} {answer.status.phrase}", headers)
+        return [answer.body]
+
+    return app
 
 
 class DaemonMetrics:
@@ -100,7 +134,16 @@ class DaemonMetrics:
             "pyshuffle_workers_alive", "Workers whose heartbeats arrive", registry=coordinator
         )
 
-    def serve(self, host: str, port: int) -> int:
-        """Serve ``/metrics`` on ``host:port`` (0: a free port); returns the port."""
-        server, _ = start_http_server(port, addr=host, registry=self.registry)
+    def serve(self, host: str, port: int, readiness: Readiness) -> int:
+        """Serve ``/metrics``, ``/healthz`` and ``/readyz`` (of ``readiness``) on ``host:port``
+        (0: a free port) in threads of their own; returns the port."""
+        # An IPv6 host ("::") needs an IPv6 socket, which the server class does not pick.
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+
+        class Server(ThreadingWSGIServer):
+            address_family = found[0][0]
+
+        app = _with_probes(make_wsgi_app(self.registry), readiness)
+        server = make_server(host, port, app, Server, handler_class=_QuietHandler)
+        threading.Thread(target=server.serve_forever, name="pyshuffle-metrics", daemon=True).start()
         return int(server.server_port)

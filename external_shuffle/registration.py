@@ -23,10 +23,13 @@ def heartbeat_loop(
     interval: float,
     stop: threading.Event,
     timeout: float,
+    *,
+    known: threading.Event,
 ) -> None:
     """Register with the coordinator, then send heartbeats, with what was committed since the
     last, until ``stop``; re-register when the coordinator forgot this worker, or a heartbeat
-    missed commits. Partitions the coordinator calls obsolete are deleted."""
+    missed commits. Partitions the coordinator calls obsolete are deleted. ``known`` is set
+    while the coordinator knows this worker, as far as the last answer (or its absence) says."""
     registered = False
     watch = service.watch_commits()
     while not stop.is_set():
@@ -46,6 +49,7 @@ def heartbeat_loop(
                     logger.info("deleting %d partitions nobody tracks", len(obsolete))
                     service.release(obsolete)
                 registered = True
+                known.set()
                 logger.info("registered with the coordinator", extra=_describe(service))
             elif (committed := watch.take()) is None:
                 registered = False  # more commits than a heartbeat tells: all of them again
@@ -60,10 +64,13 @@ def heartbeat_loop(
                     timeout=timeout,
                 )
                 registered = beat.known
+                if not registered:
+                    known.clear()
                 if beat.release:
                     service.release([partition_of(key) for key in beat.release])
         except grpc.RpcError as error:
             registered = False
+            known.clear()
             logger.warning(
                 "coordinator unreachable: %s",
                 error.details() if isinstance(error, grpc.Call) else error,

@@ -2,7 +2,8 @@
 that the browser reloads every few seconds, with no external assets.
 
 It asks for the cluster's token, as every port does: HTTP Basic (any user name, the token as
-the password; a browser prompts for it) or ``Authorization: Bearer <token>``. One thread serves
+the password; a browser prompts for it) or ``Authorization: Bearer <token>``; only the probes'
+``/healthz`` and ``/readyz`` (:mod:`external_shuffle.health`) need none. One thread serves
 it, one request at a time, and a request must arrive whole within a few seconds: a slow or
 idle client costs the coordinator nothing but that wait.
 """
@@ -22,6 +23,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any, Final
 
 from external_shuffle.cluster_view import ClusterView, human_bytes
+from external_shuffle.health import PROBE_HEADERS, Readiness, probe_answer
 from external_shuffle.metrics import DaemonMetrics
 from shuffle_api import ConfigError
 
@@ -102,10 +104,18 @@ def _presented_token(authorization: str | None) -> bytes | None:
 
 
 class StatusPage:
-    """Serves :func:`render` of ``view()`` to requests that present ``token``."""
+    """Serves :func:`render` of ``view()`` to requests that present ``token``, and the probes
+    of ``readiness`` to any."""
 
-    def __init__(self, view: Callable[[], ClusterView], token: str, metrics: DaemonMetrics) -> None:
+    def __init__(
+        self,
+        view: Callable[[], ClusterView],
+        token: str,
+        metrics: DaemonMetrics,
+        readiness: Readiness,
+    ) -> None:
         self._view = view
+        self._readiness = readiness
         self._token = token.encode()
         self._metrics = metrics
         self._server: HTTPServer | None = None
@@ -145,6 +155,10 @@ class StatusPage:
             sys_version = ""
 
             def do_GET(self) -> None:
+                probe = probe_answer(self.path, page._readiness)
+                if probe is not None:
+                    self._reply(probe.status, probe.body, PROBE_HEADERS)
+                    return
                 if not page._authorized(self.headers.get("Authorization")):
                     page._metrics.auth_failures.labels(method=_METHOD).inc()
                     logger.warning(

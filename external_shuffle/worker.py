@@ -297,6 +297,11 @@ class WorkerService(pb_grpc.WorkerServicer):
         """Take no new partitions (SIGTERM, decommission); committed ones are still served."""
         self._draining = True
 
+    @property
+    def draining(self) -> bool:
+        """Taking no new partitions (since :meth:`drain`)."""
+        return self._draining
+
     def wait_for_pushes(self, deadline: float) -> None:
         """Until ``deadline`` (``time.monotonic()``), wait for the partitions being pushed now
         to be committed or released: their commit is a call of its own, after the stream."""

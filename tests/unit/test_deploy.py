@@ -28,6 +28,7 @@ from external_shuffle.options import (
     BIND_HOST,
     CLIENT_OPTIONS,
     COORDINATOR_ADDRESS,
+    COORDINATOR_STATUS_PORT,
     DAEMON_OPTIONS,
     METRICS_PORT,
     SHUTDOWN_GRACE,
@@ -63,6 +64,7 @@ COORDINATOR_GRPC_PORT: Final = 9097
 WORKER_GRPC_PORT: Final = 9098
 WORKER_DATA_PORT_NUMBER: Final = 9095
 METRICS_HTTP_PORT: Final = 9099
+STATUS_HTTP_PORT: Final = 9096
 
 # local-cluster.sh's fixed ports for `start 2`.
 LOCAL_CLUSTER_PORTS: Final = (19097, 19099, 19100, 19101, 19200, 19201, 19300, 19301)
@@ -269,7 +271,18 @@ def test_containerfile_runs_the_daemon_as_a_non_root_user() -> None:
         str(WORKER_GRPC_PORT),
         str(WORKER_DATA_PORT_NUMBER),
         str(METRICS_HTTP_PORT),
+        str(STATUS_HTTP_PORT),
     }
+
+
+def test_containerfile_checks_health_on_the_metrics_port(
+    daemon_toml_config: Configuration,
+) -> None:
+    healthcheck = dict(_containerfile_instructions())["HEALTHCHECK"]
+    port = daemon_toml_config.get(METRICS_PORT)
+    assert port == METRICS_HTTP_PORT
+    assert f"http://127.0.0.1:{port}/healthz" in healthcheck
+    assert daemon_toml_config.get(COORDINATOR_STATUS_PORT) == STATUS_HTTP_PORT
 
 
 def test_containerfile_volume_holds_the_default_config_store(

@@ -364,12 +364,17 @@ def test_the_coordinator_address_is_the_coordinator_service(
     assert int(port) in {item["port"] for item in service["spec"]["ports"]}
 
 
-def test_probes_ask_the_grpc_health_service_of_the_serving_port(manifests: Manifests) -> None:
+def test_startup_asks_the_grpc_health_service_then_the_http_probes_follow(
+    manifests: Manifests,
+) -> None:
     for workload in manifests.workloads():
-        grpc_port = container_port(workload, "grpc")
-        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-            assert container(workload)[probe]["grpc"]["port"] == grpc_port, probe
-            assert container(workload)[probe]["grpc"].get("service", "") == ""
+        probes = container(workload)
+        assert probes["startupProbe"]["grpc"]["port"] == container_port(workload, "grpc")
+        assert probes["startupProbe"]["grpc"].get("service", "") == ""
+        for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+            http = probes[probe]["httpGet"]
+            assert http["path"] == path, probe
+            assert container_port(workload, http["port"]) == container_port(workload, "metrics")
 
 
 def test_pods_are_annotated_for_prometheus_scraping(manifests: Manifests) -> None:

@@ -64,7 +64,9 @@ securityContext:
     drop: ["ALL"]
 {{- end -}}
 
-{{/* Probes on the gRPC port, which serves grpc.health.v1 (overall service ""). */}}
+{{/* Probes: started once the gRPC port serves grpc.health.v1 (overall service ""); then
+ready and alive as the metrics port's /readyz (a worker: known to a coordinator and not
+decommissioning) and /healthz say. */}}
 {{- define "pyshuffle.probes" -}}
 startupProbe:
   grpc:
@@ -72,13 +74,15 @@ startupProbe:
   periodSeconds: 2
   failureThreshold: {{ .startupFailures }}
 readinessProbe:
-  grpc:
-    port: {{ .port }}
+  httpGet:
+    path: /readyz
+    port: metrics
   periodSeconds: 5
   timeoutSeconds: 2
 livenessProbe:
-  grpc:
-    port: {{ .port }}
+  httpGet:
+    path: /healthz
+    port: metrics
   periodSeconds: 10
   timeoutSeconds: 5
   failureThreshold: 3

@@ -1,0 +1,95 @@
+"""``/healthz`` and ``/readyz`` as Kubernetes' probes ask real daemons: no token, nothing said but
+ok or why not; a worker is ready only while a coordinator knows it and it takes partitions."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from external_shuffle._proto import external_shuffle_pb2 as pb
+from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
+from external_shuffle.local_cluster import LocalCluster, free_port
+from tests.reliability.external_cluster import eventually
+
+STATUS_PORT = "external-shuffle.coordinator.status-port"
+DAEMONS = ("coordinator", "worker-0")
+
+
+@pytest.fixture(scope="module")
+def status_port() -> int:
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, status_port: int) -> Iterator[LocalCluster]:
+    directory = tmp_path_factory.mktemp("health")
+    settings = {STATUS_PORT: status_port}
+    with LocalCluster(directory, workers=1, metrics=True, settings=settings) as running:
+        yield running
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    """Status and body of ``GET path``, with no credentials."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def _ready(port: int) -> bool:
+    return _get(port, "/readyz") == (200, "ready\n")
+
+
+def test_every_http_port_answers_the_probes_without_a_token(
+    cluster: LocalCluster, status_port: int
+) -> None:
+    for port in [*(cluster.metrics_ports[name] for name in DAEMONS), status_port]:
+        assert _get(port, "/healthz") == (200, "ok\n")
+        eventually(lambda: _ready(port), f"ready on {port}")  # noqa: B023 (called at once)
+
+
+def test_only_the_probes_skip_the_status_pages_token(
+    status_port: int, cluster: LocalCluster
+) -> None:
+    port = status_port
+    for path in ("/", "/status", "/healthz/", "/readyz/x", "/metrics"):
+        assert _get(port, path)[0] == 401, path
+
+
+def test_a_worker_no_coordinator_knows_is_alive_but_not_ready(cluster: LocalCluster) -> None:
+    port = cluster.metrics_ports["worker-0"]
+    cluster.kill_coordinator()
+    try:
+        eventually(lambda: _get(port, "/readyz")[0] == 503, "the worker not ready")
+        assert _get(port, "/readyz")[1] == (
+            "not ready: the worker is registered with no coordinator\n"
+        )
+        assert _get(port, "/healthz") == (200, "ok\n")
+    finally:
+        cluster.start_coordinator()
+    eventually(lambda: _ready(port), "the worker ready again")
+
+
+def test_a_decommissioned_worker_is_not_ready(tmp_path: Path) -> None:
+    with LocalCluster(tmp_path, workers=1, metrics=True) as cluster:
+        token = cluster.token_file.read_text().strip()
+        with grpc.insecure_channel(cluster.worker_target(0)) as channel:
+            pb_grpc.WorkerStub(channel).Decommission(
+                pb.DecommissionRequest(),
+                metadata=[("authorization", f"Bearer {token}")],
+                timeout=10,
+            )
+        port = cluster.metrics_ports["worker-0"]
+        assert _get(port, "/readyz") == (
+            503,
+            "not ready: the worker is decommissioning: it takes no new partitions\n",
+        )
+        assert _get(port, "/healthz") == (200, "ok\n")
+        # The coordinator on its own still serves.
+        assert _ready(cluster.metrics_ports["coordinator"])
