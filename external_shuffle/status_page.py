@@ -146,6 +146,19 @@ class StatusPage:
         presented = _presented_token(authorization)
         return presented is not None and hmac.compare_digest(presented, self._token)
 
+    def _refused(self, authorization: str | None, peer: str) -> None:
+        """Count and log a request refused for a wrong credential. One with none is a browser's
+        first visit (it asks for the password on the 401), no failure: debug level only."""
+        if authorization is None:
+            logger.debug("asked %s for the token", peer)
+            return
+        self._metrics.auth_failures.labels(method=_METHOD).inc()
+        logger.warning(
+            "refused the status page to %s: wrong token",
+            peer,
+            extra={"peer": peer, "code": "401"},
+        )
+
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         page = self
 
@@ -159,13 +172,9 @@ class StatusPage:
                 if probe is not None:
                     self._reply(probe.status, probe.body, PROBE_HEADERS)
                     return
-                if not page._authorized(self.headers.get("Authorization")):
-                    page._metrics.auth_failures.labels(method=_METHOD).inc()
-                    logger.warning(
-                        "refused the status page to %s: no or wrong token",
-                        self.client_address[0],
-                        extra={"peer": self.client_address[0], "code": "401"},
-                    )
+                authorization = self.headers.get("Authorization")
+                if not page._authorized(authorization):
+                    page._refused(authorization, self.client_address[0])
                     self._reply(
                         HTTPStatus.UNAUTHORIZED,
                         b"the cluster's token is the password",

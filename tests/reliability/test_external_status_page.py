@@ -1,9 +1,10 @@
 """The coordinator's status page in a real headless browser (Debian's chromium): workers and
-applications as the coordinator knows them, behind the cluster's token, bounded against slow
-clients."""
+applications as the coordinator knows them, behind the cluster's token (a browser's first
+request, without it, is no authentication failure), bounded against slow clients."""
 
 from __future__ import annotations
 
+import base64
 import re
 import shutil
 import socket
@@ -24,6 +25,7 @@ from tests.reliability.external_cluster import (
     eventually,
     external,
     scenario_on,
+    scrape,
 )
 
 BROWSER = shutil.which("chromium") or "/usr/bin/chromium"
@@ -46,7 +48,8 @@ STATUS_PORT = "external-shuffle.coordinator.status-port"
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     settings = {STATUS_PORT: free_port()}
-    with LocalCluster(tmp_path_factory.mktemp("status"), workers=2, settings=settings) as running:
+    directory = tmp_path_factory.mktemp("status")
+    with LocalCluster(directory, workers=2, settings=settings, metrics=True) as running:
         yield running
 
 
@@ -76,9 +79,17 @@ def _browse(cluster: LocalCluster, profile: Path, *what: str) -> subprocess.Comp
     )
 
 
+def _refusals(cluster: LocalCluster) -> tuple[float, int]:
+    """Authentication failures the coordinator counted on the page, and logged."""
+    counted = scrape(cluster, "coordinator").get('pyshuffle_auth_failures_total{method="GET /"}')
+    logged = (cluster.directory / "coordinator.log").read_text().count("refused the status page")
+    return counted or 0.0, logged
+
+
 def test_the_page_shows_workers_and_applications_in_a_browser(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
+    refusals = _refusals(cluster)
     with scenario_on(cluster) as scenario:
         scenario.produce(batches(), partitions=PARTITIONS, subpartitions=SUBPARTITIONS)
         application_id = external(scenario.master).application_id
@@ -103,21 +114,44 @@ def test_the_page_shows_workers_and_applications_in_a_browser(
     assert shot.returncode == 0, shot.stderr[-2000:]
     assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert screenshot.stat().st_size > 10_000  # a rendered page, not a blank one
+    # Each visit asked without credentials first, then with them: no failure, no warning.
+    assert _refusals(cluster) == refusals
 
 
-def test_without_the_token_the_page_is_refused_and_logged(cluster: LocalCluster) -> None:
+def _refused(cluster: LocalCluster, headers: dict[str, str]) -> None:
     url = f"http://127.0.0.1:{_port(cluster)}/"
-    for headers in ({}, {"Authorization": "Bearer not-the-token"}):
-        with pytest.raises(urllib.error.HTTPError) as refused:
-            urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10)
-        assert refused.value.code == 401
-        assert refused.value.headers["WWW-Authenticate"].startswith("Basic ")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10)
+    assert refused.value.code == 401
+    assert refused.value.headers["WWW-Authenticate"].startswith("Basic ")
+
+
+def test_a_visit_without_credentials_is_asked_for_them_and_not_counted(
+    cluster: LocalCluster,
+) -> None:
+    refusals = _refusals(cluster)
+    _refused(cluster, {})
+    assert _refusals(cluster) == refusals
+
+
+def test_a_wrong_credential_is_refused_counted_and_logged(cluster: LocalCluster) -> None:
+    counted, logged = _refusals(cluster)
+    wrong_password = base64.b64encode(b"operator:not-the-token").decode()
+    for headers in (
+        {"Authorization": "Bearer not-the-token"},
+        {"Authorization": f"Basic {wrong_password}"},
+    ):
+        _refused(cluster, headers)
+    assert _refusals(cluster) == (counted + 2, logged + 2)
+    assert "refused the status page to 127.0.0.1: wrong token" in (
+        (cluster.directory / "coordinator.log").read_text()
+    )
     token = cluster.token_file.read_text().strip()
-    ok = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    ok = urllib.request.Request(
+        f"http://127.0.0.1:{_port(cluster)}/", headers={"Authorization": f"Bearer {token}"}
+    )
     with urllib.request.urlopen(ok, timeout=10) as page:
         assert page.headers["Content-Security-Policy"].startswith("default-src 'none'")
-    log = (cluster.directory / "coordinator.log").read_text()
-    assert "refused the status page to 127.0.0.1" in log
 
 
 def test_a_half_sent_request_holds_the_page_for_a_few_seconds_only(
