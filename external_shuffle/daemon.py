@@ -40,6 +40,7 @@ from external_shuffle.options import (
     COORDINATOR_STATUS_PORT,
     DAEMON_OPTIONS,
     LOG_FORMAT,
+    LOG_LEVEL,
     MAX_MESSAGE_SIZE,
     METRICS_PORT,
     PLACEMENT,
@@ -71,7 +72,7 @@ from shuffle_api import ConfigError, Configuration, ShuffleError
 from shuffle_api.options import CORE_OPTIONS
 from shuffle_api.store import Store
 
-__all__ = ["ROLES", "Daemon", "main"]
+__all__ = ["ROLES", "Daemon", "load_configuration", "main"]
 
 logger = logging.getLogger(__name__)
 
@@ -343,14 +344,23 @@ class Daemon(Readiness):
         logger.info("stopped")
 
 
+def load_configuration(config_file: str | None, log_level: str | None) -> Configuration:
+    """The daemon's options: ``config_file``, ``PYSHUFFLE_*`` variables over it, and the
+    ``--log-level`` flag (when given) over both."""
+    flags = {} if log_level is None else {LOG_LEVEL.key: log_level}
+    return Configuration.load(flags, toml_file=config_file)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pyshuffle daemon", description=__doc__.splitlines()[0])
     parser.add_argument("--role", choices=ROLES, default="all", help="what this process serves")
     parser.add_argument("--config", help="TOML file of options (PYSHUFFLE_* variables override)")
-    parser.add_argument("--log-level", choices=LEVELS, default="info", help="least level logged")
+    parser.add_argument(
+        "--log-level", choices=LEVELS, help=f"least level logged (wins over {LOG_LEVEL.key})"
+    )
     args = parser.parse_args(argv)
-    configuration = Configuration.load(toml_file=args.config)
-    configure_logging(configuration.get(LOG_FORMAT), args.log_level)
+    configuration = load_configuration(args.config, args.log_level)
+    configure_logging(configuration.get(LOG_FORMAT), configuration.get(LOG_LEVEL))
     try:
         daemon = Daemon(configuration, args.role)
         daemon.start()

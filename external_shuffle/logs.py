@@ -1,10 +1,12 @@
-"""Structured daemon logs: one JSON object per line on stderr (or plain text)."""
+"""Structured daemon logs: one JSON object per line on stderr (or plain text), each stamped
+with the local time to the millisecond."""
 
 from __future__ import annotations
 
 import json
 import logging
 import sys
+import time
 from typing import Any, Final
 
 __all__ = ["LEVELS", "configure_logging"]
@@ -16,10 +18,17 @@ _STANDARD: Final = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None
 }
 
 
+def _timestamp(record: logging.LogRecord) -> str:
+    """ISO 8601 local time with milliseconds and the UTC offset: 2026-11-28T14:03:07.042+0100."""
+    local = time.localtime(record.created)
+    second, offset = time.strftime("%Y-%m-%dT%H:%M:%S", local), time.strftime("%z", local)
+    return f"{second}.{int(record.msecs):03d}{offset}"
+
+
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
     """What a line says in either format: time, level, logger, message and every field."""
     fields: dict[str, Any] = {
-        "time": logging.Formatter().formatTime(record, "%Y-%m-%dT%H:%M:%S%z"),
+        "time": _timestamp(record),
         "level": record.levelname.lower(),
         "logger": record.name,
         "message": record.getMessage(),

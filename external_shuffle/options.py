@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from external_shuffle.logs import LEVELS
 from shuffle_api import ConfigError
 from shuffle_api.config import (
     ConfigOption,
@@ -32,6 +33,7 @@ __all__ = [
     "COORDINATOR_STATUS_PORT",
     "DAEMON_OPTIONS",
     "LOG_FORMAT",
+    "LOG_LEVEL",
     "MAX_IN_FLIGHT",
     "MAX_MESSAGE_SIZE",
     "METRICS_PORT",
@@ -204,6 +206,12 @@ LOG_FORMAT = choice_option(
     "Daemon log lines on stderr: one JSON object per line, or plain text.",
     ("json", "text"),
 )
+LOG_LEVEL = choice_option(
+    "external-shuffle.daemon.log-level",
+    "info",
+    "Least level of the daemon's log lines (`pyshuffle daemon --log-level` wins over it).",
+    LEVELS,
+)
 WORKER_PORT = int_option(
     "external-shuffle.worker.port",
     9098,
@@ -340,6 +348,7 @@ DAEMON_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
     METRICS_PORT,
     SHUTDOWN_GRACE,
     LOG_FORMAT,
+    LOG_LEVEL,
     WORKER_PORT,
     WORKER_DATA_PORT,
     WORKER_ADVERTISED_HOST,

@@ -1,15 +1,22 @@
-"""The daemon's log lines: the JSON and text formats carry the same fields, and the level
-chosen with --log-level filters them."""
+"""The daemon's log lines: the JSON and text formats carry the same fields and the time to the
+millisecond, and the level (from --log-level, the environment or the config file) filters
+them."""
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from external_shuffle.daemon import load_configuration
 from external_shuffle.logs import configure_logging
+from external_shuffle.options import LOG_LEVEL
+
+MILLISECONDS = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d{4}")
 
 
 @pytest.fixture
@@ -47,3 +54,36 @@ def test_json_and_text_lines_carry_the_same_fields(capsys: pytest.CaptureFixture
 def test_the_level_filters_lines(capsys: pytest.CaptureFixture[str]) -> None:
     assert len(_log_and_read(capsys, "text", "debug")) == 2
     assert _log_and_read(capsys, "text", "error") == []
+
+
+@pytest.mark.usefixtures("restored_root_logger")
+def test_lines_carry_the_time_to_the_millisecond(capsys: pytest.CaptureFixture[str]) -> None:
+    [as_json] = _log_and_read(capsys, "json", "info")
+    [as_text] = _log_and_read(capsys, "text", "info")
+    assert MILLISECONDS.fullmatch(json.loads(as_json)["time"])
+    assert MILLISECONDS.fullmatch(as_text.split(" ", 1)[0])
+
+
+# (config file, PYSHUFFLE_* variable, --log-level) -> the level the daemon logs at.
+@pytest.mark.parametrize(
+    ("sources", "level"),
+    [
+        ((None, None, None), "info"),
+        (("warning", None, None), "warning"),
+        (("warning", "debug", None), "debug"),
+        (("warning", "debug", "error"), "error"),
+    ],
+)
+def test_the_flag_wins_over_the_environment_which_wins_over_the_file(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    sources: tuple[str | None, str | None, str | None],
+    level: str,
+) -> None:
+    in_file, in_environment, flag = sources
+    config = tmp_path / "daemon.toml"
+    config.write_text(f'"{LOG_LEVEL.key}" = "{in_file}"\n' if in_file else "")
+    monkeypatch.delenv(LOG_LEVEL.env_name, raising=False)
+    if in_environment is not None:
+        monkeypatch.setenv(LOG_LEVEL.env_name, in_environment)
+    assert load_configuration(str(config), flag).get(LOG_LEVEL) == level

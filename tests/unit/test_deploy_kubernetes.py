@@ -77,6 +77,7 @@ FULL_VALUES: Final = (
     "coordinator.statusPort=-1",
     "config.metricsPort=7002",
     "config.shutdownGraceSeconds=60",
+    "config.logLevel=debug",
     "imagePullSecrets[0]=registry",
 )
 
@@ -171,6 +172,7 @@ def test_the_plain_manifests_carry_no_token() -> None:
         ("tls.enabled=true", "secretName"),
         ("worker.replica=3", "replica"),
         ("config.logFormat=xml", "logFormat"),
+        ("config.logLevel=verbose", "logLevel"),
         ("worker.memoryBudgetMiB=1g", "memoryBudgetMiB"),
         ("coordinator.statusPort=0", "statusPort"),
     ],
