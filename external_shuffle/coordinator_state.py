@@ -94,6 +94,7 @@ class _Application:
     seen_elsewhere: float = float("-inf")
     jobs: set[str] = field(default_factory=set)
     lost: list[tuple[str, ResultPartitionID]] = field(default_factory=list)
+    released: int = 0  # partitions it released here, for the line at its end
 
 
 class CoordinatorState:
@@ -228,7 +229,14 @@ class CoordinatorState:
     def register_application(self, application_id: str) -> None:
         validate_id(application_id, "application id")
         with self._lock:
-            application = self._applications.setdefault(application_id, _Application(0.0))
+            application = self._applications.get(application_id)
+            if application is None:
+                application = self._applications[application_id] = _Application(0.0)
+                logger.info(
+                    "application %s registered",
+                    application_id,
+                    extra={"application_id": application_id},
+                )
             application.last_seen = self._clock()
 
     def application_heartbeat(
@@ -281,9 +289,17 @@ class CoordinatorState:
 
     def unregister_application(self, application_id: str) -> Releases:
         with self._lock:
-            self._applications.pop(application_id, None)
+            application = self._applications.pop(application_id, None)
             entries = [e for e in self._partitions.values() if e.application_id == application_id]
-            return self._release(entries)
+            releases = self._release(entries)
+        released = releases.count + (0 if application is None else application.released)
+        logger.info(
+            "application %s ended: %d partitions released here since it registered",
+            application_id,
+            released,
+            extra={"application_id": application_id, "partitions": released},
+        )
+        return releases
 
     def register_job(self, application_id: str, job_id: str) -> None:
         validate_id(job_id, "job id")
@@ -295,7 +311,7 @@ class CoordinatorState:
             application = self._applications.get(application_id)
             if application is not None:
                 application.jobs.discard(job_id)
-            return self._release(
+            releases = self._release(
                 [
                     entry
                     for entry in self._partitions.values()
@@ -304,6 +320,25 @@ class CoordinatorState:
                     and not (keep_persistent and entry.persistent)
                 ]
             )
+            self._count_released(application_id, releases)
+        logger.info(
+            "application %s ended job %s: %d partitions released",
+            application_id,
+            job_id,
+            releases.count,
+            extra={
+                "application_id": application_id,
+                "job_id": job_id,
+                "partitions": releases.count,
+            },
+        )
+        return releases
+
+    def _count_released(self, application_id: str, releases: Releases) -> None:
+        """Under the lock: add to what the application's line at its end says."""
+        application = self._applications.get(application_id)
+        if application is not None:
+            application.released += releases.count
 
     def _application(self, application_id: str) -> _Application:
         application = self._applications.get(application_id)
@@ -368,7 +403,7 @@ class CoordinatorState:
                     self._released[partition] = now
             while len(self._released) > _MAX_RELEASED:
                 del self._released[next(iter(self._released))]
-            return self._release(
+            releases = self._release(
                 [
                     entry
                     for partition in set(partitions)
@@ -376,6 +411,10 @@ class CoordinatorState:
                     and entry.application_id in ("", application_id)
                 ]
             )
+            # A driver releases partitions one by one: they are counted into the line at the
+            # application's end, not logged each.
+            self._count_released(application_id, releases)
+            return releases
 
     def job_partitions(
         self, application_id: str, job_id: str
@@ -413,17 +452,23 @@ class CoordinatorState:
             ]
             entries: list[_Partition] = []
             for application_id in expired:
-                logger.info("application expired", extra={"application_id": application_id})
-                del self._applications[application_id]
-                entries.extend(
-                    e for e in self._partitions.values() if e.application_id == application_id
+                owned = [e for e in self._partitions.values() if e.application_id == application_id]
+                logger.info(
+                    "application %s expired after %s s without heartbeats: %d partitions deleted",
+                    application_id,
+                    self.application_timeout,
+                    len(owned),
+                    extra={"application_id": application_id, "partitions": len(owned)},
                 )
+                del self._applications[application_id]
+                entries.extend(owned)
             # Unclaimed: no application known here owns it (adopted from a worker, or placed
             # for an application that never registered here).
             unclaimed = [
                 entry
                 for entry in self._partitions.values()
                 if entry.application_id not in self._applications
+                and entry.application_id not in expired  # deleted above, and logged
                 and now - entry.placed_at > self.application_timeout
             ]
             for partition, released_at in list(self._released.items()):

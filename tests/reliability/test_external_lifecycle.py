@@ -4,6 +4,7 @@ SIGTERM, and the Prometheus endpoint. Real daemon processes on 127.0.0.1 (LocalC
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -105,6 +106,18 @@ def test_unregistering_a_job_deletes_its_partitions_but_persistent_ones_wait_for
         for descriptor in persistent:
             scenario.master.release_partition_externally(descriptor)
             assert not on_any_store(cluster, descriptor.result_partition_id)
+        application_id = external(scenario.master).application_id
+    # The coordinator logs each event of the application once, never a partition.
+    lines = [
+        line
+        for line in (cluster.directory / "coordinator.log").read_text().splitlines()
+        if f"application {application_id} " in line
+    ]
+    assert [json.loads(line)["message"] for line in lines] == [
+        f"application {application_id} registered",
+        f"application {application_id} ended job {scenario.job.job_id}: 2 partitions released",
+        f"application {application_id} ended: 4 partitions released here since it registered",
+    ]
 
 
 def test_client_environment_holds_nothing_locally_after_writing(cluster: LocalCluster) -> None:
@@ -278,6 +291,11 @@ def test_silent_application_expires_and_its_partitions_are_deleted(
         external(silent.master).heartbeat()
         assert sorted(silent.job.lost) == ids(doomed)
         assert alive.job.lost == []
+        expired = (
+            f"application {external(silent.master).application_id} expired after 1.5 s without"
+            " heartbeats: 2 partitions deleted"
+        )
+        assert expired in (cluster.directory / "coordinator.log").read_text()
 
 
 # --- SIGTERM while a push is in flight ----------------------------------------------------------

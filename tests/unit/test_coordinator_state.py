@@ -3,6 +3,8 @@ learns from workers and drivers), expiry, loss, and deletions owed to workers.""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
@@ -338,3 +340,58 @@ def test_an_application_heard_by_another_coordinator_does_not_expire(clock: Cloc
     assert here.application_heartbeat("app-1") is None
     there.reap()
     assert there.application_heartbeat("app-1") is None
+
+
+def _lifecycle_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    lines = [
+        record.getMessage()
+        for record in caplog.records
+        if record.name == "external_shuffle.coordinator_state" and record.levelno == logging.INFO
+    ]
+    caplog.clear()
+    return lines
+
+
+def test_an_application_is_logged_once_per_event_not_per_partition(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    state = new_state(Clock())
+    state.register_worker(worker(0), pb.WorkerLoad(), [])
+    caplog.clear()
+    state.register_application("app-1")
+    state.register_application("app-1")  # again, as a driver does after a restart here
+    state.register_job("app-1", "job-1")
+    for index in range(5):
+        register(state, index)
+    assert _lifecycle_lines(caplog) == ["application app-1 registered"]
+    for index in range(2):  # as a driver releases: one by one
+        assert state.release_partitions("app-1", [partition(index)]).count == 1
+    assert _lifecycle_lines(caplog) == []
+    assert state.unregister_job("app-1", "job-1", keep_persistent=False).count == 3
+    assert _lifecycle_lines(caplog) == ["application app-1 ended job job-1: 3 partitions released"]
+    state.unregister_application("app-1")
+    assert _lifecycle_lines(caplog) == [
+        "application app-1 ended: 5 partitions released here since it registered"
+    ]
+
+
+def test_an_expired_application_is_logged_with_the_partitions_deleted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = Clock()
+    state = new_state(clock)
+    state.register_worker(worker(0), pb.WorkerLoad(), [])
+    state.register_application("app-1")
+    state.register_job("app-1", "job-1")
+    for index in range(3):
+        register(state, index)
+    caplog.set_level(logging.INFO)
+    caplog.clear()
+    clock.now += APPLICATION_TIMEOUT + 1
+    state.worker_heartbeat("worker-0", pb.WorkerLoad(), [])
+    assert state.reap().count == 3
+    assert _lifecycle_lines(caplog) == [
+        f"application app-1 expired after {APPLICATION_TIMEOUT} s without heartbeats:"
+        " 3 partitions deleted"
+    ]
