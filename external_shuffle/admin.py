@@ -1,10 +1,11 @@
 """``pyshuffle admin``: an operator's view of an external shuffle cluster (its workers and
-applications) and its one action, decommissioning a worker. It reads a client's configuration:
-the coordinators' addresses, the token, TLS."""
+applications, as tables or JSON) and its one action, decommissioning a worker (or cancelling
+that). It reads a client's configuration: the coordinators' addresses, the token, TLS."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from collections.abc import Sequence
 
@@ -84,9 +85,10 @@ class Admin:
             raise answers[0].error
         return ClusterView(workers, merged_applications(heard))
 
-    def decommission(self, worker: str, wait: float) -> int:
-        """Tell ``worker`` (its id or host:port) to take no new partitions; with ``wait``, wait
-        up to that many seconds for its partitions to be released. Returns those remaining."""
+    def decommission(self, worker: str, wait: float, *, cancel: bool = False) -> int:
+        """Tell ``worker`` (its id or host:port) to take no new partitions, or with ``cancel``
+        to take them again; with ``wait``, wait up to that many seconds for its partitions to be
+        released. Returns those remaining."""
         entries = {
             key: entry
             for entry in self._worker_entries()
@@ -98,21 +100,26 @@ class Admin:
             raise InvalidOperationError(f"no worker {worker!r} is known; known: {known}")
         address = WorkerAddress.from_pb(entry.worker)
         stub = pb_grpc.WorkerStub(self._channels.get(address.target))
+        doing = "cancelling the decommission of" if cancel else "decommissioning"
         try:
-            answer = stub.Decommission(pb.DecommissionRequest(), timeout=self._coordinators.timeout)
+            answer = stub.Decommission(
+                pb.DecommissionRequest(cancel=cancel), timeout=self._coordinators.timeout
+            )
         except grpc.RpcError as error:
-            raise translate_rpc_error(error, f"decommissioning {address.target}") from error
+            raise translate_rpc_error(error, f"{doing} {address.target}") from error
         remaining = int(answer.partitions_remaining)
         # The coordinator hears it on the worker's next heartbeat; until then it may still
-        # place partitions there. Return once it knows (or say it does not yet).
+        # place partitions there (or not). Return once it knows (or say it does not yet).
         deadline = time.monotonic() + self._coordinators.timeout
-        while not self._load(address.worker_id).decommissioning:
+        while self._load(address.worker_id).decommissioning == cancel:
             if time.monotonic() > deadline:
                 raise UnavailableError(
-                    f"{address.target} is decommissioning, but the coordinator has not heard"
-                    " it yet: check with `pyshuffle admin workers`"
+                    f"{doing} {address.target}: the coordinator has not heard it yet: check"
+                    " with `pyshuffle admin workers`"
                 )
             time.sleep(_HEARD_POLL_SECONDS)
+        if cancel:
+            return remaining
         deadline = time.monotonic() + wait
         while remaining and time.monotonic() < deadline:
             time.sleep(_POLL_SECONDS)
@@ -129,12 +136,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="pyshuffle admin",
         description="Workers and applications of an external shuffle cluster, and"
-        " decommissioning a worker. Reads a client's config (coordinator address, token).",
+        " decommissioning a worker (or cancelling that). Reads a client's config"
+        " (coordinator address, token).",
     )
     parser.add_argument("--config", metavar="FILE", help="a client's TOML config file")
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("workers", help="each worker: state, heartbeat, partitions, disk")
-    commands.add_parser("applications", help="each application: heartbeat, partitions")
+    for name, listed in (
+        ("workers", "each worker: state, heartbeat, partitions, disk"),
+        ("applications", "each application: heartbeat, partitions"),
+    ):
+        listing = commands.add_parser(name, help=listed)
+        listing.add_argument(
+            "--json", action="store_true", help="one JSON document (plain numbers) on stdout"
+        )
     decommission = commands.add_parser(
         "decommission", help="a worker takes no new partitions; its partitions stay readable"
     )
@@ -146,6 +160,10 @@ def main(argv: list[str] | None = None) -> int:
         metavar="SECONDS",
         help="wait this long for its partitions to be released (drained)",
     )
+    cancel = commands.add_parser(
+        "cancel-decommission", help="a decommissioning worker takes new partitions again"
+    )
+    cancel.add_argument("worker", help="the worker's id or host:port")
     args = parser.parse_args(argv)
     admin = Admin(Configuration.load(toml_file=args.config))
     try:
@@ -157,8 +175,17 @@ def main(argv: list[str] | None = None) -> int:
                 " them)"
             )
             return 0
+        if args.command == "cancel-decommission":
+            remaining = admin.decommission(args.worker, 0.0, cancel=True)
+            print(f"{args.worker} takes new partitions again; it holds {remaining} partitions")
+            return 0
         view = admin.view()
-        if args.command == "workers":
+        if args.json:
+            records = (
+                view.worker_records() if args.command == "workers" else view.application_records()
+            )
+            print(json.dumps({args.command: records}, indent=2))
+        elif args.command == "workers":
             print(format_table(ClusterView.WORKER_COLUMNS, view.worker_table()))
         else:
             print(format_table(ClusterView.APPLICATION_COLUMNS, view.application_table()))

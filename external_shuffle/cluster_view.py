@@ -5,7 +5,7 @@ page (from its own state)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle.wire import WorkerAddress
@@ -81,6 +81,20 @@ class ClusterView:
         return [
             (row.application_id, f"{row.seconds_since_heartbeat:.0f} s ago", f"{row.partitions:,}")
             for row in sorted(self.applications, key=lambda row: row.application_id)
+        ]
+
+    def worker_records(self) -> list[dict[str, object]]:
+        """The workers as JSON objects, in the table's order: plain numbers, and ``free_bytes``
+        null where it is not known."""
+        return [
+            {**asdict(row), "free_bytes": row.free_bytes or None}
+            for row in sorted(self.workers, key=lambda row: row.worker_id)
+        ]
+
+    def application_records(self) -> list[dict[str, object]]:
+        """The applications as JSON objects, in the table's order."""
+        return [
+            asdict(row) for row in sorted(self.applications, key=lambda row: row.application_id)
         ]
 
 

@@ -44,6 +44,7 @@ from shuffle_api import (
     ResultPartitionID,
     SerializationError,
     ShuffleError,
+    ShuffleServiceClosedError,
     StorageError,
     SubpartitionRange,
 )
@@ -216,7 +217,8 @@ class WorkerService(pb_grpc.WorkerServicer):
         # Commit and release of one partition exclude each other (striped: file I/O happens
         # under them, and partitions apart do not wait for each other).
         self._partition_locks = [threading.Lock() for _ in range(_PARTITION_LOCK_STRIPES)]
-        self._draining = False
+        self._decommissioning = False  # until cancelled
+        self._shutting_down = False  # for good
         self.address = WorkerAddress(
             self._load_worker_id(), host, port, store.url, store_shared, data_port
         )
@@ -289,18 +291,18 @@ class WorkerService(pb_grpc.WorkerServicer):
                 stored_bytes=sum(c.stored_bytes for c in self._committed.values()),
                 partitions=len(self._committed),
                 buffered_bytes=self._budget.used,
-                decommissioning=self._draining,
+                decommissioning=self.draining,
                 store_free_bytes=self._store.free_bytes() or 0,
             )
 
     def drain(self) -> None:
-        """Take no new partitions (SIGTERM, decommission); committed ones are still served."""
-        self._draining = True
+        """Take no new partitions, for good (SIGTERM); committed ones are still served."""
+        self._shutting_down = True
 
     @property
     def draining(self) -> bool:
-        """Taking no new partitions (since :meth:`drain`)."""
-        return self._draining
+        """Taking no new partitions: shutting down (:meth:`drain`), or decommissioning."""
+        return self._shutting_down or self._decommissioning
 
     def wait_for_pushes(self, deadline: float) -> None:
         """Until ``deadline`` (``time.monotonic()``), wait for the partitions being pushed now
@@ -414,7 +416,7 @@ class WorkerService(pb_grpc.WorkerServicer):
                 return existing  # a retried push: its sequence numbers drop what arrived
             if partition in self._committed:
                 return None  # committed already: everything pushed again is a duplicate
-            if self._draining:
+            if self.draining:
                 raise UnavailableError("worker is draining: it takes no new partitions")
             upload = _Upload(
                 StoreSink(self._store, partition), streams=1, last_active=self._clock()
@@ -557,10 +559,19 @@ class WorkerService(pb_grpc.WorkerServicer):
             )
         return pb.WorkerPartitionStatusResponse(partitions=entries)
 
+    @reports_errors
     def Decommission(  # noqa: N802
         self, request: pb.DecommissionRequest, context: grpc.ServicerContext
     ) -> pb.DecommissionResponse:
-        self.drain()
-        logger.info("decommissioning: no new partitions")
+        """Take no new partitions (committed ones are still served), or with ``cancel`` take
+        them again, unless shutting down."""
+        if not request.cancel:
+            self._decommissioning = True
+            logger.info("decommissioning: no new partitions")
+        elif self._shutting_down:
+            raise ShuffleServiceClosedError("the worker is shutting down: it stays drained")
+        else:
+            self._decommissioning = False
+            logger.info("decommission cancelled: taking new partitions again")
         with self._lock:
             return pb.DecommissionResponse(partitions_remaining=len(self._committed))

@@ -391,8 +391,10 @@ class WorkerPartitionStatusResponse(_message.Message):
     def __init__(self, partitions: _Optional[_Iterable[_Union[WorkerPartitionStatusResponse.Entry, _Mapping]]] = ...) -> None: ...
 
 class DecommissionRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("cancel",)
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    cancel: bool
+    def __init__(self, cancel: _Optional[bool] = ...) -> None: ...
 
 class DecommissionResponse(_message.Message):
     __slots__ = ("partitions_remaining",)

@@ -709,7 +709,8 @@ class WorkerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Decommission(self, request, context):
-        """Take no new partitions; committed ones are still served until released.
+        """Take no new partitions; committed ones are still served until released. With cancel:
+        take new partitions again (FAILED_PRECONDITION while the worker shuts down).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,12 +1,14 @@
 """``pyshuffle admin`` as an operator runs it against a real cluster: workers with their state,
-partitions and disk; applications with their partitions; decommissioning a worker, after which
-new partitions go elsewhere and its own stay readable."""
+partitions and disk; applications with their partitions (as tables or JSON); decommissioning a
+worker, after which new partitions go elsewhere and its own stay readable, and cancelling that."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -109,3 +111,66 @@ def test_an_unknown_worker_is_a_clear_error(cluster: LocalCluster) -> None:
     assert done.returncode == 1
     assert "Traceback" not in done.stderr
     assert "no worker 'worker-nobody' is known" in done.stderr
+
+
+def test_the_listings_as_json_carry_plain_numbers(cluster: LocalCluster) -> None:
+    with scenario_on(cluster) as scenario:
+        scenario.produce(batches(), partitions=PARTITIONS, subpartitions=SUBPARTITIONS)
+        application_id = external(scenario.master).application_id
+        eventually(
+            lambda: sum(w["partitions"] for w in _json(cluster, "workers")) >= PARTITIONS,
+            "the workers' partitions heard by the coordinator",
+        )
+        workers = _json(cluster, "workers")
+        applications = _json(cluster, "applications")
+    assert {worker["target"] for worker in workers} == {cluster.worker_target(i) for i in range(2)}
+    for worker in workers:
+        assert set(worker) == {
+            "worker_id",
+            "target",
+            "state",
+            "seconds_since_heartbeat",
+            "partitions",
+            "stored_bytes",
+            "free_bytes",
+        }
+        assert worker["state"] in ("alive", "decommissioning")
+        assert isinstance(worker["stored_bytes"], int)
+        assert isinstance(worker["free_bytes"], int) and worker["free_bytes"] > 0  # local stores
+        assert 0 <= worker["seconds_since_heartbeat"] < 10
+    assert sum(worker["stored_bytes"] for worker in workers) > 0
+    [application] = [a for a in applications if a["application_id"] == application_id]
+    assert application["partitions"] == PARTITIONS
+
+
+def _json(cluster: LocalCluster, listing: str) -> list[dict[str, Any]]:
+    """``admin LISTING --json``: one JSON document on stdout, the listing under its name."""
+    listed = admin(cluster, listing, "--json")
+    assert listed.returncode == 0, listed.stderr
+    document = json.loads(listed.stdout)
+    assert list(document) == [listing]
+    records: list[dict[str, Any]] = document[listing]
+    return records
+
+
+def _state(cluster: LocalCluster, index: int) -> object:
+    [state] = [
+        worker["state"]
+        for worker in _json(cluster, "workers")
+        if worker["target"] == cluster.worker_target(index)
+    ]
+    return state
+
+
+def test_a_cancelled_decommission_takes_new_partitions_again(cluster: LocalCluster) -> None:
+    target = cluster.worker_target(1)
+    done = admin(cluster, "decommission", target)
+    assert done.returncode == 0, done.stderr
+    assert _state(cluster, 1) == "decommissioning"
+    cancelled = admin(cluster, "cancel-decommission", target)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert f"{target} takes new partitions again" in cancelled.stdout
+    assert _state(cluster, 1) == "alive"  # the command returns once the coordinator knows
+    with scenario_on(cluster, **{"external-shuffle.replication-factor": 1}) as scenario:
+        placed, _ = scenario.produce(batches(), partitions=PARTITIONS, subpartitions=SUBPARTITIONS)
+    assert target in {replica.target for d in placed for replica in _replicas(d)}

@@ -76,15 +76,19 @@ def test_a_worker_no_coordinator_knows_is_alive_but_not_ready(cluster: LocalClus
     eventually(lambda: _ready(port), "the worker ready again")
 
 
-def test_a_decommissioned_worker_is_not_ready(tmp_path: Path) -> None:
+def _decommission(cluster: LocalCluster, *, cancel: bool = False) -> None:
+    token = cluster.token_file.read_text().strip()
+    with grpc.insecure_channel(cluster.worker_target(0)) as channel:
+        pb_grpc.WorkerStub(channel).Decommission(
+            pb.DecommissionRequest(cancel=cancel),
+            metadata=[("authorization", f"Bearer {token}")],
+            timeout=10,
+        )
+
+
+def test_a_decommissioned_worker_is_not_ready_until_cancelled(tmp_path: Path) -> None:
     with LocalCluster(tmp_path, workers=1, metrics=True) as cluster:
-        token = cluster.token_file.read_text().strip()
-        with grpc.insecure_channel(cluster.worker_target(0)) as channel:
-            pb_grpc.WorkerStub(channel).Decommission(
-                pb.DecommissionRequest(),
-                metadata=[("authorization", f"Bearer {token}")],
-                timeout=10,
-            )
+        _decommission(cluster)
         port = cluster.metrics_ports["worker-0"]
         assert _get(port, "/readyz") == (
             503,
@@ -93,3 +97,5 @@ def test_a_decommissioned_worker_is_not_ready(tmp_path: Path) -> None:
         assert _get(port, "/healthz") == (200, "ok\n")
         # The coordinator on its own still serves.
         assert _ready(cluster.metrics_ports["coordinator"])
+        _decommission(cluster, cancel=True)
+        assert _ready(port)

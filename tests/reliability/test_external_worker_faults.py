@@ -421,3 +421,19 @@ def _code(call: grpc.Future[pb.PushDataResponse], timeout: float = 0.0) -> grpc.
         code: grpc.StatusCode = error.code()
         return code
     return grpc.StatusCode.OK
+
+
+def test_a_worker_shutting_down_stays_drained_when_its_decommission_is_cancelled(
+    tmp_path: Path,
+) -> None:
+    with _serving(Store(str(tmp_path / "store"))) as (service, stub):
+        stub.Decommission(pb.DecommissionRequest(), timeout=10)
+        stub.Decommission(pb.DecommissionRequest(cancel=True), timeout=10)
+        assert not service.draining
+        stub.Decommission(pb.DecommissionRequest(), timeout=10)
+        service.drain()  # SIGTERM
+        cancel = pb.DecommissionRequest(cancel=True)
+        code = code_of(lambda: stub.Decommission(cancel, timeout=10))
+        assert code == grpc.StatusCode.FAILED_PRECONDITION
+        assert service.draining
+        assert service.load().decommissioning
