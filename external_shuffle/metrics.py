@@ -31,7 +31,10 @@ _WsgiApp = Callable[[dict[str, Any], _StartResponse], Iterable[bytes]]
 
 
 class _QuietHandler(WSGIRequestHandler):
-    """Requests at debug level (a scrape every few seconds is no news), not on stderr."""
+    """Requests at debug level (a scrape every few seconds is no news), not on stderr. A
+    connection idle or half-sent for 10 s is closed: its thread does not wait for ever."""
+
+    timeout = 10
 
     def log_message(self, format: str, *args: Any) -> None:
         logger.debug(format, *args)

@@ -3,6 +3,8 @@ ok or why not; a worker is ready only while a coordinator knows it and it takes 
 
 from __future__ import annotations
 
+import socket
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -52,6 +54,19 @@ def test_every_http_port_answers_the_probes_without_a_token(
     for port in [*(cluster.metrics_ports[name] for name in DAEMONS), status_port]:
         assert _get(port, "/healthz") == (200, "ok\n")
         eventually(lambda: _ready(port), f"ready on {port}")  # noqa: B023 (called at once)
+
+
+def test_an_idle_connection_to_the_metrics_port_is_closed(cluster: LocalCluster) -> None:
+    port = cluster.metrics_ports["worker-0"]
+    idle = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(20)]
+    half_sent = socket.create_connection(("127.0.0.1", port), timeout=30)
+    half_sent.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # never ends its headers
+    started = time.monotonic()
+    assert _get(port, "/healthz") == (200, "ok\n"), "served beside them"
+    for connection in [*idle, half_sent]:
+        with connection:
+            assert connection.recv(1) == b"", "closed by the daemon, its thread ended"
+    assert time.monotonic() - started < 25
 
 
 def test_only_the_probes_skip_the_status_pages_token(
