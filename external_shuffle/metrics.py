@@ -4,6 +4,7 @@ roles it runs."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import socket
 import threading
@@ -11,7 +12,16 @@ from collections.abc import Callable, Collection, Iterable
 from typing import Any, Final
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client import (
+    PLATFORM_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    ProcessCollector,
+    make_wsgi_app,
+)
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from external_shuffle.health import PROBE_HEADERS, Readiness, probe_answer
@@ -54,6 +64,13 @@ def _with_probes(metrics: _WsgiApp, readiness: Readiness) -> _WsgiApp:
     return app
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("pyshuffle")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"  # run from a source tree that was never installed
+
+
 class DaemonMetrics:
     """What the roles of one daemon count. A metric of a role the process does not run is
     still there to be updated, but not exported (``registry=None``)."""
@@ -61,6 +78,12 @@ class DaemonMetrics:
     def __init__(self, roles: Collection[str] = (COORDINATOR, WORKER)) -> None:
         self.registry = CollectorRegistry()
         every = self.registry
+        # process_*: CPU seconds, resident memory, open descriptors, start time; python_info.
+        ProcessCollector(registry=every)
+        every.register(PLATFORM_COLLECTOR)
+        Info("pyshuffle_build", "The pyshuffle this daemon runs", registry=every).info(
+            {"version": _version(), "roles": ",".join(sorted(roles))}
+        )
         worker = every if WORKER in roles else None
         coordinator = every if COORDINATOR in roles else None
         self.errors = Counter(

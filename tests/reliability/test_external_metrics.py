@@ -3,6 +3,7 @@ refused calls (counted and logged), and every metric the Grafana dashboard in de
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import re
 import urllib.request
@@ -10,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import promql_parser
 import pytest
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
@@ -60,6 +62,17 @@ def test_each_role_exports_its_own_metrics(cluster: LocalCluster) -> None:
     for worker in map(_names, _workers(cluster)):
         assert {"pyshuffle_bytes_in_total", "pyshuffle_store_free_bytes"} <= worker
         assert not {"pyshuffle_workers_alive", "pyshuffle_applications"} & worker
+
+
+def test_each_daemon_exports_its_process_and_build(cluster: LocalCluster) -> None:
+    version = importlib.metadata.version("pyshuffle")
+    for name, roles in (("coordinator", "coordinator"), ("worker-0", "worker")):
+        samples = scrape(cluster, name)
+        assert samples[f'pyshuffle_build_info{{roles="{roles}",version="{version}"}}'] == 1
+        assert samples["process_resident_memory_bytes"] > 10 << 20
+        assert samples["process_open_fds"] > 0
+        assert samples["process_cpu_seconds_total"] > 0
+        assert any(sample.startswith("python_info{") for sample in samples)
 
 
 def test_workers_export_stream_latencies_and_disk(cluster: LocalCluster) -> None:
@@ -130,3 +143,16 @@ def test_every_dashboard_panel_queries_a_metric_the_daemons_export(
         }
         assert queried, f"panel {panel['title']!r} queries no pyshuffle metric"
         assert queried <= exported, f"panel {panel['title']!r}: {sorted(queried - exported)}"
+
+
+def test_every_dashboard_query_parses_and_keeps_to_the_chosen_daemons() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    [instance] = [v for v in dashboard["templating"]["list"] if v["name"] == "instance"]
+    assert "pyshuffle_build_info" in instance["definition"]
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            expression = target["expr"]
+            promql_parser.parse(expression.replace("$instance", ".*"))  # as Grafana sends it
+            selectors = re.findall(r"\bpyshuffle_\w+(\{[^}]*\})?", expression)
+            assert selectors, f"panel {panel['title']!r} queries no pyshuffle metric"
+            assert all('instance=~"$instance"' in found for found in selectors), expression
