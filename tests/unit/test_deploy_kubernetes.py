@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any, Final
 
 import kubernetes_validate
+import promql_parser
 import pytest
 
+from external_shuffle.metrics import DaemonMetrics
 from external_shuffle.options import (
     AUTH_TOKEN,
     AUTH_TOKEN_FILE,
@@ -57,7 +59,7 @@ HELM: Final = Path(sys.executable).parent / "helm"
 # The oldest Kubernetes the chart is written for (Chart.yaml), and the newest schema bundled.
 KUBERNETES_VERSIONS: Final = ("1.33.0", "1.37.0")
 # Kinds without a schema in kubernetes_validate (custom resources), checked by hand below.
-CUSTOM_KINDS: Final = {"ServiceMonitor"}
+CUSTOM_KINDS: Final = {"ServiceMonitor", "PrometheusRule"}
 DAEMON_ALL: Final[tuple[ConfigOption[Any], ...]] = (*CORE_OPTIONS, *DAEMON_OPTIONS)
 
 # The chart with every value that changes the objects set away from its default.
@@ -68,6 +70,10 @@ FULL_VALUES: Final = (
     "tls.secretName=pyshuffle-tls",
     "metrics.serviceMonitor.enabled=true",
     "metrics.serviceMonitor.labels.release=prometheus",
+    "metrics.prometheusRule.enabled=true",
+    "metrics.prometheusRule.labels.release=prometheus",
+    "metrics.prometheusRule.storeFreeBelowGiB=20",
+    "metrics.prometheusRule.authFailuresPer10m=3",
     "worker.replicas=5",
     "worker.port=7001",
     "worker.memoryBudgetMiB=3072",
@@ -229,7 +235,7 @@ def test_the_renders_define_the_expected_kinds(manifests: Manifests, full: Manif
     kinds = {document["kind"] for _, document in manifests.documents}
     expected = {"ConfigMap", "Deployment", "Service", "StatefulSet", "PodDisruptionBudget"}
     if manifests is full:
-        expected |= {"Secret", "ServiceMonitor"}
+        expected |= {"Secret", "ServiceMonitor", "PrometheusRule"}
     assert kinds == expected
 
 
@@ -460,6 +466,46 @@ def test_the_service_monitor_scrapes_every_daemon(full: Manifests) -> None:
         assert endpoint["port"] in ports
         target = ports[endpoint["port"]]["targetPort"]
         assert container_port(workload, target) == 7002
+
+
+def _exported_metrics() -> set[str]:
+    """Every sample name a daemon of both roles exports, or will once it has counted."""
+    suffixes = {
+        "counter": ("_total",),
+        "histogram": ("_bucket", "_count", "_sum"),
+        "info": ("_info",),
+    }
+    return {
+        family.name + suffix
+        for family in DaemonMetrics().registry.collect()
+        for suffix in suffixes.get(family.type, ("",))
+    }
+
+
+def test_the_alert_rules_parse_and_watch_metrics_the_daemons_export(full: Manifests) -> None:
+    rule = full.one("PrometheusRule")
+    assert rule["metadata"]["labels"]["release"] == "prometheus"
+    (group,) = rule["spec"]["groups"]
+    alerts = {entry["alert"]: entry for entry in group["rules"]}
+    assert set(alerts) == {
+        "PyshuffleCoordinatorDown",
+        "PyshuffleWorkersDown",
+        "PyshuffleStoreNearlyFull",
+        "PyshuffleAuthenticationFailures",
+        "PyshufflePushesRefused",
+    }
+    exported = _exported_metrics()
+    for name, alert in alerts.items():
+        promql_parser.parse(alert["expr"])  # raises on what Prometheus would refuse
+        watched = set(re.findall(r"\bpyshuffle_\w+", alert["expr"]))
+        assert watched and watched <= exported, (name, sorted(watched - exported))
+        assert alert["labels"]["severity"] in ("warning", "critical")
+        assert alert["annotations"]["summary"]
+    # The values reach the thresholds.
+    assert alerts["PyshuffleWorkersDown"]["expr"].endswith("< 5")
+    assert alerts["PyshuffleStoreNearlyFull"]["expr"].endswith(f"< {20 << 30}")
+    assert alerts["PyshuffleAuthenticationFailures"]["expr"].endswith("> 3")
+    assert 'method="PushData"' in alerts["PyshufflePushesRefused"]["expr"]
 
 
 def test_values_reach_the_objects(full: Manifests, tmp_path: Path) -> None:
