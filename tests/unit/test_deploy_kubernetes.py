@@ -74,6 +74,10 @@ FULL_VALUES: Final = (
     "metrics.prometheusRule.labels.release=prometheus",
     "metrics.prometheusRule.storeFreeBelowGiB=20",
     "metrics.prometheusRule.authFailuresPer10m=3",
+    "networkPolicy.enabled=true",
+    "networkPolicy.clientPodSelector.matchLabels.spark-role=executor",
+    "networkPolicy.clientNamespaceSelector.matchLabels.team=data",
+    "networkPolicy.monitoringNamespaceSelector.matchLabels.name=monitoring",
     "worker.replicas=5",
     "worker.port=7001",
     "worker.memoryBudgetMiB=3072",
@@ -235,7 +239,7 @@ def test_the_renders_define_the_expected_kinds(manifests: Manifests, full: Manif
     kinds = {document["kind"] for _, document in manifests.documents}
     expected = {"ConfigMap", "Deployment", "Service", "StatefulSet", "PodDisruptionBudget"}
     if manifests is full:
-        expected |= {"Secret", "ServiceMonitor", "PrometheusRule"}
+        expected |= {"Secret", "ServiceMonitor", "PrometheusRule", "NetworkPolicy"}
     assert kinds == expected
 
 
@@ -506,6 +510,37 @@ def test_the_alert_rules_parse_and_watch_metrics_the_daemons_export(full: Manife
     assert alerts["PyshuffleStoreNearlyFull"]["expr"].endswith(f"< {20 << 30}")
     assert alerts["PyshuffleAuthenticationFailures"]["expr"].endswith("> 3")
     assert 'method="PushData"' in alerts["PyshufflePushesRefused"]["expr"]
+
+
+def test_network_policies_open_each_port_to_whom_it_is_for(full: Manifests) -> None:
+    pyshuffle = {"app.kubernetes.io/name": "pyshuffle", "app.kubernetes.io/instance": "pyshuffle"}
+    clients = {
+        "podSelector": {"matchLabels": {"spark-role": "executor"}},
+        "namespaceSelector": {"matchLabels": {"team": "data"}},
+    }
+    monitoring = {"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}
+    for workload, served, watched in (
+        (full.workload_of_role("coordinator"), {"grpc"}, {"metrics"}),
+        (full.workload_of_role("worker"), {"grpc", "data"}, {"metrics"}),
+    ):
+        labels = workload["spec"]["template"]["metadata"]["labels"]
+        [policy] = [
+            policy
+            for policy in full.objects("NetworkPolicy")
+            if policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+        ]
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+        allowed = {
+            port["port"]: rule["from"]
+            for rule in policy["spec"]["ingress"]
+            for port in rule["ports"]
+        }
+        # Every port the container serves, and none it does not (FULL_VALUES has no status page).
+        assert set(allowed) == {port["name"] for port in container(workload)["ports"]}
+        for name in served:
+            assert allowed[name] == [clients, {"podSelector": {"matchLabels": pyshuffle}}]
+        for name in watched:
+            assert allowed[name] == [monitoring]
 
 
 def test_values_reach_the_objects(full: Manifests, tmp_path: Path) -> None:
