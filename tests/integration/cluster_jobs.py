@@ -40,11 +40,6 @@ ROWS = 40_000
 SLOW_SECONDS = 1.5
 
 
-PACKED_ENVIRONMENT = "environment.tar.gz"
-"""In the work directory: a packed virtual environment with pyshuffle in it (venv-pack). The
-executors then get pyshuffle from it alone (``spark.archives``), as on a real cluster."""
-
-
 def cluster_session(work: Path) -> SparkSession:
     require_java()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -58,17 +53,8 @@ def cluster_session(work: Path) -> SparkSession:
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.task.maxFailures", "4")
     )
-    archive = work / PACKED_ENVIRONMENT
-    if archive.exists():
-        # PySpark hands PYSPARK_PYTHON to the executors: the archive's, unpacked in their
-        # working directories. The JVMs started from here inherit this process's environment,
-        # and Python workers its PYTHONPATH: none, so nothing of this checkout reaches them.
-        os.environ["PYSPARK_PYTHON"] = "./environment/bin/python"
-        os.environ.pop("PYTHONPATH", None)
-        builder = builder.config("spark.archives", f"{archive}#environment")
-    else:
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        builder = builder.config("spark.executorEnv.PYTHONPATH", os.pathsep.join(sys.path))
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = builder.config("spark.executorEnv.PYTHONPATH", os.pathsep.join(sys.path))
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session
@@ -244,21 +230,6 @@ def kill_during_reduce(
     }
 
 
-def packed(
-    spark: SparkSession, shuffle: SparkShuffle, kill: Kill, stores: list[Path]
-) -> dict[str, Any]:
-    """A repartition whose executors import pyshuffle from the shipped archive only."""
-    frame = data(spark)
-    equal = multiset(shuffle.repartition(frame, "k", num_partitions=4)) == multiset(frame)
-    imported_from = (
-        spark.sparkContext.parallelize(range(4), 4)
-        .map(lambda _: __import__("pyspark_shuffle").__file__)
-        .distinct()
-        .collect()
-    )
-    return {"equal": equal, "imported_from": imported_from}
-
-
 def released_chain(
     spark: SparkSession, shuffle: SparkShuffle, kill: Kill, stores: list[Path]
 ) -> dict[str, Any]:
@@ -327,7 +298,6 @@ SCENARIOS = {
     "operations": operations,
     "kill_during_map": kill_during_map,
     "kill_during_reduce": kill_during_reduce,
-    "packed": packed,
     "released_chain": released_chain,
 }
 

@@ -16,8 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.cluster_jobs import PACKED_ENVIRONMENT, ROWS
-from tests.source_tree import copy_source
+from tests.integration.cluster_jobs import ROWS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -156,43 +155,3 @@ def test_a_worker_killed_during_the_reduce_stage_with_one_replica_is_recovered_b
     # The killed worker's store stays until it comes back (it then deletes what nobody
     # tracks); the live worker's is empty.
     assert not [path for path in outcome["files_after_close"] if "worker-1-store" in path]
-
-
-def _packed_environment(work: Path) -> Path:
-    """pyshuffle (with the external service's client) installed from this checkout into a new
-    virtual environment, packed with venv-pack as a user ships it to executors."""
-    source = copy_source(work / "source")
-    environment = work / "environment"
-    subprocess.run([sys.executable, "-m", "venv", str(environment)], check=True, timeout=120)
-    subprocess.run(
-        [
-            *(str(environment / "bin" / "python"), "-m", "pip", "install", "--quiet"),
-            f"{source}[external]",
-            "pandas>=2.2,<3",  # PySpark's Arrow UDF workers import it
-        ],
-        check=True,
-        timeout=900,
-    )
-    archive = work / PACKED_ENVIRONMENT
-    subprocess.run(
-        [
-            str(Path(sys.executable).parent / "venv-pack"),
-            *("--prefix", str(environment), "--output", str(archive), "--quiet"),
-        ],
-        check=True,
-        timeout=300,
-    )
-    return archive
-
-
-def test_executors_that_get_pyshuffle_only_from_a_shipped_archive(tmp_path: Path) -> None:
-    # As on a real cluster: the executors' Python is the packed environment's (spark.archives,
-    # spark.pyspark.python), with nothing of this checkout on their path.
-    _packed_environment(tmp_path)
-    outcome = run_scenario("packed", tmp_path)
-    assert outcome["equal"] is True
-    assert outcome["imported_from"], "no executor reported where it imported pyshuffle from"
-    for path in outcome["imported_from"]:  # the executor's unpacked copy, not this checkout
-        assert "/environment/lib/" in path, path
-        assert not path.startswith(str(ROOT / "pyspark_shuffle")), path
-    assert outcome["files_after_close"] == []
