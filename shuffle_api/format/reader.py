@@ -452,7 +452,8 @@ class PartitionFileReader:
 
     @staticmethod
     def forget(store: Store, partition: ResultPartitionID) -> None:
-        """Drop the cached layouts of a partition whose files are being deleted."""
+        """Drop the cached layouts of a partition whose files are being deleted or written
+        anew (servers' ``READ`` layouts never look at the files again)."""
         for cache in _CACHES.values():
             cache.forget(store, partition)
 
