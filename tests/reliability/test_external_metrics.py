@@ -17,6 +17,7 @@ import pytest
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.local_cluster import LocalCluster
+from tests.metric_samples import sample_names
 from tests.reliability.external_cluster import (
     ALL,
     PARTITIONS,
@@ -122,9 +123,7 @@ def _exported(cluster: LocalCluster, name: str) -> set[str]:
     for line in lines:
         if line.startswith("# TYPE "):
             _, _, family, kind = line.split(" ")
-            suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum")}
-            stem = family.removesuffix("_total")  # the family is named either way
-            names.update(stem + suffix for suffix in suffixes.get(kind, ("",)))
+            names.update(sample_names(family, kind))
     return names
 
 

@@ -51,6 +51,7 @@ from tests.kubernetes_manifests import (
     pod_spec,
     render_chart,
 )
+from tests.metric_samples import sample_names
 
 CHART: Final = REPO / "deploy" / "helm" / "pyshuffle"
 PLAIN: Final = REPO / "deploy" / "kubernetes"
@@ -474,16 +475,8 @@ def test_the_service_monitor_scrapes_every_daemon(full: Manifests) -> None:
 
 def _exported_metrics() -> set[str]:
     """Every sample name a daemon of both roles exports, or will once it has counted."""
-    suffixes = {
-        "counter": ("_total",),
-        "histogram": ("_bucket", "_count", "_sum"),
-        "info": ("_info",),
-    }
-    return {
-        family.name + suffix
-        for family in DaemonMetrics().registry.collect()
-        for suffix in suffixes.get(family.type, ("",))
-    }
+    families = DaemonMetrics().registry.collect()
+    return set().union(*(sample_names(family.name, family.type) for family in families))
 
 
 def test_the_alert_rules_parse_and_watch_metrics_the_daemons_export(full: Manifests) -> None:
