@@ -173,6 +173,12 @@ def commit(
     )
 
 
+def stored(cluster: LocalCluster, worker: pb_grpc.WorkerStub, built: BuiltPartition) -> None:
+    """``built`` pushed whole to ``worker`` and committed there."""
+    push(cluster, worker, built)
+    commit(cluster, worker, built)
+
+
 def fetch_messages(
     stub: pb_grpc.WorkerStub,
     key: pb.PartitionKey,

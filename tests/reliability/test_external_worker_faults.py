@@ -53,6 +53,7 @@ from tests.reliability.raw_worker import (
     fetch_all,
     push,
     push_requests,
+    stored,
 )
 
 
@@ -70,8 +71,7 @@ def serves(cluster: LocalCluster, worker: pb_grpc.WorkerStub) -> None:
         )
     assert answer.status == health_pb2.HealthCheckResponse.SERVING
     built = build_partition(rows=500)
-    push(cluster, worker, built)
-    commit(cluster, worker, built)
+    stored(cluster, worker, built)
     manifest, runs = fetch_all(worker, built.key, auth(cluster))
     assert manifest == built.manifest
     assert all(xxhash.xxh3_64_intdigest(data) == checksum for data, checksum in runs)
@@ -96,8 +96,7 @@ def test_a_data_file_truncated_during_a_fetch_fails_that_fetch_only(
 ) -> None:
     # Many runs of small chunks: the worker is still reading runs when the file is cut.
     built = build_partition(rows=60_000, memory_budget=256 << 10)
-    push(cluster, worker, built)
-    commit(cluster, worker, built)
+    stored(cluster, worker, built)
     stream = worker.FetchData(
         pb.FetchDataRequest(
             partition=built.key,
@@ -124,8 +123,7 @@ def test_a_data_file_deleted_before_a_fetch_is_not_found(
     cluster: LocalCluster, worker: pb_grpc.WorkerStub
 ) -> None:
     built = build_partition(rows=1_000)
-    push(cluster, worker, built)
-    commit(cluster, worker, built)
+    stored(cluster, worker, built)
     data_file(cluster, built).unlink()
     assert code_of(lambda: fetch_all(worker, built.key, auth(cluster))) in (
         grpc.StatusCode.NOT_FOUND,
@@ -138,14 +136,12 @@ def test_a_partition_deleted_under_the_worker_and_pushed_anew_is_served_anew(
     cluster: LocalCluster, worker: pb_grpc.WorkerStub
 ) -> None:
     first = build_partition(rows=1_000)
-    push(cluster, worker, first)
-    commit(cluster, worker, first)
+    stored(cluster, worker, first)
     assert fetch_all(worker, first.key, auth(cluster))[0] == first.manifest
     shutil.rmtree(data_file(cluster, first).parent)
     assert not committed(cluster, worker, first), "the worker sees its files gone"
     again = build_partition(rows=3_000, partition=first.partition)
-    push(cluster, worker, again)
-    commit(cluster, worker, again)
+    stored(cluster, worker, again)
     manifest, runs = fetch_all(worker, again.key, auth(cluster))
     assert manifest == again.manifest != first.manifest
     assert all(xxhash.xxh3_64_intdigest(data) == checksum for data, checksum in runs)
