@@ -270,6 +270,10 @@ class LocalCluster:
         assert process.popen is not None
         return process.popen.pid
 
+    def worker_running(self, index: int) -> bool:
+        popen = self._worker(index).popen
+        return popen is not None and popen.poll() is None
+
     def kill_worker(self, index: int) -> None:
         """SIGKILL: the worker dies without a word (its store stays)."""
         self._kill(self._worker(index))

@@ -15,6 +15,7 @@ import pytest
 
 from external_shuffle.local_cluster import LocalCluster
 from pyspark_shuffle import SparkShuffle
+from shuffle_api.format.manifest import MANIFEST_FILE
 from tests.integration.pausing import WAIT, paused, pausing, wait_for
 from tests.integration.services import ShuffleService, external_service
 from tests.integration.spark_rows import multiset
@@ -43,6 +44,16 @@ def data(spark: SparkSession) -> DataFrame:
     return frame.cache()
 
 
+@pytest.fixture(autouse=True)
+def _workers_back(service: ShuffleService) -> Iterator[None]:
+    """A test that fails with a worker down does not take the next tests down with it."""
+    yield
+    assert service.cluster is not None
+    for index in range(len(service.stores)):
+        if not service.cluster.worker_running(index):
+            service.cluster.start_worker(index)
+
+
 def _partition_files(service: ShuffleService) -> set[str]:
     return {path for path in service.stored_paths() if Path(path).is_file()}
 
@@ -55,6 +66,18 @@ def _restart_and_check_clean(service: ShuffleService, worker: int) -> None:
     while _partition_files(service) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _partition_files(service) == set()
+
+
+def _worker_with_committed_maps(service: ShuffleService, maps: int) -> int:
+    """Once ``maps`` map outputs are committed (each on one worker), a worker holding one."""
+    deadline = time.monotonic() + WAIT
+    while True:  # service.stores[i] is worker i's store
+        committed = [len(list(store.rglob(MANIFEST_FILE))) for store in service.stores]
+        if sum(committed) >= maps:
+            return next(index for index, count in enumerate(committed) if count)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{maps} map outputs never committed: {committed}")
+        time.sleep(0.05)
 
 
 def test_worker_killed_during_the_map_stage(
@@ -70,15 +93,16 @@ def test_worker_killed_during_the_map_stage(
             )
         )
         mapping.start()
-        wait_for(ready)  # maps 0..2 have written (some to worker 0); map 3 waits
-        service.cluster.kill_worker(0)
+        wait_for(ready)  # map 3 waits
+        victim = _worker_with_committed_maps(service, 3)
+        service.cluster.kill_worker(victim)
         go.touch()
         mapping.join(timeout=300)
         result = made["result"]
         assert multiset(result) == multiset(data)
         [exchange] = shuffle.exchanges(result)
-        assert sum(exchange.runs.per_map.values()) > 4  # producers on worker 0 reran
-    _restart_and_check_clean(service, 0)
+        assert sum(exchange.runs.per_map.values()) > 4  # producers on the victim reran
+    _restart_and_check_clean(service, victim)
 
 
 def test_worker_killed_during_the_reduce_stage_reruns_its_producers(
