@@ -239,10 +239,19 @@ def test_spark_defaults_select_the_external_service() -> None:
     assert _port_of(config.get(COORDINATOR_ADDRESS)) == COORDINATOR_GRPC_PORT
 
 
-def test_spark_defaults_address_the_coordinator_service() -> None:
+def test_spark_defaults_address_every_coordinator_pod_from_any_namespace(tmp_path: Path) -> None:
     address = _active_spark_settings()[SPARK_PREFIX + COORDINATOR_ADDRESS.key]
-    service = PLAIN_MANIFESTS.service_of(PLAIN_MANIFESTS.workload_of_role("coordinator"))
-    assert address.split(".")[0] == service["metadata"]["name"]
+    daemon_toml = tmp_path / "daemon.toml"
+    daemon_toml.write_text(PLAIN_MANIFESTS.configmap_toml(), encoding="utf-8")
+    daemons = Configuration.load(toml_file=daemon_toml, environ={}).get(COORDINATOR_ADDRESS)
+    # The daemons name each other from their namespace ("pyshuffle", as deploy/README.md has it).
+    in_any_namespace = [
+        f"{host}.pyshuffle.svc:{port}"
+        for host, _, port in (pod.rpartition(":") for pod in daemons.split(","))
+    ]
+    assert address.split(",") == in_any_namespace
+    documented = (DEPLOY / "README.md").read_text(encoding="utf-8")
+    assert documented.count(f"{COORDINATOR_ADDRESS.key}  {address}") == 2
 
 
 def test_spark_pods_mount_the_token_secret_where_the_token_file_is() -> None:

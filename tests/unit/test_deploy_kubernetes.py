@@ -27,6 +27,7 @@ from external_shuffle.options import (
     AUTH_TOKEN_FILE,
     BIND_HOST,
     COORDINATOR_ADDRESS,
+    COORDINATOR_PORT,
     COORDINATOR_STATUS_PORT,
     DAEMON_OPTIONS,
     METRICS_PORT,
@@ -84,6 +85,8 @@ FULL_VALUES: Final = (
     "worker.memoryBudgetMiB=3072",
     "worker.memoryOverheadMiB=1024",
     "worker.storage.storageClassName=local-ssd",
+    "coordinator.replicas=3",
+    "coordinator.serviceName=coordinators",
     "coordinator.port=7000",
     "coordinator.statusPort=-1",
     "config.metricsPort=7002",
@@ -120,10 +123,6 @@ def _config(manifests: Manifests, tmp_path: Path) -> Configuration:
     path = tmp_path / "daemon.toml"
     path.write_text(manifests.configmap_toml(), encoding="utf-8")
     return Configuration.load(toml_file=path, environ={})
-
-
-def _port_of(address: str) -> int:
-    return int(address.rpartition(":")[2])
 
 
 def _mounted_files(workload: Document, secret_name: str, keys: set[str]) -> set[Path]:
@@ -180,6 +179,7 @@ def test_the_plain_manifests_carry_no_token() -> None:
     [
         ("coordinator.serviceName=pyshuffle-coordinator", "serviceName"),
         ("worker.replicas=0", "replicas"),
+        ("coordinator.replicas=0", "replicas"),
         ("tls.enabled=true", "secretName"),
         ("worker.replica=3", "replica"),
         ("config.logFormat=xml", "logFormat"),
@@ -238,7 +238,7 @@ def test_every_object_validates_against_the_kubernetes_schema(
 
 def test_the_renders_define_the_expected_kinds(manifests: Manifests, full: Manifests) -> None:
     kinds = {document["kind"] for _, document in manifests.documents}
-    expected = {"ConfigMap", "Deployment", "Service", "StatefulSet", "PodDisruptionBudget"}
+    expected = {"ConfigMap", "Service", "StatefulSet", "PodDisruptionBudget"}
     if manifests is full:
         expected |= {"Secret", "ServiceMonitor", "PrometheusRule", "NetworkPolicy"}
     assert kinds == expected
@@ -248,11 +248,26 @@ def test_objects_leave_the_namespace_to_the_installer(manifests: Manifests) -> N
     assert [doc for _, doc in manifests.documents if "namespace" in doc["metadata"]] == []
 
 
-def test_coordinator_is_one_replica_never_two_at_once(manifests: Manifests) -> None:
-    coordinator = manifests.workload_of_role("coordinator")
-    assert coordinator["kind"] == "Deployment"
-    assert coordinator["spec"]["replicas"] == 1
-    assert coordinator["spec"]["strategy"]["type"] == "Recreate"
+def test_the_coordinator_address_names_every_coordinator_pod(
+    manifests: Manifests, tmp_path: Path
+) -> None:
+    coordinators = manifests.workload_of_role("coordinator")
+    assert coordinators["kind"] == "StatefulSet"
+    assert coordinators["spec"]["replicas"] >= 2
+    assert coordinators["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+    service = manifests.service_of(coordinators)
+    assert coordinators["spec"]["serviceName"] == service["metadata"]["name"]
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    config = _config(manifests, tmp_path)
+    pods = [
+        f"{coordinators['metadata']['name']}-{index}.{service['metadata']['name']}"
+        for index in range(coordinators["spec"]["replicas"])
+    ]
+    port = container_port(coordinators, "grpc")
+    assert config.get(COORDINATOR_ADDRESS).split(",") == [f"{pod}:{port}" for pod in pods]
+    assert config.get(COORDINATOR_PORT) == port
+    assert port in {item["port"] for item in service["spec"]["ports"]}
 
 
 def test_workers_keep_their_store_on_a_claim_across_restarts(
@@ -274,11 +289,16 @@ def test_workers_are_governed_by_a_headless_service(manifests: Manifests) -> Non
     assert service["spec"]["clusterIP"] == "None"
 
 
-def test_voluntary_disruptions_take_workers_one_at_a_time(manifests: Manifests) -> None:
-    budget = manifests.one("PodDisruptionBudget")
-    workers = manifests.workload_of_role("worker")
-    assert budget["spec"]["maxUnavailable"] == 1
-    assert budget["spec"]["selector"]["matchLabels"] == workers["spec"]["selector"]["matchLabels"]
+def test_voluntary_disruptions_take_daemons_one_at_a_time(manifests: Manifests) -> None:
+    budgets = {
+        tuple(sorted(budget["spec"]["selector"]["matchLabels"].items())): budget
+        for budget in manifests.objects("PodDisruptionBudget")
+    }
+    workloads = [manifests.workload_of_role(role) for role in ("coordinator", "worker")]
+    assert len(budgets) == len(workloads)
+    for workload in workloads:
+        budget = budgets[tuple(sorted(workload["spec"]["selector"]["matchLabels"].items()))]
+        assert budget["spec"]["maxUnavailable"] == 1
 
 
 def test_workers_advertise_their_pod_ip(manifests: Manifests) -> None:
@@ -348,7 +368,7 @@ def test_container_ports_are_the_ports_the_config_serves(
     config = _config(manifests, tmp_path)
     coordinator = manifests.workload_of_role("coordinator")
     workers = manifests.workload_of_role("worker")
-    assert container_port(coordinator, "grpc") == _port_of(config.get(COORDINATOR_ADDRESS))
+    assert container_port(coordinator, "grpc") == config.get(COORDINATOR_PORT)
     assert container_port(workers, "grpc") == config.get(WORKER_PORT)
     assert container_port(workers, "data") == config.get(WORKER_DATA_PORT)
     for workload in (coordinator, workers):
@@ -366,15 +386,6 @@ def test_services_expose_the_container_ports(manifests: Manifests) -> None:
             target = port["targetPort"]
             number = container_port(workload, target) if isinstance(target, str) else target
             assert port["port"] == number, f"{service['metadata']['name']}: {port}"
-
-
-def test_the_coordinator_address_is_the_coordinator_service(
-    manifests: Manifests, tmp_path: Path
-) -> None:
-    host, _, port = _config(manifests, tmp_path).get(COORDINATOR_ADDRESS).rpartition(":")
-    service = manifests.service_of(manifests.workload_of_role("coordinator"))
-    assert host.split(".")[0] == service["metadata"]["name"]
-    assert int(port) in {item["port"] for item in service["spec"]["ports"]}
 
 
 def test_startup_asks_the_grpc_health_service_then_the_http_probes_follow(

@@ -22,6 +22,18 @@ app.kubernetes.io/component: {{ .component }}
 app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
 {{- end -}}
 
+{{/* external-shuffle.coordinator.address: every coordinator pod by its stable name behind the
+headless Service, comma-separated. "domain" follows the Service's name: "" from this namespace,
+".<namespace>.svc" from any. */}}
+{{- define "pyshuffle.coordinatorAddress" -}}
+{{- $values := .root.Values -}}
+{{- $addresses := list -}}
+{{- range $index := until (int $values.coordinator.replicas) -}}
+{{- $addresses = append $addresses (printf "%s-coordinator-%d.%s%s:%d" (include "pyshuffle.fullname" $.root) $index $values.coordinator.serviceName $.domain (int $values.coordinator.port)) -}}
+{{- end -}}
+{{- join "," $addresses -}}
+{{- end -}}
+
 {{- define "pyshuffle.image" -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
