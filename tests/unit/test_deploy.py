@@ -40,6 +40,7 @@ from shuffle_api import SubpartitionRange
 from shuffle_api.config import ENV_PREFIX, ConfigOption, Configuration
 from shuffle_api.options import CORE_OPTIONS, SHUFFLE_SERVICE_FACTORY_CLASS
 from shuffle_api.testing import ConformanceHarness, ShuffleScenario, make_batches
+from tests.containerfile import instructions, stages
 from tests.kubernetes_manifests import Manifests
 
 REPO: Final = Path(__file__).resolve().parents[2]
@@ -128,24 +129,6 @@ def _systemd_seconds(value: str) -> float:
     for number, unit in re.findall(r"(\d+(?:\.\d+)?)\s*([a-z]*)", value):
         total += float(number) * units[unit]
     return total
-
-
-def _containerfile_instructions(path: Path = CONTAINERFILE) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
-    instructions: list[tuple[str, str]] = []
-    pending = ""
-    for raw in path.read_text(encoding="utf-8").splitlines():
-        line = raw.strip()
-        if not pending and (not line or line.startswith("#")):
-            continue
-        if line.endswith("\\"):
-            pending += line[:-1] + " "
-            continue
-        text = pending + line
-        pending = ""
-        instruction, _, arguments = text.partition(" ")
-        instructions.append((instruction.upper(), arguments.strip()))
-    return instructions
 
 
 # --- deploy/pyshuffle-daemon.toml ------------------------------------------------------------
@@ -269,9 +252,7 @@ def test_spark_pods_mount_the_token_secret_where_the_token_file_is() -> None:
 
 
 def test_containerfile_runs_the_daemon_as_a_non_root_user() -> None:
-    instructions = _containerfile_instructions()
-    final_stage = instructions[max(i for i, (op, _) in enumerate(instructions) if op == "FROM") :]
-    arguments = {op: args for op, args in final_stage}
+    arguments = dict(stages(CONTAINERFILE)[-1])
     assert arguments["FROM"].split()[0] == "python:3.11-slim"
     assert arguments["USER"].split(":")[0] not in ("root", "0")
     assert arguments["ENTRYPOINT"] == '["pyshuffle", "daemon"]'
@@ -287,7 +268,7 @@ def test_containerfile_runs_the_daemon_as_a_non_root_user() -> None:
 def test_containerfile_checks_health_on_the_metrics_port(
     daemon_toml_config: Configuration,
 ) -> None:
-    healthcheck = dict(_containerfile_instructions())["HEALTHCHECK"]
+    healthcheck = dict(instructions(CONTAINERFILE))["HEALTHCHECK"]
     port = daemon_toml_config.get(METRICS_PORT)
     assert port == METRICS_HTTP_PORT
     assert f"http://127.0.0.1:{port}/healthz" in healthcheck
@@ -297,10 +278,10 @@ def test_containerfile_checks_health_on_the_metrics_port(
 def test_containerfile_volume_holds_the_default_config_store(
     daemon_toml_config: Configuration,
 ) -> None:
-    arguments = dict(_containerfile_instructions())
+    arguments = dict(instructions(CONTAINERFILE))
     assert daemon_toml_config.get(WORKER_STORE_URL) in arguments["VOLUME"]
     assert "deploy/pyshuffle-daemon.toml" in " ".join(
-        args for op, args in _containerfile_instructions() if op == "COPY"
+        args for op, args in instructions(CONTAINERFILE) if op == "COPY"
     )
 
 
@@ -315,13 +296,13 @@ def _spark_extra(package: str) -> list[str]:
 
 
 def _runs(path: Path) -> str:
-    return " ".join(args for op, args in _containerfile_instructions(path) if op == "RUN")
+    return " ".join(args for op, args in instructions(path) if op == "RUN")
 
 
 @pytest.mark.parametrize("path", [CONTAINERFILE, SPARK_CONTAINERFILE], ids=lambda p: p.name)
 def test_containerfile_copies_every_package_and_installs_the_external_extra(path: Path) -> None:
     pyproject = _pyproject()
-    copied = " ".join(args for op, args in _containerfile_instructions(path) if op == "COPY")
+    copied = " ".join(args for op, args in instructions(path) if op == "COPY")
     packages = [
         pattern.rstrip("*")
         for pattern in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
@@ -333,8 +314,8 @@ def test_containerfile_copies_every_package_and_installs_the_external_extra(path
 
 
 def test_the_spark_image_adds_pyshuffle_to_an_official_spark_image() -> None:
-    instructions = _containerfile_instructions(SPARK_CONTAINERFILE)
-    arguments = dict(args.split("=", 1) for op, args in instructions if op == "ARG" and "=" in args)
+    spark_image = instructions(SPARK_CONTAINERFILE)
+    arguments = dict(args.split("=", 1) for op, args in spark_image if op == "ARG" and "=" in args)
     image = arguments["SPARK_IMAGE"]
     assert image.startswith("apache/spark:"), image
     # A Spark the spark extra admits (pyspark>=X,<Y).
@@ -342,15 +323,14 @@ def test_the_spark_image_adds_pyshuffle_to_an_official_spark_image() -> None:
     low, high = re.findall(r"\d+(?:\.\d+)*", pyspark)
     version = tuple(int(part) for part in image.split(":")[1].split("-")[0].split("."))
     assert tuple(map(int, low.split("."))) <= version < tuple(map(int, high.split("."))), pyspark
-    froms = [args for op, args in instructions if op == "FROM"]
+    froms = [args for op, args in spark_image if op == "FROM"]
     assert froms[-1] == "${SPARK_IMAGE}"
-    users = [args for op, args in instructions if op == "USER"]
+    users = [args for op, args in spark_image if op == "USER"]
     assert users[-1] not in ("root", "0"), "the image must end as Spark's unprivileged user"
 
 
 def test_the_spark_image_runs_python_workers_in_pyshuffles_environment() -> None:
-    instructions = _containerfile_instructions(SPARK_CONTAINERFILE)
-    env = " ".join(args for op, args in instructions if op == "ENV")
+    env = " ".join(args for op, args in instructions(SPARK_CONTAINERFILE) if op == "ENV")
     runs = _runs(SPARK_CONTAINERFILE)
     venv = re.search(r"uv venv --python (\S+) (\S+)", runs)
     assert venv is not None, "the environment is made by uv venv"
