@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
+import pytest
 from pyspark.sql import functions as F  # noqa: N812 (Spark's own spelling)
 
 from pyspark_shuffle import SparkShuffle
@@ -26,6 +27,8 @@ ROWS = 30_000
 KEYS = 7_919
 
 
+# 200,000 blocks each way, and Spark's own shuffle of them: minutes on a slow shared machine.
+@pytest.mark.timeout(900)
 def test_200_map_tasks_into_1000_reducers_equal_spark(
     shuffle: SparkShuffle, spark: SparkSession
 ) -> None:

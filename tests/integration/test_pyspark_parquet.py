@@ -1,4 +1,4 @@
-"""Parquet in and out of pyshuffle operations in a real local Spark session, on both services:
+"""Parquet in and out of pyshuffle operations in a real local Spark session, on the default service:
 ``read_parquet`` (columns, filters, Hive partitions, splits by size) read by the map tasks,
 ``write_parquet`` committed once per task (a retried task and a killed Python worker leave no
 duplicate and nothing staged), and ``to_arrow``, each against what Spark itself reads,
@@ -24,6 +24,10 @@ from tests.integration.spark_rows import canonical, multiset, ordered
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+# The tasks read and write Parquet whatever service moves their rows: the default service
+# alone here (Parquet in and out runs on both in every_operation).
+pytestmark = pytest.mark.parametrize("service", ["netty_like"], indirect=True, scope="module")
 
 ROWS = 20_000
 

@@ -1,4 +1,4 @@
-"""Every Spark type through every operation, on both services, checked against Spark on
+"""Every Spark type through every operation, on the default service, checked against Spark on
 generated schemas (nested up to three levels) and rows (nulls, empties, extremes): each result
 has the rows and the schema (names, types, nullability) that Spark's own operator gives.
 
@@ -34,6 +34,10 @@ from tests.integration.spark_types import KEY, TypedRows, short, typed_rows
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+# Types are the Arrow and Spark ends' concern: the services move the same Arrow IPC bytes,
+# so the default service alone here (every operation runs on both in every_operation).
+pytestmark = pytest.mark.parametrize("service", ["netty_like"], indirect=True, scope="module")
 
 _MANY = int(os.environ.get("TYPE_TEST_EXAMPLES", "0"))
 _SLOW = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example]
