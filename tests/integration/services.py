@@ -7,6 +7,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 from external_shuffle import ExternalShuffleDescriptor
 from external_shuffle.local_cluster import LocalCluster
 from netty_like.descriptor import NettyShuffleDescriptor
@@ -14,7 +16,15 @@ from shuffle_api import ShuffleDescriptor
 from shuffle_api.format import partition_directory
 from shuffle_api.store import Store
 
-__all__ = ["ShuffleService", "external_service", "netty_service"]
+__all__ = ["DEFAULT_SERVICE_ONLY", "ShuffleService", "external_service", "netty_service"]
+
+
+DEFAULT_SERVICE_ONLY = pytest.mark.parametrize(
+    "service", ["netty_like"], indirect=True, scope="module"
+)
+"""For tests whose variants differ in data, not in what a service does with it: the services
+move the same Arrow IPC bytes, so these run on the default service alone (each operation runs
+on both in test_pyspark_every_operation.py, and its plain case in its own module)."""
 
 
 @dataclass

@@ -22,7 +22,7 @@ from shuffle_api import (
     UnsupportedTypeError,
 )
 from tests.conftest import SPARK_MAX_SUBPARTITIONS
-from tests.integration.services import ShuffleService
+from tests.integration.services import DEFAULT_SERVICE_ONLY, ShuffleService
 from tests.integration.spark_rows import canonical, multiset, ordered, partitions_of, rows_of
 
 if TYPE_CHECKING:
@@ -227,6 +227,7 @@ def _spark_order(data: DataFrame, columns: list[str], ascending: list[bool]) -> 
     return data.orderBy(*ordered_columns)
 
 
+@DEFAULT_SERVICE_ONLY
 @pytest.mark.parametrize(
     ("columns", "ascending", "num_partitions"),
     [
@@ -275,6 +276,7 @@ def sides(spark: SparkSession, data: DataFrame) -> tuple[DataFrame, DataFrame]:
     return left, right
 
 
+@DEFAULT_SERVICE_ONLY
 @pytest.mark.parametrize(
     ("how", "keys"),
     [(how, ["nk"]) for how in ("inner", "left", "right")]
@@ -437,6 +439,7 @@ def test_repartition_map_equals_repartition_then_map_in_arrow(
     assert sum(row["rows"] for row in fused.collect()) == data.count()
 
 
+@DEFAULT_SERVICE_ONLY
 @pytest.mark.parametrize("broadcast", ["none", "auto"])
 @pytest.mark.parametrize("how", ["inner", "left", "right", "full"])
 def test_join_on_a_float_key_keeps_each_rows_own_zero(

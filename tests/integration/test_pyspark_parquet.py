@@ -20,14 +20,13 @@ import pytest
 
 from pyspark_shuffle import SparkShuffle
 from shuffle_api import InvalidOperationError, StageFailedError
+from tests.integration.services import DEFAULT_SERVICE_ONLY
 from tests.integration.spark_rows import canonical, multiset, ordered
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-# The tasks read and write Parquet whatever service moves their rows: the default service
-# alone here (Parquet in and out runs on both in every_operation).
-pytestmark = pytest.mark.parametrize("service", ["netty_like"], indirect=True, scope="module")
+pytestmark = DEFAULT_SERVICE_ONLY
 
 ROWS = 20_000
 

@@ -28,16 +28,14 @@ from pyspark_shuffle.broadcast import BROADCAST_CHOICES
 from pyspark_shuffle.schemas import arrow_schema
 from pyspark_shuffle.spark_compat import SPARK_VERSION
 from shuffle_api import UnsupportedTypeError
-from tests.integration.services import ShuffleService
+from tests.integration.services import DEFAULT_SERVICE_ONLY, ShuffleService
 from tests.integration.spark_rows import canonical, canonical_rows, handed_rows, handed_to_python
 from tests.integration.spark_types import KEY, TypedRows, short, typed_rows
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-# Types are the Arrow and Spark ends' concern: the services move the same Arrow IPC bytes,
-# so the default service alone here (every operation runs on both in every_operation).
-pytestmark = pytest.mark.parametrize("service", ["netty_like"], indirect=True, scope="module")
+pytestmark = DEFAULT_SERVICE_ONLY
 
 _MANY = int(os.environ.get("TYPE_TEST_EXAMPLES", "0"))
 _SLOW = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example]
