@@ -109,7 +109,8 @@ is_daemon() {
     if [[ -z $pid ]] || ! kill -0 "$pid" 2>/dev/null; then
         return 1
     fi
-    if args=$(ps -o args= -p "$pid" 2>/dev/null); then
+    # -ww: the whole command line, not as much as an exported COLUMNS lets through.
+    if args=$(ps -ww -o args= -p "$pid" 2>/dev/null); then
         [[ $args == *"daemon --role"* ]]
     else
         return 0 # no ps here: trust the pid file

@@ -455,16 +455,19 @@ def local_cluster(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
         PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
         LOCAL_CLUSTER_START_TIMEOUT="30",
         LOCAL_CLUSTER_STOP_TIMEOUT="10",
+        # A terminal's width exported (pytest-xdist's workers have one): ps cut the daemons'
+        # command lines to it, and the script took its own daemons for strangers.
+        COLUMNS="80",
     )
     try:
         yield run_dir, env
     finally:
         _cluster("stop", env=env)
-        _kill_leftovers(str(script))
+        _kill_leftovers(str(run_dir))  # on every daemon's command line, stand-in or real
 
 
 def _kill_leftovers(marker: str) -> None:
-    """SIGKILL the stand-in daemons a failing test left running (found through /proc)."""
+    """SIGKILL the daemons a failing test left running (found through /proc)."""
     killed: list[int] = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
