@@ -160,8 +160,9 @@ def operations(
         ours = shuffle.join(frame, dimension, "k", how, broadcast=broadcast)
         return multiset(ours) == multiset(frame.join(dimension, "k", how))
 
-    # The dimension is small: auto broadcasts it where the join type allows.
-    for how in ("inner", "left", "right", "full", "semi", "anti"):
+    # The dimension is small: auto broadcasts it to both executors where the join type allows
+    # (every join type's rows are checked in local mode, test_pyspark_operations.py).
+    for how in ("inner", "left", "full"):
         checks[f"join_{how}"] = functools.partial(join_equal, how, "auto")
     checks["join_inner_shuffled"] = functools.partial(join_equal, "inner", "none")
     checks["join_right_broadcast_left"] = functools.partial(join_equal, "right", "left")
