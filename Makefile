@@ -39,7 +39,7 @@ browser:
 PARALLEL := -n 2 --dist loadfile
 
 test: lint java browser
-	$(BIN)/pytest $(PARALLEL)
+	$(BIN)/pytest $(PARALLEL) --durations=25
 	$(MAKE) connect spark-versions
 
 # The PySpark operations' tests again from a Spark Connect client (pytest processes of their
