@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -103,9 +103,10 @@ class ImageRoot:
             )
             assert completed.returncode == 0, f"RUN {arguments}\n{completed.stderr[-3000:]}"
 
-    def exec_form(self, arguments: str) -> list[str]:
-        command: list[str] = json.loads(arguments)
-        return command
+
+def _exec_form(arguments: str) -> list[str]:
+    command: list[str] = json.loads(arguments)
+    return command
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +128,7 @@ def _runtime(name: str) -> str:
 
 
 @pytest.fixture
-def daemon_env(image: ImageRoot, tmp_path: Path) -> Iterator[Mapping[str, str]]:
+def daemon_env(image: ImageRoot, tmp_path: Path) -> Mapping[str, str]:
     token = tmp_path / "token"
     token.write_text("a-token-of-the-image-test\n", encoding="utf-8")
     coordinator, worker, data, metrics, status = free_ports(5)
@@ -142,19 +143,19 @@ def daemon_env(image: ImageRoot, tmp_path: Path) -> Iterator[Mapping[str, str]]:
         BIND_HOST: "127.0.0.1",
         WORKER_ADVERTISED_HOST: "127.0.0.1",
     }
-    yield {**image.env, **{option.env_name: str(value) for option, value in settings.items()}}
+    return {**image.env, **{option.env_name: str(value) for option, value in settings.items()}}
 
 
 def test_the_image_python_layer_serves_every_role_and_passes_its_health_check(
     image: ImageRoot, daemon_env: Mapping[str, str]
 ) -> None:
-    entrypoint = image.exec_form(_runtime("ENTRYPOINT"))
-    command = [*entrypoint, *map(image.rooted, image.exec_form(_runtime("CMD")))]
+    entrypoint = _exec_form(_runtime("ENTRYPOINT"))
+    command = [*entrypoint, *map(image.rooted, _exec_form(_runtime("CMD")))]
     # Found on the image's PATH: the environment's own pyshuffle, nothing of this checkout.
     executable = shutil.which(command[0], path=daemon_env["PATH"])
     assert executable is not None and executable.startswith(str(image.root)), executable
     health = _runtime("HEALTHCHECK")
-    probe = image.exec_form(health[health.index("CMD") + len("CMD") :].strip())
+    probe = _exec_form(health[health.index("CMD") + len("CMD") :].strip())
     metrics_port = daemon_env[METRICS_PORT.env_name]
     probe = [part.replace(f":{IMAGE_METRICS_PORT}/", f":{metrics_port}/") for part in probe]
 
