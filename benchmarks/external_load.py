@@ -28,8 +28,8 @@ from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.local_cluster import LocalCluster
 from external_shuffle.options import WORKER_MEMORY_BUDGET
-from external_shuffle.wire import key_of
-from external_shuffle.wire_errors import TooManyStreamsError
+from external_shuffle.wire.errors import TooManyStreamsError
+from external_shuffle.wire.messages import key_of
 from shuffle_api import (
     Configuration,
     IntermediateResultPartitionID,

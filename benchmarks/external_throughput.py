@@ -130,9 +130,9 @@ from common import (
     subpartition_indexes,
 )
 
-import external_shuffle.descriptor  # noqa: F401 (registers the descriptor kind for deserialize)
+import external_shuffle.client.descriptor  # noqa: F401 (registers the descriptor kind for deserialize)
 from external_shuffle.allocator import keep_message_buffers
-from external_shuffle.environment import ExternalShuffleEnvironment
+from external_shuffle.client.environment import ExternalShuffleEnvironment
 from external_shuffle.local_cluster import LocalCluster
 from external_shuffle.options import (
     MAX_MESSAGE_SIZE,
@@ -175,7 +175,7 @@ SEED = 20240607
 # The goals, for 1 and 2 writers: the fetch over raw grpcio's fetch, and the encoded
 # push over raw grpcio storing what it receives (storing is what a push must do).
 GOALS = {"fetch_ratio": 0.85, "push_ratio_vs_storing": 0.90}
-HANDLER_THREADS = 64  # as the daemon's gRPC server (external_shuffle.daemon)
+HANDLER_THREADS = 64  # as the daemon's gRPC server (external_shuffle.daemon.main)
 MESSAGE_OVERHEAD = 64 << 10  # as ExternalShuffleEnvironment: room for a push message's fields
 START_LEAD = 0.1  # seconds between sending a round's commands and its common start instant
 CALL_TIMEOUT = 600.0
@@ -297,7 +297,7 @@ def find_daemon_pid(config: Path) -> int | None:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"external_shuffle.daemon" in argv and wanted in argv:
+        if b"external_shuffle.daemon.main" in argv and wanted in argv:
             return int(entry.name)
     return None
 

@@ -3,8 +3,8 @@ whose partitions outlive the processes that wrote them, and the client side (fac
 environment) selected with
 ``shuffle-service-factory.class = external_shuffle.ExternalShuffleServiceFactory``."""
 
-from external_shuffle.descriptor import ExternalShuffleDescriptor
-from external_shuffle.factory import ExternalShuffleServiceFactory
-from external_shuffle.wire import WorkerAddress
+from external_shuffle.client.descriptor import ExternalShuffleDescriptor
+from external_shuffle.client.factory import ExternalShuffleServiceFactory
+from external_shuffle.wire.messages import WorkerAddress
 
 __all__ = ["ExternalShuffleDescriptor", "ExternalShuffleServiceFactory", "WorkerAddress"]

@@ -26,8 +26,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
-from external_shuffle.channels import ChannelPool, ClientSettings
 from external_shuffle.options import TLS_CA_FILE
+from external_shuffle.wire.channels import ChannelPool, ClientSettings
 from shuffle_api import Configuration, ShuffleError
 
 __all__ = ["LocalCluster", "free_port", "free_ports"]
@@ -194,7 +194,7 @@ class LocalCluster:
         log = process.log.open("ab")
         process.popen = subprocess.Popen(
             [
-                *(sys.executable, "-m", "external_shuffle.daemon"),
+                *(sys.executable, "-m", "external_shuffle.daemon.main"),
                 *("--role", process.role, "--config", str(process.config)),
             ],
             stdout=log,

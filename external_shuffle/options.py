@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from external_shuffle.logs import LEVELS
+from external_shuffle.daemon.logs import LEVELS
 from shuffle_api import ConfigError
 from shuffle_api.config import (
     ConfigOption,

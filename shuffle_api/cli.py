@@ -24,11 +24,11 @@ SUBCOMMANDS: Final[dict[str, tuple[str, str]]] = {
         "run the PySpark demo pipeline on the configured shuffle service",
     ),
     "daemon": (
-        "external_shuffle.daemon:main",
+        "external_shuffle.daemon.main:main",
         "run the external shuffle service (coordinator, worker or both; needs pyshuffle[external])",
     ),
     "admin": (
-        "external_shuffle.admin:main",
+        "external_shuffle.ops.admin:main",
         "an external shuffle cluster's workers and applications; decommission a worker",
     ),
     "options": (

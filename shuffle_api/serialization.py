@@ -53,7 +53,7 @@ _UNCHANGED_SINCE_VERSION: Final = 1
 # kind -> "module:Class" of implementations that ship with pyshuffle, imported on first use.
 KNOWN_DESCRIPTOR_KINDS: Final[dict[str, str]] = {
     "netty_like": "netty_like.descriptor:NettyShuffleDescriptor",
-    "external_shuffle": "external_shuffle.descriptor:ExternalShuffleDescriptor",
+    "external_shuffle": "external_shuffle.client.descriptor:ExternalShuffleDescriptor",
 }
 
 Descriptor = (

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from external_shuffle.environment import SUPPORTED_PARTITION_TYPES
+from external_shuffle.client.environment import SUPPORTED_PARTITION_TYPES
 from external_shuffle.local_cluster import LocalCluster
 from shuffle_api import Configuration, ShuffleDescriptor
 from shuffle_api.format import partition_directory

@@ -12,7 +12,7 @@ import grpc
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.local_cluster import LocalCluster
-from external_shuffle.wire import key_of
+from external_shuffle.wire.messages import key_of
 from shuffle_api import (
     IntermediateResultPartitionID,
     PartitionStatistics,

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from external_shuffle.descriptor import ExternalShuffleDescriptor
+from external_shuffle.client.descriptor import ExternalShuffleDescriptor
 from external_shuffle.local_cluster import LocalCluster
-from external_shuffle.wire import WorkerAddress
+from external_shuffle.wire.messages import WorkerAddress
 from shuffle_api.ids import new_id
 from tests.pyshuffle_command import WITHOUT_PYSHUFFLE_VARIABLES, pyshuffle
 from tests.reliability.external_cluster import (

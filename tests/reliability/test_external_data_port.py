@@ -17,20 +17,20 @@ from typing import Any
 import pytest
 import xxhash
 
-from external_shuffle import gate as external_gate
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
-from external_shuffle.data_fetch import (
+from external_shuffle.client import gate as external_gate
+from external_shuffle.client.descriptor import ExternalShuffleDescriptor
+from external_shuffle.client.fetch import (
     DataPortUnreachableError,
     FetchedRun,
     Received,
     fetch_over_data_port,
 )
-from external_shuffle.data_frames import FAILED, FETCH, FETCH_BATCH, MANIFEST
-from external_shuffle.descriptor import ExternalShuffleDescriptor
 from external_shuffle.local_cluster import LocalCluster
-from external_shuffle.wire import WorkerAddress
-from external_shuffle.wire_errors import TooManyStreamsError, error_from_pb
+from external_shuffle.wire.data_frames import FAILED, FETCH, FETCH_BATCH, MANIFEST
+from external_shuffle.wire.errors import TooManyStreamsError, error_from_pb
+from external_shuffle.wire.messages import WorkerAddress
 from shuffle_api import (
     AuthenticationError,
     ChecksumMismatchError,
@@ -423,7 +423,7 @@ def test_the_gate_reads_over_the_data_port_or_else_over_grpc(
             for descriptor in descriptors
             if isinstance(descriptor, ExternalShuffleDescriptor)
         ]
-        with caplog.at_level(logging.WARNING, logger="external_shuffle.gate"):
+        with caplog.at_level(logging.WARNING, logger="external_shuffle.client.gate"):
             table = scenario.read(scenario.consumer, blocked, ALL)
         assert rows_of(table) == expected
         assert "fetching from it over gRPC" in caplog.text

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from external_shuffle.descriptor import ExternalShuffleDescriptor
+from external_shuffle.client.descriptor import ExternalShuffleDescriptor
 from external_shuffle.local_cluster import LocalCluster
 from shuffle_api import Configuration, ShuffleDescriptor, ShuffleError
 from shuffle_api.testing import ConformanceHarness, ShuffleScenario

@@ -23,11 +23,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
-from external_shuffle.channels import ChannelPool, ClientSettings
+from external_shuffle.client.push import PushSettings, PushSink
 from external_shuffle.local_cluster import LocalCluster, free_port
 from external_shuffle.options import MIN_CHUNK_SIZE
-from external_shuffle.push import PushSettings, PushSink
-from external_shuffle.wire import WorkerAddress, key_of
+from external_shuffle.wire.channels import ChannelPool, ClientSettings
+from external_shuffle.wire.messages import WorkerAddress, key_of
 from shuffle_api import (
     Configuration,
     SubpartitionRange,
@@ -316,7 +316,7 @@ def test_oversize_push_is_resource_exhausted_and_writes_nothing(
 def test_malformed_push_is_invalid_argument_and_writes_nothing(
     cluster: LocalCluster, message: bytes
 ) -> None:
-    """The worker reads pushed messages by hand (see external_shuffle.framing): bytes that are
+    """The worker reads pushed messages by hand (see external_shuffle.wire.framing): bytes that are
     not a PushDataRequest are refused as such, not as an internal error."""
     before = tree(cluster.worker_store(0))
     channel = grpc.insecure_channel(cluster.worker_target(0))
@@ -727,7 +727,7 @@ def _start_daemon(role: str, config: Path) -> subprocess.CompletedProcess[str]:
     """A daemon process that is expected to refuse to start (it is killed after a minute)."""
     return subprocess.run(
         [
-            *(sys.executable, "-m", "external_shuffle.daemon"),
+            *(sys.executable, "-m", "external_shuffle.daemon.main"),
             *("--role", role, "--config", str(config)),
         ],
         capture_output=True,

@@ -15,11 +15,11 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
-from external_shuffle.channels import translate_rpc_error
+from external_shuffle.daemon.error_statuses import reports_errors
 from external_shuffle.local_cluster import LocalCluster
-from external_shuffle.metrics import DaemonMetrics
-from external_shuffle.statuses import reports_errors
-from external_shuffle.wire_errors import MAX_DETAILS, STATUS_CODES
+from external_shuffle.ops.metrics import DaemonMetrics
+from external_shuffle.wire.channels import translate_rpc_error
+from external_shuffle.wire.errors import MAX_DETAILS, STATUS_CODES
 from shuffle_api import (
     IntermediateResultPartitionID,
     PartitionError,

@@ -24,14 +24,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
-from external_shuffle.channels import translate_rpc_error
-from external_shuffle.framing import worker_rpc_handler
+from external_shuffle.daemon.streams import StreamLimits
+from external_shuffle.daemon.worker.service import WorkerService
 from external_shuffle.local_cluster import LocalCluster
-from external_shuffle.metrics import DaemonMetrics
+from external_shuffle.ops.metrics import DaemonMetrics
 from external_shuffle.options import MIN_CHUNK_SIZE
-from external_shuffle.streams import StreamLimits
-from external_shuffle.wire_errors import TooManyStreamsError
-from external_shuffle.worker import WorkerService
+from external_shuffle.wire.channels import translate_rpc_error
+from external_shuffle.wire.errors import TooManyStreamsError
+from external_shuffle.wire.framing import worker_rpc_handler
 from shuffle_api import (
     PartitionCorruptedError,
     PartitionNotFoundError,

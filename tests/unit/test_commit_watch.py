@@ -3,8 +3,8 @@ than the limit kept."""
 
 from __future__ import annotations
 
-from external_shuffle.commit_watch import CommitWatch
-from external_shuffle.wire import Commit
+from external_shuffle.daemon.worker.commit_watch import CommitWatch
+from external_shuffle.wire.messages import Commit
 from shuffle_api import IntermediateResultPartitionID, ResultPartitionID
 
 

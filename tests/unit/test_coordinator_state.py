@@ -8,9 +8,9 @@ import logging
 import pytest
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
-from external_shuffle.coordinator_state import CoordinatorState
-from external_shuffle.wire import Commit, WorkerAddress, key_of
-from external_shuffle.wire_errors import NotRegisteredError
+from external_shuffle.daemon.coordinator.state import CoordinatorState
+from external_shuffle.wire.errors import NotRegisteredError
+from external_shuffle.wire.messages import Commit, WorkerAddress, key_of
 from scheduling.placement import new_placement_strategy
 from shuffle_api import IntermediateResultPartitionID, ResultPartitionID
 
@@ -346,7 +346,7 @@ def _lifecycle_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
     lines = [
         record.getMessage()
         for record in caplog.records
-        if record.name == "external_shuffle.coordinator_state" and record.levelno == logging.INFO
+        if record.name == CoordinatorState.__module__ and record.levelno == logging.INFO
     ]
     caplog.clear()
     return lines

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from external_shuffle.daemon import load_configuration
-from external_shuffle.logs import configure_logging
+from external_shuffle.daemon.logs import configure_logging
+from external_shuffle.daemon.main import load_configuration
 from external_shuffle.options import LOG_LEVEL
 
 MILLISECONDS = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d{4}")

@@ -21,7 +21,7 @@ import kubernetes_validate
 import promql_parser
 import pytest
 
-from external_shuffle.metrics import DaemonMetrics
+from external_shuffle.ops.metrics import DaemonMetrics
 from external_shuffle.options import (
     AUTH_TOKEN,
     AUTH_TOKEN_FILE,

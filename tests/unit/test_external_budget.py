@@ -8,8 +8,8 @@ import time
 
 import pytest
 
+from external_shuffle.daemon.worker.service import MemoryBudget
 from external_shuffle.options import WORKER_MEMORY_BUDGET_TIMEOUT
-from external_shuffle.worker import MemoryBudget
 from shuffle_api import Configuration, DataTooLargeError
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from external_shuffle.streams import OpenStreams, StreamLimits, peer_host
-from external_shuffle.wire_errors import TooManyStreamsError
+from external_shuffle.daemon.streams import OpenStreams, StreamLimits, peer_host
+from external_shuffle.wire.errors import TooManyStreamsError
 
 
 class Clock:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from external_shuffle.wire_errors import error_from_pb, error_to_pb
+from external_shuffle.wire.errors import error_from_pb, error_to_pb
 from netty_like.protocol import decode_error, encode_error, error_from_code
 from shuffle_api import IntermediateResultPartitionID, ResultPartitionID, ShuffleError
 from shuffle_api import errors as error_module

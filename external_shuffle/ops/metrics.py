@@ -24,7 +24,7 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import ThreadingWSGIServer
 
-from external_shuffle.health import PROBE_HEADERS, Readiness, probe_answer
+from external_shuffle.ops.health import PROBE_HEADERS, Readiness, probe_answer
 
 __all__ = ["COORDINATOR", "WORKER", "DaemonMetrics"]
 

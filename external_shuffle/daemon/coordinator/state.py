@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
-from external_shuffle.wire import Commit, WorkerAddress
-from external_shuffle.wire_errors import NotRegisteredError, UnavailableError
+from external_shuffle.wire.errors import NotRegisteredError, UnavailableError
+from external_shuffle.wire.messages import Commit, WorkerAddress
 from scheduling.placement import (
     NoPlacementTargetError,
     PlacementRequest,

@@ -3,7 +3,7 @@ that the browser reloads every few seconds, with no external assets.
 
 It asks for the cluster's token, as every port does: HTTP Basic (any user name, the token as
 the password; a browser prompts for it) or ``Authorization: Bearer <token>``; only the probes'
-``/healthz`` and ``/readyz`` (:mod:`external_shuffle.health`) need none. One thread serves
+``/healthz`` and ``/readyz`` (:mod:`external_shuffle.ops.health`) need none. One thread serves
 it, one request at a time, and a request must arrive whole within a few seconds: a slow or
 idle client costs the coordinator nothing but that wait.
 """
@@ -22,9 +22,9 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any, Final
 
-from external_shuffle.cluster_view import ClusterView, human_bytes
-from external_shuffle.health import PROBE_HEADERS, Readiness, probe_answer
-from external_shuffle.metrics import DaemonMetrics
+from external_shuffle.ops.cluster_view import ClusterView, human_bytes
+from external_shuffle.ops.health import PROBE_HEADERS, Readiness, probe_answer
+from external_shuffle.ops.metrics import DaemonMetrics
 from shuffle_api import ConfigError
 
 __all__ = ["StatusPage"]

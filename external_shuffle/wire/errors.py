@@ -13,7 +13,7 @@ from typing import Final
 import grpc
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
-from external_shuffle.wire import key_of, partition_of
+from external_shuffle.wire.messages import key_of, partition_of
 from shuffle_api import errors as e
 from shuffle_api.errors import (
     AuthenticationError,

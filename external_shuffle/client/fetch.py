@@ -14,8 +14,8 @@ import pyarrow as pa
 from google.protobuf.message import DecodeError
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
-from external_shuffle.channels import translate_rpc_error
-from external_shuffle.data_frames import (
+from external_shuffle.wire.channels import translate_rpc_error
+from external_shuffle.wire.data_frames import (
     END,
     FAILED,
     FETCH,
@@ -24,9 +24,9 @@ from external_shuffle.data_frames import (
     RUN,
     RUN_HEADER,
 )
-from external_shuffle.framing import fetch_data_call
-from external_shuffle.wire import WorkerAddress
-from external_shuffle.wire_errors import error_from_pb
+from external_shuffle.wire.errors import error_from_pb
+from external_shuffle.wire.framing import fetch_data_call
+from external_shuffle.wire.messages import WorkerAddress
 from shuffle_api import ResultPartitionID, ShuffleError, TransportError
 from shuffle_api.connections import Connection, ConnectionPool, StaleConnectionError
 from shuffle_api.format import PartitionManifest

@@ -12,8 +12,8 @@ from typing import Any, TypeVar, cast
 
 import grpc
 
-from external_shuffle.metrics import DaemonMetrics
-from external_shuffle.wire_errors import short, status_for, trailing_metadata
+from external_shuffle.ops.metrics import DaemonMetrics
+from external_shuffle.wire.errors import short, status_for, trailing_metadata
 from shuffle_api import SerializationError, ShuffleError
 
 __all__ = ["RequestDecodingInterceptor", "reports_errors"]

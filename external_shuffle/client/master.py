@@ -21,9 +21,8 @@ import grpc
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
-from external_shuffle.channels import ChannelPool, ClientSettings, translate_rpc_error
-from external_shuffle.coordinators import Coordinators
-from external_shuffle.descriptor import ExternalShuffleDescriptor
+from external_shuffle.client.coordinators import Coordinators
+from external_shuffle.client.descriptor import ExternalShuffleDescriptor
 from external_shuffle.options import (
     CLIENT_APPLICATION,
     CLIENT_HEARTBEAT_INTERVAL,
@@ -31,8 +30,9 @@ from external_shuffle.options import (
     REPLICATION_FACTOR,
     coordinator_addresses,
 )
-from external_shuffle.wire import WorkerAddress, key_of, partition_of, statistics_from_pb
-from external_shuffle.wire_errors import NotRegisteredError
+from external_shuffle.wire.channels import ChannelPool, ClientSettings, translate_rpc_error
+from external_shuffle.wire.errors import NotRegisteredError
+from external_shuffle.wire.messages import WorkerAddress, key_of, partition_of, statistics_from_pb
 from shuffle_api import (
     JobShuffleContext,
     PartitionDescriptor,

@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from external_shuffle.wire_errors import TooManyStreamsError
+from external_shuffle.wire.errors import TooManyStreamsError
 
 __all__ = ["OpenStreams", "StreamLimits", "peer_host"]
 

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
-from external_shuffle.wire import WorkerAddress
+from external_shuffle.wire.messages import WorkerAddress
 
 __all__ = ["ApplicationRow", "ClusterView", "WorkerRow", "human_bytes", "merged_applications"]
 

@@ -22,20 +22,20 @@ import grpc
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
-from external_shuffle.commit_watch import CommitWatch
-from external_shuffle.framing import PushChunk, fetch_prefix
-from external_shuffle.metrics import DaemonMetrics
+from external_shuffle.daemon.error_statuses import reports_errors
+from external_shuffle.daemon.streams import OpenStreams, StreamLimits
+from external_shuffle.daemon.worker.commit_watch import CommitWatch
+from external_shuffle.ops.metrics import DaemonMetrics
 from external_shuffle.options import MIN_CHUNK_SIZE
-from external_shuffle.statuses import reports_errors
-from external_shuffle.streams import OpenStreams, StreamLimits
-from external_shuffle.wire import (
+from external_shuffle.wire.errors import UnavailableError
+from external_shuffle.wire.framing import PushChunk, fetch_prefix
+from external_shuffle.wire.messages import (
     Commit,
     WorkerAddress,
     key_of,
     partition_of,
     statistics_to_pb,
 )
-from external_shuffle.wire_errors import UnavailableError
 from shuffle_api import (
     DataTooLargeError,
     InvalidIdentifierError,

@@ -9,8 +9,8 @@ import grpc
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
-from external_shuffle.wire import key_of, partition_of
-from external_shuffle.worker import WorkerService
+from external_shuffle.daemon.worker.service import WorkerService
+from external_shuffle.wire.messages import key_of, partition_of
 
 __all__ = ["heartbeat_loop"]
 

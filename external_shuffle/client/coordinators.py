@@ -19,8 +19,8 @@ import grpc
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
-from external_shuffle.channels import ChannelPool, translate_rpc_error
-from external_shuffle.wire import partition_of
+from external_shuffle.wire.channels import ChannelPool, translate_rpc_error
+from external_shuffle.wire.messages import partition_of
 from shuffle_api import ShuffleError, TransportError
 
 __all__ = ["Answer", "Coordinators"]

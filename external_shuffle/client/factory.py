@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from external_shuffle.environment import ExternalShuffleEnvironment
-from external_shuffle.master import ExternalShuffleMaster
+from external_shuffle.client.environment import ExternalShuffleEnvironment
+from external_shuffle.client.master import ExternalShuffleMaster
 from external_shuffle.options import CLIENT_OPTIONS
 from shuffle_api import (
     ConfigOption,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from external_shuffle.wire import Commit
+from external_shuffle.wire.messages import Commit
 
 __all__ = ["CommitWatch"]
 

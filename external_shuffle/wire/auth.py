@@ -11,11 +11,10 @@ import hmac
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import grpc
 
-from external_shuffle.metrics import DaemonMetrics
 from external_shuffle.options import (
     AUTH_TOKEN,
     AUTH_TOKEN_FILE,
@@ -24,6 +23,9 @@ from external_shuffle.options import (
     TLS_KEY_FILE,
 )
 from shuffle_api import ConfigError, Configuration
+
+if TYPE_CHECKING:
+    from external_shuffle.ops.metrics import DaemonMetrics
 
 __all__ = [
     "AUTHORIZATION",

@@ -13,15 +13,15 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
-from external_shuffle.channels import ChannelPool
-from external_shuffle.data_fetch import (
+from external_shuffle.client.descriptor import ExternalShuffleDescriptor
+from external_shuffle.client.fetch import (
     DataPortUnreachableError,
     Received,
     fetch_over_data_port,
     fetch_over_grpc,
 )
-from external_shuffle.descriptor import ExternalShuffleDescriptor
-from external_shuffle.wire import WorkerAddress, key_of
+from external_shuffle.wire.channels import ChannelPool
+from external_shuffle.wire.messages import WorkerAddress, key_of
 from shuffle_api import (
     InputGateDeploymentDescriptor,
     PartitionCorruptedError,

@@ -9,8 +9,8 @@ from typing import Any
 import grpc
 
 from external_shuffle.options import CLIENT_TIMEOUT, MAX_MESSAGE_SIZE
-from external_shuffle.security import AUTHORIZATION, client_credentials, load_token
-from external_shuffle.wire_errors import error_from_status
+from external_shuffle.wire.auth import AUTHORIZATION, client_credentials, load_token
+from external_shuffle.wire.errors import error_from_status
 from shuffle_api import (
     Configuration,
     ResultPartitionID,

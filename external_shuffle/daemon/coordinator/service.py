@@ -14,12 +14,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
-from external_shuffle.channels import ChannelPool
-from external_shuffle.cluster_view import ApplicationRow, ClusterView, WorkerRow
-from external_shuffle.coordinator_state import CoordinatorState, PartitionPlacement, Releases
-from external_shuffle.metrics import DaemonMetrics
-from external_shuffle.statuses import reports_errors
-from external_shuffle.wire import Commit, WorkerAddress, key_of, partition_of
+from external_shuffle.daemon.coordinator.state import CoordinatorState, PartitionPlacement, Releases
+from external_shuffle.daemon.error_statuses import reports_errors
+from external_shuffle.ops.cluster_view import ApplicationRow, ClusterView, WorkerRow
+from external_shuffle.ops.metrics import DaemonMetrics
+from external_shuffle.wire.channels import ChannelPool
+from external_shuffle.wire.messages import Commit, WorkerAddress, key_of, partition_of
 from scheduling.placement import PlacementStrategy
 from shuffle_api import ResultPartitionID
 

@@ -24,7 +24,9 @@ from typing import Final
 from google.protobuf.message import DecodeError
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
-from external_shuffle.data_frames import (
+from external_shuffle.daemon.worker.service import WorkerService
+from external_shuffle.ops.metrics import DaemonMetrics
+from external_shuffle.wire.data_frames import (
     END,
     FAILED,
     FETCH,
@@ -34,9 +36,7 @@ from external_shuffle.data_frames import (
     RUN,
     RUN_HEADER,
 )
-from external_shuffle.metrics import DaemonMetrics
-from external_shuffle.wire_errors import error_to_pb, short, status_for
-from external_shuffle.worker import WorkerService
+from external_shuffle.wire.errors import error_to_pb, short, status_for
 from shuffle_api import SerializationError, ShuffleError, TransportError
 from shuffle_api.connections import SERVER_KEEP_ALIVE_SECONDS
 from shuffle_api.sockets import (

@@ -13,12 +13,12 @@ import grpc
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
-from external_shuffle.channels import ChannelPool, ClientSettings, translate_rpc_error
-from external_shuffle.cluster_view import ClusterView, WorkerRow, merged_applications
-from external_shuffle.coordinators import Coordinators
+from external_shuffle.client.coordinators import Coordinators
+from external_shuffle.ops.cluster_view import ClusterView, WorkerRow, merged_applications
 from external_shuffle.options import CLIENT_RETRY_TIMEOUT, coordinator_addresses
-from external_shuffle.wire import WorkerAddress
-from external_shuffle.wire_errors import UnavailableError
+from external_shuffle.wire.channels import ChannelPool, ClientSettings, translate_rpc_error
+from external_shuffle.wire.errors import UnavailableError
+from external_shuffle.wire.messages import WorkerAddress
 from shuffle_api import Configuration, InvalidOperationError
 
 __all__ = ["main"]

@@ -8,10 +8,10 @@ from collections.abc import Collection, Sequence
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle.allocator import keep_message_buffers
-from external_shuffle.channels import ChannelPool, ClientSettings
-from external_shuffle.coordinators import Coordinators
-from external_shuffle.descriptor import ExternalShuffleDescriptor
-from external_shuffle.gate import ExternalInputGate, GateSettings
+from external_shuffle.client.coordinators import Coordinators
+from external_shuffle.client.descriptor import ExternalShuffleDescriptor
+from external_shuffle.client.gate import ExternalInputGate, GateSettings
+from external_shuffle.client.push import PushSettings, PushSink
 from external_shuffle.options import (
     CLIENT_APPLICATION,
     CLIENT_RETRY_TIMEOUT,
@@ -25,8 +25,8 @@ from external_shuffle.options import (
     message_chunk_size,
     message_data_limit,
 )
-from external_shuffle.push import PushSettings, PushSink
-from external_shuffle.wire import WorkerAddress, key_of
+from external_shuffle.wire.channels import ChannelPool, ClientSettings
+from external_shuffle.wire.messages import WorkerAddress, key_of
 from shuffle_api import (
     LOCAL_ONLY_PORT,
     InputGate,

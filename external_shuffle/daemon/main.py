@@ -25,13 +25,16 @@ from grpc_health.v1 import health, health_pb2_grpc
 
 from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.allocator import keep_message_buffers
-from external_shuffle.channels import ChannelPool, ClientSettings, channel_options
-from external_shuffle.coordinator import CoordinatorService
-from external_shuffle.data_port import DataPortLimits, WorkerDataPort
-from external_shuffle.framing import worker_rpc_handler
-from external_shuffle.health import Readiness
-from external_shuffle.logs import LEVELS, configure_logging
-from external_shuffle.metrics import COORDINATOR, WORKER, DaemonMetrics
+from external_shuffle.daemon.coordinator.service import CoordinatorService
+from external_shuffle.daemon.error_statuses import RequestDecodingInterceptor
+from external_shuffle.daemon.logs import LEVELS, configure_logging
+from external_shuffle.daemon.streams import StreamLimits
+from external_shuffle.daemon.worker.data_port import DataPortLimits, WorkerDataPort
+from external_shuffle.daemon.worker.registration import heartbeat_loop
+from external_shuffle.daemon.worker.service import WorkerService
+from external_shuffle.ops.health import Readiness
+from external_shuffle.ops.metrics import COORDINATOR, WORKER, DaemonMetrics
+from external_shuffle.ops.status_page import StatusPage
 from external_shuffle.options import (
     APPLICATION_TIMEOUT,
     BIND_HOST,
@@ -61,12 +64,9 @@ from external_shuffle.options import (
     message_chunk_size,
     message_data_limit,
 )
-from external_shuffle.registration import heartbeat_loop
-from external_shuffle.security import TokenInterceptor, load_token, server_credentials
-from external_shuffle.status_page import StatusPage
-from external_shuffle.statuses import RequestDecodingInterceptor
-from external_shuffle.streams import StreamLimits
-from external_shuffle.worker import WorkerService
+from external_shuffle.wire.auth import TokenInterceptor, load_token, server_credentials
+from external_shuffle.wire.channels import ChannelPool, ClientSettings, channel_options
+from external_shuffle.wire.framing import worker_rpc_handler
 from scheduling.placement import new_placement_strategy
 from shuffle_api import ConfigError, Configuration, ShuffleError
 from shuffle_api.options import CORE_OPTIONS
