@@ -271,7 +271,7 @@ class Daemon(Readiness):
         if not self._started:
             return "starting"
         if self.worker is not None:
-            if self.worker.draining:
+            if self.worker.state.draining:
                 return "the worker is decommissioning: it takes no new partitions"
             if not any(known.is_set() for known in self._known_by):
                 return "the worker is registered with no coordinator"
@@ -319,13 +319,13 @@ class Daemon(Readiness):
         for served in self._served:
             served.health.enter_graceful_shutdown()
         if self.worker is not None:
-            self.worker.drain()
+            self.worker.state.drain()
         if self.data_port is not None:
             self.data_port.stop_accepting()  # as gRPC takes no new call; fetches go on
         deadline = time.monotonic() + self._config.get(SHUTDOWN_GRACE)
         if self.worker is not None:
             # The server takes calls meanwhile: partitions pushed now get their commit in.
-            self.worker.wait_for_pushes(deadline)
+            self.worker.state.wait_for_pushes(deadline)
         grace = max(0.0, deadline - time.monotonic())
         stopped = [served.server.stop(grace) for served in self._served]
         if self.data_port is not None:

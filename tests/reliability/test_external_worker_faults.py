@@ -300,14 +300,14 @@ def test_a_release_during_a_commit_waits_for_it_and_then_deletes_everything(
         committing = threading.Thread(target=stub.CommitPartition, args=(request,))
         committing.start()
         assert store.writing_manifest.wait(30)
-        releasing = threading.Thread(target=service.release, args=([built.partition],))
+        releasing = threading.Thread(target=service.state.release, args=([built.partition],))
         releasing.start()
         releasing.join(0.2)
         assert releasing.is_alive(), "the release waits for the commit under way"
         store.go.set()
         committing.join(30)
         releasing.join(30)
-        assert built.partition not in service.committed_partitions()
+        assert built.partition not in service.state.committed_partitions()
         assert not Path(partition_directory(store, built.partition)).exists()
 
 
@@ -425,11 +425,11 @@ def test_a_worker_shutting_down_stays_drained_when_its_decommission_is_cancelled
     with _serving(Store(str(tmp_path / "store"))) as (service, stub):
         stub.Decommission(pb.DecommissionRequest(), timeout=10)
         stub.Decommission(pb.DecommissionRequest(cancel=True), timeout=10)
-        assert not service.draining
+        assert not service.state.draining
         stub.Decommission(pb.DecommissionRequest(), timeout=10)
-        service.drain()  # SIGTERM
+        service.state.drain()  # SIGTERM
         cancel = pb.DecommissionRequest(cancel=True)
         code = code_of(lambda: stub.Decommission(cancel, timeout=10))
         assert code == grpc.StatusCode.FAILED_PRECONDITION
-        assert service.draining
-        assert service.load().decommissioning
+        assert service.state.draining
+        assert service.state.load().decommissioning

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from external_shuffle.daemon.worker.service import MemoryBudget
+from external_shuffle.daemon.worker.state import MemoryBudget
 from external_shuffle.options import WORKER_MEMORY_BUDGET_TIMEOUT
 from shuffle_api import Configuration, DataTooLargeError
 

@@ -31,7 +31,7 @@ def heartbeat_loop(
     missed commits. Partitions the coordinator calls obsolete are deleted. ``known`` is set
     while the coordinator knows this worker, as far as the last answer (or its absence) says."""
     registered = False
-    watch = service.watch_commits()
+    watch = service.state.watch_commits()
     while not stop.is_set():
         try:
             if not registered:
@@ -39,15 +39,15 @@ def heartbeat_loop(
                 response = coordinator.RegisterWorker(
                     pb.RegisterWorkerRequest(
                         worker=service.address.to_pb(),
-                        load=service.load(),
-                        committed=[key_of(p) for p in service.committed_partitions()],
+                        load=service.state.load(),
+                        committed=[key_of(p) for p in service.state.committed_partitions()],
                     ),
                     timeout=timeout,
                 )
                 obsolete = [partition_of(key) for key in response.obsolete]
                 if obsolete:
                     logger.info("deleting %d partitions nobody tracks", len(obsolete))
-                    service.release(obsolete)
+                    service.state.release(obsolete)
                 registered = True
                 known.set()
                 logger.info("registered with the coordinator", extra=_describe(service))
@@ -58,7 +58,7 @@ def heartbeat_loop(
                 beat = coordinator.WorkerHeartbeat(
                     pb.WorkerHeartbeatRequest(
                         worker_id=service.address.worker_id,
-                        load=service.load(),
+                        load=service.state.load(),
                         committed=[commit.to_pb() for commit in committed],
                     ),
                     timeout=timeout,
@@ -67,7 +67,7 @@ def heartbeat_loop(
                 if not registered:
                     known.clear()
                 if beat.release:
-                    service.release([partition_of(key) for key in beat.release])
+                    service.state.release([partition_of(key) for key in beat.release])
         except grpc.RpcError as error:
             registered = False
             known.clear()

@@ -1,0 +1,424 @@
+"""What a worker holds: the partitions being pushed and those committed, on its store.
+
+A plain class with the clock passed in; the gRPC servicer (``service``) and the data port are
+thin layers over it. A push writes the data file's bytes as they arrive (nothing is held beyond
+the message being written; a memory budget bounds those across all pushes, and a push waiting
+for the budget stops reading its stream, so gRPC's flow control holds the producer back). The
+commit checks the index and manifest against what arrived and writes them atomically, manifest
+last: a partition is committed exactly when its manifest exists, which is what a restarted
+worker finds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from external_shuffle._proto import external_shuffle_pb2 as pb
+from external_shuffle.daemon.worker.commit_watch import CommitWatch
+from external_shuffle.wire.errors import UnavailableError
+from external_shuffle.wire.messages import Commit
+from shuffle_api import (
+    DataTooLargeError,
+    InvalidIdentifierError,
+    PartitionNotFoundError,
+    PartitionStatistics,
+    ResultPartitionID,
+    ShuffleError,
+    ShuffleServiceClosedError,
+    StorageError,
+    SubpartitionRange,
+)
+from shuffle_api.format import (
+    DataStream,
+    Layouts,
+    PartitionFileReader,
+    PartitionManifest,
+    StoreSink,
+    partition_directory,
+    write_all,
+)
+from shuffle_api.format.manifest import MANIFEST_FILE
+from shuffle_api.format.reader import check_commit
+from shuffle_api.ids import IntermediateResultPartitionID, new_id, validate_id
+from shuffle_api.store import Store, storage_errors
+
+__all__ = ["MemoryBudget", "Upload", "WorkerState"]
+
+logger = logging.getLogger(__name__)
+
+_PARTITION_LOCK_STRIPES = 64
+_WATCHED_COMMITS = 10_000
+"""Commits a coordinator hears of in one heartbeat; beyond, the worker registers again."""
+
+WORKER_ID_FILE = ".pyshuffle-worker-id"
+"""Under the store root: the worker's id, so a restarted worker is the same worker. A name no
+partition id can take (ids cannot start with a dot)."""
+
+
+class MemoryBudget:
+    """Bytes held by all pushes together. A reservation larger than the whole budget waits
+    until nothing else is held, so it is admitted alone and never deadlocks."""
+
+    def __init__(self, limit: int, timeout: float) -> None:
+        self._limit = limit
+        self._timeout = timeout
+        self._used = 0
+        self._condition = threading.Condition()
+
+    @property
+    def used(self) -> int:
+        return self._used
+
+    @contextlib.contextmanager
+    def reserve(self, size: int) -> Iterator[None]:
+        with self._condition:
+            admitted = self._condition.wait_for(
+                lambda: self._used == 0 or self._used + size <= self._limit, self._timeout
+            )
+            if not admitted:
+                raise DataTooLargeError(
+                    f"worker memory budget ({self._limit} bytes) stayed full for {self._timeout} s"
+                )
+            self._used += size
+        try:
+            yield
+        finally:
+            with self._condition:
+                self._used -= size
+                self._condition.notify_all()
+
+
+@dataclass
+class Upload:
+    """A partition attempt being pushed: its data file, open until the commit."""
+
+    sink: StoreSink
+    data: DataStream | None = None
+    next_sequence: int = 0
+    size: int = 0
+    duplicates: int = 0
+    streams: int = 0  # push streams open on it now (under the state's lock)
+    last_active: float = 0.0  # when a message of it last arrived, or its last stream ended
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def append(self, sequence: int, data: memoryview) -> bool:
+        """Write the message's bytes; False if its sequence number was already received."""
+        with self.lock:
+            if sequence < self.next_sequence:
+                self.duplicates += 1
+                return False
+            if sequence > self.next_sequence:
+                raise ShuffleError(
+                    f"push of {self.sink.partition} skipped messages: expected sequence"
+                    f" {self.next_sequence}, got {sequence}"
+                )
+            with storage_errors(self.sink.where):
+                if self.data is None:
+                    self.data = self.sink.open_data()
+                write_all(self.data, data)
+            self.next_sequence += 1
+            self.size += len(data)
+            return True
+
+    def close(self) -> None:
+        with self.lock, storage_errors(self.sink.where):
+            if self.data is not None:
+                self.data.close()
+
+
+@dataclass(frozen=True, slots=True)
+class _Committed:
+    """What the worker keeps of a committed partition: its statistics compressed (a few KiB
+    where thousands of subpartitions' numbers take hundreds as Python integers)."""
+
+    encoded_statistics: bytes
+    subpartitions: int
+    stored_bytes: int
+
+    @classmethod
+    def of(cls, statistics: PartitionStatistics, stored_bytes: int) -> _Committed:
+        return cls(statistics.encode(), len(statistics.rows_per_subpartition), stored_bytes)
+
+    def statistics(self) -> PartitionStatistics:
+        return PartitionStatistics.decode(self.encoded_statistics, self.subpartitions)
+
+
+class WorkerState:
+    """The partitions a worker holds on ``store``: uploads being pushed, committed ones, and
+    whether it takes new ones. Thread-safe; ``clock`` (seconds) ages abandoned uploads."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        memory_budget: int,
+        budget_timeout: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self._clock = clock
+        self._budget = MemoryBudget(memory_budget, budget_timeout)
+        self._uploads: dict[ResultPartitionID, Upload] = {}
+        self._committed: dict[ResultPartitionID, _Committed] = {}
+        self._commit_watches: list[CommitWatch] = []
+        self._lock = threading.Lock()
+        # Commit and release of one partition exclude each other (striped: file I/O happens
+        # under them, and partitions apart do not wait for each other).
+        self._partition_locks = [threading.Lock() for _ in range(_PARTITION_LOCK_STRIPES)]
+        self._decommissioning = False  # until cancelled
+        self._shutting_down = False  # for good
+        self.worker_id = self._load_worker_id()
+        self._recover()
+
+    # --- identity and restart -----------------------------------------------------------------
+
+    def _load_worker_id(self) -> str:
+        path = f"{self.store.path()}/{WORKER_ID_FILE}"
+        if self.store.exists(path):
+            return self.store.read_bytes(path).decode("utf-8").strip()
+        worker_id = "worker-" + new_id()
+        self.store.put_atomic(path, worker_id.encode("utf-8"))
+        return worker_id
+
+    def _recover(self) -> None:
+        """Find the committed partitions on the store; delete uncommitted leftovers (pushes cut
+        off by a crash)."""
+        fs, root = self.store.filesystem, self.store.path()
+        directories = {path.rstrip("/") for path in fs.glob(f"{root}/*/*/*")}
+        for directory in sorted(directories):
+            relative = directory[len(root) :].strip("/").split("/")
+            try:
+                partition = ResultPartitionID(
+                    IntermediateResultPartitionID(relative[0], int(relative[1])), relative[2]
+                )
+            except (InvalidIdentifierError, ValueError, IndexError):
+                logger.warning("ignoring %s: not a partition directory", directory)
+                continue
+            try:
+                reader = PartitionFileReader(self.store, partition)
+            except PartitionNotFoundError:
+                self.store.delete_tree(directory, empty_parents=2)
+                logger.info("deleted uncommitted %s", partition)
+                continue
+            except ShuffleError as error:
+                logger.warning("ignoring corrupt %s: %s", partition, error)
+                continue
+            self._committed[partition] = _Committed.of(
+                reader.manifest.statistics, reader.manifest.data_bytes
+            )
+        if self._committed:
+            logger.info("serving %d committed partitions found on the store", len(self._committed))
+
+    # --- what the coordinator and the metrics see ---------------------------------------------
+
+    @property
+    def buffered_bytes(self) -> int:
+        return self._budget.used
+
+    @property
+    def partition_count(self) -> int:
+        return len(self._committed)
+
+    @property
+    def stored_bytes(self) -> int:
+        with self._lock:
+            return sum(c.stored_bytes for c in self._committed.values())
+
+    def watch_commits(self) -> CommitWatch:
+        """Commits from now on, for one coordinator's heartbeats."""
+        watch = CommitWatch(_WATCHED_COMMITS)
+        with self._lock:
+            self._commit_watches.append(watch)
+        return watch
+
+    def committed_partitions(self) -> list[ResultPartitionID]:
+        with self._lock:
+            return list(self._committed)
+
+    def load(self) -> pb.WorkerLoad:
+        with self._lock:
+            return pb.WorkerLoad(
+                stored_bytes=sum(c.stored_bytes for c in self._committed.values()),
+                partitions=len(self._committed),
+                buffered_bytes=self._budget.used,
+                decommissioning=self.draining,
+                store_free_bytes=self.store.free_bytes() or 0,
+            )
+
+    def committed_statistics(self, partition: ResultPartitionID) -> PartitionStatistics | None:
+        """The partition's statistics if it is committed here, else None; one deleted behind
+        the worker's back (disk wiped, operator) is forgotten: it is lost."""
+        with self._lock:
+            committed = self._committed.get(partition)
+        if committed is None:
+            return None
+        manifest = self.store.child(partition_directory(self.store, partition), MANIFEST_FILE)
+        if not self.store.exists(manifest):
+            with self._lock:
+                self._committed.pop(partition, None)
+            return None
+        return committed.statistics()
+
+    # --- taking new partitions ----------------------------------------------------------------
+
+    def drain(self) -> None:
+        """Take no new partitions, for good (SIGTERM); committed ones are still served."""
+        self._shutting_down = True
+
+    @property
+    def draining(self) -> bool:
+        """Taking no new partitions: shutting down (:meth:`drain`), or decommissioning."""
+        return self._shutting_down or self._decommissioning
+
+    def decommission(self, *, cancel: bool) -> int:
+        """Take no new partitions (committed ones are still served), or with ``cancel`` take
+        them again, unless shutting down. Returns the partitions still held."""
+        if not cancel:
+            self._decommissioning = True
+            logger.info("decommissioning: no new partitions")
+        elif self._shutting_down:
+            raise ShuffleServiceClosedError("the worker is shutting down: it stays drained")
+        else:
+            self._decommissioning = False
+            logger.info("decommission cancelled: taking new partitions again")
+        return self.partition_count
+
+    def wait_for_pushes(self, deadline: float) -> None:
+        """Until ``deadline`` (``time.monotonic()``), wait for the partitions being pushed now
+        to be committed or released: their commit is a call of its own, after the stream."""
+        with self._lock:
+            pushing = {p: u for p, u in self._uploads.items() if u.streams}
+        while pushing and time.monotonic() < deadline:
+            time.sleep(0.05)
+            with self._lock:
+                pushing = {p: u for p, u in pushing.items() if self._uploads.get(p) is u}
+
+    # --- pushes and commits -------------------------------------------------------------------
+
+    def begin_push(self, partition: ResultPartitionID) -> Upload | None:
+        """The upload a push stream of ``partition`` writes to (a retried push gets the one it
+        left: its sequence numbers drop what arrived), or None when the partition is committed
+        already (all it carries is a duplicate). Pair with :meth:`end_push`."""
+        with self._lock:
+            existing = self._uploads.get(partition)
+            if existing is not None:
+                existing.streams += 1
+                return existing
+            if partition in self._committed:
+                return None
+            if self.draining:
+                raise UnavailableError("worker is draining: it takes no new partitions")
+            upload = Upload(StoreSink(self.store, partition), streams=1, last_active=self._clock())
+            self._uploads[partition] = upload
+            return upload
+
+    def append(self, upload: Upload, sequence: int, data: memoryview) -> bool:
+        """Write one message of a push within the memory budget; False for a duplicate. A
+        storage error (a full or failing disk) deletes what arrived of the partition."""
+        upload.last_active = self._clock()
+        with self._budget.reserve(len(data)):
+            try:
+                return upload.append(sequence, data)
+            except StorageError:
+                self.release([upload.sink.partition])
+                raise
+
+    def end_push(self, upload: Upload) -> None:
+        with self._lock:
+            upload.streams -= 1
+            upload.last_active = self._clock()
+
+    def commit(
+        self, partition: ResultPartitionID, application_id: str, index: bytes, manifest: bytes
+    ) -> None:
+        """Commit what was pushed of ``partition`` with its index and manifest (a retried commit
+        of a committed partition is a no-op). Refused, the pushed bytes stay for a commit that
+        agrees with them."""
+        if application_id:
+            validate_id(application_id, "application id")
+        # A release of the same partition waits, or is waited for: never half of each.
+        with self._partition_lock(partition):
+            with self._lock:
+                if partition in self._committed:
+                    return
+                upload = self._uploads.get(partition)
+            parsed = PartitionManifest.from_json(manifest, f"commit of {partition}", partition)
+            if upload is None and parsed.data_bytes:
+                raise PartitionNotFoundError(
+                    f"commit of {partition}: no data of it is here (never pushed, or released)",
+                    partition,
+                )
+            check_commit(parsed, index, 0 if upload is None else upload.size, partition)
+            sink = StoreSink(self.store, partition) if upload is None else upload.sink
+            try:
+                if upload is not None:
+                    upload.close()
+                sink.commit(index, manifest)
+                # Fetches take layouts from a cache that does not look at the files again: a
+                # partition deleted under this worker and pushed anew must not meet its old one.
+                PartitionFileReader.forget(self.store, partition)
+            except StorageError:
+                self._forget(partition)  # a full disk gets its space back
+                raise
+            with self._lock:
+                self._uploads.pop(partition, None)
+                self._committed[partition] = _Committed.of(parsed.statistics, parsed.data_bytes)
+                for watch in self._commit_watches:
+                    watch.add(Commit(partition, application_id))
+
+    def open_reader(
+        self, partition: ResultPartitionID, subpartitions: SubpartitionRange
+    ) -> PartitionFileReader:
+        """A reader of a committed partition, for ``subpartitions`` of it."""
+        reader = PartitionFileReader(self.store, partition, Layouts.READ)
+        if subpartitions.end >= reader.manifest.number_of_subpartitions:
+            raise InvalidIdentifierError(
+                f"subpartitions {subpartitions.start}..{subpartitions.end} out of range:"
+                f" {partition} has {reader.manifest.number_of_subpartitions}"
+            )
+        return reader
+
+    # --- releases -----------------------------------------------------------------------------
+
+    def reap_uploads(self, idle_timeout: float) -> int:
+        """Delete uploads no stream has carried for ``idle_timeout`` seconds (their producers
+        are gone: a retried task pushes a new attempt); returns how many."""
+        now = self._clock()
+        with self._lock:
+            abandoned = [
+                partition
+                for partition, upload in self._uploads.items()
+                if not upload.streams and now - upload.last_active > idle_timeout
+            ]
+        if abandoned:
+            logger.info("deleting %d uploads abandoned for %s s", len(abandoned), idle_timeout)
+            self.release(abandoned)
+        return len(abandoned)
+
+    def release(self, partitions: list[ResultPartitionID]) -> int:
+        """Drop the partitions and delete their files; returns how many were here."""
+        released = 0
+        for partition in partitions:
+            with self._partition_lock(partition):
+                released += self._forget(partition)
+        return released
+
+    def _partition_lock(self, partition: ResultPartitionID) -> threading.Lock:
+        return self._partition_locks[hash(partition) % len(self._partition_locks)]
+
+    def _forget(self, partition: ResultPartitionID) -> int:
+        """Drop the partition and delete its files (under its partition lock); 1 if it was
+        here."""
+        with self._lock:
+            upload = self._uploads.pop(partition, None)
+            committed = self._committed.pop(partition, None)
+        if upload is not None:
+            upload.close()
+        PartitionFileReader.forget(self.store, partition)
+        self.store.delete_tree(partition_directory(self.store, partition), empty_parents=2)
+        return int(upload is not None or committed is not None)

@@ -1,0 +1,178 @@
+"""A worker's state in-process, on a real local store with the clock in the test's hands:
+pushes, commits, duplicates, abandoned uploads, draining, and what a restarted worker finds."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from external_shuffle.daemon.worker.state import WorkerState
+from external_shuffle.wire.errors import UnavailableError
+from shuffle_api import PartitionStatistics, ShuffleError, ShuffleServiceClosedError
+from shuffle_api.format import partition_directory
+from shuffle_api.store import Store
+from tests.reliability.raw_worker import BuiltPartition, build_partition
+
+IDLE = 30.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    return Store(str(tmp_path / "store"))
+
+
+def _state(store: Store, clock: Clock) -> WorkerState:
+    return WorkerState(store, memory_budget=1 << 20, budget_timeout=5, clock=clock)
+
+
+def _push(state: WorkerState, built: BuiltPartition, *, end: bool = True) -> None:
+    upload = state.begin_push(built.partition)
+    assert upload is not None
+    for sequence, chunk in enumerate(built.chunks()):
+        assert state.append(upload, sequence, memoryview(chunk))
+    if end:
+        state.end_push(upload)
+
+
+def _commit(state: WorkerState, built: BuiltPartition) -> None:
+    state.commit(built.partition, "app-1", built.index, built.manifest)
+
+
+def test_a_pushed_and_committed_partition_is_held_counted_and_told_to_watchers(
+    store: Store, clock: Clock
+) -> None:
+    state = _state(store, clock)
+    watch = state.watch_commits()
+    built = build_partition()
+    _push(state, built)
+    assert state.committed_partitions() == []
+    _commit(state, built)
+    _commit(state, built)  # a retried commit changes nothing
+    assert state.committed_partitions() == [built.partition]
+    statistics = state.committed_statistics(built.partition)
+    assert isinstance(statistics, PartitionStatistics)
+    assert statistics.rows_per_subpartition == built.statistics.rows_per_subpartition
+    load = state.load()
+    assert (load.partitions, load.stored_bytes) == (1, len(built.data))
+    assert state.stored_bytes == len(built.data) and state.buffered_bytes == 0
+    assert [commit.partition for commit in watch.take() or []] == [built.partition]
+    # Pushed again (a retried task's duplicate stream): nothing to write.
+    assert state.begin_push(built.partition) is None
+
+
+def test_a_message_sent_twice_is_written_once_and_a_gap_is_refused(
+    store: Store, clock: Clock
+) -> None:
+    state = _state(store, clock)
+    built = build_partition()
+    first, *others = built.chunks()
+    upload = state.begin_push(built.partition)
+    assert upload is not None
+    assert state.append(upload, 0, memoryview(first))
+    assert not state.append(upload, 0, memoryview(first))
+    assert upload.duplicates == 1 and upload.size == len(first)
+    if others:
+        with pytest.raises(ShuffleError, match="skipped messages"):
+            state.append(upload, 2, memoryview(others[0]))
+
+
+def test_a_commit_that_disagrees_with_the_bytes_is_refused_and_they_stay(
+    store: Store, clock: Clock
+) -> None:
+    state = _state(store, clock)
+    built, other = build_partition(), build_partition(rows=100)
+    _push(state, built)
+    with pytest.raises(ShuffleError):
+        state.commit(built.partition, "app-1", other.index, other.manifest)
+    assert state.committed_partitions() == []
+    _commit(state, built)  # the right index and manifest still commit it
+    assert state.committed_partitions() == [built.partition]
+
+
+def test_an_upload_is_reaped_only_when_no_stream_carried_it_for_the_idle_timeout(
+    store: Store, clock: Clock
+) -> None:
+    state = _state(store, clock)
+    open_stream, ended = build_partition(), build_partition()
+    _push(state, open_stream, end=False)
+    _push(state, ended)
+    clock.now += IDLE - 1
+    assert state.reap_uploads(IDLE) == 0
+    clock.now += 2
+    assert state.reap_uploads(IDLE) == 1  # the ended one; the other's stream is open
+    assert not Path(partition_directory(store, ended.partition)).exists()
+    _commit(state, open_stream)
+    assert state.committed_partitions() == [open_stream.partition]
+
+
+def test_a_draining_worker_takes_no_new_partition_but_finishes_those_under_way(
+    store: Store, clock: Clock
+) -> None:
+    state = _state(store, clock)
+    under_way, new = build_partition(), build_partition()
+    _push(state, under_way)
+    assert state.decommission(cancel=False) == 0
+    assert state.draining and state.load().decommissioning
+    with pytest.raises(UnavailableError):
+        state.begin_push(new.partition)
+    assert state.begin_push(under_way.partition) is not None  # a retried push goes on
+    _commit(state, under_way)
+    assert state.decommission(cancel=True) == 1
+    assert not state.draining
+    state.drain()  # SIGTERM: for good
+    with pytest.raises(ShuffleServiceClosedError):
+        state.decommission(cancel=True)
+    assert state.draining
+
+
+def test_a_restarted_worker_is_the_same_worker_with_its_committed_partitions_only(
+    store: Store, clock: Clock
+) -> None:
+    state = _state(store, clock)
+    committed, cut_off = build_partition(), build_partition()
+    _push(state, committed)
+    _commit(state, committed)
+    _push(state, cut_off)  # the process dies before its commit
+    restarted = _state(store, clock)
+    assert restarted.worker_id == state.worker_id
+    assert restarted.committed_partitions() == [committed.partition]
+    assert not Path(partition_directory(store, cut_off.partition)).exists()
+
+
+def test_a_partition_deleted_behind_the_workers_back_is_forgotten(
+    store: Store, clock: Clock
+) -> None:
+    state = _state(store, clock)
+    built = build_partition()
+    _push(state, built)
+    _commit(state, built)
+    shutil.rmtree(partition_directory(store, built.partition))
+    assert state.committed_statistics(built.partition) is None
+    assert state.committed_partitions() == []
+
+
+def test_a_release_deletes_uploads_and_committed_partitions(store: Store, clock: Clock) -> None:
+    state = _state(store, clock)
+    committed, pushed = build_partition(), build_partition()
+    _push(state, committed)
+    _commit(state, committed)
+    _push(state, pushed)
+    assert state.release([committed.partition, pushed.partition, build_partition().partition]) == 2
+    assert state.committed_partitions() == []
+    for built in (committed, pushed):
+        assert not Path(partition_directory(store, built.partition)).exists()
