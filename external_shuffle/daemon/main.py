@@ -26,7 +26,11 @@ from grpc_health.v1 import health, health_pb2_grpc
 from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.allocator import keep_message_buffers
 from external_shuffle.daemon.coordinator.service import CoordinatorService
-from external_shuffle.daemon.error_statuses import RequestDecodingInterceptor
+from external_shuffle.daemon.interceptors import (
+    RequestDecodingInterceptor,
+    TokenInterceptor,
+    WireVersionInterceptor,
+)
 from external_shuffle.daemon.logs import LEVELS, configure_logging
 from external_shuffle.daemon.streams import StreamLimits
 from external_shuffle.daemon.worker.data_port import DataPortLimits, WorkerDataPort
@@ -64,7 +68,7 @@ from external_shuffle.options import (
     message_chunk_size,
     message_data_limit,
 )
-from external_shuffle.wire.auth import TokenInterceptor, load_token, server_credentials
+from external_shuffle.wire.auth import load_token, server_credentials
 from external_shuffle.wire.channels import ChannelPool, ClientSettings, channel_options
 from external_shuffle.wire.framing import worker_rpc_handler
 from scheduling.placement import new_placement_strategy
@@ -146,6 +150,7 @@ class Daemon(Readiness):
             ThreadPoolExecutor(threads, thread_name_prefix="pyshuffle-rpc"),
             interceptors=[
                 TokenInterceptor(self._token, self.metrics),
+                WireVersionInterceptor(self.metrics),
                 RequestDecodingInterceptor(self.metrics),
             ],
             # Without SO_REUSEPORT (gRPC sets it): a second daemon on a port in use fails to

@@ -11,6 +11,7 @@ import grpc
 from external_shuffle.options import CLIENT_TIMEOUT, MAX_MESSAGE_SIZE
 from external_shuffle.wire.auth import AUTHORIZATION, client_credentials, load_token
 from external_shuffle.wire.errors import error_from_status
+from external_shuffle.wire.version import WIRE_VERSION, WIRE_VERSION_HEADER
 from shuffle_api import (
     Configuration,
     ResultPartitionID,
@@ -60,19 +61,22 @@ class ClientSettings:
         )
 
 
-class _TokenMetadata(
+class _CallMetadata(
     grpc.UnaryUnaryClientInterceptor,
     grpc.UnaryStreamClientInterceptor,
     grpc.StreamUnaryClientInterceptor,
     grpc.StreamStreamClientInterceptor,
 ):
-    """Adds the token to every call (call credentials would demand TLS)."""
+    """Adds the token (call credentials would demand TLS) and the wire version to every call."""
 
     def __init__(self, token: str) -> None:
-        self._metadata = (AUTHORIZATION, f"Bearer {token}")
+        self._metadata = (
+            (AUTHORIZATION, f"Bearer {token}"),
+            (WIRE_VERSION_HEADER, str(WIRE_VERSION)),
+        )
 
-    def _with_token(self, details: Any) -> Any:
-        metadata = [*(details.metadata or ()), self._metadata]
+    def _with_metadata(self, details: Any) -> Any:
+        metadata = [*(details.metadata or ()), *self._metadata]
         return _CallDetails(
             details.method,
             details.timeout,
@@ -83,16 +87,16 @@ class _TokenMetadata(
         )
 
     def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return continuation(self._with_token(details), request)
+        return continuation(self._with_metadata(details), request)
 
     def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        return continuation(self._with_token(details), request)
+        return continuation(self._with_metadata(details), request)
 
     def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return continuation(self._with_token(details), requests)
+        return continuation(self._with_metadata(details), requests)
 
     def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return continuation(self._with_token(details), requests)
+        return continuation(self._with_metadata(details), requests)
 
 
 @dataclass(frozen=True)
@@ -125,7 +129,7 @@ class ChannelPool:
                     raw = grpc.insecure_channel(target, options=options)
                 else:
                     raw = grpc.secure_channel(target, self.settings.credentials, options=options)
-                channel = grpc.intercept_channel(raw, _TokenMetadata(self.settings.token))
+                channel = grpc.intercept_channel(raw, _CallMetadata(self.settings.token))
                 self._channels[target] = channel
             return channel
 

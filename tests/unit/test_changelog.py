@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from external_shuffle.wire.version import WIRE_VERSION
 from shuffle_api import format as partition_format
 from shuffle_api import serialization
 
@@ -28,3 +29,7 @@ def test_compatibility_names_the_grpc_api_version() -> None:
     protos = sorted(path.parent.name for path in (ROOT / "proto" / "pyshuffle").glob("*/*.proto"))
     (api,) = set(protos)
     assert f"The gRPC API is `pyshuffle.{api}`" in _compatibility()
+
+
+def test_compatibility_names_the_wire_version_spoken() -> None:
+    assert f"`pyshuffle-wire` header (version {WIRE_VERSION};" in _compatibility()
