@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from external_shuffle.daemon.logs import LEVELS
 from shuffle_api import ConfigError
 from shuffle_api.config import (
     ConfigOption,
@@ -34,6 +33,7 @@ __all__ = [
     "DAEMON_OPTIONS",
     "LOG_FORMAT",
     "LOG_LEVEL",
+    "LOG_LEVELS",
     "MAX_IN_FLIGHT",
     "MAX_MESSAGE_SIZE",
     "METRICS_PORT",
@@ -206,11 +206,12 @@ LOG_FORMAT = choice_option(
     "Daemon log lines on stderr: one JSON object per line, or plain text.",
     ("json", "text"),
 )
+LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 LOG_LEVEL = choice_option(
     "external-shuffle.daemon.log-level",
     "info",
     "Least level of the daemon's log lines (`pyshuffle daemon --log-level` wins over it).",
-    LEVELS,
+    LOG_LEVELS,
 )
 WORKER_PORT = int_option(
     "external-shuffle.worker.port",

@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any, Final
 
-__all__ = ["LEVELS", "configure_logging"]
+__all__ = ["configure_logging"]
 
 # Attributes every LogRecord has; anything else came in through ``extra=`` and is a field.
 _STANDARD: Final = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
@@ -53,9 +53,6 @@ class _TextFormatter(logging.Formatter):
         error = fields.pop("error", None)
         tail = "".join(f" {key}={json.dumps(value, default=str)}" for key, value in fields.items())
         return head + tail + (f"\n{error}" if error else "")
-
-
-LEVELS: Final = ("debug", "info", "warning", "error")
 
 
 def configure_logging(log_format: str, level: str = "info") -> None:

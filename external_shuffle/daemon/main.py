@@ -31,7 +31,7 @@ from external_shuffle.daemon.interceptors import (
     TokenInterceptor,
     WireVersionInterceptor,
 )
-from external_shuffle.daemon.logs import LEVELS, configure_logging
+from external_shuffle.daemon.logs import configure_logging
 from external_shuffle.daemon.streams import StreamLimits
 from external_shuffle.daemon.worker.data_port import DataPortLimits, WorkerDataPort
 from external_shuffle.daemon.worker.registration import heartbeat_loop
@@ -48,6 +48,7 @@ from external_shuffle.options import (
     DAEMON_OPTIONS,
     LOG_FORMAT,
     LOG_LEVEL,
+    LOG_LEVELS,
     MAX_MESSAGE_SIZE,
     METRICS_PORT,
     PLACEMENT,
@@ -361,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--role", choices=ROLES, default="all", help="what this process serves")
     parser.add_argument("--config", help="TOML file of options (PYSHUFFLE_* variables override)")
     parser.add_argument(
-        "--log-level", choices=LEVELS, help=f"least level logged (wins over {LOG_LEVEL.key})"
+        "--log-level", choices=LOG_LEVELS, help=f"least level logged (wins over {LOG_LEVEL.key})"
     )
     args = parser.parse_args(argv)
     configuration = load_configuration(args.config, args.log_level)

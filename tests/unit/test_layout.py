@@ -1,5 +1,6 @@
 """Imports point one way (the design's arrows): no package imports one above it, scheduling
-never an implementation, and nothing but pyspark_shuffle imports pyspark."""
+never an implementation, and nothing but pyspark_shuffle imports pyspark; inside
+external_shuffle, what both ends share never imports the daemon or the operator tools."""
 
 from __future__ import annotations
 
@@ -42,3 +43,44 @@ def test_a_package_imports_only_what_the_design_allows(package: str) -> None:
         if wrong:
             found[str(path.relative_to(REPO))] = wrong
     assert not found, f"imports against the design: {found}"
+
+
+# external_shuffle's parts -> its parts each may import when it runs (type hints aside)
+SHARED = {"_proto", "options", "allocator", "wire"}
+EXTERNAL_PARTS: dict[str, set[str]] = {
+    "wire": SHARED,
+    "client": SHARED | {"client"},
+    "ops": SHARED | {"ops", "client"},
+    "daemon": SHARED | {"daemon", "ops"},
+}
+
+
+def _parts_imported_when_run(path: Path) -> set[str]:
+    """The external_shuffle parts ``path`` imports, leaving out ``if TYPE_CHECKING:``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    hints = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+        for inner in ast.walk(node)
+    }
+    modules = [
+        node.module or ""
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and id(node) not in hints
+    ]
+    return {module.split(".")[1] for module in modules if module.startswith("external_shuffle.")}
+
+
+@pytest.mark.parametrize("part", sorted(EXTERNAL_PARTS))
+def test_external_shuffle_parts_import_only_what_they_may(part: str) -> None:
+    found = {
+        str(path.relative_to(REPO)): wrong
+        for path in sorted((REPO / "external_shuffle" / part).rglob("*.py"))
+        if (wrong := _parts_imported_when_run(path) - EXTERNAL_PARTS[part])
+    }
+    assert not found, f"imports against the design: {found}"
+
+
+def test_external_shuffle_options_import_no_part() -> None:
+    assert _parts_imported_when_run(REPO / "external_shuffle" / "options.py") == set()
