@@ -7,7 +7,6 @@ runs, so a rejected call never touches data.
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Final
 
@@ -28,8 +27,6 @@ __all__ = [
     "load_token",
     "server_credentials",
 ]
-
-logger = logging.getLogger(__name__)
 
 AUTHORIZATION: Final = "authorization"
 

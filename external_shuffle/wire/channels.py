@@ -144,7 +144,7 @@ class ChannelPool:
 def translate_rpc_error(
     error: grpc.RpcError, what: str, partition: ResultPartitionID | None = None
 ) -> ShuffleError:
-    """The ShuffleError for a failed call (the class the daemon raised, see ``wire_errors``);
+    """The ShuffleError for a failed call (the class the daemon raised, see ``wire.errors``);
     ``what`` says which call, on which peer, ``partition`` which partition it was about."""
     if not isinstance(error, grpc.Call):
         return ShuffleError(f"{what} failed: {error}")

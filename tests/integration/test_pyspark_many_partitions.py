@@ -55,8 +55,8 @@ def test_200_map_tasks_into_1000_reducers_equal_spark(
     assert (statistics.map_tasks, statistics.reducers) == (MAPS, REDUCERS)
     assert statistics.rows_written == statistics.rows_read == ROWS
     assert statistics.map_tasks_rerun == 0
-    # Empty reducers too: one task per reducer (not read again: that took longer than the
-    # collect above).
+    # A task planned for each reducer, empty ones too (the collect above ran them; reading
+    # them again to count took longer than it).
     assert result.rdd.getNumPartitions() == REDUCERS
     shuffle.release(result)
 

@@ -10,7 +10,7 @@ import pytest
 
 from external_shuffle.daemon.worker.state import WorkerState
 from external_shuffle.wire.errors import UnavailableError
-from shuffle_api import PartitionStatistics, ShuffleError, ShuffleServiceClosedError
+from shuffle_api import ShuffleError, ShuffleServiceClosedError
 from shuffle_api.format import partition_directory
 from shuffle_api.store import Store
 from tests.reliability.raw_worker import BuiltPartition, build_partition
@@ -64,9 +64,9 @@ def test_a_pushed_and_committed_partition_is_held_counted_and_told_to_watchers(
     _commit(state, built)
     _commit(state, built)  # a retried commit changes nothing
     assert state.committed_partitions() == [built.partition]
-    statistics = state.committed_statistics(built.partition)
-    assert isinstance(statistics, PartitionStatistics)
-    assert statistics.rows_per_subpartition == built.statistics.rows_per_subpartition
+    committed = state.committed(built.partition)
+    assert committed is not None and committed.stored_bytes == len(built.data)
+    assert committed.statistics().rows_per_subpartition == built.statistics.rows_per_subpartition
     load = state.load()
     assert (load.partitions, load.stored_bytes) == (1, len(built.data))
     assert state.stored_bytes == len(built.data) and state.buffered_bytes == 0
@@ -162,7 +162,7 @@ def test_a_partition_deleted_behind_the_workers_back_is_forgotten(
     _push(state, built)
     _commit(state, built)
     shutil.rmtree(partition_directory(store, built.partition))
-    assert state.committed_statistics(built.partition) is None
+    assert state.committed(built.partition) is None
     assert state.committed_partitions() == []
 
 

@@ -222,14 +222,14 @@ class WorkerService(pb_grpc.WorkerServicer):
         entries = []
         for key in request.partitions:
             partition = partition_of(key)
-            statistics = self.state.committed_statistics(partition)
+            committed = self.state.committed(partition)
             entries.append(
                 pb.WorkerPartitionStatusResponse.Entry(
                     partition=key_of(partition),
-                    committed=statistics is not None,
+                    committed=committed is not None,
                     statistics=None
-                    if statistics is None or request.without_statistics
-                    else statistics_to_pb(statistics),
+                    if committed is None or request.without_statistics
+                    else statistics_to_pb(committed.statistics()),
                 )
             )
         return pb.WorkerPartitionStatusResponse(partitions=entries)

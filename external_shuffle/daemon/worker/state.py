@@ -1,12 +1,12 @@
 """What a worker holds: the partitions being pushed and those committed, on its store.
 
-A plain class with the clock passed in; the gRPC servicer (``service``) and the data port are
-thin layers over it. A push writes the data file's bytes as they arrive (nothing is held beyond
-the message being written; a memory budget bounds those across all pushes, and a push waiting
-for the budget stops reading its stream, so gRPC's flow control holds the producer back). The
-commit checks the index and manifest against what arrived and writes them atomically, manifest
-last: a partition is committed exactly when its manifest exists, which is what a restarted
-worker finds.
+A plain class with the clock passed in; the gRPC servicer (``service``) is a thin layer over
+it, and the data port admits its fetches through the servicer. A push writes the data file's
+bytes as they arrive (nothing is held beyond the message being written; a memory budget bounds
+those across all pushes, and a push waiting for the budget stops reading its stream, so gRPC's
+flow control holds the producer back). The commit checks the index and manifest against what
+arrived and writes them atomically, manifest last: a partition is committed exactly when its
+manifest exists, which is what a restarted worker finds.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from shuffle_api.format.reader import check_commit
 from shuffle_api.ids import IntermediateResultPartitionID, new_id, validate_id
 from shuffle_api.store import Store, storage_errors
 
-__all__ = ["MemoryBudget", "Upload", "WorkerState"]
+__all__ = ["CommittedPartition", "MemoryBudget", "Upload", "WorkerState"]
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ class Upload:
 
 
 @dataclass(frozen=True, slots=True)
-class _Committed:
+class CommittedPartition:
     """What the worker keeps of a committed partition: its statistics compressed (a few KiB
     where thousands of subpartitions' numbers take hundreds as Python integers)."""
 
@@ -141,7 +141,7 @@ class _Committed:
     stored_bytes: int
 
     @classmethod
-    def of(cls, statistics: PartitionStatistics, stored_bytes: int) -> _Committed:
+    def of(cls, statistics: PartitionStatistics, stored_bytes: int) -> CommittedPartition:
         return cls(statistics.encode(), len(statistics.rows_per_subpartition), stored_bytes)
 
     def statistics(self) -> PartitionStatistics:
@@ -164,7 +164,7 @@ class WorkerState:
         self._clock = clock
         self._budget = MemoryBudget(memory_budget, budget_timeout)
         self._uploads: dict[ResultPartitionID, Upload] = {}
-        self._committed: dict[ResultPartitionID, _Committed] = {}
+        self._committed: dict[ResultPartitionID, CommittedPartition] = {}
         self._commit_watches: list[CommitWatch] = []
         self._lock = threading.Lock()
         # Commit and release of one partition exclude each other (striped: file I/O happens
@@ -208,7 +208,7 @@ class WorkerState:
             except ShuffleError as error:
                 logger.warning("ignoring corrupt %s: %s", partition, error)
                 continue
-            self._committed[partition] = _Committed.of(
+            self._committed[partition] = CommittedPartition.of(
                 reader.manifest.statistics, reader.manifest.data_bytes
             )
         if self._committed:
@@ -250,9 +250,10 @@ class WorkerState:
                 store_free_bytes=self.store.free_bytes() or 0,
             )
 
-    def committed_statistics(self, partition: ResultPartitionID) -> PartitionStatistics | None:
-        """The partition's statistics if it is committed here, else None; one deleted behind
-        the worker's back (disk wiped, operator) is forgotten: it is lost."""
+    def committed(self, partition: ResultPartitionID) -> CommittedPartition | None:
+        """The partition if it is committed here, else None; one deleted behind the worker's
+        back (disk wiped, operator) is forgotten: it is lost. Its statistics stay compressed
+        until asked for (a status check of thousands of partitions wants none)."""
         with self._lock:
             committed = self._committed.get(partition)
         if committed is None:
@@ -262,7 +263,7 @@ class WorkerState:
             with self._lock:
                 self._committed.pop(partition, None)
             return None
-        return committed.statistics()
+        return committed
 
     # --- taking new partitions ----------------------------------------------------------------
 
@@ -367,7 +368,9 @@ class WorkerState:
                 raise
             with self._lock:
                 self._uploads.pop(partition, None)
-                self._committed[partition] = _Committed.of(parsed.statistics, parsed.data_bytes)
+                self._committed[partition] = CommittedPartition.of(
+                    parsed.statistics, parsed.data_bytes
+                )
                 for watch in self._commit_watches:
                     watch.add(Commit(partition, application_id))
 
