@@ -23,7 +23,7 @@ from pyspark_shuffle.inputs import MapInput
 from pyspark_shuffle.options import MAX_RECOVERY_ATTEMPTS, PROGRESS_INTERVAL
 from pyspark_shuffle.partitioners import Partitioner
 from pyspark_shuffle.planning import MapOutputBytes
-from pyspark_shuffle.progress import StageProgress
+from pyspark_shuffle.progress import StageProgress, StageTallies
 from pyspark_shuffle.registry import RegisteredExchange
 from pyspark_shuffle.spark_internals import HeldShuffle, SparkShuffleOutputs, held_shuffle
 from pyspark_shuffle.spark_link import SparkLink, Tally
@@ -146,8 +146,7 @@ class Exchange(RegisteredExchange):
         # None under Spark Connect for a DataFrame's partitions: the map stage tells.
         number_of_maps = map_input.number_of_maps
         self.spec = MapStageSpec(configuration, self.result_id, number_of_maps, partitioner, secret)
-        self._rows_written: Tally[int] | None = None
-        self._bytes_written: Tally[int] | None = None
+        self._tallies: StageTallies | None = None  # for progress lines
         # Every copy a map task attempt wrote, registered or not: Spark may run map tasks
         # again (inside an action, or remaking a released exchange) beyond what the driver
         # registers, and each copy must be deleted in the end. Only where the map outputs'
@@ -158,8 +157,11 @@ class Exchange(RegisteredExchange):
         # shuffle (which must stay O(M)), else in the rows themselves.
         self._reports: Tally[MapReports] | None = None
         if spark_outputs is not None:
-            self._rows_written = link.tally(0, operator.add)
-            self._bytes_written = link.tally(0, operator.add)
+            self._tallies = StageTallies(
+                link.tally(0, operator.add),
+                link.tally(0, operator.add),
+                link.tally(0, operator.add),
+            )
             self._written = link.tally(frozenset(), merge_map_outputs)
             self._reports = link.tally({}, merge_map_reports)
         self._mapped = self._map_frame(map_input, None)
@@ -181,8 +183,7 @@ class Exchange(RegisteredExchange):
         """The map tasks as a DataFrame of their rows; with ``only``, the tasks of other map
         indexes write nothing and yield no row."""
         spec = self.spec
-        rows_written, bytes_written = self._rows_written, self._bytes_written
-        written, reports = self._written, self._reports
+        tallies, written, reports = self._tallies, self._written, self._reports
 
         def map_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             task = TaskContext.get()
@@ -192,9 +193,10 @@ class Exchange(RegisteredExchange):
                 return
             result = run_map_task(spec, map_index, batches)
             row = result.row
-            if rows_written is not None and bytes_written is not None:
-                rows_written.add(result.statistics.total_rows)
-                bytes_written.add(result.statistics.total_bytes)
+            if tallies is not None:
+                tallies.tasks.add(1)
+                tallies.rows.add(result.statistics.total_rows)
+                tallies.size.add(result.statistics.total_bytes)
             producer = row.column("producer")[0].as_py()
             attempt = row.column("attempt")[0].as_py()
             if written is not None:
@@ -306,8 +308,7 @@ class Exchange(RegisteredExchange):
             with StageProgress(
                 self._link.spark,
                 description,
-                rows=self._rows_written,
-                size=self._bytes_written,
+                tallies=self._tallies,
                 interval=self._configuration.get(PROGRESS_INTERVAL),
             ):
                 rows = job()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Final, Self
 
@@ -15,7 +16,7 @@ from pyspark_shuffle.spark_link import Tally, is_connect
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["JobLabel", "StageProgress"]
+__all__ = ["JobLabel", "StageProgress", "StageTallies"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -82,53 +83,66 @@ class JobLabel:
             self._spark.sparkContext.setLocalProperty(key, value)  # type: ignore[arg-type]
 
 
+@dataclass(frozen=True, slots=True)
+class StageTallies:
+    """What a map stage's tasks add as each finishes: 1, its rows and its bytes written."""
+
+    tasks: Tally[int]
+    rows: Tally[int]
+    size: Tally[int]
+
+    def values(self) -> tuple[int, int, int]:
+        return self.tasks.value, self.rows.value, self.size.value
+
+
 class StageProgress:
     """A map stage's jobs under a :class:`JobLabel`; every ``interval`` seconds (0: never)
-    a line with its tasks and the rows and bytes written (where the tasks count them as
-    they go: not under Spark Connect) is logged at INFO."""
+    a line with its map tasks done, the Spark tasks running (its inputs' too) and the rows
+    and bytes written, is logged at INFO. Where the tasks cannot count as they go (Spark
+    Connect), the line says only that the stage runs."""
 
     def __init__(
         self,
         spark: SparkSession,
         description: str,
         *,
-        rows: Tally[int] | None,
-        size: Tally[int] | None,
+        tallies: StageTallies | None,
         interval: float,
     ) -> None:
         self._spark = spark
         self._description = description
-        self._rows = rows
-        self._size = size
+        self._tallies = tallies
         self._interval = interval
         self._label = JobLabel(spark, description)
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._report, name="pyshuffle-progress", daemon=True)
         self._started = 0.0
+        self._before = (0, 0, 0)
+        """The tallies when the stage started: a rerun counts only its own tasks."""
 
-    def _tasks(self) -> tuple[int, int, int]:
-        """Finished, running and all tasks of the stage's jobs: the group's jobs since entry
-        (another thread's jobs in the user's group at the same time are counted too)."""
+    def _running(self) -> int:
+        """Tasks running in the stage's jobs: the group's jobs since entry (another thread's
+        jobs in the user's group at the same time are counted too)."""
         tracker = self._spark.sparkContext.statusTracker()
-        finished = running = total = 0
+        running = 0
         for job_id in set(tracker.getJobIdsForGroup(self._label.group)) - self._label.jobs_before:
             job = tracker.getJobInfo(job_id)
             for stage_id in job.stageIds if job is not None else ():
                 stage = tracker.getStageInfo(stage_id)
                 if stage is not None:
-                    finished += stage.numCompletedTasks
                     running += stage.numActiveTasks
-                    total += stage.numTasks
-        return finished, running, total
+        return running
 
     def line(self) -> str:
         seconds = f"{time.perf_counter() - self._started:.0f} s"
-        if self._label.connect or self._rows is None or self._size is None:
+        if self._label.connect or self._tallies is None:
             return f"{self._description}: running, {seconds}"
-        finished, running, total = self._tasks()
+        tasks, rows, size = (
+            now - before for now, before in zip(self._tallies.values(), self._before, strict=True)
+        )
         return (
-            f"{self._description}: {finished} of {total} tasks done, {running} running,"
-            f" {self._rows.value:,} rows, {self._size.value / 1e6:,.1f} MB written, {seconds}"
+            f"{self._description}: {tasks} done, {self._running()} Spark tasks running,"
+            f" {rows:,} rows, {size / 1e6:,.1f} MB written, {seconds}"
         )
 
     def _report(self) -> None:
@@ -137,6 +151,8 @@ class StageProgress:
 
     def __enter__(self) -> Self:
         self._started = time.perf_counter()
+        if self._tallies is not None and not self._label.connect:
+            self._before = self._tallies.values()
         self._label.__enter__()
         if self._interval > 0:
             self._thread.start()

@@ -4,14 +4,18 @@ key takes effect for the next operation."""
 
 from __future__ import annotations
 
+import logging
+import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
 import pytest
 
 from pyspark_shuffle import SparkShuffle
-from pyspark_shuffle.options import SPARK_CONF_PREFIX
+from pyspark_shuffle.options import PROGRESS_INTERVAL, SPARK_CONF_PREFIX
 from shuffle_api import ConfigError
 from tests.integration.services import netty_service
 from tests.integration.spark_rows import multiset
@@ -128,3 +132,33 @@ def test_a_typo_in_spark_conf_is_blamed_on_that_spark_conf_key(
     message = str(raised.value)
     assert f"from Spark conf {key}" in message
     assert "did you mean 'pyspark-shuffle.reducer.min-count'" in message
+
+
+def _slowly(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    for batch in batches:
+        time.sleep(0.4)
+        yield batch
+
+
+def test_progress_lines_count_the_map_tasks_of_the_stage_they_name(
+    spark: SparkSession, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A chained stage's Spark jobs run its inputs' stages too: its progress lines count its
+    own map tasks (once they said "2 of 6 tasks" for a stage of 2)."""
+    slow = spark.range(0, 4_000, 1, 4).mapInArrow(_slowly, "id long")
+    config = {**netty_service(tmp_path).config(), PROGRESS_INTERVAL.key: 0.1}
+    with (
+        SparkShuffle(spark, config=config) as shuffle,
+        caplog.at_level(logging.INFO, logger="pyspark_shuffle.progress"),
+    ):
+        first = shuffle.repartition(slow, "id", num_partitions=3)
+        second = shuffle.repartition(first.mapInArrow(_slowly, "id long"), "id", num_partitions=2)
+        assert second.count() == 4_000
+    lines = [record.getMessage() for record in caplog.records]
+    counts = [
+        re.search(r"\((\d+) tasks\): (\d+) done, (\d+) Spark tasks running", line) for line in lines
+    ]
+    assert lines and all(counts), lines
+    assert all(int(done) <= int(tasks) for tasks, done, _ in (c.groups() for c in counts if c))
+    # Both stages reported, each with its own task count.
+    assert {int(c.group(1)) for c in counts if c} == {4, 3}
