@@ -350,6 +350,9 @@ class Daemon(Readiness):
         logger.info("stopped")
 
 
+_STOP_SIGNALS: Final = frozenset({signal.SIGTERM, signal.SIGINT})
+
+
 def load_configuration(config_file: str | None, log_level: str | None) -> Configuration:
     """The daemon's options: ``config_file``, ``PYSHUFFLE_*`` variables over it, and the
     ``--log-level`` flag (when given) over both."""
@@ -367,6 +370,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configuration = load_configuration(args.config, args.log_level)
     configure_logging(configuration.get(LOG_FORMAT), configuration.get(LOG_LEVEL))
+    # Blocked in every thread (they inherit the mask) and taken by sigwait below: a Python
+    # handler that sets an Event can deadlock on the Event's lock when the signal lands while
+    # the main thread waits on that Event, and the daemon then ignores SIGTERM for good. A
+    # signal sent during start stays pending until the wait, so it still drains.
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     try:
         daemon = Daemon(configuration, args.role)
         daemon.start()
@@ -374,12 +382,8 @@ def main(argv: list[str] | None = None) -> int:
         logger.error("cannot start: %s", error)
         print(f"pyshuffle daemon: {type(error).__name__}: {error}", file=sys.stderr)
         return 1
-    stopping = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stopping.set())
-    while not stopping.wait(1.0):
-        pass
-    logger.info("draining after a signal")
+    received = signal.sigwait(_STOP_SIGNALS)
+    logger.info("draining after %s", signal.Signals(received).name)
     daemon.stop()
     return 0
 

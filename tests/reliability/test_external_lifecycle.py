@@ -5,6 +5,8 @@ SIGTERM, and the Prometheus endpoint. Real daemon processes on 127.0.0.1 (LocalC
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -356,6 +358,16 @@ def test_sigterm_lets_the_push_in_flight_commit_and_exits_cleanly(
         cluster.start_worker(target)
         table = scenario.read(scenario.consumer, [shuffle_descriptor], ALL)
         assert rows_of(table) == list(range(8_000))
+
+
+def test_sigint_drains_a_worker_as_sigterm_does(tmp_path: Path) -> None:
+    with LocalCluster(tmp_path / "cluster", workers=1) as cluster:
+        os.kill(cluster.worker_pid(0), signal.SIGINT)
+        eventually(lambda: not cluster.worker_running(0), "the worker exits")
+        assert cluster.stop_worker(0) == 0
+        log = (cluster.directory / "worker-0.log").read_text()
+        assert "draining after SIGINT" in log
+        assert '"stopped"' in log
 
 
 def test_a_worker_back_from_an_outage_has_its_new_partitions_available_at_once(
