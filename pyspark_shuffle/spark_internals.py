@@ -18,12 +18,15 @@ what a rerun may need instead.
 Classic sessions only (Spark Connect has no Py4J: there the driver collects the map tasks'
 rows and reruns lost map tasks itself). Tested on PySpark 3.5.9, 4.0.5 and 4.3.0 (``make
 spark-versions`` recovers a lost partition through it); the Spark internals pyshuffle uses are
-these (and whether the SparkContext still runs) and nothing else.
+these (and whether the SparkContext still runs) and nothing else. The held shuffle is planned
+with Spark 4.2's checksums of rerun map tasks off (public SQL settings, put back after).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,14 +68,46 @@ def context_running(spark: SparkSession) -> bool:
     return spark.sparkContext._jsc is not None
 
 
+# Spark 4.2 and later (by default; 4.1 when asked) checksum each map task's shuffled rows and,
+# when a rerun's rows differ, rerun every task of the stages that read them, or fail the job
+# when one of those is a result stage with tasks done (Spark's SQL migration guide, 4.1 to
+# 4.2). The rows of a held shuffle say where each map output lives, which a rerun changes by
+# design; reducers that finished read the old places while they held. Spark makes a shuffle
+# without checksums only when both settings are off.
+_RERUN_CHECKSUMS = (
+    "spark.sql.shuffle.orderIndependentChecksum.enabled",
+    "spark.sql.shuffle.orderIndependentChecksum.enableFullRetryOnMismatch",
+)
+
+
+@contextmanager
+def _without_rerun_checksums(session: SparkSession) -> Iterator[None]:
+    """While a shuffle is planned, Spark makes it without those checksums (the session's
+    settings are put back after: a query planned meanwhile in another thread would lose them
+    too)."""
+    before = {  # none on a Spark without them
+        key: value
+        for key in _RERUN_CHECKSUMS
+        if session.conf.isModifiable(key) and (value := session.conf.get(key)) is not None
+    }
+    for key in before:
+        session.conf.set(key, "false")
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            session.conf.set(key, value)
+
+
 def held_shuffle(shuffled: DataFrame) -> HeldShuffle:
     """``shuffled`` (which ends in a shuffle) as a DataFrame over its one RDD: every query over
     it reads that same Spark shuffle, where a query planned from ``shuffled`` would shuffle
     anew. In the JVM (``Dataset.javaRDD``, ``createDataFrame``), so no row passes through
     Python on the way. Planning it may run the shuffle's map stage (adaptive execution
-    materializes it)."""
-    java_rows = shuffled._jdf.javaRDD()
+    materializes it). Its map tasks' rows may differ when rerun (see ``_RERUN_CHECKSUMS``)."""
     session = shuffled.sparkSession
+    with _without_rerun_checksums(session):
+        java_rows = shuffled._jdf.javaRDD()
     frame = session._jsparkSession.createDataFrame(java_rows, shuffled._jdf.schema())
     return HeldShuffle(DataFrame(frame, session), java_rows.rdd())
 

@@ -18,6 +18,7 @@ import pytest
 
 from pyspark_shuffle import Exchange, SparkShuffle
 from pyspark_shuffle.progress import JOB_PROPERTIES
+from pyspark_shuffle.spark_internals import _shuffle_dependency, held_shuffle
 from pyspark_shuffle.spark_link import is_connect
 from shuffle_api import InvalidOperationError, StageCancelledError, StageFailedError
 from tests.integration.services import ShuffleService
@@ -73,6 +74,22 @@ def test_lost_map_outputs_are_rerun_before_the_reduce_stage(
     statistics = shuffle.statistics(result)
     assert statistics.rows_written == ROWS  # the lost attempts' rows are not counted twice
     assert statistics.map_tasks == 4
+
+
+def test_the_shuffle_of_map_output_rows_is_made_without_spark_rerun_checksums(
+    spark: SparkSession, data: DataFrame
+) -> None:
+    """Spark 4.2+ reruns every task that read a shuffle whose rerun map task wrote other rows,
+    and fails the job if one was a finished result task: a rerun map task's rows name the new
+    attempt, so an executor lost once some reducers finished failed the action."""
+    held = held_shuffle(data.select("id").repartition(1))
+    dependency = _shuffle_dependency(held.java_rdd)
+    assert len(dependency.rowBasedChecksums()) == 0
+    assert not dependency.checksumMismatchFullRetryEnabled()
+    # The session's own shuffles keep them.
+    own = _shuffle_dependency(data.repartition(3, "k")._jdf.javaRDD().rdd())
+    assert len(own.rowBasedChecksums()) == 3
+    assert own.checksumMismatchFullRetryEnabled()
 
 
 def test_recover_after_a_failed_action_gives_a_result_that_reads(
