@@ -1,10 +1,10 @@
 """Jobs on ``local-cluster[2,1,1024]``: two executor JVMs, each with its own store (its Spark
 local directory), reading each other's partitions over their data ports, as two hosts would.
 
-Run as ``python -m tests.integration.cluster_jobs SCENARIO WORK_DIR [SERVICE]`` (the default
-service, or ``external_shuffle``: a coordinator and two worker daemons): a SparkContext per
-process, so each scenario runs in a process of its own (the test module's session is a
-``local[2]`` one). Prints one JSON object: what the test asserts.
+Run as ``python -m tests.integration.cluster_jobs WORK_DIR SERVICE`` (``netty_like``, the
+default service, or ``external_shuffle``: a coordinator and two worker daemons): a
+SparkContext per process, so each service's application runs in a process of its own (the
+test module's session is a ``local[2]`` one). Prints one JSON object: what the tests assert.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,6 @@ from pyspark.sql import functions as F  # noqa: N812
 from external_shuffle.local_cluster import LocalCluster
 from pyspark_shuffle import SparkShuffle
 from pyspark_shuffle.local_spark import require_java
-from shuffle_api import ShuffleError
 from tests.integration.spark_rows import multiset, ordered
 
 ROWS = 40_000
@@ -91,8 +91,25 @@ def executor_pids(app_id: str) -> dict[str, int]:
     return found
 
 
+def without_stack_frames(message: str) -> str:
+    """A Py4J error's message with its JVM stack frames left out: what failed, and each
+    ``Caused by``, within what a test prints."""
+    kept = (line for line in message.splitlines() if not line.lstrip().startswith("at "))
+    return "\n".join(kept)[:4000]
+
+
 Kill = Callable[[], int]
 """Kills one victim (an executor's JVM, or a worker daemon); returns its pid."""
+
+
+def wait_for_two_executors(spark: SparkSession, timeout: float = 120.0) -> None:
+    """Until the application runs two executor JVMs: a killed one is gone from ``/proc`` once
+    its worker reaped it, and Spark's standalone worker then starts one in its place."""
+    deadline = time.monotonic() + timeout
+    while len(executor_pids(spark.sparkContext.applicationId)) < 2:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no second executor within {timeout:.0f} s")
+        time.sleep(0.5)
 
 
 def executor_killer(spark: SparkSession) -> Kill:
@@ -195,9 +212,10 @@ def kill_during_map(
     frame = slow(spark)
     killed: list[int] = []
     # After the first map tasks finished on it: their partitions go with it.
-    kill_after(kill, 2 * SLOW_SECONDS + 2.0, killed)
+    killing = kill_after(kill, 2 * SLOW_SECONDS + 2.0, killed)
     result = shuffle.repartition(frame, "k", num_partitions=4)
     equal = multiset(result) == multiset(data(spark))
+    killing.join()  # a late kill would land in the application's next step
     [exchange] = shuffle.exchanges(result)
     return {"killed": killed, "equal": equal, "runs": exchange.runs.per_map}
 
@@ -215,13 +233,14 @@ def kill_during_reduce(
     result = shuffle.repartition_map(frame, "k", sleepy, frame.schema, num_partitions=8)
     [exchange] = shuffle.exchanges(result)
     killed: list[int] = []
-    kill_after(kill, SLOW_SECONDS + 1.0, killed)
+    killing = kill_after(kill, SLOW_SECONDS + 1.0, killed)
     error = ""
     try:
         equal = multiset(result) == multiset(frame)
     except Exception as failure:  # the action failed: the user's remedy is recover()
-        error = str(failure)[:4000]
+        error = without_stack_frames(str(failure))
         equal = multiset(shuffle.recover(result)) == multiset(frame)
+    killing.join()
     return {
         "killed": killed,
         "equal": equal,
@@ -274,12 +293,7 @@ def released_chain(
     files_per_step.append(len(stored_files(stores)))
     killed = [kill()]
     # Until Spark runs a new executor in its place (it then knows the map outputs are lost).
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        pids = executor_pids(spark.sparkContext.applicationId)
-        if len(pids) == 2 and killed[0] not in pids.values():
-            break
-        time.sleep(0.5)
+    wait_for_two_executors(spark)
     before = source_rows.value
     equal = ordered(ranked) == ordered(
         frame.groupBy("k")
@@ -303,57 +317,87 @@ SCENARIOS = {
 }
 
 
-def run(
-    spark: SparkSession,
-    scenario: str,
-    config: dict[str, object],
-    stores: list[Path],
-    kill: Callable[[SparkSession], Kill],
+@dataclass(frozen=True)
+class Step:
+    """One scenario of an application, under ``label``, with options over the app's own."""
+
+    label: str
+    scenario: str
+    settings: Mapping[str, object] = field(default_factory=dict)
+
+
+# One application per service runs its steps in turn: an application on four JVMs costs half
+# a minute to start on a quiet machine, a minute on CI's two busy cores. The operations come
+# first (no executor or worker lost yet); each later step starts with two live victims.
+PLANS: dict[str, tuple[Step, ...]] = {
+    "netty_like": (
+        Step("operations", "operations"),
+        Step("kill_during_map", "kill_during_map"),
+        Step("kill_during_reduce", "kill_during_reduce"),
+        Step("released_chain", "released_chain"),
+    ),
+    "external_shuffle": (
+        Step("operations", "operations"),
+        Step("kill_during_reduce", "kill_during_reduce"),
+        Step(
+            "kill_during_reduce_one_replica",
+            "kill_during_reduce",
+            {"external-shuffle.replication-factor": 1},
+        ),
+    ),
+}
+
+
+def run_step(
+    spark: SparkSession, step: Step, config: Mapping[str, object], stores: list[Path], kill: Kill
 ) -> dict[str, Any]:
     try:
-        with SparkShuffle(spark, config=config) as shuffle:
-            outcome = SCENARIOS[scenario](spark, shuffle, kill(spark), stores)
+        with SparkShuffle(spark, config={**config, **step.settings}) as shuffle:
+            outcome = SCENARIOS[step.scenario](spark, shuffle, kill, stores)
             outcome["files_before_close"] = len(stored_files(stores))
         outcome["files_after_close"] = stored_files(stores)
-    except ShuffleError as error:
-        outcome = {"error": f"{type(error).__name__}: {error}"}
+    except Exception as error:  # one step's failure must not hide the others' outcomes
+        outcome = {"error": without_stack_frames(f"{type(error).__name__}: {error}")}
     return outcome
 
 
 def main() -> int:
-    """``SCENARIO WORK_DIR [netty_like|external_shuffle [KEY=VALUE ...]]``: the options given
-    are layered on the scenario's."""
-    scenario, work = sys.argv[1], Path(sys.argv[2])
-    service = sys.argv[3] if len(sys.argv) > 3 else "netty_like"
-    config: dict[str, object] = {
-        "pyspark-shuffle.progress.interval": "0",
-        **dict(setting.split("=", 1) for setting in sys.argv[4:]),
-    }
+    """``WORK_DIR netty_like|external_shuffle``: runs the service's plan in one application
+    and prints ``RESULT`` and a JSON object of each step's outcome under its label."""
+    work, service = Path(sys.argv[1]), sys.argv[2]
+    config: dict[str, object] = {"pyspark-shuffle.progress.interval": "0"}
     # Spark's JVM first, before any gRPC channel has threads: PySpark forks it with a
     # preexec_fn, and a fork among gRPC's threads sometimes lost the child
     # (JAVA_GATEWAY_EXITED after gRPC's "epoll_wait error: Bad file descriptor").
     spark = cluster_session(work)
     try:
-        outcome = _run_on(spark, scenario, work, service, config)
+        outcomes = _run_plan(spark, PLANS[service], work, service, config)
     finally:
         spark.stop()
-    print("RESULT " + json.dumps(outcome, default=str))
+    print("RESULT " + json.dumps(outcomes, default=str))
     return 0
 
 
-def _run_on(
-    spark: SparkSession, scenario: str, work: Path, service: str, config: dict[str, object]
-) -> dict[str, Any]:
+def _run_plan(
+    spark: SparkSession,
+    plan: tuple[Step, ...],
+    work: Path,
+    service: str,
+    config: dict[str, object],
+) -> dict[str, dict[str, Any]]:
+    outcomes: dict[str, dict[str, Any]] = {}
     if service == "netty_like":
-        return run(spark, scenario, config, [work / "local"], executor_killer)
+        for step in plan:
+            wait_for_two_executors(spark)
+            outcomes[step.label] = run_step(
+                spark, step, config, [work / "local"], executor_killer(spark)
+            )
+        return outcomes
     with LocalCluster(work / "cluster", workers=2) as cluster:
 
-        def worker_killer(_: SparkSession) -> Kill:
-            def kill() -> int:
-                cluster.kill_worker(0)
-                return 0
-
-            return kill
+        def kill_worker() -> int:
+            cluster.kill_worker(0)
+            return 0
 
         stores = [cluster.worker_store(index) for index in range(2)]
         # As on separate hosts: reads go to the workers, never to their stores' files.
@@ -362,7 +406,12 @@ def _run_on(
             **cluster.client_config(),
             "external-shuffle.client.read-from-store": False,
         }
-        return run(spark, scenario, client, stores, worker_killer)
+        for step in plan:
+            if not cluster.worker_running(0):
+                cluster.start_worker(0)
+                cluster.wait_for_workers({cluster.worker_target(0)})
+            outcomes[step.label] = run_step(spark, step, client, stores, kill_worker)
+    return outcomes
 
 
 if __name__ == "__main__":

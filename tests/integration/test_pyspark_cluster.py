@@ -1,8 +1,9 @@
 """PySpark on ``local-cluster[2,1,1024]``: two executor JVMs, each with its own store, as two
 hosts would have; reducers read the other executor's partitions over its data port.
 
-Each scenario runs in a process of its own (:mod:`tests.integration.cluster_jobs`): one
-SparkContext per process, and this run's is a ``local[2]`` one.
+Each service's scenarios run as the steps of one application in a process of its own
+(:mod:`tests.integration.cluster_jobs`): one SparkContext per process, and this run's is a
+``local[2]`` one.
 """
 
 from __future__ import annotations
@@ -20,49 +21,56 @@ from tests.integration.cluster_jobs import ROWS
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Each scenario is an application on four JVMs: the operations one took 270 s in a CI run on a
-# slow machine, past the suite's 300 s (a module fixture's setup counts in its first test).
-pytestmark = pytest.mark.timeout(900)
+# Each service's application runs all its steps (cluster_jobs.PLANS) on four JVMs: on CI's two
+# busy cores one took up to ten minutes, and a module fixture's setup counts in its first test.
+pytestmark = pytest.mark.timeout(1500)
+
+Outcomes = dict[str, dict[str, Any]]
 
 
-def run_scenario(
-    name: str, work: Path, service: str = "netty_like", *settings: str
-) -> dict[str, Any]:
+def run_application(service: str, work: Path) -> Outcomes:
+    """The service's plan in one application; each step's outcome under its label."""
     (work / "executor-tmp").mkdir(parents=True)
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tests.integration.cluster_jobs",
-            name,
-            str(work),
-            service,
-            *settings,
-        ],
+        [sys.executable, "-m", "tests.integration.cluster_jobs", str(work), service],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         capture_output=True,
         text=True,
-        timeout=840,
+        timeout=1400,
         check=False,
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, (
-        f"scenario {name} printed no result (exit {done.returncode}):\n{done.stderr[-4000:]}"
+        f"the {service} application printed no result (exit {done.returncode}):\n"
+        f"{done.stderr[-4000:]}"
     )
-    outcome: dict[str, Any] = json.loads(lines[-1].removeprefix("RESULT "))
+    outcomes: Outcomes = json.loads(lines[-1].removeprefix("RESULT "))
+    return outcomes
+
+
+def step(outcomes: Outcomes, label: str) -> dict[str, Any]:
+    outcome = outcomes[label]
     assert "error" not in outcome, outcome
     return outcome
 
 
-@pytest.fixture(scope="module", params=["netty_like", "external_shuffle"])
-def operations(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, Any]:
-    """The default service with a store per executor, and the external service (two worker
-    daemons) read only through its workers."""
-    service: str = request.param
-    return run_scenario("operations", tmp_path_factory.mktemp("operations"), service)
+@pytest.fixture(scope="module")
+def netty_like_application(tmp_path_factory: pytest.TempPathFactory) -> Outcomes:
+    """The default service with a store per executor."""
+    return run_application("netty_like", tmp_path_factory.mktemp("netty_like"))
+
+
+@pytest.fixture(scope="module")
+def external_shuffle_application(tmp_path_factory: pytest.TempPathFactory) -> Outcomes:
+    """The external service (two worker daemons), read only through its workers."""
+    return run_application("external_shuffle", tmp_path_factory.mktemp("external_shuffle"))
+
+
+@pytest.fixture(params=["netty_like", "external_shuffle"])
+def operations(request: pytest.FixtureRequest) -> dict[str, Any]:
+    outcomes: Outcomes = request.getfixturevalue(f"{request.param}_application")
+    return step(outcomes, "operations")
 
 
 @pytest.mark.parametrize(
@@ -89,17 +97,19 @@ def test_close_leaves_no_file_on_any_store(operations: dict[str, Any]) -> None:
     assert operations["files_after_close"] == []
 
 
-def test_an_executor_killed_during_the_map_stage_costs_nothing(tmp_path: Path) -> None:
-    outcome = run_scenario("kill_during_map", tmp_path)
+def test_an_executor_killed_during_the_map_stage_costs_nothing(
+    netty_like_application: Outcomes,
+) -> None:
+    outcome = step(netty_like_application, "kill_during_map")
     assert len(outcome["killed"]) == 1
     assert outcome["equal"] is True
     assert outcome["files_after_close"] == []
 
 
 def test_an_executor_killed_during_the_reduce_stage_is_recovered_inside_the_action(
-    tmp_path: Path,
+    netty_like_application: Outcomes,
 ) -> None:
-    outcome = run_scenario("kill_during_reduce", tmp_path)
+    outcome = step(netty_like_application, "kill_during_reduce")
     assert len(outcome["killed"]) == 1
     # No error, no call of the user's: Spark reran the lost map tasks inside the action.
     assert outcome["action_error"] == ""
@@ -113,9 +123,9 @@ def test_an_executor_killed_during_the_reduce_stage_is_recovered_inside_the_acti
 
 
 def test_a_chain_released_as_it_goes_is_remade_after_an_executor_is_killed(
-    tmp_path: Path,
+    netty_like_application: Outcomes,
 ) -> None:
-    outcome = run_scenario("released_chain", tmp_path)
+    outcome = step(netty_like_application, "released_chain")
     # Each step's store held about that step; once the sort was made, only its exchange.
     # Released: the three exchanges before the sort's and the rows the group-apply kept.
     files = outcome["files_per_step"]
@@ -132,10 +142,10 @@ def test_a_chain_released_as_it_goes_is_remade_after_an_executor_is_killed(
 
 
 def test_a_worker_killed_during_the_reduce_stage_costs_nothing_by_default(
-    tmp_path: Path,
+    external_shuffle_application: Outcomes,
 ) -> None:
     # Two replicas, the external service's default: the reducers read the other one.
-    outcome = run_scenario("kill_during_reduce", tmp_path, "external_shuffle")
+    outcome = step(external_shuffle_application, "kill_during_reduce")
     assert len(outcome["killed"]) == 1
     assert outcome["action_error"] == ""
     assert outcome["equal"] is True
@@ -145,13 +155,11 @@ def test_a_worker_killed_during_the_reduce_stage_costs_nothing_by_default(
 
 
 def test_a_worker_killed_during_the_reduce_stage_with_one_replica_is_recovered_by_recover(
-    tmp_path: Path,
+    external_shuffle_application: Outcomes,
 ) -> None:
     # With one replica nothing Spark sees is lost, so the action fails naming the partition;
     # recover() reruns only the producers whose partitions were lost.
-    outcome = run_scenario(
-        "kill_during_reduce", tmp_path, "external_shuffle", "external-shuffle.replication-factor=1"
-    )
+    outcome = step(external_shuffle_application, "kill_during_reduce_one_replica")
     assert "PartitionNotFoundError" in outcome["action_error"]
     assert outcome["equal"] is True
     runs = outcome["runs"]
