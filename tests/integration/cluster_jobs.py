@@ -103,12 +103,18 @@ Kill = Callable[[], int]
 
 
 def wait_for_two_executors(spark: SparkSession, timeout: float = 120.0) -> None:
-    """Until the application runs two executor JVMs: a killed one is gone from ``/proc`` once
-    its worker reaped it, and Spark's standalone worker then starts one in its place."""
+    """Until the application runs two executor JVMs and the driver knows just those two: a
+    killed one is gone from ``/proc`` once its worker reaped it, Spark's standalone worker
+    starts one in its place, and the driver drops the lost one and registers the new one.
+    (Tasks started before that all run on the survivor, whose loss then reruns them all.)"""
+    tracker = spark.sparkContext._jsc.sc().statusTracker()
     deadline = time.monotonic() + timeout
-    while len(executor_pids(spark.sparkContext.applicationId)) < 2:
+    while (
+        len(executor_pids(spark.sparkContext.applicationId)) != 2
+        or len(tracker.getExecutorInfos()) != 3  # the driver's entry is among them
+    ):
         if time.monotonic() > deadline:
-            raise TimeoutError(f"no second executor within {timeout:.0f} s")
+            raise TimeoutError(f"not two executors within {timeout:.0f} s")
         time.sleep(0.5)
 
 
@@ -358,6 +364,9 @@ def run_step(
         outcome["files_after_close"] = stored_files(stores)
     except Exception as error:  # one step's failure must not hide the others' outcomes
         outcome = {"error": without_stack_frames(f"{type(error).__name__}: {error}")}
+    finally:
+        # Cached blocks left on one executor would draw the next step's tasks there.
+        spark.catalog.clearCache()
     return outcome
 
 
