@@ -394,19 +394,25 @@ def _run_plan(
     service: str,
     config: dict[str, object],
 ) -> dict[str, dict[str, Any]]:
-    outcomes: dict[str, dict[str, Any]] = {}
     if service == "netty_like":
-        for step in plan:
-            wait_for_two_executors(spark)
-            outcomes[step.label] = run_step(
-                spark, step, config, [work / "local"], executor_killer(spark)
-            )
-        return outcomes
+        return _run_steps(
+            spark,
+            plan,
+            config,
+            [work / "local"],
+            kill=executor_killer(spark),
+            two_victims=lambda: wait_for_two_executors(spark),
+        )
     with LocalCluster(work / "cluster", workers=2) as cluster:
 
         def kill_worker() -> int:
             cluster.kill_worker(0)
             return 0
+
+        def restart_killed_worker() -> None:
+            if not cluster.worker_running(0):
+                cluster.start_worker(0)
+                cluster.wait_for_workers({cluster.worker_target(0)})
 
         stores = [cluster.worker_store(index) for index in range(2)]
         # As on separate hosts: reads go to the workers, never to their stores' files.
@@ -415,11 +421,25 @@ def _run_plan(
             **cluster.client_config(),
             "external-shuffle.client.read-from-store": False,
         }
-        for step in plan:
-            if not cluster.worker_running(0):
-                cluster.start_worker(0)
-                cluster.wait_for_workers({cluster.worker_target(0)})
-            outcomes[step.label] = run_step(spark, step, client, stores, kill_worker)
+        return _run_steps(
+            spark, plan, client, stores, kill=kill_worker, two_victims=restart_killed_worker
+        )
+
+
+def _run_steps(
+    spark: SparkSession,
+    plan: tuple[Step, ...],
+    config: Mapping[str, object],
+    stores: list[Path],
+    *,
+    kill: Kill,
+    two_victims: Callable[[], None],
+) -> dict[str, dict[str, Any]]:
+    """Each step in turn, once ``two_victims`` made sure both executors or workers run."""
+    outcomes: dict[str, dict[str, Any]] = {}
+    for step in plan:
+        two_victims()
+        outcomes[step.label] = run_step(spark, step, config, stores, kill)
     return outcomes
 
 
