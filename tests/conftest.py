@@ -17,6 +17,7 @@ from pyspark.sql import SparkSession
 
 from pyspark_shuffle.local_spark import local_connect_server, local_spark_session
 from pyspark_shuffle.options import SPARK_CONF_PREFIX
+from tests.s3_stand_in import S3StandIn, running_stand_in
 
 SPARK_MAX_SUBPARTITIONS = 8
 """``pyspark-shuffle.max-subpartitions`` as the shared session's Spark conf sets it."""
@@ -46,3 +47,18 @@ def spark() -> Iterator[SparkSession]:
     session = local_spark_session("pyshuffle-tests", cores=2, max_task_failures=2, conf=_CONF)
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_stand_in() -> Iterator[S3StandIn]:
+    """moto's S3 server, one per test process, as this process's S3 (its environment): s3fs
+    keeps one filesystem per process whatever the endpoint, so there is one endpoint."""
+    with running_stand_in() as stand_in:
+        saved = {name: os.environ.get(name) for name in stand_in.environment()}
+        os.environ.update(stand_in.environment())
+        yield stand_in
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
