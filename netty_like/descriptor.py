@@ -24,7 +24,13 @@ __all__ = ["NettyShuffleDescriptor"]
 # 10,000 map tasks on 100 executors encodes 100 of them.
 @functools.lru_cache(maxsize=4096)
 def _details_bytes(
-    producer_location: str, host: str, data_port: int, connection_index: int, store_url: str
+    producer_location: str,
+    host: str,
+    data_port: int,
+    *,
+    connection_index: int,
+    store_url: str,
+    on_shared_store: bool,
 ) -> bytes:
     details: bytes = pb.NettyShuffleDescriptorDetails(
         producer_location=producer_location,
@@ -32,6 +38,7 @@ def _details_bytes(
         data_port=data_port,
         connection_index=connection_index,
         store_url=store_url,
+        on_shared_store=on_shared_store,
     ).SerializeToString()
     return details
 
@@ -45,6 +52,9 @@ class NettyShuffleDescriptor(ShuffleDescriptor):
     whose files the consumer sees under ``store_url`` (same host, shared file system, object
     store): straight from the store. Otherwise through the producer's data port at
     ``host:data_port`` (``-1``: the producer serves none).
+
+    ``on_shared_store``: a blocking partition on a store every host sees (an object store),
+    which outlives its producer's process and host: it is read, found and released there.
     """
 
     kind: ClassVar[str] = "netty_like"
@@ -54,6 +64,7 @@ class NettyShuffleDescriptor(ShuffleDescriptor):
     data_port: int
     connection_index: int
     store_url: str
+    on_shared_store: bool = False
 
     @classmethod
     def of_producer(
@@ -63,8 +74,10 @@ class NettyShuffleDescriptor(ShuffleDescriptor):
         *,
         connection_index: int,
         store_url: str,
+        on_shared_store: bool = False,
     ) -> NettyShuffleDescriptor:
-        """Where ``producer``'s partition is read: its process and data port."""
+        """Where ``producer``'s partition is read: its process and data port, or the shared
+        store."""
         return cls(
             partition=partition,
             producer_location=producer.producer_location,
@@ -72,6 +85,7 @@ class NettyShuffleDescriptor(ShuffleDescriptor):
             data_port=producer.data_port,
             connection_index=connection_index,
             store_url=store_url,
+            on_shared_store=on_shared_store,
         )
 
     @property
@@ -79,14 +93,19 @@ class NettyShuffleDescriptor(ShuffleDescriptor):
         return self.partition
 
     def stores_local_resources_on(self) -> str | None:
-        return self.producer_location
+        return None if self.on_shared_store else self.producer_location
 
     def is_local_to(self, resource_id: str) -> bool:
         return self.producer_location == resource_id
 
     def details_to_bytes(self) -> bytes:
         return _details_bytes(
-            self.producer_location, self.host, self.data_port, self.connection_index, self.store_url
+            self.producer_location,
+            self.host,
+            self.data_port,
+            connection_index=self.connection_index,
+            store_url=self.store_url,
+            on_shared_store=self.on_shared_store,
         )
 
     @classmethod
@@ -107,4 +126,5 @@ class NettyShuffleDescriptor(ShuffleDescriptor):
             message.data_port,
             message.connection_index,
             message.store_url,
+            message.on_shared_store,
         )

@@ -118,6 +118,11 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
     def start(self) -> int:
         if self._port != LOCAL_ONLY_PORT or not self._config.get(DATA_PORT_ENABLED):
             return self._port
+        if self._executor_pid is not None and self._store.is_shared:
+            # Every blocking partition is read from the store, which outlives this process
+            # and its executor: nothing for a data port to serve.
+            _LOG.info("store %s is shared: no data port", self._store.url)
+            return self._port
         if self._executor_pid is not None and self._store.is_local:
             self._executor_host = ExecutorHost(
                 HostSettings(
@@ -178,7 +183,11 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
     ) -> NettyShuffleDescriptor:
         # What the master makes of a registration, which needs nothing but the producer.
         return NettyShuffleDescriptor.of_producer(
-            partition, producer, connection_index=0, store_url=self._store.url
+            partition,
+            producer,
+            connection_index=0,
+            store_url=self._store.url,
+            on_shared_store=self._store.is_shared,
         )
 
     def _check_open(self) -> None:
@@ -256,7 +265,8 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
         return self._manager.queued_bytes()
 
     def partitions_occupying_local_resources(self) -> frozenset[ResultPartitionID]:
-        # With an executor host, nothing: the host holds what this process wrote.
+        # With an executor host, nothing: the host holds what this process wrote; nor what
+        # it committed to a shared store, which the master releases.
         return self._manager.occupying()
 
     def close(self) -> None:

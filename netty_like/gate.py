@@ -79,6 +79,17 @@ class NettyInputGate(SequentialInputGate):
         if descriptor.is_local_to(self._settings.resource_id):
             yield from self._read_local(partition, pipelined)
             return
+        if descriptor.on_shared_store:
+            # Its producer may be long gone: the store is the only place to look.
+            reader = self._open_on_store(descriptor.store_url, partition, shared=True)
+            if reader is None:
+                raise PartitionNotFoundError(
+                    f"blocking partition {partition} is not on the shared store"
+                    f" {descriptor.store_url!r}",
+                    partition,
+                )
+            yield from reader.read(self.subpartitions)
+            return
         # Another store's partition is asked of its producer, unless it has no data port
         # (the store may still be this one under another URL).
         if (
@@ -138,6 +149,7 @@ class NettyInputGate(SequentialInputGate):
             not isinstance(descriptor, NettyShuffleDescriptor)
             or self._pipelined
             or descriptor.data_port == LOCAL_ONLY_PORT
+            or descriptor.on_shared_store
             or descriptor.is_local_to(self._settings.resource_id)
             or self._on_this_store(descriptor)
         ):

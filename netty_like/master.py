@@ -3,8 +3,9 @@ learnt from there.
 
 Each producer's data port (an executor's host, or the producing process itself) answers which
 of its partitions it still holds and releases them; a data port that no longer answers took its
-partitions with it. Only partitions of producers that serve no data port are checked and
-deleted on the master's own view of the store.
+partitions with it. Partitions of producers that serve no data port, and partitions on a
+shared store (an object store), are checked and deleted on the master's own view of the store:
+those on a shared store outlive their producers.
 """
 
 from __future__ import annotations
@@ -123,11 +124,24 @@ class NettyShuffleMaster(ShuffleMaster):
             job = self._jobs.pop(job_id, None)
         if job is None:
             return
-        self._release(
+        released = [
             descriptor
             for partition_descriptor, descriptor in job.partitions.values()
             if not partition_descriptor.partition_type.is_persistent
-        )
+        ]
+        self._release(descriptor for descriptor in released if not descriptor.on_shared_store)
+        results = {
+            descriptor.result_partition_id.partition_id.result_id
+            for descriptor in released
+            if descriptor.on_shared_store
+        }
+        for result_id in sorted(results):
+            # The whole result: attempts whose producers died while writing are there too,
+            # and no process of theirs is left to delete them.
+            try:
+                self._store.delete_tree(self._store.path(result_id))
+            except ShuffleError as error:
+                _LOG.warning("result %s not deleted from %s: %s", result_id, self._store.url, error)
 
     def _job(self, job_id: str) -> _Job:
         with self._lock:
@@ -152,6 +166,8 @@ class NettyShuffleMaster(ShuffleMaster):
             producer_descriptor,
             connection_index=partition_descriptor.connection_index,
             store_url=self._store.url,
+            on_shared_store=self._store.is_shared
+            and not partition_descriptor.partition_type.must_be_pipelined,
         )
         with self._lock:
             job.partitions[partition] = (partition_descriptor, descriptor)
@@ -296,9 +312,10 @@ def _found(statistics: PartitionStatistics | None) -> _Found:
 def _by_endpoint(
     descriptors: Iterable[NettyShuffleDescriptor],
 ) -> dict[_Endpoint | None, list[NettyShuffleDescriptor]]:
-    """Descriptors by the data port that serves them (``None``: none does)."""
+    """Descriptors by the data port that serves them (``None``: none does, or they live on a
+    shared store, which this process sees)."""
     grouped: dict[_Endpoint | None, list[NettyShuffleDescriptor]] = defaultdict(list)
     for descriptor in descriptors:
-        served = descriptor.data_port != LOCAL_ONLY_PORT
+        served = descriptor.data_port != LOCAL_ONLY_PORT and not descriptor.on_shared_store
         grouped[(descriptor.host, descriptor.data_port) if served else None].append(descriptor)
     return grouped

@@ -35,7 +35,9 @@ STORAGE_URL = host_local(
         "netty-like.storage.url",
         "",
         "fsspec URL under which blocking partitions are written; empty: a directory in the"
-        " temp dir (under PySpark, the executor's Spark local directory).",
+        " temp dir (under PySpark, the executor's Spark local directory). An object store"
+        " (s3://, gs://, ...; the same URL on every executor) is shared: its partitions"
+        " outlive their executors (docs/cluster.md).",
     )
 )
 SORT_BUFFER_SIZE = host_local(

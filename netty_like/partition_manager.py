@@ -281,5 +281,8 @@ class ResultPartitionManager:
         return sum(partition.queued_bytes for partition in partitions)
 
     def occupying(self) -> frozenset[ResultPartitionID]:
+        """What this process holds: on a shared store, committed partitions are not its own
+        (they outlive it, and the master releases them), only those it is writing."""
         with self._condition:
-            return frozenset(self._blocking | self._writing | self._pipelined.keys())
+            committed = set() if self._store.is_shared else self._blocking
+            return frozenset(committed | self._writing | self._pipelined.keys())

@@ -160,13 +160,14 @@ class SequentialInputGate(InputGate):
         return self._descriptor.consumed_subpartitions
 
     def _open_on_store(
-        self, store_url: str, partition: ResultPartitionID
+        self, store_url: str, partition: ResultPartitionID, *, shared: bool = False
     ) -> PartitionFileReader | None:
         """The partition's files on the store at ``store_url`` (a producer's or a worker's),
         if this process sees that store and the partition is committed there; else ``None``,
-        and the caller reads over the network."""
+        and the caller reads over the network. ``shared``: a store every host sees, opened
+        without asking the store whether it is there (a LIST request on an object store)."""
         if store_url not in self._stores:
-            self._stores[store_url] = Store.open_existing(store_url)
+            self._stores[store_url] = Store(store_url) if shared else Store.open_existing(store_url)
         store = self._stores[store_url]
         if store is None:
             return None

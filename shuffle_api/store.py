@@ -179,6 +179,7 @@ class _MappedRanges(_PositionedRanges):
 
 
 _SMALLEST_MAPPED_READ: Final = 1 << 20
+_PAST_ANY_END: Final = 1 << 62
 
 
 class _FsspecRanges(RangeReader):
@@ -189,8 +190,17 @@ class _FsspecRanges(RangeReader):
         self._path = path
 
     def read_range(self, offset: int, length: int) -> pa.Buffer:
+        if length <= 0:
+            return pa.py_buffer(b"")  # no request: an object store refuses an empty range
         with storage_errors(self._path):
-            return pa.py_buffer(self._fs.cat_file(self._path, start=offset, end=offset + length))
+            try:
+                data = self._fs.cat_file(self._path, start=offset, end=offset + length)
+            except OSError as error:
+                # S3 refuses a range that starts at or past the end (416): short, as files are.
+                if error.errno != errno.EINVAL or offset < self.size():
+                    raise
+                data = b""
+            return pa.py_buffer(data)
 
     def size(self) -> int:
         with storage_errors(self._path):
@@ -237,6 +247,15 @@ class Store:
     def is_local(self) -> bool:
         return self._local
 
+    @property
+    def is_shared(self) -> bool:
+        """Whether what is written here outlives the writing process and its host, seen alike
+        by every host: an object store or a remote file system (not a local directory, which
+        this process cannot tell from a shared mount, nor ``memory://``, which is its own)."""
+        protocols = self._fs.protocol
+        names = {protocols} if isinstance(protocols, str) else set(protocols)
+        return not self._local and "memory" not in names
+
     def free_bytes(self) -> int | None:
         """Bytes free on the file system of a local store (None for other stores)."""
         if not self._local:
@@ -265,12 +284,11 @@ class Store:
             return file
 
     def open_ranges(self, path: str) -> RangeReader:
-        """A reader of byte ranges of ``path``; raises FileNotFoundError if it is missing."""
+        """A reader of byte ranges of ``path``; raises FileNotFoundError if it is missing (on
+        an object store, its reads do: a request to look first would double a reducer's)."""
         with storage_errors(path):
             if self._local:
                 return _MappedRanges(path) if self._memory_map else _PositionedRanges(path)
-            if not self._fs.exists(path):
-                raise FileNotFoundError(path)
             return _FsspecRanges(self._fs, path)
 
     def read_bytes(self, path: str) -> bytes:
@@ -278,7 +296,8 @@ class Store:
             if self._local:  # a few syscalls, where fsspec's file object costs tens of us
                 with open(path, "rb") as file:
                     return file.read()
-            return bytes(self._fs.cat_file(path))
+            # A range past any end: one GET (s3fs asks for the object's size first otherwise).
+            return bytes(self._fs.cat_file(path, start=0, end=_PAST_ANY_END))
 
     @property
     def maps_files(self) -> bool:
@@ -292,7 +311,7 @@ class Store:
             if self.maps_files:
                 mapped = pa.memory_map(path)
                 return mapped.read_buffer(mapped.size())
-            return pa.py_buffer(self._fs.cat_file(path))
+        return pa.py_buffer(self.read_bytes(path))
 
     def put_atomic(self, path: str, data: bytes) -> None:
         """Write ``data`` so that a reader sees either nothing or all of it."""

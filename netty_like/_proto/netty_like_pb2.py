@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dpyshuffle/v1/netty_like.proto\x12\x17pyshuffle.v1.netty_like\"\x88\x01\n\x1dNettyShuffleDescriptorDetails\x12\x19\n\x11producer_location\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x11\n\tdata_port\x18\x03 \x01(\x05\x12\x18\n\x10\x63onnection_index\x18\x04 \x01(\r\x12\x11\n\tstore_url\x18\x05 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dpyshuffle/v1/netty_like.proto\x12\x17pyshuffle.v1.netty_like\"\xa1\x01\n\x1dNettyShuffleDescriptorDetails\x12\x19\n\x11producer_location\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x11\n\tdata_port\x18\x03 \x01(\x05\x12\x18\n\x10\x63onnection_index\x18\x04 \x01(\r\x12\x11\n\tstore_url\x18\x05 \x01(\t\x12\x17\n\x0fon_shared_store\x18\x06 \x01(\x08\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,5 +32,5 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pyshuffle.v1.netty_like_pb2
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_NETTYSHUFFLEDESCRIPTORDETAILS']._serialized_start=59
-  _globals['_NETTYSHUFFLEDESCRIPTORDETAILS']._serialized_end=195
+  _globals['_NETTYSHUFFLEDESCRIPTORDETAILS']._serialized_end=220
 # @@protoc_insertion_point(module_scope)

@@ -484,11 +484,23 @@ class PartitionFileReader:
             if self._data is None:
                 self._data = self._store.open_ranges(self._data_path)
         except FileNotFoundError as error:
-            raise PartitionNotFoundError(
-                f"data file of partition {self._partition} is gone from {self._store.url}",
-                self._partition,
-            ) from error
+            raise self._gone() from error
         return self._data
+
+    def _gone(self) -> PartitionNotFoundError:
+        return PartitionNotFoundError(
+            f"data file of partition {self._partition} is gone from {self._store.url}",
+            self._partition,
+        )
+
+    def _read_range(self, offset: int, length: int) -> pa.Buffer:
+        """Bytes of the data file, which an object store finds missing only when read."""
+        try:
+            data = self._ranges().read_range(offset, length)
+        except FileNotFoundError as error:
+            raise self._gone() from error
+        self._check_length(data.size, length, offset)
+        return data
 
     def _check_length(self, read: int, wanted: int, offset: int) -> None:
         """Checked even where the receiver verifies: its check would come too late."""
@@ -501,8 +513,7 @@ class PartitionFileReader:
 
     def read_run(self, run: Run, *, verify: bool = True) -> pa.Buffer:
         """A run's bytes, verified against its checksum unless the receiver verifies them."""
-        data = self._ranges().read_range(run.offset, run.length)
-        self._check_length(data.size, run.length, run.offset)
+        data = self._read_range(run.offset, run.length)
         if verify:
             verify_run(data, run, self._partition)
         return data
@@ -521,7 +532,11 @@ class PartitionFileReader:
         hang up)."""
         wanted = self.manifest.data_bytes
         if wanted:  # an empty partition may have no data file
-            self._check_length(min(self._ranges().size(), wanted), wanted, 0)
+            try:
+                size = self._ranges().size()
+            except FileNotFoundError as error:
+                raise self._gone() from error
+            self._check_length(min(size, wanted), wanted, 0)
 
     def send_run(
         self,
@@ -580,8 +595,7 @@ class PartitionFileReader:
         first = positions[0]
         offset = int(index.offset[first])
         length = int(index.offset[positions[-1]] + index.length[positions[-1]]) - offset
-        data = self._ranges().read_range(offset, length)
-        self._check_length(data.size, length, offset)
+        data = self._read_range(offset, length)
         start = 0
         for position in positions:
             size = int(index.length[position])

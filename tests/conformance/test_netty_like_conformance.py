@@ -1,4 +1,5 @@
-"""netty_like passes the conformance suite, on a local directory and on memory://."""
+"""netty_like passes the conformance suite, on a local directory, on memory:// and on an
+object store (moto's S3 server standing in for S3)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import pytest
 
 from shuffle_api import Configuration, new_id
 from shuffle_api.testing import ConformanceHarness, PipelinedPartitionConformance
+from tests.s3_stand_in import S3StandIn
 
 
 def _files(url: str) -> list[str]:
     fs, root = fsspec.core.url_to_fs(url)
+    fs.invalidate_cache()  # s3fs keeps listings
     if not fs.exists(root):
         return []
     return sorted(path for path in fs.find(root) if not fs.isdir(path))
@@ -40,4 +43,14 @@ class TestNettyLikeOnMemoryStore(PipelinedPartitionConformance):
             },
             environ={},
         )
+        return ConformanceHarness(config, stored_files=lambda: _files(url))
+
+
+class TestNettyLikeOnObjectStore(PipelinedPartitionConformance):
+    @pytest.fixture
+    def harness(self, s3_stand_in: S3StandIn) -> ConformanceHarness:
+        bucket = f"conformance-{new_id()}"
+        s3_stand_in.make_bucket(bucket)
+        url = f"s3://{bucket}/shuffle"
+        config = Configuration.load({"netty-like.storage.url": url}, environ={})
         return ConformanceHarness(config, stored_files=lambda: _files(url))

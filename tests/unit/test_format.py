@@ -836,15 +836,22 @@ def test_deleted_data_file_raises_partition_not_found(
     assert str(partition) in str(caught.value)
 
 
-@pytest.fixture(params=["mapped", "positioned", "memory"])
+@pytest.fixture(params=["mapped", "positioned", "memory", "s3"])
 def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    """Each way a store reads ranges: a memory map, positioned reads, fsspec."""
-    if request.param != "memory":
+    """Each way a store reads ranges: a memory map, positioned reads, fsspec (in memory, and
+    ranged GETs of an object store: moto's S3 server standing in for S3)."""
+    if request.param in ("mapped", "positioned"):
         yield Store(str(tmp_path / "store"), memory_map=request.param == "mapped")
         return
-    memory = Store(f"memory://pyshuffle-unit-{uuid.uuid4().hex}")
-    yield memory
-    memory.delete_tree(memory.path())
+    if request.param == "s3":
+        bucket = f"unit-{uuid.uuid4().hex}"
+        request.getfixturevalue("s3_stand_in").make_bucket(bucket)
+        root = f"s3://{bucket}/store"
+    else:
+        root = f"memory://pyshuffle-unit-{uuid.uuid4().hex}"
+    fsspec_store = Store(root)
+    yield fsspec_store
+    fsspec_store.delete_tree(fsspec_store.path())
 
 
 def test_a_run_read_after_a_prefix_is_the_prefix_and_the_run_bytes(

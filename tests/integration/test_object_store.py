@@ -1,0 +1,111 @@
+"""The default service on an object store (moto's S3 server standing in for S3, which is not
+reachable here): partitions outlive the process that wrote them, throttling is ridden out, a
+lost object is a lost partition, and a job leaves nothing behind."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import fsspec
+import pyarrow as pa
+import pytest
+
+from netty_like.descriptor import NettyShuffleDescriptor
+from shuffle_api import Configuration, PartitionNotFoundError, SubpartitionRange, new_id
+from shuffle_api.format import partition_directory
+from shuffle_api.store import Store
+from shuffle_api.testing import ConformanceHarness, ShuffleScenario, make_batches
+from tests.s3_stand_in import S3StandIn
+
+
+def _objects(url: str) -> list[str]:
+    filesystem, root = fsspec.core.url_to_fs(url)
+    filesystem.invalidate_cache()  # s3fs keeps listings
+    return sorted(filesystem.find(root))
+
+
+@pytest.fixture
+def store_url(s3_stand_in: S3StandIn) -> str:
+    bucket = f"shared-{new_id()}"
+    s3_stand_in.make_bucket(bucket)
+    return f"s3://{bucket}/shuffle"
+
+
+@pytest.fixture
+def scenario(store_url: str) -> Iterator[ShuffleScenario]:
+    configuration = Configuration.load({"netty-like.storage.url": store_url}, environ={})
+    with ShuffleScenario.open(ConformanceHarness(configuration)) as opened:
+        yield opened
+
+
+def _rows(table: pa.Table) -> list[int]:
+    return sorted(table.column("row").to_pylist())
+
+
+def test_a_partition_on_an_object_store_outlives_its_producer(
+    scenario: ShuffleScenario, store_url: str
+) -> None:
+    batches = make_batches(20_000, batch_rows=2_500)
+    descriptors, _ = scenario.produce(batches, partitions=2, subpartitions=4)
+    assert all(isinstance(d, NettyShuffleDescriptor) and d.on_shared_store for d in descriptors)
+    assert [d.stores_local_resources_on() for d in descriptors] == [None, None]
+    assert scenario.producer.partitions_occupying_local_resources() == frozenset()
+
+    scenario.producer.close()  # its process, data port and all, is gone
+
+    whole = scenario.read(scenario.consumer, descriptors, SubpartitionRange(0, 3))
+    assert _rows(whole) == list(range(20_000))
+    found = scenario.master.partitions_with_metrics(scenario.job.job_id).result()
+    assert [entry.available for entry in found] == [True, True]
+    assert sum(sum(e.statistics.rows_per_subpartition) for e in found if e.statistics) == 20_000
+    assert _objects(store_url)
+    scenario.master.unregister_job(scenario.job.job_id)
+    assert _objects(store_url) == []
+
+
+def test_throttled_requests_are_ridden_out(
+    scenario: ShuffleScenario, s3_stand_in: S3StandIn
+) -> None:
+    batches = make_batches(8_000, batch_rows=1_000)
+    s3_stand_in.reset()
+    s3_stand_in.throttle(0.2)
+    try:
+        descriptors, _ = scenario.produce(batches, partitions=2, subpartitions=3)
+        whole = scenario.read(scenario.consumer, descriptors, SubpartitionRange(0, 2))
+    finally:
+        s3_stand_in.throttle(0.0)
+    assert _rows(whole) == list(range(8_000))
+    counts = s3_stand_in.counts()
+    assert counts.get("THROTTLED", 0) > 0, counts
+
+
+def test_a_deleted_object_is_a_lost_partition(scenario: ShuffleScenario, store_url: str) -> None:
+    descriptors, _ = scenario.produce(make_batches(4_000), partitions=2, subpartitions=2)
+    lost = descriptors[1].result_partition_id
+    store = Store(store_url)
+    store.delete_tree(partition_directory(store, lost))
+
+    with pytest.raises(PartitionNotFoundError) as raised:
+        scenario.read(scenario.consumer, descriptors, SubpartitionRange(0, 1))
+    assert raised.value.partition_id == lost
+    assert store_url in str(raised.value)
+    found = scenario.master.partitions_with_metrics(scenario.job.job_id).result()
+    assert [entry.available for entry in found] == [True, False]
+    assert scenario.job.lost == [lost]
+
+
+def test_an_attempt_left_half_written_goes_with_its_job(
+    scenario: ShuffleScenario, store_url: str
+) -> None:
+    descriptors, _ = scenario.produce(make_batches(1_000), partitions=1, subpartitions=2)
+    # A producer that died while writing another attempt: nothing registered it.
+    partition = descriptors[0].result_partition_id
+    store = Store(store_url)
+    orphan = store.path(
+        partition.partition_id.result_id, str(partition.partition_id.partition_index), "dead"
+    )
+    store.put_atomic(store.child(orphan, "data"), b"half of a partition")
+    assert len(_objects(store_url)) > 1
+
+    scenario.master.unregister_job(scenario.job.job_id)
+    assert _objects(store_url) == []
