@@ -59,9 +59,12 @@ from shuffle_api.options import (
     COMPRESSION_AUTO_BANDWIDTH,
     COMPRESSION_CODEC,
     READ_SOURCES_IN_FLIGHT,
+    READ_STORE_AHEAD_SIZE,
+    READ_STORE_THREADS,
     TARGET_BATCH_SIZE,
 )
 from shuffle_api.store import Store
+from shuffle_api.store_reads import StoreReads
 
 __all__ = ["NettyShuffleEnvironment"]
 
@@ -86,6 +89,9 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
         self._port = LOCAL_ONLY_PORT
         self._gates = OpenGates()
         self._data_ports = ConnectionPool(self._secret)
+        self._store_reads = StoreReads(
+            threads=config.get(READ_STORE_THREADS), ahead_bytes=config.get(READ_STORE_AHEAD_SIZE)
+        )
         self._closed = False
         self._gate_settings = GateSettings(
             resource_id=self._resource_id,
@@ -245,7 +251,8 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
                 self._manager,
                 self._gate_settings,
                 self._gates.forget,
-                self._data_ports,
+                data_ports=self._data_ports,
+                store_reads=self._store_reads,
             )
             for descriptor in descriptors
         ]
@@ -279,4 +286,5 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
             self._executor_host.close()
         self._gates.close_all()
         self._data_ports.close()
+        self._store_reads.close()
         self._manager.release(self._manager.occupying())

@@ -24,6 +24,7 @@ from shuffle_api import (
 from shuffle_api.connections import ConnectionPool
 from shuffle_api.format import decode_run
 from shuffle_api.gate import END_OF_PARTITION, Asker, SequentialInputGate
+from shuffle_api.store_reads import StoreReads
 
 __all__ = ["GateSettings", "NettyInputGate"]
 
@@ -53,10 +54,12 @@ class NettyInputGate(SequentialInputGate):
         manager: ResultPartitionManager,
         settings: GateSettings,
         on_close: Callable[[SequentialInputGate], None],
+        *,
         data_ports: ConnectionPool,
+        store_reads: StoreReads,
     ) -> None:
-        """``data_ports``: connections to producers' data ports, shared by the gates of an
-        environment."""
+        """``data_ports``: connections to producers' data ports, and ``store_reads``: reads
+        from shared stores, both shared by the gates of an environment."""
         super().__init__(
             descriptor,
             unknown_timeout=settings.unknown_timeout,
@@ -66,6 +69,7 @@ class NettyInputGate(SequentialInputGate):
         self._manager = manager
         self._settings = settings
         self._data_ports = data_ports
+        self._store_reads = store_reads
         self._pipelined = descriptor.consumed_partition_type.must_be_pipelined
 
     def _read(self, descriptor: ShuffleDescriptor) -> Generator[pa.RecordBatch]:
@@ -80,15 +84,14 @@ class NettyInputGate(SequentialInputGate):
             yield from self._read_local(partition, pipelined)
             return
         if descriptor.on_shared_store:
-            # Its producer may be long gone: the store is the only place to look.
-            reader = self._open_on_store(descriptor.store_url, partition, shared=True)
-            if reader is None:
-                raise PartitionNotFoundError(
-                    f"blocking partition {partition} is not on the shared store"
-                    f" {descriptor.store_url!r}",
-                    partition,
-                )
-            yield from reader.read(self.subpartitions)
+            # Its producer may be long gone: the store is the only place to look, with the
+            # partitions read after this one there read ahead.
+            store = self._shared_store(descriptor.store_url)
+
+            def ask(partitions: list[ResultPartitionID]) -> Iterator[pa.RecordBatch | None]:
+                return self._store_reads.read(store, partitions, self.subpartitions)
+
+            yield from self._batched(_store_source(descriptor), partition, ask)
             return
         # Another store's partition is asked of its producer, unless it has no data port
         # (the store may still be this one under another URL).
@@ -142,14 +145,19 @@ class NettyInputGate(SequentialInputGate):
         return f"is not on this process's store {self._settings.store_url!r}"
 
     def _batch_source(self, index: int) -> str | None:
-        """The producer's data port, for a blocking partition of another process that is not
-        on this process's store."""
+        """The shared store of a partition there, or the producer's data port, for a
+        blocking partition of another process that is not on this process's store."""
         descriptor = self._shuffle_descriptors[index]
+        if (
+            isinstance(descriptor, NettyShuffleDescriptor)
+            and descriptor.on_shared_store
+            and not descriptor.is_local_to(self._settings.resource_id)
+        ):
+            return _store_source(descriptor)
         if (
             not isinstance(descriptor, NettyShuffleDescriptor)
             or self._pipelined
             or descriptor.data_port == LOCAL_ONLY_PORT
-            or descriptor.on_shared_store
             or descriptor.is_local_to(self._settings.resource_id)
             or self._on_this_store(descriptor)
         ):
@@ -179,7 +187,11 @@ class NettyInputGate(SequentialInputGate):
 
     def _asker(self, index: int) -> Asker | None:
         descriptor = self._shuffle_descriptors[index]
-        if not isinstance(descriptor, NettyShuffleDescriptor) or self._batch_source(index) is None:
+        if (
+            not isinstance(descriptor, NettyShuffleDescriptor)
+            or descriptor.on_shared_store  # read ahead when its turn comes, not asked ahead
+            or self._batch_source(index) is None
+        ):
             return None
         return self._ask(descriptor, pipelined=False)
 
@@ -223,3 +235,7 @@ class NettyInputGate(SequentialInputGate):
                     yield item
         finally:
             view.release()
+
+
+def _store_source(descriptor: NettyShuffleDescriptor) -> str:
+    return f"store {descriptor.store_url}"

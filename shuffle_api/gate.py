@@ -160,14 +160,13 @@ class SequentialInputGate(InputGate):
         return self._descriptor.consumed_subpartitions
 
     def _open_on_store(
-        self, store_url: str, partition: ResultPartitionID, *, shared: bool = False
+        self, store_url: str, partition: ResultPartitionID
     ) -> PartitionFileReader | None:
         """The partition's files on the store at ``store_url`` (a producer's or a worker's),
         if this process sees that store and the partition is committed there; else ``None``,
-        and the caller reads over the network. ``shared``: a store every host sees, opened
-        without asking the store whether it is there (a LIST request on an object store)."""
+        and the caller reads over the network."""
         if store_url not in self._stores:
-            self._stores[store_url] = Store(store_url) if shared else Store.open_existing(store_url)
+            self._stores[store_url] = Store.open_existing(store_url)
         store = self._stores[store_url]
         if store is None:
             return None
@@ -175,6 +174,14 @@ class SequentialInputGate(InputGate):
             return PartitionFileReader(store, partition, Layouts.MAPPED)
         except (PartitionNotFoundError, StorageError):
             return None
+
+    def _shared_store(self, store_url: str) -> Store:
+        """The store at ``store_url``, which every host sees: opened without asking it whether
+        it is there (a LIST request on an object store)."""
+        store = self._stores.get(store_url)
+        if store is None:
+            store = self._stores[store_url] = Store(store_url)
+        return store
 
     def update(self, info: PartitionInfo) -> bool:
         """Replace the unknown descriptor of the same partition; False if there is none."""

@@ -20,6 +20,8 @@ __all__ = [
     "DEFAULT_FACTORY",
     "HOST_CONFIG_FILE",
     "READ_SOURCES_IN_FLIGHT",
+    "READ_STORE_AHEAD_SIZE",
+    "READ_STORE_THREADS",
     "SHUFFLE_SERVICE_FACTORY_CLASS",
     "TARGET_BATCH_SIZE",
 ]
@@ -65,11 +67,29 @@ READ_SOURCES_IN_FLIGHT = int_option(
     minimum=1,
 )
 
+READ_STORE_THREADS = int_option(
+    "shuffle.read.store-threads",
+    8,
+    "Threads of a process that read blocks from a shared store (an object store) ahead of its"
+    " reducers, several requests at once: each request's round trip would otherwise add up.",
+    minimum=1,
+)
+
+READ_STORE_AHEAD_SIZE = memory_option(
+    "shuffle.read.store-ahead-size",
+    64 << 20,
+    "Bytes a reducer holds read from a shared store ahead of what it decodes (besides the"
+    " block it waits for, whatever its size).",
+    minimum=1 << 20,
+)
+
 CORE_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
     SHUFFLE_SERVICE_FACTORY_CLASS,
     COMPRESSION_CODEC,
     COMPRESSION_AUTO_BANDWIDTH,
     TARGET_BATCH_SIZE,
     READ_SOURCES_IN_FLIGHT,
+    READ_STORE_THREADS,
+    READ_STORE_AHEAD_SIZE,
     HOST_CONFIG_FILE,
 )

@@ -569,14 +569,19 @@ class PartitionFileReader:
     def read(self, subpartitions: SubpartitionRange) -> Iterator[pa.RecordBatch]:
         """Every batch of these subpartitions. Runs that lie side by side in the data file
         are read as one range (up to 8 MiB), each verified, and decoded in one pass."""
-        schema = self.manifest.schema
-        if schema is None:
+        for piece in self.pieces(subpartitions):
+            yield from self.decode(self.fetch(piece))
+
+    def pieces(self, subpartitions: SubpartitionRange) -> Iterator[list[int]]:
+        """The positions of the runs of these subpartitions, in groups that lie side by side
+        in the data file, each read as one range of at most 8 MiB (or one run)."""
+        if self.manifest.schema is None:
             return
         index = self._index
         positions = self._positions(subpartitions)
         if len(positions) <= 1:  # a reducer's one run of a map output, mostly
             if len(positions):
-                yield from self._read_adjacent(schema, positions.tolist())
+                yield positions.tolist()
             return
         offsets, lengths = index.offset[positions], index.length[positions]
         starts = np.flatnonzero(offsets[1:] != offsets[:-1] + lengths[:-1]) + 1
@@ -586,11 +591,22 @@ class PartitionFileReader:
                 # Runs from ``begin`` while they stay within the range limit (one at least).
                 ends = offsets[group[begin:]] + lengths[group[begin:]] - offsets[group[begin]]
                 end = begin + max(1, int(np.searchsorted(ends, _MAX_RANGE_BYTES, side="right")))
-                yield from self._read_adjacent(schema, positions[group[begin:end]].tolist())
+                yield positions[group[begin:end]].tolist()
                 begin = end
 
-    def _read_adjacent(self, schema: pa.Schema, positions: list[int]) -> Iterator[pa.RecordBatch]:
-        """Runs at ``positions``, which lie one after another in the data file."""
+    def piece_bytes(self, positions: list[int]) -> int:
+        """Bytes :meth:`fetch` reads for a piece."""
+        return int(self._index.length[positions].sum())
+
+    def decode(self, data: pa.Buffer) -> Iterator[pa.RecordBatch]:
+        """The batches of a fetched piece."""
+        schema = self.manifest.schema
+        assert schema is not None  # a partition without one has no pieces
+        return decode_run(data, schema, self._partition)
+
+    def fetch(self, positions: list[int]) -> pa.Buffer:
+        """A piece: runs at ``positions``, which lie one after another in the data file,
+        read as one range and verified."""
         index = self._index
         first = positions[0]
         offset = int(index.offset[first])
@@ -603,7 +619,7 @@ class PartitionFileReader:
             if xxhash.xxh3_64_intdigest(memoryview(piece)) != int(index.checksum[position]):
                 verify_run(piece, index.run(position), self._partition)  # names the run
             start += size
-        yield from decode_run(data, schema, self._partition)
+        return data
 
 
 def is_readable(store: Store, partition: ResultPartitionID) -> bool:

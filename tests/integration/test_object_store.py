@@ -109,3 +109,18 @@ def test_an_attempt_left_half_written_goes_with_its_job(
 
     scenario.master.unregister_job(scenario.job.job_id)
     assert _objects(store_url) == []
+
+
+def test_a_reducer_reads_a_block_with_one_get_and_never_lists(
+    scenario: ShuffleScenario, s3_stand_in: S3StandIn
+) -> None:
+    """Per map output, its manifest and index once per process (then cached), and a ranged
+    GET per block: no HEAD, no LIST."""
+    batches = make_batches(6_000, batch_rows=1_000)
+    descriptors, _ = scenario.produce(batches, partitions=4, subpartitions=3)
+    s3_stand_in.reset()
+    scenario.read(scenario.consumer, descriptors, SubpartitionRange.single(0))
+    assert s3_stand_in.counts() == {"GET": 3 * 4}
+    s3_stand_in.reset()
+    scenario.read(scenario.consumer, descriptors, SubpartitionRange.single(1))
+    assert s3_stand_in.counts() == {"GET": 4}
