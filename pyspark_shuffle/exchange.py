@@ -257,9 +257,12 @@ class Exchange(RegisteredExchange):
             output.descriptor.stores_local_resources_on() is not None
             for output in self.outputs.values()
         ):
-            # The partitions outlive their producers' executors (the external service's):
-            # losing an executor loses nothing, and Spark need not keep it for this shuffle.
+            # The partitions outlive their producers' executors (the external service's, or
+            # on an object store): losing an executor loses nothing, and Spark need not keep
+            # it for this shuffle. Nor its shuffle of the rows, whose files would hold the
+            # executors under dynamic allocation's shuffle tracking: Spark's cleaner takes it.
             self._held = False
+            self._anchor = None
 
     def held_map_outputs(self) -> DataFrame | None:
         """Spark's shuffle of the map tasks' metadata rows into one partition (columns of

@@ -1,5 +1,6 @@
 """Jobs on ``local-cluster[2,1,1024]``: two executor JVMs, each with its own store (its Spark
-local directory), reading each other's partitions over their data ports, as two hosts would.
+local directory), reading each other's partitions over their data ports, as two hosts would;
+or both on one object store (moto's S3 server standing in for S3), which outlives them.
 
 Run as ``python -m tests.integration.cluster_jobs WORK_DIR SERVICE`` (``netty_like``, the
 default service, or ``external_shuffle``: a coordinator and two worker daemons): a
@@ -9,6 +10,7 @@ test module's session is a ``local[2]`` one). Prints one JSON object: what the t
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import json
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
@@ -33,11 +36,16 @@ from external_shuffle.local_cluster import LocalCluster
 from pyspark_shuffle import SparkShuffle
 from pyspark_shuffle.local_spark import require_java
 from tests.integration.spark_rows import multiset, ordered
+from tests.s3_stand_in import running_stand_in
 
 ROWS = 40_000
 # Seconds each map task of the slow input sleeps: the stage lasts long enough to kill an
 # executor in the middle of it.
 SLOW_SECONDS = 1.5
+OBJECT_STORE_BUCKET = "pyshuffle-cluster"
+ON_OBJECT_STORE: Mapping[str, object] = {
+    "netty-like.storage.url": f"s3://{OBJECT_STORE_BUCKET}/shuffle"
+}
 
 
 def cluster_session(work: Path) -> SparkSession:
@@ -55,6 +63,9 @@ def cluster_session(work: Path) -> SparkSession:
     )
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = builder.config("spark.executorEnv.PYTHONPATH", os.pathsep.join(sys.path))
+    for name, value in os.environ.items():
+        if name.startswith("AWS_"):  # the object store's endpoint and keys, as on a cluster
+            builder = builder.config(f"spark.executorEnv.{name}", value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session
@@ -71,6 +82,17 @@ def stored_files(roots: list[Path]) -> list[str]:
         for path in store.rglob("*")
         if not path.name.startswith(".")
     )
+
+
+def stored_objects(settings: Mapping[str, object]) -> list[str]:
+    """Every object under the object store a step's ``settings`` name (none if they name
+    none)."""
+    url = settings.get("netty-like.storage.url")
+    if url is None:
+        return []
+    filesystem, root = fsspec.core.url_to_fs(str(url))
+    filesystem.invalidate_cache()  # s3fs keeps listings
+    return sorted(filesystem.find(root))
 
 
 def executor_pids(app_id: str) -> dict[str, int]:
@@ -223,7 +245,13 @@ def kill_during_map(
     equal = multiset(result) == multiset(data(spark))
     killing.join()  # a late kill would land in the application's next step
     [exchange] = shuffle.exchanges(result)
-    return {"killed": killed, "equal": equal, "runs": exchange.runs.per_map}
+    return {
+        "killed": killed,
+        "equal": equal,
+        "runs": exchange.runs.per_map,
+        "map_tasks_rerun": shuffle.statistics(result).map_tasks_rerun,
+        "held_by_spark": exchange.on_executors,
+    }
 
 
 def kill_during_reduce(
@@ -253,6 +281,7 @@ def kill_during_reduce(
         "action_error": error,
         "runs": exchange.runs.per_map,
         "map_tasks_rerun": shuffle.statistics(result).map_tasks_rerun,
+        "held_by_spark": exchange.on_executors,
     }
 
 
@@ -341,6 +370,9 @@ PLANS: dict[str, tuple[Step, ...]] = {
         Step("kill_during_map", "kill_during_map"),
         Step("kill_during_reduce", "kill_during_reduce"),
         Step("released_chain", "released_chain"),
+        Step("object_store_operations", "operations", ON_OBJECT_STORE),
+        Step("object_store_kill_during_map", "kill_during_map", ON_OBJECT_STORE),
+        Step("object_store_kill_during_reduce", "kill_during_reduce", ON_OBJECT_STORE),
     ),
     "external_shuffle": (
         Step("operations", "operations"),
@@ -357,11 +389,15 @@ PLANS: dict[str, tuple[Step, ...]] = {
 def run_step(
     spark: SparkSession, step: Step, config: Mapping[str, object], stores: list[Path], kill: Kill
 ) -> dict[str, Any]:
+    started = time.monotonic()
     try:
         with SparkShuffle(spark, config={**config, **step.settings}) as shuffle:
             outcome = SCENARIOS[step.scenario](spark, shuffle, kill, stores)
-            outcome["files_before_close"] = len(stored_files(stores))
-        outcome["files_after_close"] = stored_files(stores)
+            outcome["files_before_close"] = len(
+                stored_files(stores) + stored_objects(step.settings)
+            )
+        outcome["files_after_close"] = stored_files(stores) + stored_objects(step.settings)
+        outcome["seconds"] = round(time.monotonic() - started, 1)
     except Exception as error:  # one step's failure must not hide the others' outcomes
         outcome = {"error": without_stack_frames(f"{type(error).__name__}: {error}")}
     finally:
@@ -375,14 +411,20 @@ def main() -> int:
     and prints ``RESULT`` and a JSON object of each step's outcome under its label."""
     work, service = Path(sys.argv[1]), sys.argv[2]
     config: dict[str, object] = {"pyspark-shuffle.progress.interval": "0"}
-    # Spark's JVM first, before any gRPC channel has threads: PySpark forks it with a
-    # preexec_fn, and a fork among gRPC's threads sometimes lost the child
-    # (JAVA_GATEWAY_EXITED after gRPC's "epoll_wait error: Bad file descriptor").
-    spark = cluster_session(work)
-    try:
-        outcomes = _run_plan(spark, PLANS[service], work, service, config)
-    finally:
-        spark.stop()
+    plan = PLANS[service]
+    with contextlib.ExitStack() as stack:
+        if any(step.settings is ON_OBJECT_STORE for step in plan):
+            object_store = stack.enter_context(running_stand_in())
+            object_store.make_bucket(OBJECT_STORE_BUCKET)
+            os.environ.update(object_store.environment())
+        # Spark's JVM first, before any gRPC channel has threads: PySpark forks it with a
+        # preexec_fn, and a fork among gRPC's threads sometimes lost the child
+        # (JAVA_GATEWAY_EXITED after gRPC's "epoll_wait error: Bad file descriptor").
+        spark = cluster_session(work)
+        try:
+            outcomes = _run_plan(spark, plan, work, service, config)
+        finally:
+            spark.stop()
     print("RESULT " + json.dumps(outcomes, default=str))
     return 0
 

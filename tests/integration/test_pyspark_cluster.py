@@ -1,5 +1,6 @@
 """PySpark on ``local-cluster[2,1,1024]``: two executor JVMs, each with its own store, as two
-hosts would have; reducers read the other executor's partitions over its data port.
+hosts would have; reducers read the other executor's partitions over its data port. Then the
+default service on an object store both executors share (moto's S3 server standing in).
 
 Each service's scenarios run as the steps of one application in a process of its own
 (:mod:`tests.integration.cluster_jobs`): one SparkContext per process, and this run's is a
@@ -67,10 +68,18 @@ def external_shuffle_application(tmp_path_factory: pytest.TempPathFactory) -> Ou
     return run_application("external_shuffle", tmp_path_factory.mktemp("external_shuffle"))
 
 
-@pytest.fixture(params=["netty_like", "external_shuffle"])
+@pytest.fixture(
+    params=[
+        ("netty_like", "operations"),
+        ("external_shuffle", "operations"),
+        ("netty_like", "object_store_operations"),
+    ],
+    ids=["netty_like", "external_shuffle", "netty_like_on_object_store"],
+)
 def operations(request: pytest.FixtureRequest) -> dict[str, Any]:
-    outcomes: Outcomes = request.getfixturevalue(f"{request.param}_application")
-    return step(outcomes, "operations")
+    application, label = request.param
+    outcomes: Outcomes = request.getfixturevalue(f"{application}_application")
+    return step(outcomes, label)
 
 
 @pytest.mark.parametrize(
@@ -167,3 +176,23 @@ def test_a_worker_killed_during_the_reduce_stage_with_one_replica_is_recovered_b
     # The killed worker's store stays until it comes back (it then deletes what nobody
     # tracks); the live worker's is empty.
     assert not [path for path in outcome["files_after_close"] if "worker-1-store" in path]
+
+
+@pytest.mark.parametrize(
+    "label", ["object_store_kill_during_map", "object_store_kill_during_reduce"]
+)
+def test_an_executor_killed_with_its_partitions_on_an_object_store_reruns_nothing(
+    netty_like_application: Outcomes, label: str
+) -> None:
+    """Partitions on a store every host sees outlive their executor: Spark keeps no shuffle
+    for them, and no map task runs twice (on the executors' own disks, the same kill during
+    the reduce stage reruns most of them: the test above)."""
+    outcome = step(netty_like_application, label)
+    assert len(outcome["killed"]) == 1
+    assert outcome.get("action_error", "") == ""
+    assert outcome["equal"] is True
+    assert outcome["held_by_spark"] is False
+    assert set(outcome["runs"].values()) == {1}
+    assert outcome["map_tasks_rerun"] == 0
+    assert outcome["files_before_close"] > 0
+    assert outcome["files_after_close"] == []
