@@ -29,7 +29,7 @@ SUBPARTITIONS = 4
 PARTITIONS = 8
 
 
-class _SlowMemory(MemoryFileSystem):
+class _SlowMemory(MemoryFileSystem):  # type: ignore[misc]  # fsspec has no type hints
     """memory:// whose reads take a while, counting how many run at once."""
 
     protocol = "slowmemory"
