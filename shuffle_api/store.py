@@ -218,6 +218,9 @@ class Store:
         with storage_errors(self._url):
             self._fs, root = fsspec.core.url_to_fs(self._url)
         self._local = isinstance(self._fs, LocalFileSystem)
+        # Where a range past any end reads a whole file in one request: S3's GET with a Range
+        # header does; others (pyarrow's HDFS) would allocate the range first.
+        self._ranged_whole_reads = bool(self._protocols() & {"s3", "s3a"})
         self._root = root.rstrip("/") or "/"
         if self._local:
             with storage_errors(self._root):
@@ -252,9 +255,11 @@ class Store:
         """Whether what is written here outlives the writing process and its host, seen alike
         by every host: an object store or a remote file system (not a local directory, which
         this process cannot tell from a shared mount, nor ``memory://``, which is its own)."""
+        return not self._local and "memory" not in self._protocols()
+
+    def _protocols(self) -> set[str]:
         protocols = self._fs.protocol
-        names = {protocols} if isinstance(protocols, str) else set(protocols)
-        return not self._local and "memory" not in names
+        return {protocols} if isinstance(protocols, str) else set(protocols)
 
     def free_bytes(self) -> int | None:
         """Bytes free on the file system of a local store (None for other stores)."""
@@ -296,8 +301,10 @@ class Store:
             if self._local:  # a few syscalls, where fsspec's file object costs tens of us
                 with open(path, "rb") as file:
                     return file.read()
-            # A range past any end: one GET (s3fs asks for the object's size first otherwise).
-            return bytes(self._fs.cat_file(path, start=0, end=_PAST_ANY_END))
+            if self._ranged_whole_reads:
+                # A range past any end: one GET (s3fs asks for the object's size first).
+                return bytes(self._fs.cat_file(path, start=0, end=_PAST_ANY_END))
+            return bytes(self._fs.cat_file(path))
 
     @property
     def maps_files(self) -> bool:

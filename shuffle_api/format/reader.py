@@ -522,7 +522,10 @@ class PartitionFileReader:
         """``prefix`` and bytes ``start .. start + length`` of a run, unverified, as one new
         ``bytes``: a message to send, framing first, with no copy after the read."""
         offset = run.offset + start
-        message = self._ranges().read_after(prefix, offset, length)
+        try:
+            message = self._ranges().read_after(prefix, offset, length)
+        except FileNotFoundError as error:
+            raise self._gone() from error
         self._check_length(len(message) - len(prefix), length, offset)
         return message
 
@@ -551,6 +554,20 @@ class PartitionFileReader:
         pieces of at most ``piece_size`` bytes, calling ``sent`` with each piece's size: from
         the page cache, never through this process, where the store is a local file; a small
         run is read and sent with its header in one call."""
+        try:
+            self._send_run(sock, header, run, piece_size=piece_size, sent=sent)
+        except FileNotFoundError as error:  # an object store's data file, found gone on read
+            raise self._gone() from error
+
+    def _send_run(
+        self,
+        sock: socket.socket,
+        header: bytes,
+        run: Run,
+        *,
+        piece_size: int,
+        sent: Callable[[int], None],
+    ) -> None:
         ranges = self._ranges()
         if run.length <= _COPIED_RUN_BYTES:
             # Cheaper than sendfile's calls (a reducer's block of a map output is mostly small).

@@ -910,6 +910,28 @@ def test_ranges_small_and_large_are_the_file_bytes_and_short_at_its_end(
     assert ranges.read_range(3 * length, length).size == 0
 
 
+def test_a_data_file_gone_is_partition_not_found_for_every_read(
+    any_store: Store, partition: ResultPartitionID
+) -> None:
+    """An object store finds a missing data file only when it is read: every way of reading
+    still names the partition lost."""
+    write_partition(any_store, partition, SPREAD_WRITES, codec="none")
+    reader = PartitionFileReader(any_store, partition)
+    run = next(iter(reader.runs(SubpartitionRange.single(0))))
+    any_store.delete_tree(file_path(any_store, partition, DATA_FILE))
+    reads: list[Callable[[PartitionFileReader], object]] = [
+        lambda gone: gone.read_run(run),
+        lambda gone: gone.read_after(b"prefix", run, 0, run.length),
+        lambda gone: list(gone.read(SubpartitionRange.single(0))),
+        lambda gone: _sent(gone, run),
+        PartitionFileReader.check_data_file,
+    ]
+    for read in reads:
+        with pytest.raises(PartitionNotFoundError) as caught:
+            read(PartitionFileReader(any_store, partition))
+        assert caught.value.partition_id == partition
+
+
 def test_data_file_truncated_inside_a_run_raises_checksum_mismatch(
     any_store: Store, partition: ResultPartitionID
 ) -> None:
