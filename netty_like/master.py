@@ -59,6 +59,9 @@ class _Job:
     partitions: dict[ResultPartitionID, tuple[PartitionDescriptor, NettyShuffleDescriptor]] = field(
         default_factory=dict
     )
+    shared_results: set[str] = field(default_factory=set)
+    """Results with partitions on the shared store that are not persistent: their whole
+    prefixes go with the job (attempts whose producers died while writing are there too)."""
 
 
 class NettyShuffleMaster(ShuffleMaster):
@@ -124,20 +127,15 @@ class NettyShuffleMaster(ShuffleMaster):
             job = self._jobs.pop(job_id, None)
         if job is None:
             return
-        released = [
+        self._release(
             descriptor
             for partition_descriptor, descriptor in job.partitions.values()
             if not partition_descriptor.partition_type.is_persistent
-        ]
-        self._release(descriptor for descriptor in released if not descriptor.on_shared_store)
-        results = {
-            descriptor.result_partition_id.partition_id.result_id
-            for descriptor in released
-            if descriptor.on_shared_store
-        }
-        for result_id in sorted(results):
-            # The whole result: attempts whose producers died while writing are there too,
-            # and no process of theirs is left to delete them.
+            and not descriptor.on_shared_store
+        )
+        for result_id in sorted(job.shared_results):
+            # The whole result, released partitions or not: attempts whose producers died
+            # while writing are there too, and no process of theirs is left to delete them.
             try:
                 self._store.delete_tree(self._store.path(result_id))
             except ShuffleError as error:
@@ -171,6 +169,8 @@ class NettyShuffleMaster(ShuffleMaster):
         )
         with self._lock:
             job.partitions[partition] = (partition_descriptor, descriptor)
+            if descriptor.on_shared_store and not partition_descriptor.partition_type.is_persistent:
+                job.shared_results.add(partition.partition_id.result_id)
             if descriptor.data_port != LOCAL_ONLY_PORT:
                 self._endpoints.add((descriptor.host, descriptor.data_port))
         return completed(descriptor)

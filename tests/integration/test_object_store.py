@@ -4,6 +4,7 @@ lost object is a lost partition, and a job leaves nothing behind."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import fsspec
@@ -11,7 +12,22 @@ import pyarrow as pa
 import pytest
 
 from netty_like.descriptor import NettyShuffleDescriptor
-from shuffle_api import Configuration, PartitionNotFoundError, SubpartitionRange, new_id
+from netty_like.environment import NettyShuffleEnvironment
+from shuffle_api import (
+    LOCAL_ONLY_PORT,
+    Configuration,
+    IntermediateResultPartitionID,
+    InvalidOperationError,
+    PartitionDescriptor,
+    PartitionNotFoundError,
+    ResultPartitionDeploymentDescriptor,
+    ResultPartitionID,
+    ResultPartitionType,
+    ShuffleEnvironmentContext,
+    ShuffleIOOwner,
+    SubpartitionRange,
+    new_id,
+)
 from shuffle_api.format import partition_directory
 from shuffle_api.store import Store
 from shuffle_api.testing import ConformanceHarness, ShuffleScenario, make_batches
@@ -105,7 +121,9 @@ def test_an_attempt_left_half_written_goes_with_its_job(
         partition.partition_id.result_id, str(partition.partition_id.partition_index), "dead"
     )
     store.put_atomic(store.child(orphan, "data"), b"half of a partition")
-    assert len(_objects(store_url)) > 1
+    # Released first, as an engine releases what it read before its job ends.
+    scenario.master.release_partition_externally(descriptors[0])
+    assert len(_objects(store_url)) == 1
 
     scenario.master.unregister_job(scenario.job.job_id)
     assert _objects(store_url) == []
@@ -124,3 +142,28 @@ def test_a_reducer_reads_a_block_with_one_get_and_never_lists(
     s3_stand_in.reset()
     scenario.read(scenario.consumer, descriptors, SubpartitionRange.single(1))
     assert s3_stand_in.counts() == {"GET": 4}
+
+
+def test_an_executor_on_an_object_store_serves_no_data_port(store_url: str) -> None:
+    """Its blocking partitions are read from the store; a pipelined one, which lives in the
+    writer's memory, could be read by no other process: refused."""
+    configuration = Configuration.load({"netty-like.storage.url": store_url}, environ={})
+    context = ShuffleEnvironmentContext(configuration, host="127.0.0.1", executor_pid=os.getpid())
+    with NettyShuffleEnvironment(context) as environment:
+        assert environment.start() == LOCAL_ONLY_PORT
+        partition = PartitionDescriptor(
+            "pipelined",
+            1,
+            IntermediateResultPartitionID("pipelined", 0),
+            ResultPartitionType.PIPELINED,
+            2,
+        )
+        producer = environment.producer_descriptor("attempt")
+        shuffle_descriptor = environment.describe_unregistered(
+            ResultPartitionID(partition.partition_id, "attempt"), producer
+        )
+        with pytest.raises(InvalidOperationError, match="blocking partitions only"):
+            environment.create_result_partition_writers(
+                ShuffleIOOwner("map", "attempt"),
+                [ResultPartitionDeploymentDescriptor(partition, shuffle_descriptor)],
+            )
