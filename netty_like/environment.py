@@ -124,7 +124,7 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
     def start(self) -> int:
         if self._port != LOCAL_ONLY_PORT or not self._config.get(DATA_PORT_ENABLED):
             return self._port
-        if self._executor_pid is not None and self._store.is_shared:
+        if self._shared_store_only:
             # Every blocking partition is read from the store, which outlives this process
             # and its executor: nothing for a data port to serve.
             _LOG.info("store %s is shared: no data port", self._store.url)
@@ -166,6 +166,11 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
         )
         self._port = self._server.start()
         return self._port
+
+    @property
+    def _shared_store_only(self) -> bool:
+        """An executor's process on a shared store: it serves no data port."""
+        return self._executor_pid is not None and self._store.is_shared
 
     def _advertised_host(self) -> str:
         """Where consumers reach the data port: its bind address, unless that is a wildcard."""
@@ -210,11 +215,12 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
         target = self._config.get(TARGET_BATCH_SIZE)
         partition = descriptor.result_partition_id
         if descriptor.partition_type.must_be_pipelined:
-            if self._executor_host is not None:
+            if self._executor_host is not None or self._shared_store_only:
                 raise InvalidOperationError(
                     f"{descriptor.partition_type.name} partitions live in the memory of the"
-                    " process that writes them; with an executor host this environment writes"
-                    " blocking partitions only"
+                    " process that writes them; with an executor host, or an executor's"
+                    " shared store (no data port), this environment writes blocking"
+                    " partitions only"
                 )
             pipelined = self._manager.new_pipelined(
                 partition,

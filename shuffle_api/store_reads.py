@@ -10,17 +10,21 @@ budget of bytes fetched and not yet decoded, as Spark's reducers keep fetches in
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from typing import TypeVar
 
 import pyarrow as pa
 
 from shuffle_api.descriptors import SubpartitionRange
+from shuffle_api.errors import ShuffleError, ShuffleServiceClosedError
 from shuffle_api.format import Layouts, PartitionFileReader
 from shuffle_api.ids import ResultPartitionID
 from shuffle_api.store import Store
 
 __all__ = ["StoreReads"]
+
+T = TypeVar("T")
 
 
 class StoreReads:
@@ -88,12 +92,12 @@ class _Request:
         try:
             for turn in range(len(self._partitions)):
                 self._ask_layouts(turn)
-                reader = self._layouts[turn].result()  # this partition's error, if any
+                reader = _result(self._layouts[turn])  # this partition's error, if any
                 for place in range(len(self._pieces_of(turn, reader))):
                     self._ask_pieces((turn, place))
                     piece, size = self._asked.popleft()
                     try:
-                        yield from reader.decode(piece.result())
+                        yield from reader.decode(_result(piece))
                     finally:
                         self._held -= size
                 # Every piece of this turn was asked for: the next to ask is in a later one.
@@ -114,10 +118,16 @@ class _Request:
     def _ask_layouts(self, turn: int) -> None:
         while self._next_layout < min(len(self._partitions), turn + self._threads):
             partition = self._partitions[self._next_layout]
-            self._layouts[self._next_layout] = self._pool.submit(
+            self._layouts[self._next_layout] = self._submit(
                 PartitionFileReader, self._store, partition, Layouts.MAPPED
             )
             self._next_layout += 1
+
+    def _submit(self, function: Callable[..., T], *arguments: object) -> Future[T]:
+        try:
+            return self._pool.submit(function, *arguments)
+        except RuntimeError as error:  # the pool was shut down: its environment closed
+            raise ShuffleServiceClosedError("store reads are closed") from error
 
     def _ask_pieces(self, wanted: tuple[int, int]) -> None:
         """Ask for pieces in order up to ``wanted`` (its reader waits for it), and on while
@@ -129,13 +139,25 @@ class _Request:
             if ahead and (not layout.done() or layout.exception() is not None):
                 return  # known later; a failed one fails at its turn
             reader = layout.result()
-            pieces = self._pieces_of(turn, reader)
+            try:
+                pieces = self._pieces_of(turn, reader)
+            except ShuffleError:
+                if ahead:
+                    return  # raised again at its turn, as that partition's
+                raise
             if place >= len(pieces):
                 self._next_piece = (turn + 1, 0)
                 continue
             size = reader.piece_bytes(pieces[place])
             if ahead and self._held + size > self._ahead_bytes:
                 return
-            self._asked.append((self._pool.submit(reader.fetch, pieces[place]), size))
+            self._asked.append((self._submit(reader.fetch, pieces[place]), size))
             self._held += size
             self._next_piece = (turn, place + 1)
+
+
+def _result(future: Future[T]) -> T:
+    try:
+        return future.result()
+    except CancelledError as error:  # by the pool's shutdown: its environment closed
+        raise ShuffleServiceClosedError("store reads are closed") from error

@@ -17,6 +17,7 @@ from shuffle_api import (
     IntermediateResultPartitionID,
     PartitionNotFoundError,
     ResultPartitionID,
+    ShuffleServiceClosedError,
     SubpartitionRange,
 )
 from shuffle_api.format import Layouts, PartitionFileReader, PartitionFileWriter, StoreSink
@@ -151,3 +152,12 @@ def test_an_empty_partition_between_others_is_answered_empty(store: Store) -> No
     finally:
         reads.close()
     assert [len(rows) > 0 for rows in answered] == [True, False, True]
+
+
+def test_reads_of_a_closed_environment_fail_typed(store: Store) -> None:
+    partitions, _ = _write(store)
+    reads = StoreReads(threads=2, ahead_bytes=64 << 20)
+    answers = reads.read(store, partitions, SubpartitionRange(0, 1))
+    reads.close()
+    with pytest.raises(ShuffleServiceClosedError):
+        list(answers)
