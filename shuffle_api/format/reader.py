@@ -554,34 +554,21 @@ class PartitionFileReader:
         pieces of at most ``piece_size`` bytes, calling ``sent`` with each piece's size: from
         the page cache, never through this process, where the store is a local file; a small
         run is read and sent with its header in one call."""
-        try:
-            self._send_run(sock, header, run, piece_size=piece_size, sent=sent)
-        except FileNotFoundError as error:  # an object store's data file, found gone on read
-            raise self._gone() from error
-
-    def _send_run(
-        self,
-        sock: socket.socket,
-        header: bytes,
-        run: Run,
-        *,
-        piece_size: int,
-        sent: Callable[[int], None],
-    ) -> None:
-        ranges = self._ranges()
         if run.length <= _COPIED_RUN_BYTES:
             # Cheaper than sendfile's calls (a reducer's block of a map output is mostly small).
-            message = ranges.read_after(header, run.offset, run.length)
-            self._check_length(len(message) - len(header), run.length, run.offset)
-            sock.sendall(message)
+            sock.sendall(self.read_after(header, run, 0, run.length))
             sent(run.length)
             return
+        ranges = self._ranges()
         sock.sendall(header)
-        for start in range(0, run.length, piece_size):
-            length = min(piece_size, run.length - start)
-            offset = run.offset + start
-            self._check_length(ranges.send_range(sock, offset, length), length, offset)
-            sent(length)
+        try:
+            for start in range(0, run.length, piece_size):
+                length = min(piece_size, run.length - start)
+                offset = run.offset + start
+                self._check_length(ranges.send_range(sock, offset, length), length, offset)
+                sent(length)
+        except FileNotFoundError as error:  # an object store's data file, found gone on read
+            raise self._gone() from error
 
     def read(self, subpartitions: SubpartitionRange) -> Iterator[pa.RecordBatch]:
         """Every batch of these subpartitions. Runs that lie side by side in the data file
