@@ -370,7 +370,6 @@ PLANS: dict[str, tuple[Step, ...]] = {
         Step("kill_during_map", "kill_during_map"),
         Step("kill_during_reduce", "kill_during_reduce"),
         Step("released_chain", "released_chain"),
-        Step("object_store_operations", "operations", ON_OBJECT_STORE),
         Step("object_store_kill_during_map", "kill_during_map", ON_OBJECT_STORE),
         Step("object_store_kill_during_reduce", "kill_during_reduce", ON_OBJECT_STORE),
     ),

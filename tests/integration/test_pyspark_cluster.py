@@ -68,18 +68,10 @@ def external_shuffle_application(tmp_path_factory: pytest.TempPathFactory) -> Ou
     return run_application("external_shuffle", tmp_path_factory.mktemp("external_shuffle"))
 
 
-@pytest.fixture(
-    params=[
-        ("netty_like", "operations"),
-        ("external_shuffle", "operations"),
-        ("netty_like", "object_store_operations"),
-    ],
-    ids=["netty_like", "external_shuffle", "netty_like_on_object_store"],
-)
+@pytest.fixture(params=["netty_like", "external_shuffle"])
 def operations(request: pytest.FixtureRequest) -> dict[str, Any]:
-    application, label = request.param
-    outcomes: Outcomes = request.getfixturevalue(f"{application}_application")
-    return step(outcomes, label)
+    outcomes: Outcomes = request.getfixturevalue(f"{request.param}_application")
+    return step(outcomes, "operations")
 
 
 @pytest.mark.parametrize(
