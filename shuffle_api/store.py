@@ -220,7 +220,10 @@ class Store:
         self._local = isinstance(self._fs, LocalFileSystem)
         # Where a range past any end reads a whole file in one request: S3's GET with a Range
         # header does; others (pyarrow's HDFS) would allocate the range first.
-        self._ranged_whole_reads = bool(self._protocols() & {"s3", "s3a"})
+        protocols = self._fs.protocol
+        names = {protocols} if isinstance(protocols, str) else set(protocols)
+        self._ranged_whole_reads = bool(names & {"s3", "s3a"})
+        self._shared = not self._local and "memory" not in names
         self._root = root.rstrip("/") or "/"
         if self._local:
             with storage_errors(self._root):
@@ -255,11 +258,7 @@ class Store:
         """Whether what is written here outlives the writing process and its host, seen alike
         by every host: an object store or a remote file system (not a local directory, which
         this process cannot tell from a shared mount, nor ``memory://``, which is its own)."""
-        return not self._local and "memory" not in self._protocols()
-
-    def _protocols(self) -> set[str]:
-        protocols = self._fs.protocol
-        return {protocols} if isinstance(protocols, str) else set(protocols)
+        return self._shared
 
     def free_bytes(self) -> int | None:
         """Bytes free on the file system of a local store (None for other stores)."""
