@@ -59,6 +59,8 @@ __all__ = [
     "WORKER_STORE_SHARED",
     "WORKER_STORE_URL",
     "WORKER_STREAM_IDLE_TIMEOUT",
+    "WORKER_TIER_HIGH_WATER",
+    "WORKER_TIER_URL",
     "WORKER_TIMEOUT",
     "coordinator_addresses",
     "message_chunk_size",
@@ -245,6 +247,21 @@ WORKER_STORE_SHARED = bool_option(
     "The store is shared with the clients (object store, shared file system): descriptors let"
     " them read committed partitions straight from it.",
 )
+WORKER_TIER_URL = str_option(
+    "external-shuffle.worker.tier-url",
+    "",
+    "fsspec URL of a shared store (s3://bucket/prefix) the worker moves committed partitions"
+    " to: past tier-high-water, and all of them on decommission. A moved partition outlives"
+    " the worker; clients that cannot reach the worker read it there (they need the store's"
+    " credentials), and so does the coordinator to answer for it. Empty: no tier.",
+)
+WORKER_TIER_HIGH_WATER = memory_option(
+    "external-shuffle.worker.tier-high-water",
+    0,
+    "With a tier-url: stored bytes past which the worker moves its oldest committed"
+    " partitions to the tier until 80% of this is left; 0: only on decommission.",
+    minimum=0,
+)
 WORKER_MEMORY_BUDGET = memory_option(
     "external-shuffle.worker.memory-budget",
     256 << 20,
@@ -355,6 +372,8 @@ DAEMON_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
     WORKER_ADVERTISED_HOST,
     WORKER_STORE_URL,
     WORKER_STORE_SHARED,
+    WORKER_TIER_URL,
+    WORKER_TIER_HIGH_WATER,
     WORKER_MEMORY_BUDGET,
     WORKER_MEMORY_BUDGET_TIMEOUT,
     WORKER_STREAM_IDLE_TIMEOUT,

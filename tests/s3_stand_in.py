@@ -27,7 +27,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
-__all__ = ["S3StandIn", "request_kind", "running_stand_in"]
+import fsspec
+
+__all__ = ["S3StandIn", "objects_under", "request_kind", "running_stand_in"]
 
 _CONTROL = "/_stand_in/"
 _THROTTLED = (
@@ -39,6 +41,13 @@ _KEYS = {"AWS_ACCESS_KEY_ID": "stand-in", "AWS_SECRET_ACCESS_KEY": "stand-in"}
 _Environ = dict[str, Any]
 _StartResponse = Callable[..., Any]
 _App = Callable[[_Environ, _StartResponse], Iterable[bytes]]
+
+
+def objects_under(url: str) -> list[str]:
+    """Every object under ``url``, as the store lists it now."""
+    filesystem, root = fsspec.core.url_to_fs(url)
+    filesystem.invalidate_cache()  # s3fs keeps listings
+    return sorted(filesystem.find(root))
 
 
 def request_kind(method: str, path: str) -> str:

@@ -17,34 +17,38 @@ class PartitionKey(_message.Message):
     def __init__(self, result_id: _Optional[str] = ..., partition_index: _Optional[int] = ..., producer_attempt_id: _Optional[str] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("worker_id", "host", "port", "store_url", "store_shared", "data_port")
+    __slots__ = ("worker_id", "host", "port", "store_url", "store_shared", "data_port", "tier_url")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
     STORE_URL_FIELD_NUMBER: _ClassVar[int]
     STORE_SHARED_FIELD_NUMBER: _ClassVar[int]
     DATA_PORT_FIELD_NUMBER: _ClassVar[int]
+    TIER_URL_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     host: str
     port: int
     store_url: str
     store_shared: bool
     data_port: int
-    def __init__(self, worker_id: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., store_url: _Optional[str] = ..., store_shared: _Optional[bool] = ..., data_port: _Optional[int] = ...) -> None: ...
+    tier_url: str
+    def __init__(self, worker_id: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., store_url: _Optional[str] = ..., store_shared: _Optional[bool] = ..., data_port: _Optional[int] = ..., tier_url: _Optional[str] = ...) -> None: ...
 
 class WorkerLoad(_message.Message):
-    __slots__ = ("stored_bytes", "partitions", "buffered_bytes", "decommissioning", "store_free_bytes")
+    __slots__ = ("stored_bytes", "partitions", "buffered_bytes", "decommissioning", "store_free_bytes", "partitions_on_tier")
     STORED_BYTES_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     BUFFERED_BYTES_FIELD_NUMBER: _ClassVar[int]
     DECOMMISSIONING_FIELD_NUMBER: _ClassVar[int]
     STORE_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_ON_TIER_FIELD_NUMBER: _ClassVar[int]
     stored_bytes: int
     partitions: int
     buffered_bytes: int
     decommissioning: bool
     store_free_bytes: int
-    def __init__(self, stored_bytes: _Optional[int] = ..., partitions: _Optional[int] = ..., buffered_bytes: _Optional[int] = ..., decommissioning: _Optional[bool] = ..., store_free_bytes: _Optional[int] = ...) -> None: ...
+    partitions_on_tier: int
+    def __init__(self, stored_bytes: _Optional[int] = ..., partitions: _Optional[int] = ..., buffered_bytes: _Optional[int] = ..., decommissioning: _Optional[bool] = ..., store_free_bytes: _Optional[int] = ..., partitions_on_tier: _Optional[int] = ...) -> None: ...
 
 class PartitionLocation(_message.Message):
     __slots__ = ("partition", "replicas")
@@ -65,14 +69,16 @@ class PartitionStatistics(_message.Message):
     def __init__(self, rows_per_subpartition: _Optional[_Iterable[int]] = ..., bytes_per_subpartition: _Optional[_Iterable[int]] = ..., arrow_bytes_per_subpartition: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
-    __slots__ = ("worker", "load", "committed")
+    __slots__ = ("worker", "load", "committed", "on_tier")
     WORKER_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    ON_TIER_FIELD_NUMBER: _ClassVar[int]
     worker: WorkerInfo
     load: WorkerLoad
     committed: _containers.RepeatedCompositeFieldContainer[PartitionKey]
-    def __init__(self, worker: _Optional[_Union[WorkerInfo, _Mapping]] = ..., load: _Optional[_Union[WorkerLoad, _Mapping]] = ..., committed: _Optional[_Iterable[_Union[PartitionKey, _Mapping]]] = ...) -> None: ...
+    on_tier: _containers.RepeatedCompositeFieldContainer[PartitionKey]
+    def __init__(self, worker: _Optional[_Union[WorkerInfo, _Mapping]] = ..., load: _Optional[_Union[WorkerLoad, _Mapping]] = ..., committed: _Optional[_Iterable[_Union[PartitionKey, _Mapping]]] = ..., on_tier: _Optional[_Iterable[_Union[PartitionKey, _Mapping]]] = ...) -> None: ...
 
 class RegisterWorkerResponse(_message.Message):
     __slots__ = ("obsolete",)
@@ -91,12 +97,14 @@ class WorkerHeartbeatRequest(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., load: _Optional[_Union[WorkerLoad, _Mapping]] = ..., committed: _Optional[_Iterable[_Union[CommittedPartition, _Mapping]]] = ...) -> None: ...
 
 class CommittedPartition(_message.Message):
-    __slots__ = ("partition", "application_id")
+    __slots__ = ("partition", "application_id", "on_tier")
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     APPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
+    ON_TIER_FIELD_NUMBER: _ClassVar[int]
     partition: PartitionKey
     application_id: str
-    def __init__(self, partition: _Optional[_Union[PartitionKey, _Mapping]] = ..., application_id: _Optional[str] = ...) -> None: ...
+    on_tier: bool
+    def __init__(self, partition: _Optional[_Union[PartitionKey, _Mapping]] = ..., application_id: _Optional[str] = ..., on_tier: _Optional[bool] = ...) -> None: ...
 
 class WorkerHeartbeatResponse(_message.Message):
     __slots__ = ("known", "release")

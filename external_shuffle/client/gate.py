@@ -2,7 +2,8 @@
 else fetched from its replicas in order, over a replica's data port or else over gRPC (a failed
 replica's successor resumes after the runs already read: replicas hold the same bytes, so their
 runs match one for one). Over data ports, each worker is asked once for the partitions read
-from it one after another (see ``shuffle_api.gate``)."""
+from it one after another (see ``shuffle_api.gate``). A partition no replica serves is read
+from a replica's tier store, where its worker may have moved it before it was lost."""
 
 from __future__ import annotations
 
@@ -29,10 +30,17 @@ from shuffle_api import (
     ResultPartitionID,
     ShuffleDescriptor,
     ShuffleError,
+    StorageError,
     TransportError,
 )
 from shuffle_api.connections import ConnectionPool
-from shuffle_api.format import PartitionManifest, decode_run, verify_checksum
+from shuffle_api.format import (
+    Layouts,
+    PartitionFileReader,
+    PartitionManifest,
+    decode_run,
+    verify_checksum,
+)
 from shuffle_api.gate import Asker, SequentialInputGate
 
 __all__ = ["ExternalInputGate", "GateSettings"]
@@ -116,6 +124,21 @@ class ExternalInputGate(SequentialInputGate):
                 if isinstance(error, TransportError):
                     self._on_unreachable(replica, error)
                 logger.warning("reading %s from %s failed: %s", partition, replica.target, error)
+        for tier_url in dict.fromkeys(r.tier_url for r in descriptor.replicas if r.tier_url):
+            try:
+                reader = PartitionFileReader(
+                    self._shared_store(tier_url), partition, Layouts.MAPPED
+                )
+            except (PartitionNotFoundError, StorageError) as error:
+                failures.append(f"not on the tier store {tier_url}: {error}")
+                continue
+            schema = reader.schema
+            runs = [] if schema is None else list(reader.runs(self.subpartitions))
+            # Runs match the replicas' one for one: the ones read already are skipped.
+            for run in runs[runs_read:]:
+                yield from decode_run(reader.read_run(run), schema, partition)
+            logger.info("read %s from the tier store %s", partition, tier_url)
+            return
         raise PartitionNotFoundError(
             f"partition {partition} could not be read from any replica: " + "; ".join(failures),
             partition,

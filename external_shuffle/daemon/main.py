@@ -64,6 +64,8 @@ from external_shuffle.options import (
     WORKER_STORE_SHARED,
     WORKER_STORE_URL,
     WORKER_STREAM_IDLE_TIMEOUT,
+    WORKER_TIER_HIGH_WATER,
+    WORKER_TIER_URL,
     WORKER_TIMEOUT,
     coordinator_addresses,
     message_chunk_size,
@@ -94,6 +96,8 @@ _UNARY_THREADS: Final = 16
 _QUEUED_CALLS_PER_THREAD: Final = 4
 # The data port's time for a peer to prove it holds the token.
 _HANDSHAKE_TIMEOUT: Final = 10.0
+# Seconds between a worker's checks of what to move to its tier store.
+_TIER_CHECK_PERIOD: Final = 1.0
 
 
 def _coordinator_port(configuration: Configuration) -> int:
@@ -224,6 +228,7 @@ class Daemon(Readiness):
                 message_data_limit=message_data_limit(config),
                 metrics=self.metrics,
                 stream_limits=limits,
+                tier=Store(config.get(WORKER_TIER_URL)) if config.get(WORKER_TIER_URL) else None,
             )
             served.server.add_generic_rpc_handlers((worker_rpc_handler(self.worker),))
             self._reaper = threading.Thread(
@@ -233,6 +238,13 @@ class Daemon(Readiness):
                 daemon=True,
             )
             self._reaper.start()
+            if self.worker.state.tier is not None:
+                threading.Thread(
+                    target=self._move_to_tier,
+                    args=(self.worker, config.get(WORKER_TIER_HIGH_WATER)),
+                    name="worker-tier-mover",
+                    daemon=True,
+                ).start()
             served.server.start()
             if self.data_port is not None:
                 self.data_port.start(self.worker)
@@ -312,6 +324,10 @@ class Daemon(Readiness):
     def _reap_worker(self, worker: WorkerService, period: float) -> None:
         while not self._stop_background.wait(period):
             worker.reap()
+
+    def _move_to_tier(self, worker: WorkerService, high_water: int) -> None:
+        while not self._stop_background.wait(_TIER_CHECK_PERIOD):
+            worker.move_to_tier(high_water)
 
     def _advertised_host(self) -> str:
         advertised = self._config.get(WORKER_ADVERTISED_HOST)

@@ -127,6 +127,11 @@ class DaemonMetrics:
             buckets=_STREAM_SECONDS,
             registry=worker,
         )
+        self.bytes_moved_to_tier = Counter(
+            "pyshuffle_bytes_moved_to_tier",
+            "Partition bytes this worker moved to its tier store",
+            registry=worker,
+        )
         self.data_port_connections = Counter(
             "pyshuffle_data_port_connections",
             "Authenticated connections the data port served (each carries fetch after fetch)",

@@ -53,21 +53,25 @@ def statistics_from_pb(message: pb.PartitionStatistics) -> PartitionStatistics:
 
 @dataclass(frozen=True, slots=True)
 class Commit:
-    """A partition a worker committed, and the application its writer named ("" if none)."""
+    """A partition a worker committed, and the application its writer named ("" if none);
+    or, ``on_tier``, one it committed before and has moved to its tier store since."""
 
     partition: ResultPartitionID
     application_id: str = ""
+    on_tier: bool = False
 
     def to_pb(self) -> pb.CommittedPartition:
         return pb.CommittedPartition(
-            partition=key_of(self.partition), application_id=self.application_id
+            partition=key_of(self.partition),
+            application_id=self.application_id,
+            on_tier=self.on_tier,
         )
 
     @classmethod
     def from_pb(cls, message: pb.CommittedPartition) -> Commit:
         if message.application_id:
             validate_id(message.application_id, "application id")
-        return cls(partition_of(message.partition), message.application_id)
+        return cls(partition_of(message.partition), message.application_id, message.on_tier)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +85,8 @@ class WorkerAddress:
     store_shared: bool
     data_port: int = 0
     """Where the worker serves fetches over a plain socket (0: it does not)."""
+    tier_url: str = ""
+    """The shared store the worker moves committed partitions to ("": none)."""
 
     def __post_init__(self) -> None:
         validate_id(self.worker_id, "worker id")
@@ -98,6 +104,7 @@ class WorkerAddress:
             store_url=self.store_url,
             store_shared=self.store_shared,
             data_port=self.data_port,
+            tier_url=self.tier_url,
         )
 
     @classmethod
@@ -109,4 +116,5 @@ class WorkerAddress:
             message.store_url,
             message.store_shared,
             message.data_port,
+            message.tier_url,
         )

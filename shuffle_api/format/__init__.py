@@ -1,6 +1,7 @@
 """The on-store partition format shared by every implementation (data + index + manifest)."""
 
 from shuffle_api.format.codec_choice import ipc_write_options
+from shuffle_api.format.copy import copy_partition
 from shuffle_api.format.layout import partition_directory
 from shuffle_api.format.manifest import FORMAT_VERSION, PartitionManifest
 from shuffle_api.format.partition_writer import SortMergePartitionWriter
@@ -27,6 +28,7 @@ __all__ = [
     "Run",
     "SortMergePartitionWriter",
     "StoreSink",
+    "copy_partition",
     "decode_run",
     "ipc_write_options",
     "is_readable",

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import fsspec
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
@@ -36,7 +35,7 @@ from external_shuffle.local_cluster import LocalCluster
 from pyspark_shuffle import SparkShuffle
 from pyspark_shuffle.local_spark import require_java
 from tests.integration.spark_rows import multiset, ordered
-from tests.s3_stand_in import running_stand_in
+from tests.s3_stand_in import objects_under, running_stand_in
 
 ROWS = 40_000
 # Seconds each map task of the slow input sleeps: the stage lasts long enough to kill an
@@ -88,11 +87,7 @@ def stored_objects(settings: Mapping[str, object]) -> list[str]:
     """Every object under the object store a step's ``settings`` name (none if they name
     none)."""
     url = settings.get("netty-like.storage.url")
-    if url is None:
-        return []
-    filesystem, root = fsspec.core.url_to_fs(str(url))
-    filesystem.invalidate_cache()  # s3fs keeps listings
-    return sorted(filesystem.find(root))
+    return [] if url is None else objects_under(str(url))
 
 
 def executor_pids(app_id: str) -> dict[str, int]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
-import fsspec
 import pyarrow as pa
 import pytest
 
@@ -31,13 +30,7 @@ from shuffle_api import (
 from shuffle_api.format import partition_directory
 from shuffle_api.store import Store
 from shuffle_api.testing import ConformanceHarness, ShuffleScenario, make_batches
-from tests.s3_stand_in import S3StandIn
-
-
-def _objects(url: str) -> list[str]:
-    filesystem, root = fsspec.core.url_to_fs(url)
-    filesystem.invalidate_cache()  # s3fs keeps listings
-    return sorted(filesystem.find(root))
+from tests.s3_stand_in import S3StandIn, objects_under
 
 
 @pytest.fixture
@@ -74,9 +67,9 @@ def test_a_partition_on_an_object_store_outlives_its_producer(
     found = scenario.master.partitions_with_metrics(scenario.job.job_id).result()
     assert [entry.available for entry in found] == [True, True]
     assert sum(sum(e.statistics.rows_per_subpartition) for e in found if e.statistics) == 20_000
-    assert _objects(store_url)
+    assert objects_under(store_url)
     scenario.master.unregister_job(scenario.job.job_id)
-    assert _objects(store_url) == []
+    assert objects_under(store_url) == []
 
 
 def test_throttled_requests_are_ridden_out(
@@ -123,10 +116,10 @@ def test_an_attempt_left_half_written_goes_with_its_job(
     store.put_atomic(store.child(orphan, "data"), b"half of a partition")
     # Released first, as an engine releases what it read before its job ends.
     scenario.master.release_partition_externally(descriptors[0])
-    assert len(_objects(store_url)) == 1
+    assert len(objects_under(store_url)) == 1
 
     scenario.master.unregister_job(scenario.job.job_id)
-    assert _objects(store_url) == []
+    assert objects_under(store_url) == []
 
 
 def test_a_reducer_reads_a_block_with_one_get_and_never_lists(

@@ -3,6 +3,7 @@ learns from workers and drivers), expiry, loss, and deletions owed to workers.""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pytest
@@ -395,3 +396,38 @@ def test_an_expired_application_is_logged_with_the_partitions_deleted(
         f"application app-1 expired after {APPLICATION_TIMEOUT} s without heartbeats:"
         " 3 partitions deleted"
     ]
+
+
+def test_a_partition_moved_to_the_tier_is_not_lost_with_its_worker_and_the_tier_is_cleaned(
+    clock: Clock,
+) -> None:
+    state = new_state(clock)
+    tiered = dataclasses.replace(worker(0), tier_url="s3://bucket/tier")
+    state.register_worker(tiered, pb.WorkerLoad(), [])
+    state.register_application("app-1")
+    state.register_job("app-1", "job-1")
+    register(state, 0)
+    register(state, 1)
+    state.worker_heartbeat(tiered.worker_id, pb.WorkerLoad(), [Commit(partition(0), on_tier=True)])
+    clock.now += WORKER_TIMEOUT + 1
+    state.application_heartbeat("app-1")
+    state.reap()
+    # Only the partition it did not move is lost; the moved one is still placed, on the tier.
+    assert state.application_heartbeat("app-1") == [("job-1", partition(1))]
+    placements, askable = state.job_partitions("app-1", "job-1")
+    assert askable == {}
+    assert [(p.partition, p.tier_url) for p in placements] == [(partition(0), tiered.tier_url)]
+    releases = state.unregister_job("app-1", "job-1", keep_persistent=False)
+    assert releases.per_worker == {}
+    assert releases.on_tier == {tiered.tier_url: [partition(0)]}
+
+
+def test_a_worker_registering_with_moved_partitions_has_them_kept_past_its_loss(
+    clock: Clock,
+) -> None:
+    state = new_state(clock)
+    tiered = dataclasses.replace(worker(0), tier_url="s3://bucket/tier")
+    state.register_worker(tiered, pb.WorkerLoad(), [partition(0), partition(1)], [partition(0)])
+    clock.now += WORKER_TIMEOUT + 1
+    state.reap()
+    assert state.partition_count() == 1

@@ -3,6 +3,7 @@ pushes, commits, duplicates, abandoned uploads, draining, and what a restarted w
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -10,10 +11,10 @@ import pytest
 
 from external_shuffle.daemon.worker.state import WorkerState
 from external_shuffle.wire.errors import UnavailableError
-from shuffle_api import ShuffleError, ShuffleServiceClosedError
-from shuffle_api.format import partition_directory
+from shuffle_api import ShuffleError, ShuffleServiceClosedError, SubpartitionRange, new_id
+from shuffle_api.format import is_readable, partition_directory
 from shuffle_api.store import Store
-from tests.reliability.raw_worker import BuiltPartition, build_partition
+from tests.reliability.raw_worker import SUBPARTITIONS, BuiltPartition, build_partition
 
 IDLE = 30.0
 
@@ -176,3 +177,67 @@ def test_a_release_deletes_uploads_and_committed_partitions(store: Store, clock:
     assert state.committed_partitions() == []
     for built in (committed, pushed):
         assert not Path(partition_directory(store, built.partition)).exists()
+
+
+def _tiered_state(store: Store, clock: Clock, tier: Store) -> WorkerState:
+    return WorkerState(store, memory_budget=1 << 20, budget_timeout=5, tier=tier, clock=clock)
+
+
+@pytest.fixture
+def tier() -> Store:
+    return Store(f"memory://tier-{new_id()}")
+
+
+def test_past_the_high_water_mark_the_oldest_partitions_move_to_the_tier_and_are_served_there(
+    store: Store, clock: Clock, tier: Store
+) -> None:
+    state = _tiered_state(store, clock, tier)
+    watch = state.watch_commits()
+    built = [build_partition(rows=400 * (i + 1)) for i in range(3)]
+    for each in built:
+        _push(state, each)
+        _commit(state, each)
+    watch.take()
+    sizes = [len(each.data) for each in built]
+    assert state.partitions_to_move(sum(sizes), 0) == []  # not past the mark
+    # Past it: the oldest go until what is left is within the low mark.
+    chosen = state.partitions_to_move(sum(sizes) - 1, sizes[2])
+    assert chosen == [built[0].partition, built[1].partition]
+    for partition in chosen:
+        assert state.move_to_tier(partition) > 0
+        assert state.move_to_tier(partition) == 0  # moved already
+    assert [(c.partition, c.on_tier) for c in watch.take() or []] == [(p, True) for p in chosen]
+    assert state.stored_bytes == sizes[2]
+    assert state.partitions_on_tier() == chosen
+    assert state.load().partitions_on_tier == 2
+    assert state.partitions_to_move(sum(sizes) - 1, sizes[2]) == []
+    for each in built[:2]:
+        here = partition_directory(store, each.partition)
+        assert sorted(os.listdir(here)) == ["manifest.json", "moved"]  # data and index went
+        assert is_readable(tier, each.partition)
+        every = SubpartitionRange(0, SUBPARTITIONS - 1)
+        reader = state.open_reader(each.partition, every)
+        assert sum(batch.num_rows for batch in reader.read(every)) == sum(
+            each.statistics.rows_per_subpartition
+        )
+    restarted = _tiered_state(store, clock, tier)  # finds what moved, and where
+    assert sorted(restarted.partitions_on_tier()) == sorted(chosen)
+    assert sorted(restarted.committed_partitions()) == sorted(each.partition for each in built)
+    assert restarted.release([built[0].partition]) == 1
+    assert not is_readable(tier, built[0].partition)
+
+
+def test_a_decommissioned_worker_moves_everything_and_counts_what_is_left(
+    store: Store, clock: Clock, tier: Store
+) -> None:
+    state = _tiered_state(store, clock, tier)
+    built = [build_partition(), build_partition()]
+    for each in built:
+        _push(state, each)
+        _commit(state, each)
+    assert state.partitions_to_move(0, 0) == []  # no high-water mark, no decommission
+    assert state.decommission(cancel=False) == 2
+    assert state.partitions_to_move(0, 0) == [each.partition for each in built]
+    state.move_to_tier(built[0].partition)
+    assert state.decommission(cancel=False) == 1
+    assert _state(store, clock).committed_partitions() == [built[1].partition]  # no tier set

@@ -15,11 +15,18 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.daemon.coordinator.state import CoordinatorState, PartitionPlacement, Releases
+from external_shuffle.daemon.coordinator.tier_stores import TierStores
 from external_shuffle.daemon.error_statuses import reports_errors
 from external_shuffle.ops.cluster_view import ApplicationRow, ClusterView, WorkerRow
 from external_shuffle.ops.metrics import DaemonMetrics
 from external_shuffle.wire.channels import ChannelPool
-from external_shuffle.wire.messages import Commit, WorkerAddress, key_of, partition_of
+from external_shuffle.wire.messages import (
+    Commit,
+    WorkerAddress,
+    key_of,
+    partition_of,
+    statistics_to_pb,
+)
 from scheduling.placement import PlacementStrategy
 from shuffle_api import ResultPartitionID
 
@@ -61,6 +68,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             clock=clock,
         )
         self._peers = peers
+        self._tiers = TierStores()
         self._coordinators = coordinators if len(coordinators) > 1 else ()
         self.metrics = metrics
         metrics.partitions.labels(role="coordinator").set_function(self.state.partition_count)
@@ -106,8 +114,10 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         return heard
 
     def _delete(self, releases: Releases) -> int:
-        """Tell each worker what to delete; one that does not answer is told with its next
-        heartbeat."""
+        """Tell each worker what to delete (one that does not answer is told with its next
+        heartbeat); delete what is on a tier store with no live worker to do it."""
+        for url, moved in releases.on_tier.items():
+            self._tiers.delete(url, moved)
         for address, partitions in releases.per_worker.items():
             try:
                 pb_grpc.WorkerStub(self._peers.get(address.target)).ReleasePartitions(
@@ -129,6 +139,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             WorkerAddress.from_pb(request.worker),
             request.load,
             [partition_of(key) for key in request.committed],
+            [partition_of(key) for key in request.on_tier],
         )
         return pb.RegisterWorkerResponse(obsolete=[key_of(p) for p in obsolete])
 
@@ -341,4 +352,12 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             for item in answer.partitions:
                 if item.committed:
                     found.setdefault(partition_of(item.partition), item.statistics)
+        for placement in placements:
+            # Moved to a tier store, with no worker that holds it answering: the store says.
+            if placement.tier_url and placement.partition not in found:
+                moved = self._tiers.statistics(placement.tier_url, placement.partition)
+                if moved is not None:
+                    found[placement.partition] = (
+                        pb.PartitionStatistics() if without_statistics else statistics_to_pb(moved)
+                    )
         return found

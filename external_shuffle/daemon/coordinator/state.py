@@ -10,6 +10,10 @@ side: each learns the same from the workers and the drivers.
 
 Data is deleted on release, job end and application expiry, and when no application claimed it
 for the application timeout; a worker that cannot be told now is told when it next calls.
+
+A partition its worker moved to the worker's tier store (a shared store) is not lost with the
+worker: readers find it there, and so does this coordinator when it is asked whether the
+partition is committed, or must delete it and no worker that holds it is alive.
 """
 
 from __future__ import annotations
@@ -42,10 +46,12 @@ _MAX_RELEASED = 100_000
 @dataclass(frozen=True, slots=True)
 class Releases:
     """Partitions forgotten: how many, and what each live worker deletes now (the servicer
-    makes the calls; the other workers are told with their next call)."""
+    makes the calls; the other workers are told with their next call), and what the servicer
+    deletes from tier stores itself (moved there, no worker that holds it alive)."""
 
     count: int
     per_worker: dict[WorkerAddress, list[ResultPartitionID]]
+    on_tier: dict[str, list[ResultPartitionID]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,10 +64,22 @@ class WorkerView:
 
 @dataclass(frozen=True, slots=True)
 class PartitionPlacement:
-    """A partition and its replicas' workers, first replica first."""
+    """A partition and its replicas' workers, first replica first; ``on_tier``: moved to a
+    replica's tier store."""
 
     partition: ResultPartitionID
     replicas: tuple[WorkerAddress, ...]
+    on_tier: bool = False
+
+    @property
+    def tier_url(self) -> str:
+        """Where the partition was moved ("" if it was not): its first replica's tier store
+        that there is."""
+        if self.on_tier:
+            for address in self.replicas:
+                if address.tier_url:
+                    return address.tier_url
+        return ""
 
 
 @dataclass
@@ -85,6 +103,7 @@ class _Partition:
     application_id: str = ""
     job_id: str = ""
     persistent: bool = False
+    on_tier: bool = False  # moved to its worker's tier store: outlives the worker
 
 
 @dataclass
@@ -138,17 +157,24 @@ class CoordinatorState:
     # --- workers ------------------------------------------------------------------------------
 
     def register_worker(
-        self, address: WorkerAddress, load: pb.WorkerLoad, held: Sequence[ResultPartitionID]
+        self,
+        address: WorkerAddress,
+        load: pb.WorkerLoad,
+        held: Sequence[ResultPartitionID],
+        on_tier: Sequence[ResultPartitionID] = (),
     ) -> list[ResultPartitionID]:
         """Take the worker (again); returns the partitions it holds that it must delete.
         What it holds that nobody here knows is kept, unclaimed: after a restart of this
-        coordinator, its application claims it."""
+        coordinator, its application claims it. ``on_tier``: those of ``held`` it moved to
+        its tier store."""
         now = self._clock()
+        moved = set(on_tier)
         with self._lock:
             previous = self._workers.get(address.worker_id)
             obsolete = set() if previous is None else set(previous.pending_release)
             self._workers[address.worker_id] = _Worker(address, load, now)
-            adopted = self._adopt(address.worker_id, [Commit(p) for p in held], obsolete)
+            commits = [Commit(p, on_tier=p in moved) for p in held]
+            adopted = self._adopt(address.worker_id, commits, obsolete)
         logger.info(
             "worker registered; %d partitions unknown here kept until claimed",
             adopted,
@@ -199,8 +225,10 @@ class CoordinatorState:
                 return
             worker.alive = False
             for entry in list(self._partitions.values()):
-                if worker_id not in entry.replicas or any(
-                    self._is_alive(replica) for replica in entry.replicas
+                if (
+                    worker_id not in entry.replicas
+                    or entry.on_tier
+                    or any(self._is_alive(replica) for replica in entry.replicas)
                 ):
                     continue
                 lost += 1
@@ -496,13 +524,25 @@ class CoordinatorState:
             if partition in self._released:
                 obsolete.add(partition)
                 continue
-            if partition in obsolete or (entry is not None and worker_id in entry.replicas):
+            if partition in obsolete:
+                continue
+            if entry is not None and worker_id in entry.replicas:
+                entry.on_tier |= commit.on_tier
                 continue
             if entry is None:
-                self._track(_Partition(partition, (worker_id,), now, commit.application_id))
+                self._track(
+                    _Partition(
+                        partition,
+                        (worker_id,),
+                        now,
+                        commit.application_id,
+                        on_tier=commit.on_tier,
+                    )
+                )
                 adopted += 1
             elif not entry.job_id:
                 self._set_replicas(entry, (*entry.replicas, worker_id))
+                entry.on_tier |= commit.on_tier
             else:
                 obsolete.add(partition)  # its application has it placed elsewhere
         return adopted
@@ -545,6 +585,7 @@ class CoordinatorState:
         """Forget the partitions; returns what live workers delete now (the others are told
         with their next call)."""
         per_worker: dict[WorkerAddress, list[ResultPartitionID]] = defaultdict(list)
+        on_tier: dict[str, list[ResultPartitionID]] = defaultdict(list)
         count = 0
         for entry in entries:
             if self._partitions.get(entry.partition) is not entry:
@@ -557,12 +598,16 @@ class CoordinatorState:
                     per_worker[worker.address].append(entry.partition)
                 else:
                     worker.pending_release.add(entry.partition)
-        return Releases(count, dict(per_worker))
+            placement = self._placement_of(entry)
+            if placement.tier_url and not any(map(self._is_alive, entry.replicas)):
+                on_tier[placement.tier_url].append(entry.partition)
+        return Releases(count, dict(per_worker), dict(on_tier))
 
     def _placement_of(self, entry: _Partition) -> PartitionPlacement:
         return PartitionPlacement(
             entry.partition,
             tuple(self._workers[worker_id].address for worker_id in entry.replicas),
+            entry.on_tier,
         )
 
     def _mean_partition_bytes(self) -> int:

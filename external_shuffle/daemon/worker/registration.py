@@ -41,6 +41,7 @@ def heartbeat_loop(
                         worker=service.address.to_pb(),
                         load=service.state.load(),
                         committed=[key_of(p) for p in service.state.committed_partitions()],
+                        on_tier=[key_of(p) for p in service.state.partitions_on_tier()],
                     ),
                     timeout=timeout,
                 )

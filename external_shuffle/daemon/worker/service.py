@@ -25,6 +25,7 @@ from external_shuffle.wire.messages import WorkerAddress, key_of, partition_of, 
 from shuffle_api import (
     InvalidIdentifierError,
     SerializationError,
+    ShuffleError,
     SubpartitionRange,
 )
 from shuffle_api.format import PartitionFileReader
@@ -74,17 +75,28 @@ class WorkerService(pb_grpc.WorkerServicer):
         message_data_limit: int,
         metrics: DaemonMetrics,
         stream_limits: StreamLimits,
+        tier: Store | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.state = WorkerState(
-            store, memory_budget=memory_budget, budget_timeout=budget_timeout, clock=clock
+            store,
+            memory_budget=memory_budget,
+            budget_timeout=budget_timeout,
+            tier=tier,
+            clock=clock,
         )
         self._streams = OpenStreams(stream_limits, clock)
         self._chunk_size = chunk_size
         self._message_data_limit = message_data_limit
         self.metrics = metrics
         self.address = WorkerAddress(
-            self.state.worker_id, host, port, store.url, store_shared, data_port
+            self.state.worker_id,
+            host,
+            port,
+            store.url,
+            store_shared,
+            data_port,
+            "" if tier is None else tier.url,
         )
         state = self.state
         metrics.memory_in_use.set_function(lambda: state.buffered_bytes)
@@ -98,6 +110,22 @@ class WorkerService(pb_grpc.WorkerServicer):
         """Cancel idle streams; delete uploads no stream has carried for the idle timeout."""
         self._streams.idle()
         self.state.reap_uploads(self._streams.limits.idle_timeout)
+
+    def move_to_tier(self, high_water: int) -> int:
+        """Move what :meth:`WorkerState.partitions_to_move` picks to the tier store (a move that
+        fails is logged and tried again next time); returns the partitions moved."""
+        moved = 0
+        for partition in self.state.partitions_to_move(high_water, high_water * 4 // 5):
+            try:
+                size = self.state.move_to_tier(partition)
+            except ShuffleError as error:
+                logger.warning("moving %s to the tier store failed: %s", partition, error)
+                continue
+            moved += 1
+            self.metrics.bytes_moved_to_tier.inc(size)
+        if moved:
+            logger.info("moved %d partitions to the tier store", moved)
+        return moved
 
     # --- gRPC ---------------------------------------------------------------------------------
 

@@ -7,6 +7,13 @@ those across all pushes, and a push waiting for the budget stops reading its str
 flow control holds the producer back). The commit checks the index and manifest against what
 arrived and writes them atomically, manifest last: a partition is committed exactly when its
 manifest exists, which is what a restarted worker finds.
+
+With a tier store (a shared store: an object store), committed partitions move there, the
+oldest first past a high-water mark of stored bytes and all of them on decommission: the copy
+is committed there (manifest last), then the worker writes a marker beside its own manifest and
+deletes its data and index. It goes on serving a moved partition, from the tier; clients that
+cannot reach it read the tier themselves, and the coordinator keeps a moved partition when the
+worker is lost.
 """
 
 from __future__ import annotations
@@ -39,10 +46,11 @@ from shuffle_api.format import (
     PartitionFileReader,
     PartitionManifest,
     StoreSink,
+    copy_partition,
     partition_directory,
     write_all,
 )
-from shuffle_api.format.manifest import MANIFEST_FILE
+from shuffle_api.format.manifest import DATA_FILE, INDEX_FILE, MANIFEST_FILE
 from shuffle_api.format.reader import check_commit
 from shuffle_api.ids import IntermediateResultPartitionID, new_id, validate_id
 from shuffle_api.store import Store, storage_errors
@@ -58,6 +66,9 @@ _WATCHED_COMMITS = 10_000
 WORKER_ID_FILE = ".pyshuffle-worker-id"
 """Under the store root: the worker's id, so a restarted worker is the same worker. A name no
 partition id can take (ids cannot start with a dot)."""
+
+MOVED_FILE = "moved"
+"""Beside a moved partition's manifest: its data and index are on the tier store."""
 
 
 class MemoryBudget:
@@ -139,10 +150,25 @@ class CommittedPartition:
     encoded_statistics: bytes
     subpartitions: int
     stored_bytes: int
+    application_id: str = ""
+    on_tier: bool = False  # moved: its data is on the tier store, not here
 
     @classmethod
-    def of(cls, statistics: PartitionStatistics, stored_bytes: int) -> CommittedPartition:
-        return cls(statistics.encode(), len(statistics.rows_per_subpartition), stored_bytes)
+    def of(
+        cls,
+        statistics: PartitionStatistics,
+        stored_bytes: int,
+        application_id: str = "",
+        *,
+        on_tier: bool = False,
+    ) -> CommittedPartition:
+        return cls(
+            statistics.encode(),
+            len(statistics.rows_per_subpartition),
+            stored_bytes,
+            application_id,
+            on_tier,
+        )
 
     def statistics(self) -> PartitionStatistics:
         return PartitionStatistics.decode(self.encoded_statistics, self.subpartitions)
@@ -150,7 +176,8 @@ class CommittedPartition:
 
 class WorkerState:
     """The partitions a worker holds on ``store``: uploads being pushed, committed ones, and
-    whether it takes new ones. Thread-safe; ``clock`` (seconds) ages abandoned uploads."""
+    whether it takes new ones; with a ``tier`` store, those moved there. Thread-safe;
+    ``clock`` (seconds) ages abandoned uploads."""
 
     def __init__(
         self,
@@ -158,9 +185,11 @@ class WorkerState:
         *,
         memory_budget: int,
         budget_timeout: float,
+        tier: Store | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
+        self.tier = tier
         self._clock = clock
         self._budget = MemoryBudget(memory_budget, budget_timeout)
         self._uploads: dict[ResultPartitionID, Upload] = {}
@@ -199,6 +228,9 @@ class WorkerState:
             except (InvalidIdentifierError, ValueError, IndexError):
                 logger.warning("ignoring %s: not a partition directory", directory)
                 continue
+            if self.store.exists(self.store.child(directory, MOVED_FILE)):
+                self._recover_moved(partition, directory)
+                continue
             try:
                 reader = PartitionFileReader(self.store, partition)
             except PartitionNotFoundError:
@@ -214,6 +246,18 @@ class WorkerState:
         if self._committed:
             logger.info("serving %d committed partitions found on the store", len(self._committed))
 
+    def _recover_moved(self, partition: ResultPartitionID, directory: str) -> None:
+        """A partition moved to the tier before a restart (what a move cut off before its
+        local deletes left is deleted now)."""
+        if self.tier is None:
+            logger.warning("ignoring %s: it was moved to a tier store, and none is set", partition)
+            return
+        for name in (DATA_FILE, INDEX_FILE):
+            self.store.delete_tree(self.store.child(directory, name))
+        manifest_bytes = self.store.read_bytes(self.store.child(directory, MANIFEST_FILE))
+        manifest = PartitionManifest.from_json(manifest_bytes, f"moved {partition}", partition)
+        self._committed[partition] = CommittedPartition.of(manifest.statistics, 0, on_tier=True)
+
     # --- what the coordinator and the metrics see ---------------------------------------------
 
     @property
@@ -226,6 +270,7 @@ class WorkerState:
 
     @property
     def stored_bytes(self) -> int:
+        """Bytes of committed partitions on the worker's own store (moved ones count 0)."""
         with self._lock:
             return sum(c.stored_bytes for c in self._committed.values())
 
@@ -240,6 +285,10 @@ class WorkerState:
         with self._lock:
             return list(self._committed)
 
+    def partitions_on_tier(self) -> list[ResultPartitionID]:
+        with self._lock:
+            return [p for p, committed in self._committed.items() if committed.on_tier]
+
     def load(self) -> pb.WorkerLoad:
         with self._lock:
             return pb.WorkerLoad(
@@ -248,6 +297,7 @@ class WorkerState:
                 buffered_bytes=self._budget.used,
                 decommissioning=self.draining,
                 store_free_bytes=self.store.free_bytes() or 0,
+                partitions_on_tier=sum(c.on_tier for c in self._committed.values()),
             )
 
     def committed(self, partition: ResultPartitionID) -> CommittedPartition | None:
@@ -277,8 +327,9 @@ class WorkerState:
         return self._shutting_down or self._decommissioning
 
     def decommission(self, *, cancel: bool) -> int:
-        """Take no new partitions (committed ones are still served), or with ``cancel`` take
-        them again, unless shutting down. Returns the partitions still held."""
+        """Take no new partitions (committed ones are still served, and move to the tier store
+        if there is one), or with ``cancel`` take them again, unless shutting down. Returns the
+        partitions still held here (not moved to the tier)."""
         if not cancel:
             self._decommissioning = True
             logger.info("decommissioning: no new partitions")
@@ -287,7 +338,8 @@ class WorkerState:
         else:
             self._decommissioning = False
             logger.info("decommission cancelled: taking new partitions again")
-        return self.partition_count
+        with self._lock:
+            return sum(not committed.on_tier for committed in self._committed.values())
 
     def wait_for_pushes(self, deadline: float) -> None:
         """Until ``deadline`` (``time.monotonic()``), wait for the partitions being pushed now
@@ -369,7 +421,7 @@ class WorkerState:
             with self._lock:
                 self._uploads.pop(partition, None)
                 self._committed[partition] = CommittedPartition.of(
-                    parsed.statistics, parsed.data_bytes
+                    parsed.statistics, parsed.data_bytes, application_id
                 )
                 for watch in self._commit_watches:
                     watch.add(Commit(partition, application_id))
@@ -377,14 +429,70 @@ class WorkerState:
     def open_reader(
         self, partition: ResultPartitionID, subpartitions: SubpartitionRange
     ) -> PartitionFileReader:
-        """A reader of a committed partition, for ``subpartitions`` of it."""
-        reader = PartitionFileReader(self.store, partition, Layouts.READ)
+        """A reader of a committed partition, for ``subpartitions`` of it (on the tier store,
+        if it was moved there)."""
+        with self._lock:
+            committed = self._committed.get(partition)
+        store = self.tier if committed is not None and committed.on_tier else None
+        reader = PartitionFileReader(store or self.store, partition, Layouts.READ)
         if subpartitions.end >= reader.manifest.number_of_subpartitions:
             raise InvalidIdentifierError(
                 f"subpartitions {subpartitions.start}..{subpartitions.end} out of range:"
                 f" {partition} has {reader.manifest.number_of_subpartitions}"
             )
         return reader
+
+    # --- the tier store -------------------------------------------------------------------------
+
+    def partitions_to_move(self, high_water: int, low_water: int) -> list[ResultPartitionID]:
+        """What to move to the tier now: every committed partition still here while
+        decommissioning; else, past ``high_water`` stored bytes (0: never), the oldest until
+        ``low_water`` would be left."""
+        if self.tier is None:
+            return []
+        with self._lock:
+            here = [(p, c.stored_bytes) for p, c in self._committed.items() if not c.on_tier]
+        if self._decommissioning:
+            return [partition for partition, _ in here]
+        stored = sum(size for _, size in here)
+        if not high_water or stored <= high_water:
+            return []
+        chosen = []
+        for partition, size in here:  # oldest first: commits are kept in their order
+            if stored <= low_water:
+                break
+            chosen.append(partition)
+            stored -= size
+        return chosen
+
+    def move_to_tier(self, partition: ResultPartitionID) -> int:
+        """Move a committed partition's data to the tier store; returns its bytes moved (0:
+        not here, or moved already)."""
+        assert self.tier is not None, "moves need a tier store"
+        with self._partition_lock(partition):
+            with self._lock:
+                committed = self._committed.get(partition)
+            if committed is None or committed.on_tier:
+                return 0
+            copy_partition(self.store, self.tier, partition)
+            directory = partition_directory(self.store, partition)
+            self.store.put_atomic(self.store.child(directory, MOVED_FILE), b"")
+            moved = CommittedPartition(
+                committed.encoded_statistics,
+                committed.subpartitions,
+                0,
+                committed.application_id,
+                on_tier=True,
+            )
+            with self._lock:
+                self._committed[partition] = moved
+                for watch in self._commit_watches:
+                    watch.add(Commit(partition, committed.application_id, on_tier=True))
+            # Fetches that opened it here keep their open files; new ones go to the tier.
+            PartitionFileReader.forget(self.store, partition)
+            for name in (DATA_FILE, INDEX_FILE):
+                self.store.delete_tree(self.store.child(directory, name))
+        return committed.stored_bytes
 
     # --- releases -----------------------------------------------------------------------------
 
@@ -424,4 +532,7 @@ class WorkerState:
             upload.close()
         PartitionFileReader.forget(self.store, partition)
         self.store.delete_tree(partition_directory(self.store, partition), empty_parents=2)
+        if committed is not None and committed.on_tier and self.tier is not None:
+            PartitionFileReader.forget(self.tier, partition)
+            self.tier.delete_tree(partition_directory(self.tier, partition), empty_parents=2)
         return int(upload is not None or committed is not None)
