@@ -87,10 +87,14 @@ class LocalCluster:
         workers: int = 2,
         coordinators: int = 1,
         store_shared: bool = True,
+        store_root: str | None = None,
         settings: Mapping[str, object] | None = None,
         metrics: bool = False,
     ) -> None:
+        """``store_root``: an fsspec URL under which each worker gets a store of its own
+        (``<root>/worker-<i>``, an object store's say); None: directories under ``directory``."""
         self.directory = directory
+        self._store_root = store_root
         directory.mkdir(parents=True, exist_ok=True)
         self.token_file = directory / "token"
         self.token_file.write_text(secrets.token_urlsafe(32))
@@ -141,7 +145,7 @@ class LocalCluster:
                         **self._metrics_setting(f"worker-{index}"),
                         "external-shuffle.worker.port": port,
                         "external-shuffle.worker.data-port": self.worker_data_ports[index],
-                        "external-shuffle.worker.store-url": str(self.worker_store(index)),
+                        "external-shuffle.worker.store-url": self.worker_store_url(index),
                         "external-shuffle.worker.store-shared": store_shared,
                     },
                 )
@@ -183,7 +187,13 @@ class LocalCluster:
         }
 
     def worker_store(self, index: int) -> Path:
+        """A worker's store directory (when the cluster has no ``store_root``)."""
         return self.directory / f"worker-{index}-store"
+
+    def worker_store_url(self, index: int) -> str:
+        if self._store_root is None:
+            return str(self.worker_store(index))
+        return f"{self._store_root.rstrip('/')}/worker-{index}"
 
     def worker_target(self, index: int) -> str:
         return f"127.0.0.1:{self.worker_ports[index]}"

@@ -88,7 +88,7 @@ class Admin:
     def decommission(self, worker: str, wait: float, *, cancel: bool = False) -> int:
         """Tell ``worker`` (its id or host:port) to take no new partitions, or with ``cancel``
         to take them again; with ``wait``, wait up to that many seconds for its partitions to be
-        released. Returns those remaining."""
+        released or moved to its tier store. Returns those remaining."""
         entries = {
             key: entry
             for entry in self._worker_entries()
@@ -123,7 +123,8 @@ class Admin:
         deadline = time.monotonic() + wait
         while remaining and time.monotonic() < deadline:
             time.sleep(_POLL_SECONDS)
-            remaining = self._load(address.worker_id).partitions
+            load = self._load(address.worker_id)
+            remaining = load.partitions - load.partitions_on_tier  # moved ones outlive it
         return remaining
 
     def _load(self, worker_id: str) -> pb.WorkerLoad:

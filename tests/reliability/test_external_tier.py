@@ -82,14 +82,16 @@ def test_a_decommissioned_worker_moves_its_partitions_and_readers_follow_them_wh
         assert _on_worker(cluster, descriptors, 0) > 0
         assert objects_under(tier_url) == []
 
-        done = admin(cluster, "decommission", cluster.worker_target(0))
+        # Returns once the coordinator has heard that all of them moved.
+        done = admin(cluster, "decommission", cluster.worker_target(0), "--wait", "60")
         assert done.returncode == 0, done.stderr
-        eventually(lambda: not _data_files(cluster, 0), "worker 0 moved its partitions")
+        assert "0 partitions remain" in done.stdout
+        assert _data_files(cluster, 0) == []
         assert len(_data_files(cluster, 1)) == _on_worker(cluster, descriptors, 1)
         moved = [path for path in objects_under(tier_url) if path.endswith("/data.arrow")]
         assert len(moved) == _on_worker(cluster, descriptors, 0)
 
-        eventually(lambda: _on_tier(cluster) == len(moved), "the coordinator hears of the moves")
+        assert _on_tier(cluster) == len(moved)
         cluster.kill_worker(0)
         eventually(
             lambda: sum(entry.alive for entry in list_workers(cluster)) == 1,
