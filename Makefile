@@ -50,7 +50,7 @@ test: lint java browser
 CONNECT_TESTS := $(addprefix tests/integration/test_pyspark_,broadcast_join.py failures.py \
 	every_operation.py)
 connect: java
-	TEST_SPARK_SESSION=connect $(BIN)/pytest -q $(PARALLEL) -k "netty_like or every_operation" \
+	TEST_SPARK_SESSION=connect $(BIN)/pytest -q $(PARALLEL) -k "(netty_like or every_operation) and not s3_" \
 		$(CONNECT_TESTS)
 
 # Every operation once and a failure on older Spark releases, on the default service, each in

@@ -8,6 +8,7 @@ process of their own: a Connect client cannot share its process with a classic s
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,7 +34,12 @@ _CONF = {
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
+def spark(request: pytest.FixtureRequest) -> Iterator[SparkSession]:
+    # Spark's processes keep the environment they start with: the S3 stand-in's first, so its
+    # Python workers (and a Connect server) reach it. Not where moto is not installed (the
+    # older Spark releases' environments run no test on an object store).
+    if importlib.util.find_spec("moto") is not None:
+        request.getfixturevalue("s3_stand_in")
     if TEST_SPARK == "connect":
         root = str(Path(__file__).resolve().parent.parent)  # tests' own modules ship by name
         with local_connect_server(

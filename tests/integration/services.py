@@ -16,7 +16,13 @@ from shuffle_api import ShuffleDescriptor
 from shuffle_api.format import partition_directory
 from shuffle_api.store import Store
 
-__all__ = ["DEFAULT_SERVICE_ONLY", "ShuffleService", "external_service", "netty_service"]
+__all__ = [
+    "DEFAULT_SERVICE_ONLY",
+    "ShuffleService",
+    "external_service",
+    "netty_service",
+    "object_store_service",
+]
 
 
 DEFAULT_SERVICE_ONLY = pytest.mark.parametrize(
@@ -29,7 +35,8 @@ on both in test_pyspark_every_operation.py, and its plain case in its own module
 
 @dataclass
 class ShuffleService:
-    """How to configure a SparkShuffle for one service, and where its partitions land."""
+    """How to configure a SparkShuffle for one service, and where its partitions land
+    (``stores``: its local directories, none on an object store)."""
 
     name: str
     settings: dict[str, object]
@@ -52,14 +59,31 @@ class ShuffleService:
     @staticmethod
     def partition_directories(descriptor: ShuffleDescriptor) -> list[str]:
         """Where the partition's files are: one directory per replica."""
-        partition = descriptor.result_partition_id
-        if isinstance(descriptor, NettyShuffleDescriptor):
-            return [partition_directory(Store(descriptor.store_url), partition)]
-        assert isinstance(descriptor, ExternalShuffleDescriptor)
         return [
-            partition_directory(Store(replica.store_url), partition)
-            for replica in descriptor.replicas
+            partition_directory(store, descriptor.result_partition_id)
+            for store in _stores_of(descriptor)
         ]
+
+    @staticmethod
+    def partition_stored(descriptor: ShuffleDescriptor) -> bool:
+        """Whether any of the partition's files are on any of its stores."""
+        partition = descriptor.result_partition_id
+        return any(
+            store.exists(partition_directory(store, partition)) for store in _stores_of(descriptor)
+        )
+
+    @staticmethod
+    def delete_partition(descriptor: ShuffleDescriptor) -> None:
+        """Delete the partition's files behind the service's back, from every replica."""
+        for store in _stores_of(descriptor):
+            store.delete_tree(partition_directory(store, descriptor.result_partition_id))
+
+
+def _stores_of(descriptor: ShuffleDescriptor) -> list[Store]:
+    if isinstance(descriptor, NettyShuffleDescriptor):
+        return [Store(descriptor.store_url)]
+    assert isinstance(descriptor, ExternalShuffleDescriptor)
+    return [Store(replica.store_url) for replica in descriptor.replicas]
 
 
 def netty_service(store: Path) -> ShuffleService:
@@ -69,3 +93,11 @@ def netty_service(store: Path) -> ShuffleService:
 def external_service(cluster: LocalCluster) -> ShuffleService:
     stores = [cluster.worker_store(index) for index in range(len(cluster.worker_ports))]
     return ShuffleService("external_shuffle", cluster.client_config(), stores, cluster)
+
+
+def object_store_service(name: str, store_url: str, cluster: LocalCluster | None) -> ShuffleService:
+    """A service on an object store: the default one with ``store_url`` as its storage, or
+    ``cluster``'s workers (whose stores are under ``store_url``) read from it straight."""
+    if cluster is None:
+        return ShuffleService(name, {"netty-like.storage.url": store_url}, [])
+    return ShuffleService(name, cluster.client_config(), [], cluster)

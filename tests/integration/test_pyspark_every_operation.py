@@ -1,10 +1,10 @@
 """Every operation once, with Spark's own result beside it, and one failure recovered: the
 subset that ``make spark-versions`` runs on each older Spark release (and ``make test`` on
-the newest, classic and Connect)."""
+the newest, classic and Connect). Here both services run on an object store too (moto's S3
+server standing in): the default service's storage, and the external workers' stores."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,14 +15,51 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import functions as F  # noqa: N812 (Spark's own spelling)
 
+from external_shuffle.local_cluster import LocalCluster
 from pyspark_shuffle import SparkShuffle
-from tests.integration.services import ShuffleService
+from shuffle_api import new_id
+from tests.integration.services import (
+    ShuffleService,
+    external_service,
+    netty_service,
+    object_store_service,
+)
 from tests.integration.spark_rows import multiset, ordered, partitions_of
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 ROWS = 6_000
+
+
+@pytest.fixture(
+    scope="module", params=["netty_like", "external_shuffle", "s3_default", "s3_external"]
+)
+def service(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ShuffleService]:
+    """The two services on local stores, then on an object store (``s3_*``: not named after
+    the services, so that ``-k netty_like`` runs the default service's local case alone)."""
+    name = str(request.param)
+    if name == "netty_like":
+        yield netty_service(tmp_path_factory.mktemp("store"))
+        return
+    store_url = ""
+    if name.startswith("s3_"):
+        bucket = f"every-operation-{new_id()}"
+        request.getfixturevalue("s3_stand_in").make_bucket(bucket)
+        store_url = f"s3://{bucket}/shuffle"
+    if name == "s3_default":
+        yield object_store_service(name, store_url, None)
+        return
+    with LocalCluster(
+        tmp_path_factory.mktemp("cluster"), workers=2, store_root=store_url or None
+    ) as cluster:
+        yield (
+            object_store_service(name, store_url, cluster)
+            if store_url
+            else external_service(cluster)
+        )
 
 
 @pytest.fixture(scope="module")
@@ -126,8 +163,7 @@ def test_a_fused_chain_reads_the_earlier_result_in_its_tasks(
 def test_a_lost_partition_is_recovered(shuffle: SparkShuffle, events: DataFrame) -> None:
     result = shuffle.repartition(events, "k", num_partitions=2)
     [exchange] = shuffle.exchanges(result)
-    for directory in ShuffleService.partition_directories(exchange.outputs[1].descriptor):
-        shutil.rmtree(directory)
+    ShuffleService.delete_partition(exchange.outputs[1].descriptor)
     with pytest.raises(Exception, match="PartitionNotFoundError"):
         result.count()
     recovered = shuffle.recover(result)
@@ -144,10 +180,6 @@ def test_close_leaves_no_partition(
         result = own.repartition(events, "k", num_partitions=2)
         assert result.count() == ROWS
         [exchange] = own.exchanges(result)
-        directories = [
-            directory
-            for output in exchange.outputs.values()
-            for directory in ShuffleService.partition_directories(output.descriptor)
-        ]
-        assert all(Path(directory).is_dir() for directory in directories)
-    assert not any(Path(directory).exists() for directory in directories)
+        descriptors = [output.descriptor for output in exchange.outputs.values()]
+        assert all(map(ShuffleService.partition_stored, descriptors))
+    assert not any(map(ShuffleService.partition_stored, descriptors))
