@@ -260,8 +260,10 @@ class Exchange(RegisteredExchange):
             # The partitions outlive their producers' executors (the external service's, or
             # on an object store): losing an executor loses nothing, and Spark need not keep
             # it for this shuffle. Nor its shuffle of the rows, whose files would hold the
-            # executors under dynamic allocation's shuffle tracking: Spark's cleaner takes it.
+            # executors under dynamic allocation's shuffle tracking.
             self._held = False
+            if self._anchor is not None and self._spark_outputs is not None:
+                self._spark_outputs.drop(self._anchor)
             self._anchor = None
 
     def held_map_outputs(self) -> DataFrame | None:

@@ -148,6 +148,21 @@ class SparkShuffleOutputs:
             _LOG.debug("Spark's map output statistics are not reachable: %s", error)
             return None
 
+    def drop(self, held: HeldShuffle) -> None:
+        """Remove ``held``'s shuffle from Spark now, its map outputs and the executors' files,
+        as Spark's cleaner does once the driver's garbage collector let go of it (which may
+        take until the cleaner's periodic GC, 30 minutes by default): until then dynamic
+        allocation's shuffle tracking keeps every executor that holds a file of it."""
+        if self._context._jsc is None:
+            return
+        try:
+            cleaner = self._context._jsc.sc().cleaner()
+            if cleaner.isDefined():
+                shuffle_id = _shuffle_dependency(held.java_rdd).shuffleId()
+                cleaner.get().doCleanupShuffle(shuffle_id, False)
+        except Exception as error:  # Py4J's errors: the cleaner takes it later
+            _LOG.warning("Spark's shuffle of the map tasks' rows was not removed: %s", error)
+
     def forget(self, held: HeldShuffle) -> bool:
         """Unregister every map output of ``held``'s shuffle: the next stage that needs them
         reruns its map stage first. False if Spark could not be told (nothing to tell once

@@ -2,10 +2,12 @@
 local directory), reading each other's partitions over their data ports, as two hosts would;
 or both on one object store (moto's S3 server standing in for S3), which outlives them.
 
-Run as ``python -m tests.integration.cluster_jobs WORK_DIR SERVICE`` (``netty_like``, the
-default service, or ``external_shuffle``: a coordinator and two worker daemons): a
-SparkContext per process, so each service's application runs in a process of its own (the
-test module's session is a ``local[2]`` one). Prints one JSON object: what the tests assert.
+Run as ``python -m tests.integration.cluster_jobs WORK_DIR PLAN`` (``netty_like``, the
+default service; ``external_shuffle``: a coordinator and two worker daemons;
+``dynamic_allocation``: the default service on the object store, with Spark's dynamic
+allocation): a SparkContext per process, so each application runs in a process of its own
+(the test module's session is a ``local[2]`` one). Prints one JSON object: what the tests
+assert.
 """
 
 from __future__ import annotations
@@ -47,7 +49,21 @@ ON_OBJECT_STORE: Mapping[str, object] = {
 }
 
 
-def cluster_session(work: Path) -> SparkSession:
+DYNAMIC_ALLOCATION = {
+    "spark.dynamicAllocation.enabled": "true",
+    # Spark's own way without an external shuffle service: executors holding shuffle data
+    # stay; pyshuffle's partitions on an object store hold none.
+    "spark.dynamicAllocation.shuffleTracking.enabled": "true",
+    "spark.dynamicAllocation.minExecutors": "0",
+    "spark.dynamicAllocation.initialExecutors": "2",
+    "spark.dynamicAllocation.maxExecutors": "2",
+    "spark.dynamicAllocation.executorIdleTimeout": "2s",
+    "spark.dynamicAllocation.schedulerBacklogTimeout": "1s",
+}
+"""The session of the ``dynamic_allocation`` plan."""
+
+
+def cluster_session(work: Path, conf: Mapping[str, str] | None = None) -> SparkSession:
     require_java()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = (
@@ -60,6 +76,8 @@ def cluster_session(work: Path) -> SparkSession:
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.task.maxFailures", "4")
     )
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = builder.config("spark.executorEnv.PYTHONPATH", os.pathsep.join(sys.path))
     for name, value in os.environ.items():
@@ -280,6 +298,31 @@ def kill_during_reduce(
     }
 
 
+def live_executors(spark: SparkSession) -> int:
+    return len(spark.sparkContext._jsc.sc().statusTracker().getExecutorInfos()) - 1  # driver
+
+
+def executors_leave_between_stages(
+    spark: SparkSession, shuffle: SparkShuffle, kill: Kill, stores: list[Path]
+) -> dict[str, Any]:
+    """Dynamic allocation removes both idle executors once the map stage wrote to the object
+    store; the reduce stage's new executors read it all, and no map task runs again."""
+    result = shuffle.repartition(data(spark), "k", num_partitions=4)
+    [exchange] = shuffle.exchanges(result)
+    deadline = time.monotonic() + 60.0
+    while live_executors(spark) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = live_executors(spark)
+    return {
+        "executors_between_stages": left,
+        "equal": multiset(result) == multiset(data(spark)),
+        "executors_after": live_executors(spark),
+        "runs": exchange.runs.per_map,
+        "map_tasks_rerun": shuffle.statistics(result).map_tasks_rerun,
+        "held_by_spark": exchange.on_executors,
+    }
+
+
 def released_chain(
     spark: SparkSession, shuffle: SparkShuffle, kill: Kill, stores: list[Path]
 ) -> dict[str, Any]:
@@ -344,6 +387,7 @@ SCENARIOS = {
     "kill_during_map": kill_during_map,
     "kill_during_reduce": kill_during_reduce,
     "released_chain": released_chain,
+    "executors_leave_between_stages": executors_leave_between_stages,
 }
 
 
@@ -376,6 +420,9 @@ PLANS: dict[str, tuple[Step, ...]] = {
             "kill_during_reduce",
             {"external-shuffle.replication-factor": 1},
         ),
+    ),
+    "dynamic_allocation": (
+        Step("executors_leave_between_stages", "executors_leave_between_stages", ON_OBJECT_STORE),
     ),
 }
 
@@ -414,7 +461,9 @@ def main() -> int:
         # Spark's JVM first, before any gRPC channel has threads: PySpark forks it with a
         # preexec_fn, and a fork among gRPC's threads sometimes lost the child
         # (JAVA_GATEWAY_EXITED after gRPC's "epoll_wait error: Bad file descriptor").
-        spark = cluster_session(work)
+        spark = cluster_session(
+            work, DYNAMIC_ALLOCATION if service == "dynamic_allocation" else None
+        )
         try:
             outcomes = _run_plan(spark, plan, work, service, config)
         finally:
@@ -430,14 +479,19 @@ def _run_plan(
     service: str,
     config: dict[str, object],
 ) -> dict[str, dict[str, Any]]:
-    if service == "netty_like":
+    if service != "external_shuffle":
         return _run_steps(
             spark,
             plan,
             config,
             [work / "local"],
             kill=executor_killer(spark),
-            two_victims=lambda: wait_for_two_executors(spark),
+            # Dynamic allocation's executors come and go as the tasks need them.
+            two_victims=(
+                (lambda: None)
+                if service == "dynamic_allocation"
+                else lambda: wait_for_two_executors(spark)
+            ),
         )
     with LocalCluster(work / "cluster", workers=2) as cluster:
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -30,6 +31,7 @@ from shuffle_api import (
 from shuffle_api.format import partition_directory
 from shuffle_api.store import Store
 from shuffle_api.testing import ConformanceHarness, ShuffleScenario, make_batches
+from tests.integration.cluster_applications import run_application, step
 from tests.s3_stand_in import S3StandIn, objects_under
 
 
@@ -160,3 +162,21 @@ def test_an_executor_on_an_object_store_serves_no_data_port(store_url: str) -> N
                 ShuffleIOOwner("map", "attempt"),
                 [ResultPartitionDeploymentDescriptor(partition, shuffle_descriptor)],
             )
+
+
+def test_dynamic_allocation_removes_executors_between_stages_and_nothing_reruns(
+    tmp_path: Path,
+) -> None:
+    """On ``local-cluster`` with Spark's dynamic allocation and no external shuffle service:
+    the map stage's output on the object store holds no executor, so both leave once idle;
+    the reduce stage's new executors read every row, and no map task runs again."""
+    outcomes = run_application("dynamic_allocation", tmp_path)
+    outcome = step(outcomes, "executors_leave_between_stages")
+    assert outcome["held_by_spark"] is False
+    assert outcome["executors_between_stages"] == 0
+    assert outcome["equal"] is True
+    assert outcome["executors_after"] > 0
+    assert set(outcome["runs"].values()) == {1}
+    assert outcome["map_tasks_rerun"] == 0
+    assert outcome["files_before_close"] > 0
+    assert outcome["files_after_close"] == []

@@ -9,51 +9,16 @@ Each service's scenarios run as the steps of one application in a process of its
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.integration.cluster_applications import Outcomes, run_application, step
 from tests.integration.cluster_jobs import ROWS
-
-ROOT = Path(__file__).resolve().parents[2]
 
 # Each service's application runs all its steps (cluster_jobs.PLANS) on four JVMs: on CI's two
 # busy cores one took up to ten minutes, and a module fixture's setup counts in its first test.
 pytestmark = pytest.mark.timeout(1500)
-
-Outcomes = dict[str, dict[str, Any]]
-
-
-def run_application(service: str, work: Path) -> Outcomes:
-    """The service's plan in one application; each step's outcome under its label."""
-    (work / "executor-tmp").mkdir(parents=True)
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.integration.cluster_jobs", str(work), service],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=1400,
-        check=False,
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, (
-        f"the {service} application printed no result (exit {done.returncode}):\n"
-        f"{done.stderr[-4000:]}"
-    )
-    outcomes: Outcomes = json.loads(lines[-1].removeprefix("RESULT "))
-    return outcomes
-
-
-def step(outcomes: Outcomes, label: str) -> dict[str, Any]:
-    outcome = outcomes[label]
-    assert "error" not in outcome, outcome
-    return outcome
 
 
 @pytest.fixture(scope="module")
