@@ -168,8 +168,8 @@ def test_dynamic_allocation_removes_executors_between_stages_and_nothing_reruns(
     tmp_path: Path,
 ) -> None:
     """On ``local-cluster`` with Spark's dynamic allocation and no external shuffle service:
-    the map stage's output on the object store holds no executor, so both leave once idle;
-    the reduce stage's new executors read every row, and no map task runs again."""
+    the map stage's output on the object store holds no executor, so it leaves once idle;
+    the reduce stage's new one reads every row, and no map task runs again."""
     outcomes = run_application("dynamic_allocation", tmp_path)
     outcome = step(outcomes, "executors_leave_between_stages")
     assert outcome["held_by_spark"] is False

@@ -1,4 +1,5 @@
-"""Broadcast joins in a real local Spark session, on both services: the side Spark may
+"""Broadcast joins in a real local Spark session, on the default service (a broadcast join
+on both, and on an object store, is in test_pyspark_every_operation.py): the side Spark may
 broadcast for each join type is broadcast when its map stage wrote little (the other side is
 never shuffled), a larger one is shuffled with what it wrote reused, a hint forces a side the
 join type allows and is refused otherwise; fused and Parquet inputs join in their own tasks; a
@@ -17,10 +18,13 @@ import pytest
 
 from pyspark_shuffle import SparkShuffle
 from shuffle_api import InvalidOperationError
+from tests.integration.services import DEFAULT_SERVICE_ONLY
 from tests.integration.spark_rows import multiset, partitions_of
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+pytestmark = DEFAULT_SERVICE_ONLY
 
 THRESHOLD_KEY = "spark.pyshuffle.pyspark-shuffle.join.broadcast-threshold"
 SPARK_JOIN_NAMES = {"semi": "left_semi", "anti": "left_anti"}

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.integration.cluster_applications import Outcomes, run_application, step
-from tests.integration.cluster_jobs import ROWS
+from tests.integration.cluster_jobs import CORE_OPERATIONS, ROWS
 
 # Each service's application runs all its steps (cluster_jobs.PLANS) on four JVMs: on CI's two
 # busy cores one took up to ten minutes, and a module fixture's setup counts in its first test.
@@ -33,29 +33,39 @@ def external_shuffle_application(tmp_path_factory: pytest.TempPathFactory) -> Ou
     return run_application("external_shuffle", tmp_path_factory.mktemp("external_shuffle"))
 
 
-@pytest.fixture(params=["netty_like", "external_shuffle"])
-def operations(request: pytest.FixtureRequest) -> dict[str, Any]:
-    outcomes: Outcomes = request.getfixturevalue(f"{request.param}_application")
+OPERATIONS = (
+    "repartition",
+    "group_apply",
+    "sort",
+    "join_inner",
+    "join_inner_shuffled",
+    "join_right_broadcast_left",
+    "parquet_round_trip",
+    "to_arrow",
+)
+
+
+def _operations(request: pytest.FixtureRequest, service: str) -> dict[str, Any]:
+    outcomes: Outcomes = request.getfixturevalue(f"{service}_application")
     return step(outcomes, "operations")
 
 
+@pytest.fixture(params=["netty_like", "external_shuffle"])
+def operations(request: pytest.FixtureRequest) -> dict[str, Any]:
+    return _operations(request, request.param)
+
+
 @pytest.mark.parametrize(
-    "operation",
+    ("service", "operation"),
     [
-        "repartition",
-        "group_apply",
-        "sort",
-        *(f"join_{how}" for how in ("inner", "left", "full")),
-        "join_inner_shuffled",
-        "join_right_broadcast_left",
-        "parquet_round_trip",
-        "to_arrow",
+        *(("netty_like", operation) for operation in OPERATIONS),
+        *(("external_shuffle", operation) for operation in CORE_OPERATIONS),
     ],
 )
 def test_operations_across_two_executors_equal_spark(
-    operations: dict[str, Any], operation: str
+    request: pytest.FixtureRequest, service: str, operation: str
 ) -> None:
-    assert operations["equal"][operation] is True
+    assert _operations(request, service)["equal"][operation] is True
 
 
 def test_close_leaves_no_file_on_any_store(operations: dict[str, Any]) -> None:

@@ -1,4 +1,6 @@
-"""Chains of pyshuffle operations in a real local Spark session, on both services: an operation
+"""Chains of pyshuffle operations in a real local Spark session, on the default service (a
+fused chain on both, and on an object store, is in test_pyspark_every_operation.py; dropped
+results released as the chain goes on, on both): an operation
 whose input is the untouched result of an earlier one reads it straight from that result's
 reduce tasks (a fused stage), equal to Spark's answer for the same chain; the earlier result
 stays a valid DataFrame; and the exchanges of results the user dropped are released while the
@@ -18,7 +20,7 @@ import pyarrow.compute as pc
 import pytest
 
 from pyspark_shuffle import SparkShuffle
-from tests.integration.services import ShuffleService
+from tests.integration.services import DEFAULT_SERVICE_ONLY, ShuffleService
 from tests.integration.spark_rows import multiset, ordered
 
 if TYPE_CHECKING:
@@ -73,6 +75,7 @@ def _spark_summary(events: DataFrame) -> DataFrame:
     return events.groupBy("user").agg(F.count("*").alias("events"), F.sum("amount").alias("total"))
 
 
+@DEFAULT_SERVICE_ONLY
 def test_a_chain_runs_fused_and_equals_spark(
     shuffle: SparkShuffle, events: DataFrame, users: DataFrame
 ) -> None:
@@ -99,6 +102,7 @@ def test_a_chain_runs_fused_and_equals_spark(
     assert multiset(joined) == multiset(spark_joined)
 
 
+@DEFAULT_SERVICE_ONLY
 def test_a_result_changed_by_spark_is_an_ordinary_input(
     shuffle: SparkShuffle, events: DataFrame
 ) -> None:
@@ -109,6 +113,7 @@ def test_a_result_changed_by_spark_is_an_ordinary_input(
     assert multiset(result) == multiset(_spark_summary(events).filter("events > 140"))
 
 
+@DEFAULT_SERVICE_ONLY
 def test_a_result_the_user_cached_is_read_from_spark_s_cache(
     shuffle: SparkShuffle, events: DataFrame
 ) -> None:
@@ -121,6 +126,7 @@ def test_a_result_the_user_cached_is_read_from_spark_s_cache(
         summary.unpersist()
 
 
+@DEFAULT_SERVICE_ONLY
 def test_a_fused_stage_casts_what_a_function_returns_to_the_declared_schema(
     shuffle: SparkShuffle, events: DataFrame
 ) -> None:
@@ -166,6 +172,7 @@ def test_dropped_results_are_released_while_the_chain_goes_on(
     shuffle.release(segments)
 
 
+@DEFAULT_SERVICE_ONLY
 def test_a_broadcast_join_over_a_dropped_result_stays_readable(
     spark: SparkSession, service: ShuffleService, events: DataFrame, users: DataFrame
 ) -> None:
@@ -193,6 +200,7 @@ def _counted(directory: Path) -> Callable[[pa.Table], pa.Table]:
     return counted
 
 
+@DEFAULT_SERVICE_ONLY
 @pytest.mark.parametrize("keep", [True, False])
 def test_a_result_two_operations_read_runs_its_function_once_per_row(
     spark: SparkSession,
@@ -227,6 +235,7 @@ def test_a_result_two_operations_read_runs_its_function_once_per_row(
     assert len(service.stored_paths()) == before
 
 
+@DEFAULT_SERVICE_ONLY
 def test_a_kept_sort_keeps_its_order(shuffle: SparkShuffle, events: DataFrame) -> None:
     ranked = shuffle.sort(events, ["amount", "id"], ascending=[False, True])
     shuffle.repartition(ranked, "category", num_partitions=2)  # keeps the sort's rows
