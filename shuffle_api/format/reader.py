@@ -22,6 +22,7 @@ from shuffle_api.errors import (
     PartitionNotFoundError,
     ShuffleError,
 )
+from shuffle_api.format.host_copies import host_copies
 from shuffle_api.format.layout import partition_directory
 from shuffle_api.format.manifest import (
     DATA_FILE,
@@ -388,9 +389,9 @@ class _LayoutCache:
             files = _read_files(store, partition, map_index=False)
             if found is not None and files == (found[0].manifest_bytes, found[0].index_bytes):
                 return self._touch(key, found[0])
+            layout = _decode_layout(store, partition, files, statistics=False)
         else:
-            files = _read_files(store, partition, map_index=self._map_index)
-        layout = _decode_layout(store, partition, files, statistics=False)
+            layout = self._layout(store, partition)
         cost = _ENTRY_BYTES + layout.index.copied_bytes + len(layout.manifest_bytes)
         if not (self._map_index and store.maps_files):
             cost += layout.index.file_bytes
@@ -406,6 +407,28 @@ class _LayoutCache:
                 _, (_, evicted_cost) = self._layouts.popitem(last=False)
                 self._bytes -= evicted_cost
         return layout
+
+    def _layout(self, store: Store, partition: ResultPartitionID) -> _Layout:
+        """Read and decoded: from the host's copy where the store is shared (see
+        ``host_copies``), one that does not decode fetched again."""
+        copies = host_copies() if store.is_shared else None
+        if copies is None:
+            files = _read_files(store, partition, map_index=self._map_index)
+            return _decode_layout(store, partition, files, statistics=False)
+
+        def fetch() -> tuple[bytes, bytes]:
+            manifest, index = _read_files(store, partition, map_index=False)
+            return manifest, bytes(index)
+
+        try:
+            return _decode_layout(
+                store, partition, copies.read(store.url, partition, fetch), statistics=False
+            )
+        except PartitionCorruptedError:
+            copies.discard(store.url, partition)
+        return _decode_layout(
+            store, partition, copies.read(store.url, partition, fetch), statistics=False
+        )
 
     def _touch(self, key: tuple[str, ResultPartitionID], layout: _Layout) -> _Layout:
         with self._lock:
