@@ -70,12 +70,12 @@ def cell_list(text: str) -> list[tuple[int, int]]:
     return cells
 
 
-def bound(maps: int, reducers: int, workers: int) -> dict[str, int]:
+def bound(maps: int, reducers: int, executors: int) -> dict[str, int]:
     """Data: a ranged GET per block. Metadata: each map output's manifest and index read once
-    per Python worker and once by the driver. Writes: three PUTs per map output, and three
-    checks on the write path (HEAD or LIST: the attempt is not committed yet, the bucket is
-    there). Nothing else, and no LIST when reducers read."""
-    gets = maps * reducers + 2 * maps * (workers + 1)
+    per executor (its Python workers share them) and once by the driver. Writes: three PUTs
+    per map output, and three checks on the write path (HEAD or LIST: the attempt is not
+    committed yet, the bucket is there). Nothing else, and no LIST when reducers read."""
+    gets = maps * reducers + 2 * maps * (executors + 1)
     return {"GET": gets, "PUT": 3 * maps, "HEAD+LIST": 3 * maps, "total": gets + 6 * maps}
 
 
@@ -119,7 +119,7 @@ def requests_cell(
     maps: int,
     reducers: int,
     rows: int,
-    workers: int,
+    executors: int,
 ) -> dict[str, Any]:
     data = session.range(0, rows, 1, maps).selectExpr("id as k", "id * 2 as v")
     with (
@@ -133,7 +133,7 @@ def requests_cell(
     ):
         pass
     counts = Counter(on_store.map_requests) + Counter(on_store.reduce_requests)
-    limit = bound(maps, reducers, workers)
+    limit = bound(maps, reducers, executors)
     total = sum(counts.get(kind, 0) for kind in KINDS if kind != "THROTTLED")
     return {
         "maps": maps,
@@ -223,7 +223,7 @@ def main() -> None:
     parser.add_argument("--cells", type=cell_list, default=cell_list("16x200,200x1000"))
     parser.add_argument("--rows-per-block", type=positive, default=5)
     parser.add_argument("--min-rows", type=positive, default=1_000_000)
-    parser.add_argument("--workers", type=positive, default=2, help="Python workers (cores)")
+    parser.add_argument("--executors", type=positive, default=1, help="executors (local[2] is one)")
     parser.add_argument("--bytes", type=positive, default=256_000_000)
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     arguments = parser.parse_args()
@@ -247,7 +247,7 @@ def main() -> None:
                         maps=maps,
                         reducers=reducers,
                         rows=rows,
-                        workers=arguments.workers,
+                        executors=arguments.executors,
                     )
                 )
         finally:

@@ -11,12 +11,13 @@ its Python workers and deletes with the executor), and are pruned oldest first p
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import logging
 import os
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Final
 
@@ -48,21 +49,33 @@ class HostCopies:
     def read(
         self, store_url: str, partition: ResultPartitionID, fetch: Callable[[], tuple[bytes, bytes]]
     ) -> tuple[bytes, bytes]:
-        """The partition's manifest and index: the host's copy, else ``fetch``ed and copied."""
+        """The partition's manifest and index: the host's copy, else ``fetch``ed and copied
+        (by one process of the host at a time: the others wait for its copy)."""
         path = self._path(store_url, partition)
-        try:
-            data = path.read_bytes()
-        except OSError:
-            pass
-        else:
-            if len(data) >= _HEADER.size:
-                (length,) = _HEADER.unpack_from(data)
-                if _HEADER.size + length <= len(data):
-                    end = _HEADER.size + length
-                    return data[_HEADER.size : end], data[end:]
-        manifest, index = fetch()
-        self._write(path, _HEADER.pack(len(manifest)) + manifest + index)
+        found = _read_copy(path)
+        if found is not None:
+            return found
+        with self._fetching(path):
+            found = _read_copy(path)
+            if found is not None:
+                return found
+            manifest, index = fetch()
+            self._write(path, _HEADER.pack(len(manifest)) + manifest + index)
         return manifest, index
+
+    @contextlib.contextmanager
+    def _fetching(self, path: Path) -> Iterator[None]:
+        """An exclusive lock of the copy's path among the host's processes (released by the
+        kernel if its holder dies); none if the disk refuses one."""
+        try:
+            self._directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            lock = open(path.with_name(f"{path.name}.lock"), "ab")  # noqa: SIM115 (held below)
+        except OSError:
+            yield
+            return
+        with lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            yield
 
     def discard(self, store_url: str, partition: ResultPartitionID) -> None:
         """Delete the host's copy (one that does not decode: the next read fetches anew)."""
@@ -73,7 +86,6 @@ class HostCopies:
         whose disk refuses gets no copy."""
         temporary = path.with_name(f".{path.name}.{new_id()}")
         try:
-            self._directory.mkdir(mode=0o700, parents=True, exist_ok=True)
             temporary.write_bytes(data)
             os.replace(temporary, path)
         except OSError as error:
@@ -87,17 +99,30 @@ class HostCopies:
             self.prune()
 
     def prune(self) -> None:
-        """Delete the oldest copies beyond the bound (down to 80% of it)."""
+        """Delete the oldest copies beyond the bound (down to 80% of it), with their locks."""
         try:
             entries = [(entry.stat().st_mtime, entry.path) for entry in os.scandir(self._directory)]
         except OSError:
             return
-        if len(entries) <= self._max_copies:
+        files = 2 * self._max_copies  # a copy and its lock
+        if len(entries) <= files:
             return
         entries.sort()
-        for _, path in entries[: len(entries) - self._max_copies * 4 // 5]:
+        for _, path in entries[: len(entries) - files * 4 // 5]:
             with contextlib.suppress(OSError):  # another process pruned it
                 os.unlink(path)
+
+
+def _read_copy(path: Path) -> tuple[bytes, bytes] | None:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    if len(data) < _HEADER.size:
+        return None
+    (length,) = _HEADER.unpack_from(data)
+    end = _HEADER.size + length
+    return None if end > len(data) else (data[_HEADER.size : end], data[end:])
 
 
 _COPIES: dict[str, HostCopies] = {}

@@ -4,7 +4,10 @@ fetched again; the copies are bounded."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -78,7 +81,8 @@ def test_the_second_process_of_an_executor_reads_the_metadata_from_the_host_copy
     _CountingMemory.reads = 0
     assert _rows_as_another_process_reads(store, partition) == 2_000
     assert _CountingMemory.reads == first - 2  # the data only
-    assert len(os.listdir(executor_dirs / "pyshuffle-metadata")) == 1
+    names = os.listdir(executor_dirs / "pyshuffle-metadata")
+    assert len([name for name in names if not name.endswith(".lock")]) == 1
 
 
 def test_without_an_executors_directory_nothing_is_copied(
@@ -97,7 +101,7 @@ def test_without_an_executors_directory_nothing_is_copied(
 def test_a_copy_that_does_not_decode_is_fetched_again(store: Store, executor_dirs: Path) -> None:
     partition = _partition(store)
     _rows_as_another_process_reads(store, partition)
-    [copy] = (executor_dirs / "pyshuffle-metadata").iterdir()
+    [copy] = (p for p in (executor_dirs / "pyshuffle-metadata").iterdir() if p.suffix != ".lock")
     data = bytearray(copy.read_bytes())
     data[-1] ^= 0xFF  # a flipped bit in the index
     copy.write_bytes(bytes(data))
@@ -111,10 +115,43 @@ def test_copies_are_pruned_oldest_first_past_the_bound(tmp_path: Path) -> None:
         partition = ResultPartitionID(IntermediateResultPartitionID("pruned", index), "attempt")
         copies.read("s3://bucket", partition, lambda: (b"manifest", b"index"))
     copies.prune()
-    assert len(os.listdir(tmp_path)) == 8
+    # Down to 80% of the bound in files (a copy and its lock each): about 8 copies.
+    assert 6 <= len([name for name in os.listdir(tmp_path) if not name.endswith(".lock")]) <= 9
+    fetched: list[int] = []
+
+    def fetch() -> tuple[bytes, bytes]:
+        fetched.append(1)
+        return b"manifest", b"index"
+
+    oldest = ResultPartitionID(IntermediateResultPartitionID("pruned", 0), "attempt")
+    copies.read("s3://bucket", oldest, fetch)
+    assert fetched == [1]  # the oldest copy was pruned
     newest = ResultPartitionID(IntermediateResultPartitionID("pruned", 29), "attempt")
     assert copies.read("s3://bucket", newest, _unreachable) == (b"manifest", b"index")
 
 
 def _unreachable() -> tuple[bytes, bytes]:
     raise AssertionError("fetched, where the host's copy was kept")
+
+
+def test_processes_of_a_host_fetch_a_copy_once_between_them(tmp_path: Path) -> None:
+    """Reads of the same copy at once (reducers starting together on every core): one fetch."""
+    fetches: list[int] = []
+    started = threading.Barrier(8)
+
+    def fetch() -> tuple[bytes, bytes]:
+        fetches.append(1)
+        time.sleep(0.2)  # the others arrive meanwhile
+        return b"manifest", b"index"
+
+    partition = ResultPartitionID(IntermediateResultPartitionID("raced", 0), "attempt")
+
+    def read() -> tuple[bytes, bytes]:
+        started.wait()
+        # A process of its own: its own HostCopies over the same directory.
+        return HostCopies(tmp_path).read("s3://bucket", partition, fetch)
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: read(), range(8)))
+    assert answers == [(b"manifest", b"index")] * 8
+    assert len(fetches) == 1
