@@ -30,7 +30,6 @@ from shuffle_api import (
     ResultPartitionID,
     ShuffleDescriptor,
     ShuffleError,
-    StorageError,
     TransportError,
 )
 from shuffle_api.connections import ConnectionPool
@@ -103,15 +102,25 @@ class ExternalInputGate(SequentialInputGate):
                 f" is a {type(descriptor).__name__}"
             )
         partition = descriptor.result_partition_id
+        failures: list[str] = []
         if self._settings.read_from_store:
             for replica in descriptor.replicas:
                 if replica.store_shared and (
                     reader := self._open_on_store(replica.store_url, partition)
                 ):
-                    yield from reader.read(self.subpartitions)
-                    return
+                    read_any = False
+                    try:
+                        for batch in reader.read(self.subpartitions):
+                            read_any = True
+                            yield batch
+                        return
+                    except PartitionNotFoundError as error:
+                        # Gone since its layout was cached (moved to the tier, say): the
+                        # worker, or the tier, may have it still.
+                        if read_any:
+                            raise
+                        failures.append(str(error))
         runs_read = 0
-        failures: list[str] = []
         for replica in descriptor.replicas:
             try:
                 for run_batches in self._fetch(replica, partition, skip=runs_read):
@@ -129,7 +138,7 @@ class ExternalInputGate(SequentialInputGate):
                 reader = PartitionFileReader(
                     self._shared_store(tier_url), partition, Layouts.MAPPED
                 )
-            except (PartitionNotFoundError, StorageError) as error:
+            except Exception as error:  # not there, or this host cannot reach the store
                 failures.append(f"not on the tier store {tier_url}: {error}")
                 continue
             schema = reader.schema

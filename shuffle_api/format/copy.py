@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shuffle_api.errors import PartitionCorruptedError, ShuffleError
+from shuffle_api.errors import PartitionCorruptedError, PartitionNotFoundError, ShuffleError
 from shuffle_api.format.layout import partition_directory
 from shuffle_api.format.manifest import DATA_FILE, INDEX_FILE, MANIFEST_FILE, PartitionManifest
 from shuffle_api.format.reader import is_readable
@@ -24,21 +24,30 @@ def copy_partition(
     at all. A copy committed there already (an earlier move cut off after its manifest) is
     kept. Returns the data bytes copied."""
     directory = partition_directory(source, partition)
-    manifest_bytes = source.read_bytes(source.child(directory, MANIFEST_FILE))
-    manifest = PartitionManifest.from_json(manifest_bytes, f"copy of {partition}", partition)
-    index = source.read_bytes(source.child(directory, INDEX_FILE))
+    try:
+        manifest_bytes = source.read_bytes(source.child(directory, MANIFEST_FILE))
+        manifest = PartitionManifest.from_json(manifest_bytes, f"copy of {partition}", partition)
+        index = source.read_bytes(source.child(directory, INDEX_FILE))
+        # A partition of no rows has no data file (its writer opens one with the first run).
+        ranges = (
+            source.open_ranges(source.child(directory, DATA_FILE)) if manifest.data_bytes else None
+        )
+    except FileNotFoundError as error:
+        raise PartitionNotFoundError(
+            f"copy of {partition}: its files at {directory} are gone", partition
+        ) from error
     try:
         sink = StoreSink(target, partition)
     except ShuffleError:
         if is_readable(target, partition):
             return 0
         raise
-    ranges = source.open_ranges(source.child(directory, DATA_FILE))
     try:
         with storage_errors(sink.where):
             output = sink.open_data()
             try:
                 for offset in range(0, manifest.data_bytes, piece):
+                    assert ranges is not None, "opened when there are data bytes"
                     wanted = min(piece, manifest.data_bytes - offset)
                     data = ranges.read_range(offset, wanted)
                     if data.size != wanted:

@@ -74,7 +74,10 @@ class HostCopies:
             yield
             return
         with lock:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            try:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            except OSError as error:  # a file system without locks: fetches may overlap
+                _LOG.debug("no lock for %s: %s", path.name, error)
             yield
 
     def discard(self, store_url: str, partition: ResultPartitionID) -> None:
@@ -93,15 +96,20 @@ class HostCopies:
             temporary.unlink(missing_ok=True)
             return
         with self._lock:
-            self._written += 1
+            # On a process's first copy too: Spark stops idle Python workers early.
             due = self._written % _PRUNE_EVERY == 0
+            self._written += 1
         if due:
             self.prune()
 
     def prune(self) -> None:
         """Delete the oldest copies beyond the bound (down to 80% of it), with their locks."""
+        entries = []
         try:
-            entries = [(entry.stat().st_mtime, entry.path) for entry in os.scandir(self._directory)]
+            with os.scandir(self._directory) as found:
+                for entry in found:
+                    with contextlib.suppress(OSError):  # renamed or pruned meanwhile
+                        entries.append((entry.stat().st_mtime, entry.path))
         except OSError:
             return
         files = 2 * self._max_copies  # a copy and its lock

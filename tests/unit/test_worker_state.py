@@ -9,10 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from external_shuffle.daemon.worker.state import WorkerState
+from external_shuffle.daemon.worker.state import MOVING_FILE, WorkerState
 from external_shuffle.wire.errors import UnavailableError
-from shuffle_api import ShuffleError, ShuffleServiceClosedError, SubpartitionRange, new_id
-from shuffle_api.format import is_readable, partition_directory
+from shuffle_api import (
+    ConfigError,
+    ShuffleError,
+    ShuffleServiceClosedError,
+    SubpartitionRange,
+    new_id,
+)
+from shuffle_api.format import copy_partition, is_readable, partition_directory
 from shuffle_api.store import Store
 from tests.reliability.raw_worker import SUBPARTITIONS, BuiltPartition, build_partition
 
@@ -241,3 +247,53 @@ def test_a_decommissioned_worker_moves_everything_and_counts_what_is_left(
     state.move_to_tier(built[0].partition)
     assert state.decommission(cancel=False) == 1
     assert _state(store, clock).committed_partitions() == [built[1].partition]  # no tier set
+
+
+def test_a_partition_of_no_rows_moves_too(store: Store, clock: Clock, tier: Store) -> None:
+    state = _tiered_state(store, clock, tier)
+    empty = build_partition(rows=0)
+    _push(state, empty)
+    _commit(state, empty)
+    assert state.move_to_tier(empty.partition) == 0  # no data bytes, but moved
+    assert state.partitions_on_tier() == [empty.partition]
+    assert is_readable(tier, empty.partition)
+
+
+def test_a_tier_that_is_or_holds_the_store_is_refused(store: Store, clock: Clock) -> None:
+    for tier_url in (store.url, store.url + "/below", str(Path(store.url).parent)):
+        with pytest.raises(ConfigError, match="overlaps"):
+            _tiered_state(store, clock, Store(tier_url))
+
+
+def _committed_on_tiered(
+    store: Store, clock: Clock, tier: Store
+) -> tuple[WorkerState, BuiltPartition]:
+    state = _tiered_state(store, clock, tier)
+    built = build_partition()
+    _push(state, built)
+    _commit(state, built)
+    return state, built
+
+
+def test_a_restart_after_a_cut_off_move_keeps_the_partition_here_and_clears_the_tier(
+    store: Store, clock: Clock, tier: Store
+) -> None:
+    _, built = _committed_on_tiered(store, clock, tier)
+    # What a move cut off after its copy, before its marker, leaves: both copies, and the mark.
+    copy_partition(store, tier, built.partition)
+    directory = partition_directory(store, built.partition)
+    Path(directory, MOVING_FILE).touch()
+    restarted = _tiered_state(store, clock, tier)
+    assert restarted.committed_partitions() == [built.partition]
+    assert restarted.partitions_on_tier() == []
+    assert not is_readable(tier, built.partition)
+    assert not Path(directory, MOVING_FILE).exists()
+
+
+def test_a_moved_partition_whose_manifest_here_is_gone_does_not_stop_a_restart(
+    store: Store, clock: Clock, tier: Store
+) -> None:
+    state, built = _committed_on_tiered(store, clock, tier)
+    state.move_to_tier(built.partition)
+    Path(partition_directory(store, built.partition), "manifest.json").unlink()
+    assert _tiered_state(store, clock, tier).committed_partitions() == []

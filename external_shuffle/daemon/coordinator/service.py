@@ -115,9 +115,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     def _delete(self, releases: Releases) -> int:
         """Tell each worker what to delete (one that does not answer is told with its next
-        heartbeat); delete what is on a tier store with no live worker to do it."""
-        for url, moved in releases.on_tier.items():
-            self._tiers.delete(url, moved)
+        heartbeat); then delete what is on a tier store with no live worker to do it."""
         for address, partitions in releases.per_worker.items():
             try:
                 pb_grpc.WorkerStub(self._peers.get(address.target)).ReleasePartitions(
@@ -127,6 +125,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             except grpc.RpcError as error:
                 logger.warning("release on %s deferred: %s", address.worker_id, error)
                 self.state.defer_release(address.worker_id, partitions)
+        for url, moved in releases.on_tier.items():
+            self._tiers.delete(url, moved)
         return releases.count
 
     # --- workers ------------------------------------------------------------------------------

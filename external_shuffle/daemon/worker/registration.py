@@ -52,14 +52,17 @@ def heartbeat_loop(
                 registered = True
                 known.set()
                 logger.info("registered with the coordinator", extra=_describe(service))
-            elif (committed := watch.take()) is None:
-                registered = False  # more commits than a heartbeat tells: all of them again
-                continue
             else:
+                # The load before the commits: a move it counts is among those taken after it.
+                load = service.state.load()
+                committed = watch.take()
+                if committed is None:
+                    registered = False  # more commits than a heartbeat tells: all again
+                    continue
                 beat = coordinator.WorkerHeartbeat(
                     pb.WorkerHeartbeatRequest(
                         worker_id=service.address.worker_id,
-                        load=service.state.load(),
+                        load=load,
                         committed=[commit.to_pb() for commit in committed],
                     ),
                     timeout=timeout,

@@ -25,7 +25,6 @@ from external_shuffle.wire.messages import WorkerAddress, key_of, partition_of, 
 from shuffle_api import (
     InvalidIdentifierError,
     SerializationError,
-    ShuffleError,
     SubpartitionRange,
 )
 from shuffle_api.format import PartitionFileReader
@@ -118,7 +117,7 @@ class WorkerService(pb_grpc.WorkerServicer):
         for partition in self.state.partitions_to_move(high_water, high_water * 4 // 5):
             try:
                 size = self.state.move_to_tier(partition)
-            except ShuffleError as error:
+            except Exception as error:  # one partition's (or the tier's) failure stops no move
                 logger.warning("moving %s to the tier store failed: %s", partition, error)
                 continue
             moved += 1

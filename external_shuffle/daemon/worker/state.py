@@ -19,6 +19,7 @@ worker is lost.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -30,6 +31,7 @@ from external_shuffle.daemon.worker.commit_watch import CommitWatch
 from external_shuffle.wire.errors import UnavailableError
 from external_shuffle.wire.messages import Commit
 from shuffle_api import (
+    ConfigError,
     DataTooLargeError,
     InvalidIdentifierError,
     PartitionNotFoundError,
@@ -69,6 +71,9 @@ partition id can take (ids cannot start with a dot)."""
 
 MOVED_FILE = "moved"
 """Beside a moved partition's manifest: its data and index are on the tier store."""
+MOVING_FILE = "moving"
+"""Beside a partition being copied to the tier: what reached the tier is deleted with it, and
+by a restart that finds the move cut off."""
 
 
 class MemoryBudget:
@@ -174,6 +179,12 @@ class CommittedPartition:
         return PartitionStatistics.decode(self.encoded_statistics, self.subpartitions)
 
 
+def _overlap(first: str, second: str) -> bool:
+    """Whether one store URL is the other, or below it."""
+    first, second = first.rstrip("/") + "/", second.rstrip("/") + "/"
+    return first.startswith(second) or second.startswith(first)
+
+
 class WorkerState:
     """The partitions a worker holds on ``store``: uploads being pushed, committed ones, and
     whether it takes new ones; with a ``tier`` store, those moved there. Thread-safe;
@@ -188,6 +199,11 @@ class WorkerState:
         tier: Store | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if tier is not None and _overlap(store.url, tier.url):
+            raise ConfigError(
+                f"the tier store {tier.url} overlaps the worker's store {store.url}: moving"
+                " a partition there would delete its only copy"
+            )
         self.store = store
         self.tier = tier
         self._clock = clock
@@ -231,6 +247,8 @@ class WorkerState:
             if self.store.exists(self.store.child(directory, MOVED_FILE)):
                 self._recover_moved(partition, directory)
                 continue
+            if self.store.exists(self.store.child(directory, MOVING_FILE)):
+                self._forget_cut_off_move(partition, directory)
             try:
                 reader = PartitionFileReader(self.store, partition)
             except PartitionNotFoundError:
@@ -252,11 +270,24 @@ class WorkerState:
         if self.tier is None:
             logger.warning("ignoring %s: it was moved to a tier store, and none is set", partition)
             return
-        for name in (DATA_FILE, INDEX_FILE):
+        for name in (DATA_FILE, INDEX_FILE, MOVING_FILE):
             self.store.delete_tree(self.store.child(directory, name))
-        manifest_bytes = self.store.read_bytes(self.store.child(directory, MANIFEST_FILE))
-        manifest = PartitionManifest.from_json(manifest_bytes, f"moved {partition}", partition)
+        try:
+            manifest_bytes = self.store.read_bytes(self.store.child(directory, MANIFEST_FILE))
+            manifest = PartitionManifest.from_json(manifest_bytes, f"moved {partition}", partition)
+        except (FileNotFoundError, ShuffleError) as error:
+            logger.warning(
+                "ignoring moved %s: its manifest here is unreadable: %s", partition, error
+            )
+            return
         self._committed[partition] = CommittedPartition.of(manifest.statistics, 0, on_tier=True)
+
+    def _forget_cut_off_move(self, partition: ResultPartitionID, directory: str) -> None:
+        """A copy to the tier cut off by a restart: the partition is still here; what reached
+        the tier goes."""
+        if self.tier is not None:
+            self.tier.delete_tree(partition_directory(self.tier, partition), empty_parents=2)
+        self.store.delete_tree(self.store.child(directory, MOVING_FILE))
 
     # --- what the coordinator and the metrics see ---------------------------------------------
 
@@ -431,16 +462,24 @@ class WorkerState:
     ) -> PartitionFileReader:
         """A reader of a committed partition, for ``subpartitions`` of it (on the tier store,
         if it was moved there)."""
-        with self._lock:
-            committed = self._committed.get(partition)
-        store = self.tier if committed is not None and committed.on_tier else None
-        reader = PartitionFileReader(store or self.store, partition, Layouts.READ)
+        try:
+            reader = PartitionFileReader(self._store_of(partition), partition, Layouts.READ)
+        except PartitionNotFoundError:
+            # Moved since it was looked up: its files here went as the reader opened them.
+            reader = PartitionFileReader(self._store_of(partition), partition, Layouts.READ)
         if subpartitions.end >= reader.manifest.number_of_subpartitions:
             raise InvalidIdentifierError(
                 f"subpartitions {subpartitions.start}..{subpartitions.end} out of range:"
                 f" {partition} has {reader.manifest.number_of_subpartitions}"
             )
         return reader
+
+    def _store_of(self, partition: ResultPartitionID) -> Store:
+        with self._lock:
+            committed = self._committed.get(partition)
+        if committed is not None and committed.on_tier and self.tier is not None:
+            return self.tier
+        return self.store
 
     # --- the tier store -------------------------------------------------------------------------
 
@@ -467,30 +506,38 @@ class WorkerState:
 
     def move_to_tier(self, partition: ResultPartitionID) -> int:
         """Move a committed partition's data to the tier store; returns its bytes moved (0:
-        not here, or moved already)."""
-        assert self.tier is not None, "moves need a tier store"
+        not here, moved already, or released while it was copied)."""
+        tier = self.tier
+        assert tier is not None, "moves need a tier store"
+        with self._lock:
+            committed = self._committed.get(partition)
+        if committed is None or committed.on_tier:
+            return 0
+        directory = partition_directory(self.store, partition)
+        moving = self.store.child(directory, MOVING_FILE)
+        self.store.put_atomic(moving, b"")
+        try:
+            # Outside the partition's lock: a long copy holds up no commit or release.
+            copy_partition(self.store, tier, partition)
+        except BaseException:
+            self.store.delete_tree(moving)
+            raise
         with self._partition_lock(partition):
             with self._lock:
-                committed = self._committed.get(partition)
-            if committed is None or committed.on_tier:
+                released = self._committed.get(partition) is not committed
+            if released:  # its release deleted what was here, not what the copy made since
+                tier.delete_tree(partition_directory(tier, partition), empty_parents=2)
                 return 0
-            copy_partition(self.store, self.tier, partition)
-            directory = partition_directory(self.store, partition)
             self.store.put_atomic(self.store.child(directory, MOVED_FILE), b"")
-            moved = CommittedPartition(
-                committed.encoded_statistics,
-                committed.subpartitions,
-                0,
-                committed.application_id,
-                on_tier=True,
-            )
             with self._lock:
-                self._committed[partition] = moved
+                self._committed[partition] = dataclasses.replace(
+                    committed, stored_bytes=0, on_tier=True
+                )
                 for watch in self._commit_watches:
                     watch.add(Commit(partition, committed.application_id, on_tier=True))
             # Fetches that opened it here keep their open files; new ones go to the tier.
             PartitionFileReader.forget(self.store, partition)
-            for name in (DATA_FILE, INDEX_FILE):
+            for name in (DATA_FILE, INDEX_FILE, MOVING_FILE):
                 self.store.delete_tree(self.store.child(directory, name))
         return committed.stored_bytes
 
@@ -531,8 +578,13 @@ class WorkerState:
         if upload is not None:
             upload.close()
         PartitionFileReader.forget(self.store, partition)
-        self.store.delete_tree(partition_directory(self.store, partition), empty_parents=2)
-        if committed is not None and committed.on_tier and self.tier is not None:
+        directory = partition_directory(self.store, partition)
+        # Being copied to the tier: what the copy made there goes too.
+        moving = committed is not None and self.store.exists(
+            self.store.child(directory, MOVING_FILE)
+        )
+        self.store.delete_tree(directory, empty_parents=2)
+        if committed is not None and (committed.on_tier or moving) and self.tier is not None:
             PartitionFileReader.forget(self.tier, partition)
             self.tier.delete_tree(partition_directory(self.tier, partition), empty_parents=2)
         return int(upload is not None or committed is not None)
