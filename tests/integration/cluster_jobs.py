@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import gc
 import json
 import os
 import shutil
@@ -29,9 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F  # noqa: N812
 
 from external_shuffle.local_cluster import LocalCluster
 from pyspark_shuffle import SparkShuffle
@@ -333,65 +330,6 @@ def executors_leave_between_stages(
     }
 
 
-def released_chain(
-    spark: SparkSession, shuffle: SparkShuffle, kill: Kill, stores: list[Path]
-) -> dict[str, Any]:
-    """A chain whose earlier exchanges are released as it goes (each result dropped once the
-    next operation read it), then an executor killed before the last result is read: Spark
-    remakes what went with it from the source, through every released exchange."""
-    frame = data(spark).cache()
-    frame.count()
-    source_rows = spark.sparkContext.accumulator(0)
-
-    def counted(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            source_rows.add(batch.num_rows)
-            yield batch
-
-    def summarize(table: pa.Table) -> pa.Table:
-        return pa.table(
-            {
-                "k": table.column("k").slice(0, 1),
-                "n": pa.array([table.num_rows], pa.int64()),
-                "total": pa.array([pc.sum(table.column("x")).as_py()], pa.float64()),
-            }
-        )
-
-    files_per_step: list[int] = []
-
-    def step(result: DataFrame) -> DataFrame:
-        gc.collect()
-        files_per_step.append(len(stored_files(stores)))
-        return result
-
-    spread = step(shuffle.repartition(frame.mapInArrow(counted, frame.schema), "id"))
-    groups = step(shuffle.group_apply(spread, "k", summarize, "k long, n long, total double"))
-    del spread
-    by_count = step(shuffle.repartition(groups, "n", num_partitions=4))
-    del groups
-    ranked = step(shuffle.sort(by_count, ["total", "k"]))
-    del by_count
-    gc.collect()
-    released = shuffle.statistics(ranked).upstream_released
-    files_per_step.append(len(stored_files(stores)))
-    killed = [kill()]
-    # Until Spark runs a new executor in its place (it then knows the map outputs are lost).
-    wait_for_two_executors(spark)
-    before = source_rows.value
-    equal = ordered(ranked) == ordered(
-        frame.groupBy("k")
-        .agg(F.count("*").alias("n"), F.sum("x").alias("total"))
-        .orderBy("total", "k")
-    )
-    return {
-        "killed": killed,
-        "equal": equal,
-        "files_per_step": files_per_step,
-        "upstream_released": released,
-        "source_rows": [before, source_rows.value],
-    }
-
-
 Scenario = Callable[[SparkSession, SparkShuffle, Kill, list[Path]], dict[str, Any]]
 
 SCENARIOS: dict[str, Scenario] = {
@@ -399,7 +337,6 @@ SCENARIOS: dict[str, Scenario] = {
     "core_operations": functools.partial(operations, only=CORE_OPERATIONS),
     "kill_during_map": kill_during_map,
     "kill_during_reduce": kill_during_reduce,
-    "released_chain": released_chain,
     "executors_leave_between_stages": executors_leave_between_stages,
 }
 
@@ -421,7 +358,6 @@ PLANS: dict[str, tuple[Step, ...]] = {
         Step("operations", "operations"),
         Step("kill_during_map", "kill_during_map"),
         Step("kill_during_reduce", "kill_during_reduce"),
-        Step("released_chain", "released_chain"),
         Step("object_store_kill_during_map", "kill_during_map", ON_OBJECT_STORE),
         Step("object_store_kill_during_reduce", "kill_during_reduce", ON_OBJECT_STORE),
     ),

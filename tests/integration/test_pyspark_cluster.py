@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.integration.cluster_applications import Outcomes, run_application, step
-from tests.integration.cluster_jobs import CORE_OPERATIONS, ROWS
+from tests.integration.cluster_jobs import CORE_OPERATIONS
 
 # Each service's application runs all its steps (cluster_jobs.PLANS) on four JVMs: on CI's two
 # busy cores one took up to ten minutes, and a module fixture's setup counts in its first test.
@@ -95,25 +95,6 @@ def test_an_executor_killed_during_the_reduce_stage_is_recovered_inside_the_acti
     runs = outcome["runs"]
     assert 0 < sum(count > 1 for count in runs.values()) < len(runs)
     assert outcome["map_tasks_rerun"] == sum(count - 1 for count in runs.values())
-    assert outcome["files_after_close"] == []
-
-
-def test_a_chain_released_as_it_goes_is_remade_after_an_executor_is_killed(
-    netty_like_application: Outcomes,
-) -> None:
-    outcome = step(netty_like_application, "released_chain")
-    # Each step's store held about that step; once the sort was made, only its exchange.
-    # Released: the three exchanges before the sort's and the rows the group-apply kept.
-    files = outcome["files_per_step"]
-    assert outcome["upstream_released"] == 4
-    assert files[-1] < max(files)
-    assert len(outcome["killed"]) == 1
-    # The killed executor's map outputs were remade from the source, through every released
-    # exchange, inside the action; the copies that rerun made were released too.
-    assert outcome["equal"] is True
-    before, after = outcome["source_rows"]
-    assert before == ROWS
-    assert after > before
     assert outcome["files_after_close"] == []
 
 

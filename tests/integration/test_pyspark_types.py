@@ -40,9 +40,10 @@ pytestmark = DEFAULT_SERVICE_ONLY
 _MANY = int(os.environ.get("TYPE_TEST_EXAMPLES", "0"))
 _SLOW = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example]
 EXAMPLES = settings(
-    # CI: a fixed seed and a few examples per test and service. No shrinking, which would run
-    # Spark jobs by the hundred: a failure prints its example as drawn.
-    max_examples=_MANY or 3,
+    # CI: a fixed seed and two examples per test (each a Spark job or several: `make types`
+    # draws many more). No shrinking, which would run Spark jobs by the hundred: a failure
+    # prints its example as drawn.
+    max_examples=_MANY or 2,
     derandomize=not _MANY,
     database=None,
     deadline=None,
