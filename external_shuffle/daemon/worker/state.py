@@ -462,11 +462,16 @@ class WorkerState:
     ) -> PartitionFileReader:
         """A reader of a committed partition, for ``subpartitions`` of it (on the tier store,
         if it was moved there)."""
+        store = self._store_of(partition)
         try:
-            reader = PartitionFileReader(self._store_of(partition), partition, Layouts.READ)
+            reader = PartitionFileReader(store, partition, Layouts.READ)
         except PartitionNotFoundError:
-            # Moved since it was looked up: its files here went as the reader opened them.
-            reader = PartitionFileReader(self._store_of(partition), partition, Layouts.READ)
+            # Moved since it was looked up (its files here went as the reader opened them);
+            # else not here at all, and asked once.
+            moved = self._store_of(partition)
+            if moved is store:
+                raise
+            reader = PartitionFileReader(moved, partition, Layouts.READ)
         if subpartitions.end >= reader.manifest.number_of_subpartitions:
             raise InvalidIdentifierError(
                 f"subpartitions {subpartitions.start}..{subpartitions.end} out of range:"
