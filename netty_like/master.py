@@ -39,7 +39,12 @@ from shuffle_api import (
     ShuffleMasterContext,
     ShuffleServiceClosedError,
 )
-from shuffle_api.format import PartitionFileReader, is_readable, partition_directory
+from shuffle_api.format import (
+    PartitionFileReader,
+    is_readable,
+    partition_directory,
+    result_directories,
+)
 from shuffle_api.master import completed
 from shuffle_api.store import Store
 
@@ -136,10 +141,11 @@ class NettyShuffleMaster(ShuffleMaster):
         for result_id in sorted(job.shared_results):
             # The whole result, released partitions or not: attempts whose producers died
             # while writing are there too, and no process of theirs is left to delete them.
-            try:
-                self._store.delete_tree(self._store.path(result_id))
-            except ShuffleError as error:
-                _LOG.warning("result %s not deleted from %s: %s", result_id, self._store.url, error)
+            for directory in result_directories(self._store, result_id):
+                try:
+                    self._store.delete_tree(directory)
+                except ShuffleError as error:
+                    _LOG.warning("%s not deleted: %s", directory, error)
 
     def _job(self, job_id: str) -> _Job:
         with self._lock:

@@ -2,7 +2,12 @@
 
 from shuffle_api.format.codec_choice import ipc_write_options
 from shuffle_api.format.copy import copy_partition
-from shuffle_api.format.layout import partition_directory
+from shuffle_api.format.layout import (
+    KEY_PREFIXES,
+    partition_directory,
+    result_directories,
+    stored_partitions,
+)
 from shuffle_api.format.manifest import FORMAT_VERSION, PartitionManifest
 from shuffle_api.format.partition_writer import SortMergePartitionWriter
 from shuffle_api.format.reader import (
@@ -19,6 +24,7 @@ from shuffle_api.format.writer import PartitionFileWriter
 
 __all__ = [
     "FORMAT_VERSION",
+    "KEY_PREFIXES",
     "DataStream",
     "Layouts",
     "PartitionFileReader",
@@ -33,6 +39,8 @@ __all__ = [
     "ipc_write_options",
     "is_readable",
     "partition_directory",
+    "result_directories",
+    "stored_partitions",
     "verify_checksum",
     "verify_run",
     "write_all",

@@ -41,6 +41,8 @@ from shuffle_api.format import (
     PartitionFileWriter,
     StoreSink,
     partition_directory,
+    result_directories,
+    stored_partitions,
 )
 from shuffle_api.format.manifest import (
     DATA_FILE,
@@ -1168,3 +1170,30 @@ def test_a_store_that_takes_part_of_each_write_still_gets_every_byte(
     reader = PartitionFileReader(store, partition)
     for subpartition in range(3):
         assert read_keys(reader, subpartition) == expected_keys(writes, subpartition)
+
+
+def test_a_shared_store_spreads_map_outputs_over_prefixes_each_found_and_released(
+    any_store: Store,
+) -> None:
+    """On an object store the map outputs of one result sit under several key prefixes (each
+    the same in every process), a worker's scan finds every one, and deleting the result's
+    directories leaves nothing; a local store keeps one directory per result."""
+    result_id = f"result-{uuid.uuid4().hex}"
+    partitions = [
+        ResultPartitionID(IntermediateResultPartitionID(result_id, index), f"attempt-{index}")
+        for index in range(40)
+    ]
+    for partition in partitions:
+        write_partition(any_store, partition, SPREAD_WRITES[:1])
+    root = any_store.path()
+    prefixes = {partition_directory(any_store, p)[len(root) :].split("/")[1] for p in partitions}
+    if any_store.is_shared:
+        assert len(prefixes) > 8 and all(len(prefix) == 1 for prefix in prefixes)
+    else:
+        assert prefixes == {result_id}
+    found = dict(stored_partitions(any_store))
+    assert sorted(p for p in found.values() if p is not None) == sorted(partitions)
+    assert all(found[partition_directory(any_store, p)] == p for p in partitions)
+    for directory in result_directories(any_store, result_id):
+        any_store.delete_tree(directory)
+    assert list(stored_partitions(any_store)) == []
