@@ -4,6 +4,7 @@ pushes, commits, duplicates, abandoned uploads, draining, and what a restarted w
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -246,7 +247,21 @@ def test_a_decommissioned_worker_moves_everything_and_counts_what_is_left(
     assert state.partitions_to_move(0, 0) == [each.partition for each in built]
     state.move_to_tier(built[0].partition)
     assert state.decommission(cancel=False) == 1
-    assert _state(store, clock).committed_partitions() == [built[1].partition]  # no tier set
+
+
+def test_a_restart_without_the_tier_its_partitions_moved_to_is_refused_naming_it(
+    store: Store, clock: Clock, tier: Store, tmp_path: Path
+) -> None:
+    """Rows only the tier holds are not forgotten: a worker restarted without that tier (or
+    with another) refuses to start and says which to give it; with it, it serves them."""
+    state, built = _committed_on_tiered(store, clock, tier)
+    state.move_to_tier(built.partition)
+    for restarted_tier in (None, Store(str(tmp_path / "another-tier"))):
+        with pytest.raises(ConfigError, match=f"tier-url={re.escape(tier.url)}"):
+            WorkerState(
+                store, memory_budget=1 << 20, budget_timeout=5, tier=restarted_tier, clock=clock
+            )
+    assert _tiered_state(store, clock, tier).partitions_on_tier() == [built.partition]
 
 
 def test_a_partition_of_no_rows_moves_too(store: Store, clock: Clock, tier: Store) -> None:

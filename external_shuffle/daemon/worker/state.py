@@ -50,11 +50,12 @@ from shuffle_api.format import (
     StoreSink,
     copy_partition,
     partition_directory,
+    stored_partitions,
     write_all,
 )
 from shuffle_api.format.manifest import DATA_FILE, INDEX_FILE, MANIFEST_FILE
 from shuffle_api.format.reader import check_commit
-from shuffle_api.ids import IntermediateResultPartitionID, new_id, validate_id
+from shuffle_api.ids import new_id, validate_id
 from shuffle_api.store import Store, storage_errors
 
 __all__ = ["CommittedPartition", "MemoryBudget", "Upload", "WorkerState"]
@@ -70,7 +71,7 @@ WORKER_ID_FILE = ".pyshuffle-worker-id"
 partition id can take (ids cannot start with a dot)."""
 
 MOVED_FILE = "moved"
-"""Beside a moved partition's manifest: its data and index are on the tier store."""
+"""Beside a moved partition's manifest: its data and index are on the tier store it names."""
 MOVING_FILE = "moving"
 """Beside a partition being copied to the tier: what reached the tier is deleted with it, and
 by a restart that finds the move cut off."""
@@ -233,15 +234,8 @@ class WorkerState:
     def _recover(self) -> None:
         """Find the committed partitions on the store; delete uncommitted leftovers (pushes cut
         off by a crash)."""
-        fs, root = self.store.filesystem, self.store.path()
-        directories = {path.rstrip("/") for path in fs.glob(f"{root}/*/*/*")}
-        for directory in sorted(directories):
-            relative = directory[len(root) :].strip("/").split("/")
-            try:
-                partition = ResultPartitionID(
-                    IntermediateResultPartitionID(relative[0], int(relative[1])), relative[2]
-                )
-            except (InvalidIdentifierError, ValueError, IndexError):
+        for directory, partition in stored_partitions(self.store):
+            if partition is None:
                 logger.warning("ignoring %s: not a partition directory", directory)
                 continue
             if self.store.exists(self.store.child(directory, MOVED_FILE)):
@@ -267,9 +261,15 @@ class WorkerState:
     def _recover_moved(self, partition: ResultPartitionID, directory: str) -> None:
         """A partition moved to the tier before a restart (what a move cut off before its
         local deletes left is deleted now)."""
-        if self.tier is None:
-            logger.warning("ignoring %s: it was moved to a tier store, and none is set", partition)
-            return
+        # The marker names the tier (empty from workers before it did: the tier set now).
+        marker = self.store.read_bytes(self.store.child(directory, MOVED_FILE)).decode()
+        if self.tier is None or marker not in ("", self.tier.url):
+            # Started without it, the worker would forget rows that only the tier holds.
+            raise ConfigError(
+                f"{partition} was moved to the tier store {marker or '(not recorded)'}, but this"
+                f" worker's tier is {self.tier.url if self.tier else 'not set'}: start it with"
+                f" external-shuffle.worker.tier-url={marker or '<that store>'}"
+            )
         for name in (DATA_FILE, INDEX_FILE, MOVING_FILE):
             self.store.delete_tree(self.store.child(directory, name))
         try:
@@ -533,7 +533,7 @@ class WorkerState:
             if released:  # its release deleted what was here, not what the copy made since
                 tier.delete_tree(partition_directory(tier, partition), empty_parents=2)
                 return 0
-            self.store.put_atomic(self.store.child(directory, MOVED_FILE), b"")
+            self.store.put_atomic(self.store.child(directory, MOVED_FILE), tier.url.encode())
             with self._lock:
                 self._committed[partition] = dataclasses.replace(
                     committed, stored_bytes=0, on_tier=True
