@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.integration.cluster_applications import Outcomes, run_application, step
-from tests.integration.cluster_jobs import CORE_OPERATIONS
+from tests.integration.cluster_jobs import CORE_OPERATIONS, DATA_PORT_OPERATIONS
 
 # Each service's application runs all its steps (cluster_jobs.PLANS) on four JVMs: on CI's two
 # busy cores one took up to ten minutes, and a module fixture's setup counts in its first test.
@@ -33,18 +33,6 @@ def external_shuffle_application(tmp_path_factory: pytest.TempPathFactory) -> Ou
     return run_application("external_shuffle", tmp_path_factory.mktemp("external_shuffle"))
 
 
-OPERATIONS = (
-    "repartition",
-    "group_apply",
-    "sort",
-    "join_inner",
-    "join_inner_shuffled",
-    "join_right_broadcast_left",
-    "parquet_round_trip",
-    "to_arrow",
-)
-
-
 def _operations(request: pytest.FixtureRequest, service: str) -> dict[str, Any]:
     outcomes: Outcomes = request.getfixturevalue(f"{service}_application")
     return step(outcomes, "operations")
@@ -58,7 +46,7 @@ def operations(request: pytest.FixtureRequest) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("service", "operation"),
     [
-        *(("netty_like", operation) for operation in OPERATIONS),
+        *(("netty_like", operation) for operation in DATA_PORT_OPERATIONS),
         *(("external_shuffle", operation) for operation in CORE_OPERATIONS),
     ],
 )
