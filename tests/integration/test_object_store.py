@@ -112,9 +112,7 @@ def test_an_attempt_left_half_written_goes_with_its_job(
     # A producer that died while writing another attempt: nothing registered it.
     partition = descriptors[0].result_partition_id
     store = Store(store_url)
-    orphan = store.path(
-        partition.partition_id.result_id, str(partition.partition_id.partition_index), "dead"
-    )
+    orphan = partition_directory(store, ResultPartitionID(partition.partition_id, "dead"))
     store.put_atomic(store.child(orphan, "data"), b"half of a partition")
     # Released first, as an engine releases what it read before its job ends.
     scenario.master.release_partition_externally(descriptors[0])
