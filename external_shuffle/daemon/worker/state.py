@@ -263,12 +263,13 @@ class WorkerState:
         local deletes left is deleted now)."""
         # The marker names the tier (empty from workers before it did: the tier set now).
         marker = self.store.read_bytes(self.store.child(directory, MOVED_FILE)).decode()
-        if self.tier is None or marker not in ("", self.tier.url):
+        if self.tier is None or marker.rstrip("/") not in ("", self.tier.url.rstrip("/")):
             # Started without it, the worker would forget rows that only the tier holds.
             raise ConfigError(
                 f"{partition} was moved to the tier store {marker or '(not recorded)'}, but this"
                 f" worker's tier is {self.tier.url if self.tier else 'not set'}: start it with"
-                f" external-shuffle.worker.tier-url={marker or '<that store>'}"
+                f" external-shuffle.worker.tier-url={marker or '<that store>'} (or, if that"
+                f" store is gone, delete {directory} to forget the partition)"
             )
         for name in (DATA_FILE, INDEX_FILE, MOVING_FILE):
             self.store.delete_tree(self.store.child(directory, name))
