@@ -21,6 +21,7 @@ __all__ = [
     "PartitionCorruptedError",
     "PartitionError",
     "PartitionNotFoundError",
+    "PermissionDeniedError",
     "ProducerFailedError",
     "SchemaMismatchError",
     "SerializationError",
@@ -92,6 +93,11 @@ class TransportError(ShuffleError, ConnectionError):
 
 class AuthenticationError(ShuffleError, PermissionError):
     """A peer did not prove it holds the application's secret (or token), or we did not."""
+
+
+class PermissionDeniedError(AuthenticationError):
+    """A peer proved who it is, and that credential may not do what it asked (an operator's
+    read-only credential asking to decommission a worker)."""
 
 
 class InvalidOperationError(ShuffleError, ValueError):

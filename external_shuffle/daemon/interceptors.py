@@ -4,7 +4,6 @@ daemon's). Only the gRPC health service is open, for probes that cannot send a t
 
 from __future__ import annotations
 
-import hmac
 import logging
 from collections.abc import Callable
 from typing import Any, Final, TypeAlias
@@ -14,8 +13,10 @@ import grpc
 from external_shuffle.daemon.error_statuses import abort_call
 from external_shuffle.ops.metrics import DaemonMetrics
 from external_shuffle.wire.auth import AUTHORIZATION
+from external_shuffle.wire.credentials import CredentialCheck
+from external_shuffle.wire.errors import status_for, trailing_metadata
 from external_shuffle.wire.version import wire_version_of
-from shuffle_api import SerializationError, UnsupportedFormatVersionError
+from shuffle_api import AuthenticationError, SerializationError, UnsupportedFormatVersionError
 
 __all__ = ["RequestDecodingInterceptor", "TokenInterceptor", "WireVersionInterceptor"]
 
@@ -44,24 +45,27 @@ def _refusing(
 
 
 class TokenInterceptor(grpc.ServerInterceptor):
-    """Lets through only calls whose metadata carries the token (and health checks). A
-    refused call is counted (``pyshuffle_auth_failures_total``) and logged with its peer."""
+    """Lets through only calls whose metadata carries a credential (``wire.credentials``) that
+    may call the method (and health checks). A refused call is counted
+    (``pyshuffle_auth_failures_total``) and logged with its peer and credential."""
 
-    def __init__(self, token: str, metrics: DaemonMetrics) -> None:
-        self._expected = f"Bearer {token}".encode()
+    def __init__(self, check: CredentialCheck, metrics: DaemonMetrics) -> None:
+        self._check = check
         self._metrics = metrics
 
-    def _denied(self, method: str, problem: str) -> Behavior:
+    def _denied(self, method: str, error: AuthenticationError) -> Behavior:
         def deny(request: Any, context: grpc.ServicerContext) -> Any:
+            code = status_for(error)
             self._metrics.auth_failures.labels(method=method).inc()
             logger.warning(
                 "refused %s from %s: %s",
                 method,
                 context.peer(),
-                problem,
-                extra={"method": method, "peer": context.peer(), "code": "UNAUTHENTICATED"},
+                error,
+                extra={"method": method, "peer": context.peer(), "code": code.name},
             )
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, f"{method}: {problem}")
+            context.set_trailing_metadata(tuple(trailing_metadata(error)))
+            context.abort(code, f"{method}: {error}")
 
         return deny
 
@@ -73,15 +77,20 @@ class TokenInterceptor(grpc.ServerInterceptor):
         if handler is None or method.startswith(_OPEN_SERVICES):
             return handler
         presented = dict(handler_call_details.invocation_metadata).get(AUTHORIZATION)
-        if presented is None:
-            problem = "no token: calls need metadata 'authorization: Bearer <token>'"
-        elif not hmac.compare_digest(
-            presented.encode() if isinstance(presented, str) else presented, self._expected
-        ):
-            problem = "wrong token"
-        else:
-            return handler
-        return _refusing(handler, self._denied(method, problem))
+        try:
+            if presented is None:
+                raise AuthenticationError(
+                    "no token: calls need metadata 'authorization: Bearer <token>'"
+                )
+            scheme, _, token = (
+                presented.encode() if isinstance(presented, str) else presented
+            ).partition(b" ")
+            if scheme != b"Bearer":
+                raise AuthenticationError("wrong token")
+            self._check.credential_of(token).check_may_call(method)
+        except AuthenticationError as error:  # PermissionDeniedError included
+            return _refusing(handler, self._denied(method, error))
+        return handler
 
 
 class WireVersionInterceptor(grpc.ServerInterceptor):

@@ -73,6 +73,7 @@ from external_shuffle.options import (
 )
 from external_shuffle.wire.auth import load_token, server_credentials
 from external_shuffle.wire.channels import ChannelPool, ClientSettings, channel_options
+from external_shuffle.wire.credentials import CredentialCheck
 from external_shuffle.wire.framing import worker_rpc_handler
 from scheduling.placement import new_placement_strategy
 from shuffle_api import ConfigError, Configuration, ShuffleError
@@ -131,6 +132,7 @@ class Daemon(Readiness):
         self._config = configuration
         self._role = role
         self._token = load_token(configuration)
+        self._credentials_check = CredentialCheck(self._token)
         self._credentials = server_credentials(configuration)
         self._bind = configuration.get(BIND_HOST)
         self.metrics = DaemonMetrics(ROLES_SERVED[role])
@@ -154,7 +156,7 @@ class Daemon(Readiness):
         server = grpc.server(
             ThreadPoolExecutor(threads, thread_name_prefix="pyshuffle-rpc"),
             interceptors=[
-                TokenInterceptor(self._token, self.metrics),
+                TokenInterceptor(self._credentials_check, self.metrics),
                 WireVersionInterceptor(self.metrics),
                 RequestDecodingInterceptor(self.metrics),
             ],
@@ -203,7 +205,7 @@ class Daemon(Readiness):
             status_port = config.get(COORDINATOR_STATUS_PORT)
             if status_port >= 0:
                 self._status_page = StatusPage(
-                    self.coordinator.view, self._token, self.metrics, self
+                    self.coordinator.view, self._credentials_check, self.metrics, self
                 )
                 self.status_port = self._status_page.serve(self._bind, status_port)
                 logger.info("status page serving", extra={"port": self.status_port})

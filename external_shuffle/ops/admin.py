@@ -1,6 +1,7 @@
 """``pyshuffle admin``: an operator's view of an external shuffle cluster (its workers and
 applications, as tables or JSON) and its one action, decommissioning a worker (or cancelling
-that). It reads a client's configuration: the coordinators' addresses, the token, TLS."""
+that); and operators' credentials, signed with the cluster's secret. It reads a client's
+configuration: the coordinators' addresses, the token, TLS."""
 
 from __future__ import annotations
 
@@ -16,10 +17,17 @@ from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.client.coordinators import Coordinators
 from external_shuffle.ops.cluster_view import ClusterView, WorkerRow, merged_applications
 from external_shuffle.options import CLIENT_RETRY_TIMEOUT, coordinator_addresses
+from external_shuffle.wire.auth import load_token
 from external_shuffle.wire.channels import ChannelPool, ClientSettings, translate_rpc_error
+from external_shuffle.wire.credentials import (
+    CREDENTIAL_PREFIX,
+    OPERATOR_ROLES,
+    Role,
+    operator_token,
+)
 from external_shuffle.wire.errors import UnavailableError
 from external_shuffle.wire.messages import WorkerAddress
-from shuffle_api import Configuration, InvalidOperationError
+from shuffle_api import ConfigError, Configuration, InvalidOperationError
 
 __all__ = ["main"]
 
@@ -133,6 +141,20 @@ class Admin:
         return loads.get(worker_id, pb.WorkerLoad())
 
 
+def issue_credential(configuration: Configuration, role: Role, name: str, days: float) -> str:
+    """An operator's credential for ``days``, signed with the configuration's token, which must
+    be the cluster's secret (a credential cannot sign another)."""
+    secret = load_token(configuration)
+    if secret.startswith(CREDENTIAL_PREFIX):
+        raise ConfigError(
+            "the config's token is an operator's credential: credentials are signed with the"
+            " cluster's secret (the daemons' external-shuffle.auth.token-file)"
+        )
+    if days <= 0:
+        raise ConfigError(f"--days must be positive, not {days}")
+    return operator_token(secret, role, name, int(time.time() + days * 86_400))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="pyshuffle admin",
@@ -165,8 +187,24 @@ def main(argv: list[str] | None = None) -> int:
         "cancel-decommission", help="a decommissioning worker takes new partitions again"
     )
     cancel.add_argument("worker", help="the worker's id or host:port")
+    credential = commands.add_parser(
+        "credential",
+        help="print an operator's credential, signed with the cluster's secret (the config's"
+        " token): reader (the listings, the status page) or admin (and decommissioning)",
+    )
+    credential.add_argument(
+        "--role", choices=[role.value for role in OPERATOR_ROLES], required=True
+    )
+    credential.add_argument("--name", required=True, help="who holds it (logged with its calls)")
+    credential.add_argument(
+        "--days", type=float, default=30.0, help="how long it holds (default: 30)"
+    )
     args = parser.parse_args(argv)
-    admin = Admin(Configuration.load(toml_file=args.config))
+    configuration = Configuration.load(toml_file=args.config)
+    if args.command == "credential":
+        print(issue_credential(configuration, Role(args.role), args.name, args.days))
+        return 0
+    admin = Admin(configuration)
     try:
         if args.command == "decommission":
             remaining = admin.decommission(args.worker, args.wait)

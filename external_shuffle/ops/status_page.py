@@ -1,18 +1,18 @@
 """The coordinator's status page: a read-only HTML view of the cluster (workers, applications)
 that the browser reloads every few seconds, with no external assets.
 
-It asks for the cluster's token, as every port does: HTTP Basic (any user name, the token as
-the password; a browser prompts for it) or ``Authorization: Bearer <token>``; only the probes'
-``/healthz`` and ``/readyz`` (:mod:`external_shuffle.ops.health`) need none. One thread serves
-it, one request at a time, and a request must arrive whole within a few seconds: a slow or
-idle client costs the coordinator nothing but that wait.
+It asks for the cluster's token or an operator's credential (``wire.credentials``), as every
+port does: HTTP Basic (any user name, the token as the password; a browser prompts for it)
+or ``Authorization: Bearer <token>``; only the probes' ``/healthz`` and ``/readyz``
+(:mod:`external_shuffle.ops.health`) need none. One thread serves it, one request at a time,
+and a request must arrive whole within a few seconds: a slow or idle client costs the
+coordinator nothing but that wait.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import hmac
 import html
 import logging
 import threading
@@ -25,7 +25,8 @@ from typing import Any, Final
 from external_shuffle.ops.cluster_view import ClusterView, human_bytes
 from external_shuffle.ops.health import PROBE_HEADERS, Readiness, probe_answer
 from external_shuffle.ops.metrics import DaemonMetrics
-from shuffle_api import ConfigError
+from external_shuffle.wire.credentials import CredentialCheck
+from shuffle_api import AuthenticationError, ConfigError
 
 __all__ = ["StatusPage"]
 
@@ -104,19 +105,20 @@ def _presented_token(authorization: str | None) -> bytes | None:
 
 
 class StatusPage:
-    """Serves :func:`render` of ``view()`` to requests that present ``token``, and the probes
-    of ``readiness`` to any."""
+    """Serves :func:`render` of ``view()`` to requests that present a credential ``check``
+    takes (the cluster's secret, or an operator's: either role may look), and the probes of
+    ``readiness`` to any."""
 
     def __init__(
         self,
         view: Callable[[], ClusterView],
-        token: str,
+        check: CredentialCheck,
         metrics: DaemonMetrics,
         readiness: Readiness,
     ) -> None:
         self._view = view
         self._readiness = readiness
-        self._token = token.encode()
+        self._check = check
         self._metrics = metrics
         self._server: HTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -142,11 +144,18 @@ class StatusPage:
         if self._thread is not None:
             self._thread.join()
 
-    def _authorized(self, authorization: str | None) -> bool:
+    def _refusal(self, authorization: str | None) -> AuthenticationError | None:
+        """Why a request's credential is refused, or None if it is taken."""
         presented = _presented_token(authorization)
-        return presented is not None and hmac.compare_digest(presented, self._token)
+        if presented is None:
+            return AuthenticationError("wrong token")
+        try:
+            self._check.credential_of(presented)
+        except AuthenticationError as error:
+            return error
+        return None
 
-    def _refused(self, authorization: str | None, peer: str) -> None:
+    def _refused(self, authorization: str | None, peer: str, error: AuthenticationError) -> None:
         """Count and log a request refused for a wrong credential. One with none is a browser's
         first visit (it asks for the password on the 401), no failure: debug level only."""
         if authorization is None:
@@ -154,9 +163,7 @@ class StatusPage:
             return
         self._metrics.auth_failures.labels(method=_METHOD).inc()
         logger.warning(
-            "refused the status page to %s: wrong token",
-            peer,
-            extra={"peer": peer, "code": "401"},
+            "refused the status page to %s: %s", peer, error, extra={"peer": peer, "code": "401"}
         )
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
@@ -173,11 +180,12 @@ class StatusPage:
                     self._reply(probe.status, probe.body, PROBE_HEADERS)
                     return
                 authorization = self.headers.get("Authorization")
-                if not page._authorized(authorization):
-                    page._refused(authorization, self.client_address[0])
+                refusal = page._refusal(authorization)
+                if refusal is not None:
+                    page._refused(authorization, self.client_address[0], refusal)
                     self._reply(
                         HTTPStatus.UNAUTHORIZED,
-                        b"the cluster's token is the password",
+                        b"the cluster's token, or an operator's credential, is the password",
                         {"WWW-Authenticate": 'Basic realm="pyshuffle", charset="UTF-8"'},
                     )
                     return

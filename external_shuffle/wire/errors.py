@@ -62,6 +62,7 @@ STATUS_CODES: Final[dict[type[ShuffleError], grpc.StatusCode]] = {
     e.TooManyStreamsError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     e.DataTooLargeError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     e.StorageError: grpc.StatusCode.INTERNAL,
+    e.PermissionDeniedError: grpc.StatusCode.PERMISSION_DENIED,
     e.AuthenticationError: grpc.StatusCode.UNAUTHENTICATED,
     e.UnavailableError: grpc.StatusCode.UNAVAILABLE,
     e.NoPlacementTargetError: grpc.StatusCode.UNAVAILABLE,
@@ -87,6 +88,7 @@ _BY_CODE: Final[dict[grpc.StatusCode, type[ShuffleError]]] = {
     grpc.StatusCode.RESOURCE_EXHAUSTED: e.DataTooLargeError,
     grpc.StatusCode.INVALID_ARGUMENT: e.SerializationError,
     grpc.StatusCode.UNAUTHENTICATED: AuthenticationError,
+    grpc.StatusCode.PERMISSION_DENIED: e.PermissionDeniedError,
 }
 
 

@@ -7,14 +7,22 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
+from external_shuffle._proto import external_shuffle_pb2 as pb
+from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.client.descriptor import ExternalShuffleDescriptor
 from external_shuffle.local_cluster import LocalCluster
+from external_shuffle.wire.channels import translate_rpc_error
+from external_shuffle.wire.credentials import Role, grpc_method, operator_token
 from external_shuffle.wire.messages import WorkerAddress
+from shuffle_api import PermissionDeniedError
 from shuffle_api.ids import new_id
 from tests.pyshuffle_command import WITHOUT_PYSHUFFLE_VARIABLES, pyshuffle
 from tests.reliability.external_cluster import (
@@ -27,12 +35,13 @@ from tests.reliability.external_cluster import (
     external,
     rows_of,
     scenario_on,
+    scrape,
 )
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with LocalCluster(tmp_path_factory.mktemp("admin"), workers=2) as running:
+    with LocalCluster(tmp_path_factory.mktemp("admin"), workers=2, metrics=True) as running:
         yield running
 
 
@@ -174,3 +183,99 @@ def test_a_cancelled_decommission_takes_new_partitions_again(cluster: LocalClust
     with scenario_on(cluster, **{"external-shuffle.replication-factor": 1}) as scenario:
         placed, _ = scenario.produce(batches(), partitions=PARTITIONS, subpartitions=SUBPARTITIONS)
     assert target in {replica.target for d in placed for replica in _replicas(d)}
+
+
+def _credential(cluster: LocalCluster, role: str) -> str:
+    issued = admin(cluster, "credential", "--role", role, "--name", f"{role}-op", "--days", "1")
+    assert issued.returncode == 0, issued.stderr
+    return issued.stdout.strip()
+
+
+def _operator_config(cluster: LocalCluster, directory: Path, token: str) -> str:
+    """A config an operator holds: the coordinator's address and their own credential."""
+    directory.mkdir()
+    token_file = directory / "token"
+    token_file.write_text(token)
+    config = directory / "operator.toml"
+    config.write_text(
+        f'"external-shuffle.coordinator.address" = "{cluster.coordinator_address}"\n'
+        f'"external-shuffle.auth.token-file" = "{token_file}"\n'
+    )
+    return str(config)
+
+
+def _operator(config: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return pyshuffle("admin", "--config", config, *args, env=WITHOUT_PYSHUFFLE_VARIABLES)
+
+
+def _worker_refusals(cluster: LocalCluster) -> float:
+    method = grpc_method("Worker", "Decommission")
+    return scrape(cluster, "worker-1").get(f'pyshuffle_auth_failures_total{{method="{method}"}}', 0)
+
+
+def test_a_reader_credential_lists_but_cannot_decommission_and_an_admin_one_can(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    reader = _operator_config(cluster, tmp_path / "reader", _credential(cluster, "reader"))
+    listed = _operator(reader, "workers")
+    assert listed.returncode == 0, listed.stderr
+    assert {row[1] for row in _rows(listed.stdout).values()} == {
+        cluster.worker_target(i) for i in range(2)
+    }
+    assert _operator(reader, "applications", "--json").returncode == 0
+    target = cluster.worker_target(1)
+    refusals = _worker_refusals(cluster)
+    refused = _operator(reader, "decommission", target)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert "PermissionDeniedError" in refused.stderr
+    assert "reader 'reader-op': it needs an admin credential" in refused.stderr
+    assert _worker_refusals(cluster) == refusals + 1
+    assert f"refused {grpc_method('Worker', 'Decommission')}" in (
+        (cluster.directory / "worker-1.log").read_text()
+    )
+    assert _rows(listed.stdout)[_worker_id(cluster, 1)][2] == "alive"
+    assert _rows(admin(cluster, "workers").stdout)[_worker_id(cluster, 1)][2] == "alive"
+
+    operator = _operator_config(cluster, tmp_path / "admin", _credential(cluster, "admin"))
+    done = _operator(operator, "decommission", target)
+    assert done.returncode == 0, done.stderr
+    assert _rows(admin(cluster, "workers").stdout)[_worker_id(cluster, 1)][2] == "decommissioning"
+    assert _operator(operator, "cancel-decommission", target).returncode == 0
+    assert _rows(admin(cluster, "workers").stdout)[_worker_id(cluster, 1)][2] == "alive"
+
+
+def test_operator_credentials_touch_no_data_and_expire(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    secret = cluster.token_file.read_text().strip()
+    channel = grpc.insecure_channel(cluster.worker_target(0))
+    try:
+        worker = pb_grpc.WorkerStub(channel)
+        for role in (Role.ADMIN, Role.READER):
+            token = operator_token(secret, role, "someone", int(time.time()) + 60)
+            with pytest.raises(grpc.RpcError) as caught:
+                worker.GetPartitionStatus(
+                    pb.WorkerPartitionStatusRequest(),
+                    metadata=[("authorization", f"Bearer {token}")],
+                    timeout=10,
+                )
+            error = translate_rpc_error(caught.value, "GetPartitionStatus")
+            assert type(error) is PermissionDeniedError, error
+            assert "needs the cluster's secret" in str(error)
+    finally:
+        channel.close()
+    expired = operator_token(secret, Role.ADMIN, "former", int(time.time()) - 1)
+    refused = _operator(_operator_config(cluster, tmp_path / "expired", expired), "workers")
+    assert refused.returncode == 1
+    assert "AuthenticationError" in refused.stderr
+    assert "admin credential of 'former' expired" in refused.stderr
+    # A credential cannot sign another: only the cluster's secret does.
+    issued = _operator(
+        _operator_config(cluster, tmp_path / "chain", _credential(cluster, "admin")),
+        "credential",
+        "--role",
+        "admin",
+        "--name",
+        "next",
+    )
+    assert issued.returncode == 1 and "signed with the cluster's secret" in issued.stderr

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from external_shuffle.local_cluster import LocalCluster, free_port
+from external_shuffle.wire.credentials import Role, operator_token
 from tests.reliability.external_cluster import (
     PARTITIONS,
     SUBPARTITIONS,
@@ -152,6 +153,25 @@ def test_a_wrong_credential_is_refused_counted_and_logged(cluster: LocalCluster)
     )
     with urllib.request.urlopen(ok, timeout=10) as page:
         assert page.headers["Content-Security-Policy"].startswith("default-src 'none'")
+
+
+def test_an_operators_credential_opens_the_page_and_an_expired_one_is_refused(
+    cluster: LocalCluster,
+) -> None:
+    secret = cluster.token_file.read_text().strip()
+    url = f"http://127.0.0.1:{_port(cluster)}/"
+    for role in (Role.READER, Role.ADMIN):
+        token = operator_token(secret, role, "viewer", int(time.time()) + 60)
+        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(request, timeout=10) as page:
+            assert 'id="summary"' in page.read().decode()
+    counted, logged = _refusals(cluster)
+    expired = operator_token(secret, Role.READER, "former", int(time.time()) - 1)
+    _refused(cluster, {"Authorization": f"Bearer {expired}"})
+    assert _refusals(cluster) == (counted + 1, logged + 1)
+    assert "reader credential of 'former' expired" in (
+        (cluster.directory / "coordinator.log").read_text()
+    )
 
 
 def test_a_half_sent_request_holds_the_page_for_a_few_seconds_only(

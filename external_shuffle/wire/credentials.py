@@ -1,0 +1,144 @@
+"""Who a presented token says its holder is, and what that holder may call.
+
+The cluster's secret (``external-shuffle.auth.token-file``) is held by the daemons, and, until
+applications get credentials of their own, by the clients: it may call anything. Operators get
+credentials derived from it, bound to a role, a name and an expiry, so that a daemon checks one
+without keeping any state:
+
+    pyshuffle:<role>:<name>:<expires, unix seconds>:<HMAC-SHA256 of the rest, base64url>
+
+``reader`` sees the status page and the ``admin`` listings; ``admin`` may also decommission
+workers. Neither may push, fetch or release a partition.
+"""
+
+from __future__ import annotations
+
+import base64
+import enum
+import hashlib
+import hmac
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from external_shuffle._proto import external_shuffle_pb2 as pb
+from shuffle_api import AuthenticationError, InvalidIdentifierError, PermissionDeniedError
+from shuffle_api.ids import validate_id
+
+__all__ = [
+    "CREDENTIAL_PREFIX",
+    "OPERATOR_ROLES",
+    "Credential",
+    "CredentialCheck",
+    "Role",
+    "grpc_method",
+    "operator_token",
+]
+
+_SEPARATOR: Final = ":"  # never in an id, nor in base64url
+_PREFIX: Final = "pyshuffle"
+CREDENTIAL_PREFIX: Final = _PREFIX + _SEPARATOR
+"""How every operator's credential starts (the cluster's secret must not)."""
+_MAX_TOKEN: Final = 512  # a longer one is no credential of ours: refused before any parsing
+
+
+class Role(enum.Enum):
+    """What a credential may call."""
+
+    CLUSTER = "cluster"  # the cluster's secret: everything
+    ADMIN = "admin"  # the listings, the status page, decommissioning
+    READER = "reader"  # the listings and the status page
+
+    def may_call(self, method: str) -> bool:
+        """Whether this role may call the gRPC ``method`` (``/package.Service/Method``)."""
+        if self is Role.CLUSTER:
+            return True
+        return method in _READER_METHODS or (self is Role.ADMIN and method in _ADMIN_METHODS)
+
+
+def grpc_method(service: str, name: str) -> str:
+    """The path gRPC gives a method of ours (``/package.Service/Method``), checked against the
+    generated descriptors."""
+    descriptor = pb.DESCRIPTOR.services_by_name[service]
+    return f"/{descriptor.full_name}/{descriptor.methods_by_name[name].name}"
+
+
+_READER_METHODS: Final = frozenset(
+    {grpc_method("Coordinator", "ListWorkers"), grpc_method("Coordinator", "ListApplications")}
+)
+_ADMIN_METHODS: Final = frozenset({grpc_method("Worker", "Decommission")})
+OPERATOR_ROLES: Final = (Role.ADMIN, Role.READER)
+
+
+@dataclass(frozen=True, slots=True)
+class Credential:
+    """Who presented a token: its role, the name it was issued to, and until when it holds
+    (None: the cluster's secret, which does not expire)."""
+
+    role: Role
+    name: str
+    expires_at: int | None
+
+    def __str__(self) -> str:
+        return (
+            "the cluster's secret"
+            if self.role is Role.CLUSTER
+            else f"{self.role.value} {self.name!r}"
+        )
+
+    def check_may_call(self, method: str) -> None:
+        """Raise PermissionDeniedError unless this credential may call ``method``."""
+        if not self.role.may_call(method):
+            allowed = "an admin credential" if method in _ADMIN_METHODS else "the cluster's secret"
+            raise PermissionDeniedError(
+                f"{method.rsplit('/', 1)[-1]} is not for {self}: it needs {allowed}"
+            )
+
+
+def _signature(secret: str, payload: str) -> str:
+    digest = hmac.new(secret.encode(), payload.encode(), hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def operator_token(secret: str, role: Role, name: str, expires_at: int) -> str:
+    """A credential for an operator: ``role`` (admin or reader) under ``name`` until
+    ``expires_at`` (unix seconds), signed with the cluster's ``secret``."""
+    if role not in OPERATOR_ROLES:
+        raise InvalidIdentifierError(f"operators' roles are admin and reader, not {role.value}")
+    validate_id(name, "operator name")
+    payload = _SEPARATOR.join((_PREFIX, role.value, name, str(int(expires_at))))
+    return f"{payload}{_SEPARATOR}{_signature(secret, payload)}"
+
+
+class CredentialCheck:
+    """Tells a presented token's credential, with the cluster's secret and a clock."""
+
+    def __init__(self, secret: str, clock: Callable[[], float] = time.time) -> None:
+        self._secret = secret
+        self._secret_bytes = secret.encode()
+        self._clock = clock
+
+    def credential_of(self, presented: bytes) -> Credential:
+        """The credential ``presented`` proves; AuthenticationError naming the problem if it
+        proves none (wrong, forged, expired or malformed)."""
+        if hmac.compare_digest(presented, self._secret_bytes):
+            return Credential(Role.CLUSTER, "cluster", None)
+        if len(presented) > _MAX_TOKEN or not presented.startswith(CREDENTIAL_PREFIX.encode()):
+            raise AuthenticationError("wrong token")
+        try:
+            payload, _, signature = presented.decode("ascii").rpartition(_SEPARATOR)
+            _, role_name, name, expires = payload.split(_SEPARATOR)
+            role, expires_at = Role(role_name), int(expires)
+        except ValueError:  # not ASCII, too few or many fields, unknown role, no number
+            raise AuthenticationError("wrong token") from None
+        if role not in OPERATOR_ROLES or not hmac.compare_digest(
+            signature, _signature(self._secret, payload)
+        ):
+            raise AuthenticationError("wrong token")
+        if self._clock() >= expires_at:
+            raise AuthenticationError(
+                f"the {role.value} credential of {name!r} expired at"
+                f" {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(expires_at))}"
+            )
+        return Credential(role, name, expires_at)

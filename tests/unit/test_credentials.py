@@ -1,0 +1,109 @@
+"""Operators' credentials: signed with the cluster's secret, bound to a role, a name and an
+expiry; refused when forged, signed with another secret, expired or malformed; each role may
+call only its methods."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+
+import pytest
+
+from external_shuffle.wire.credentials import (
+    Credential,
+    CredentialCheck,
+    Role,
+    operator_token,
+)
+from shuffle_api import AuthenticationError, InvalidIdentifierError, PermissionDeniedError
+
+SECRET = "the-cluster-secret"
+NOW = 1_800_000_000.0
+LIST_WORKERS = "/pyshuffle.v1.external_shuffle.Coordinator/ListWorkers"
+LIST_APPLICATIONS = "/pyshuffle.v1.external_shuffle.Coordinator/ListApplications"
+DECOMMISSION = "/pyshuffle.v1.external_shuffle.Worker/Decommission"
+FETCH = "/pyshuffle.v1.external_shuffle.Worker/FetchData"
+REGISTER_WORKER = "/pyshuffle.v1.external_shuffle.Coordinator/RegisterWorker"
+
+
+@pytest.fixture
+def now() -> list[float]:
+    """The check's clock: a test moves it by setting ``now[0]``."""
+    return [NOW]
+
+
+@pytest.fixture
+def check(now: list[float]) -> CredentialCheck:
+    return CredentialCheck(SECRET, lambda: now[0])
+
+
+def test_the_cluster_secret_is_the_cluster_role_and_may_call_anything(
+    check: CredentialCheck,
+) -> None:
+    credential = check.credential_of(SECRET.encode())
+    assert credential == Credential(Role.CLUSTER, "cluster", None)
+    for method in (LIST_WORKERS, DECOMMISSION, FETCH, REGISTER_WORKER):
+        credential.check_may_call(method)
+
+
+@pytest.mark.parametrize("role", [Role.READER, Role.ADMIN])
+def test_an_operator_credential_names_its_holder_until_it_expires(
+    check: CredentialCheck, now: list[float], role: Role
+) -> None:
+    token = operator_token(SECRET, role, "alice", int(NOW) + 60)
+    assert check.credential_of(token.encode()) == Credential(role, "alice", int(NOW) + 60)
+    now[0] = NOW + 60
+    with pytest.raises(AuthenticationError, match=f"{role.value} credential of 'alice' expired"):
+        check.credential_of(token.encode())
+
+
+def test_a_reader_lists_an_admin_also_decommissions_neither_touches_data(
+    check: CredentialCheck,
+) -> None:
+    reader = check.credential_of(operator_token(SECRET, Role.READER, "r", int(NOW) + 60).encode())
+    admin = check.credential_of(operator_token(SECRET, Role.ADMIN, "a", int(NOW) + 60).encode())
+    for credential in (reader, admin):
+        credential.check_may_call(LIST_WORKERS)
+        credential.check_may_call(LIST_APPLICATIONS)
+        for method in (FETCH, REGISTER_WORKER):
+            with pytest.raises(PermissionDeniedError, match="needs the cluster's secret"):
+                credential.check_may_call(method)
+    admin.check_may_call(DECOMMISSION)
+    with pytest.raises(PermissionDeniedError, match=r"reader 'r'.*needs an admin credential"):
+        reader.check_may_call(DECOMMISSION)
+
+
+def test_forged_foreign_and_malformed_tokens_are_refused_alike(check: CredentialCheck) -> None:
+    good = operator_token(SECRET, Role.READER, "alice", int(NOW) + 60)
+    payload, _, signature = good.rpartition(":")
+    refused = [
+        b"",
+        b"another-secret",
+        operator_token("another-secret", Role.ADMIN, "alice", int(NOW) + 60).encode(),
+        # The role or the expiry changed under the same signature.
+        f"{payload.replace('reader', 'admin')}:{signature}".encode(),
+        f"{payload[:-1]}9:{signature}".encode(),
+        f"{good}:extra".encode(),
+        good.encode()[:-1],
+        b"pyshuffle:reader:alice:soon:" + signature.encode(),
+        b"pyshuffle:" + "\u00e9".encode() + b":x:1:y",
+        b"pyshuffle:" + b"x" * 600,
+    ]
+    for token in refused:
+        with pytest.raises(AuthenticationError, match=r"^wrong token$"):
+            check.credential_of(token)
+
+
+def test_no_credential_of_the_cluster_role_nor_for_a_bad_name_is_issued() -> None:
+    with pytest.raises(InvalidIdentifierError, match="admin and reader"):
+        operator_token(SECRET, Role.CLUSTER, "alice", int(NOW))
+    with pytest.raises(InvalidIdentifierError):
+        operator_token(SECRET, Role.READER, "a:b", int(NOW))
+    # Signed for the cluster role by hand (with the secret), it is still refused.
+    payload = f"pyshuffle:cluster:alice:{int(NOW) + 60}"
+    digest = hmac.new(SECRET.encode(), payload.encode(), hashlib.sha256).digest()
+    signature = base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+    check = CredentialCheck(SECRET, lambda: NOW)
+    with pytest.raises(AuthenticationError, match=r"^wrong token$"):
+        check.credential_of(f"{payload}:{signature}".encode())
