@@ -41,7 +41,7 @@ from pyspark_shuffle.schemas import arrow_schema, check_carried, declared_schema
 from pyspark_shuffle.session_config import SessionConfig, spark_configuration
 from pyspark_shuffle.sorting import sort_keys_of
 from pyspark_shuffle.spark_internals import SparkShuffleOutputs
-from pyspark_shuffle.spark_link import spark_link
+from pyspark_shuffle.spark_link import application_identity, spark_link
 from pyspark_shuffle.stages import Stages, check_frame, column_names
 from scheduling.deployment import DescriptorCache
 from scheduling.options import DESCRIPTOR_OFFLOAD_THRESHOLD
@@ -68,7 +68,7 @@ class SparkShuffle:
         self._spark = spark
         self._config = SessionConfig(spark, config, config_file)
         started_with = self._config.started_with
-        master_context = ShuffleMasterContext(started_with)
+        master_context = ShuffleMasterContext(started_with, application=application_identity(spark))
         # Before the master starts: a session this cannot work with is refused with nothing
         # left running.
         link = spark_link(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import copy
+import getpass
 import hashlib
 import hmac
 import logging
@@ -29,7 +30,13 @@ from pyspark.sql import functions as F  # noqa: N812 (Spark's own spelling)
 from blob import BlobStore, process_blob_cache
 from pyspark_shuffle.spark_compat import CONNECT_SINCE, SPARK_VERSION
 from pyspark_shuffle.spark_internals import context_running
-from shuffle_api import ConfigError, SerializationError, StorageError, new_id
+from shuffle_api import (
+    ApplicationIdentity,
+    ConfigError,
+    SerializationError,
+    StorageError,
+    new_id,
+)
 from shuffle_api.config import parse_memory_size
 from shuffle_api.store import Store
 
@@ -41,6 +48,7 @@ __all__ = [
     "Shared",
     "SparkLink",
     "Tally",
+    "application_identity",
     "byte_size",
     "is_connect",
     "spark_link",
@@ -402,6 +410,19 @@ class ConnectLink(SparkLink):
             tallies.delete_tree(tallies.path(self._directory))
         except StorageError as error:
             _LOG.warning("tallies of a Connect session left in %s: %s", self._blob_url, error)
+
+
+def application_identity(spark: SparkSession) -> ApplicationIdentity:
+    """Spark's id, name and user of the application ``spark`` belongs to, for a shared
+    service's operators (a Connect client's user is its own OS user, as Connect's default)."""
+    if is_connect(spark):
+        return ApplicationIdentity(
+            spark.conf.get("spark.app.id", "") or "",
+            spark.conf.get("spark.app.name", "") or "",
+            getpass.getuser(),
+        )
+    context = spark.sparkContext
+    return ApplicationIdentity(context.applicationId, context.appName or "", context.sparkUser())
 
 
 def spark_link(

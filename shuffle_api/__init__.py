@@ -49,6 +49,7 @@ from shuffle_api.errors import (
 )
 from shuffle_api.factory import (
     KNOWN_FACTORIES,
+    ApplicationIdentity,
     ShuffleEnvironmentContext,
     ShuffleMasterContext,
     ShuffleServiceFactory,
@@ -68,6 +69,7 @@ __all__ = [
     "BROADCAST",
     "KNOWN_FACTORIES",
     "LOCAL_ONLY_PORT",
+    "ApplicationIdentity",
     "AuthenticationError",
     "BlobCorruptedError",
     "BlobNotFoundError",

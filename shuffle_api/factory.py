@@ -19,6 +19,7 @@ from shuffle_api.options import CORE_OPTIONS, SHUFFLE_SERVICE_FACTORY_CLASS
 
 __all__ = [
     "KNOWN_FACTORIES",
+    "ApplicationIdentity",
     "ShuffleEnvironmentContext",
     "ShuffleMasterContext",
     "ShuffleServiceFactory",
@@ -41,14 +42,26 @@ def _new_secret() -> bytes:
 
 
 @dataclass(frozen=True, slots=True)
+class ApplicationIdentity:
+    """Who a master serves, as its engine names it (for operators: a shared service shows
+    it beside its own id of the application): the engine's application id (Spark's
+    ``applicationId``), the application's name and its user; empty where not known."""
+
+    engine_id: str = ""
+    name: str = ""
+    user: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class ShuffleMasterContext:
     """What a master is created with. ``secret``: the application's, which its environments
     are given too; peers prove they hold it (a new one by default, which no other process
-    knows)."""
+    knows). ``application``: who it serves."""
 
     configuration: Configuration
     on_fatal_error: Callable[[BaseException], None] = _raise
     secret: bytes = field(default_factory=_new_secret, repr=False)
+    application: ApplicationIdentity = field(default_factory=ApplicationIdentity)
 
 
 @dataclass(frozen=True, slots=True)

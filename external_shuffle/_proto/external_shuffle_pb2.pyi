@@ -150,10 +150,22 @@ class ReportUnreachableWorkerResponse(_message.Message):
     def __init__(self, declared_dead: _Optional[bool] = ...) -> None: ...
 
 class RegisterApplicationRequest(_message.Message):
-    __slots__ = ("application_id",)
+    __slots__ = ("application_id", "identity")
     APPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
+    IDENTITY_FIELD_NUMBER: _ClassVar[int]
     application_id: str
-    def __init__(self, application_id: _Optional[str] = ...) -> None: ...
+    identity: ApplicationIdentity
+    def __init__(self, application_id: _Optional[str] = ..., identity: _Optional[_Union[ApplicationIdentity, _Mapping]] = ...) -> None: ...
+
+class ApplicationIdentity(_message.Message):
+    __slots__ = ("engine_id", "name", "user")
+    ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    engine_id: str
+    name: str
+    user: str
+    def __init__(self, engine_id: _Optional[str] = ..., name: _Optional[str] = ..., user: _Optional[str] = ...) -> None: ...
 
 class RegisterApplicationResponse(_message.Message):
     __slots__ = ("heartbeat_timeout_seconds",)
@@ -423,14 +435,16 @@ class ListApplicationsRequest(_message.Message):
 class ListApplicationsResponse(_message.Message):
     __slots__ = ("applications",)
     class Entry(_message.Message):
-        __slots__ = ("application_id", "seconds_since_heartbeat", "partitions")
+        __slots__ = ("application_id", "seconds_since_heartbeat", "partitions", "identity")
         APPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
         SECONDS_SINCE_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
         PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+        IDENTITY_FIELD_NUMBER: _ClassVar[int]
         application_id: str
         seconds_since_heartbeat: float
         partitions: int
-        def __init__(self, application_id: _Optional[str] = ..., seconds_since_heartbeat: _Optional[float] = ..., partitions: _Optional[int] = ...) -> None: ...
+        identity: ApplicationIdentity
+        def __init__(self, application_id: _Optional[str] = ..., seconds_since_heartbeat: _Optional[float] = ..., partitions: _Optional[int] = ..., identity: _Optional[_Union[ApplicationIdentity, _Mapping]] = ...) -> None: ...
     APPLICATIONS_FIELD_NUMBER: _ClassVar[int]
     applications: _containers.RepeatedCompositeFieldContainer[ListApplicationsResponse.Entry]
     def __init__(self, applications: _Optional[_Iterable[_Union[ListApplicationsResponse.Entry, _Mapping]]] = ...) -> None: ...

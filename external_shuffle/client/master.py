@@ -32,7 +32,13 @@ from external_shuffle.options import (
 )
 from external_shuffle.wire.channels import ChannelPool, ClientSettings, translate_rpc_error
 from external_shuffle.wire.errors import NotRegisteredError
-from external_shuffle.wire.messages import WorkerAddress, key_of, partition_of, statistics_from_pb
+from external_shuffle.wire.messages import (
+    WorkerAddress,
+    identity_to_pb,
+    key_of,
+    partition_of,
+    statistics_from_pb,
+)
 from shuffle_api import (
     JobShuffleContext,
     PartitionDescriptor,
@@ -89,6 +95,9 @@ class ExternalShuffleMaster(ShuffleMaster):
         self._interval = config.get(CLIENT_HEARTBEAT_INTERVAL)
         self._replicas = config.get(REPLICATION_FACTOR)
         self.application_id = "app-" + new_id()
+        self._registration = pb.RegisterApplicationRequest(
+            application_id=self.application_id, identity=identity_to_pb(context.application)
+        )
         self._jobs: dict[str, JobShuffleContext] = {}
         # What each job registered, so partitions the coordinators no longer have are reported
         # unavailable, not forgotten, and a restarted coordinator learns where they are.
@@ -142,8 +151,7 @@ class ExternalShuffleMaster(ShuffleMaster):
         self._on_each(
             "registering application " + self.application_id,
             lambda stub: stub.RegisterApplication(
-                pb.RegisterApplicationRequest(application_id=self.application_id),
-                timeout=self._settings.timeout,
+                self._registration, timeout=self._settings.timeout
             ),
         )
         self._heartbeats = threading.Thread(
@@ -245,9 +253,7 @@ class ExternalShuffleMaster(ShuffleMaster):
                 for registered in self._registered[job_id].values()
             ]
             kept = [registered.request for registered in self._kept.values()]
-        stub.RegisterApplication(
-            pb.RegisterApplicationRequest(application_id=self.application_id), timeout=timeout
-        )
+        stub.RegisterApplication(self._registration, timeout=timeout)
         # The jobs that only keep persistent partitions are registered for as long as it
         # takes to tell where those are.
         finished = {request.job_id for request in kept} - set(job_ids)

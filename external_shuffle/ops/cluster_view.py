@@ -8,7 +8,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
-from external_shuffle.wire.messages import WorkerAddress
+from external_shuffle.wire.messages import WorkerAddress, identity_from_pb
+from shuffle_api import ApplicationIdentity
 
 __all__ = ["ApplicationRow", "ClusterView", "WorkerRow", "human_bytes", "merged_applications"]
 
@@ -53,6 +54,26 @@ class ApplicationRow:
     application_id: str
     seconds_since_heartbeat: float
     partitions: int
+    engine_id: str = ""  # who it is, as its engine (Spark) names it; "" if its driver did not say
+    name: str = ""
+    user: str = ""
+
+    @classmethod
+    def of(
+        cls,
+        application_id: str,
+        seconds_since_heartbeat: float,
+        partitions: int,
+        identity: ApplicationIdentity,
+    ) -> ApplicationRow:
+        return cls(
+            application_id,
+            seconds_since_heartbeat,
+            partitions,
+            identity.engine_id,
+            identity.name,
+            identity.user,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +82,7 @@ class ClusterView:
     applications: tuple[ApplicationRow, ...]
 
     WORKER_COLUMNS = ("worker", "address", "state", "heard", "partitions", "stored", "free")
-    APPLICATION_COLUMNS = ("application", "heard", "partitions")
+    APPLICATION_COLUMNS = ("application", "engine id", "name", "user", "heard", "partitions")
 
     def worker_table(self) -> list[tuple[str, ...]]:
         return [
@@ -79,7 +100,14 @@ class ClusterView:
 
     def application_table(self) -> list[tuple[str, ...]]:
         return [
-            (row.application_id, f"{row.seconds_since_heartbeat:.0f} s ago", f"{row.partitions:,}")
+            (
+                row.application_id,
+                row.engine_id or "-",
+                row.name or "-",
+                row.user or "-",
+                f"{row.seconds_since_heartbeat:.0f} s ago",
+                f"{row.partitions:,}",
+            )
             for row in sorted(self.applications, key=lambda row: row.application_id)
         ]
 
@@ -102,16 +130,20 @@ def merged_applications(
     answers: Iterable[pb.ListApplicationsResponse],
 ) -> tuple[ApplicationRow, ...]:
     """Applications as several coordinators see them: each heard most recently anywhere, with
-    the most partitions any of them tracks."""
+    the most partitions any of them tracks, and who it is where any of them was told."""
     rows: dict[str, ApplicationRow] = {}
     for answer in answers:
         for entry in answer.applications:
             seen = rows.get(entry.application_id)
-            rows[entry.application_id] = ApplicationRow(
+            identity = identity_from_pb(entry.identity)
+            if seen is not None and identity == ApplicationIdentity():
+                identity = ApplicationIdentity(seen.engine_id, seen.name, seen.user)
+            rows[entry.application_id] = ApplicationRow.of(
                 entry.application_id,
                 min(entry.seconds_since_heartbeat, seen.seconds_since_heartbeat)
                 if seen
                 else entry.seconds_since_heartbeat,
                 max(entry.partitions, seen.partitions) if seen else entry.partitions,
+                identity,
             )
     return tuple(rows.values())

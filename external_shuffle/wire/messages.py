@@ -6,12 +6,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
-from shuffle_api import IntermediateResultPartitionID, PartitionStatistics, ResultPartitionID
+from shuffle_api import (
+    ApplicationIdentity,
+    IntermediateResultPartitionID,
+    PartitionStatistics,
+    ResultPartitionID,
+)
 from shuffle_api.ids import validate_id
 
 __all__ = [
+    "MAX_IDENTITY_FIELD",
     "Commit",
     "WorkerAddress",
+    "identity_from_pb",
+    "identity_to_pb",
     "key_of",
     "partition_of",
     "statistics_from_pb",
@@ -48,6 +56,25 @@ def statistics_from_pb(message: pb.PartitionStatistics) -> PartitionStatistics:
         tuple(message.rows_per_subpartition),
         tuple(message.bytes_per_subpartition),
         tuple(message.arrow_bytes_per_subpartition),
+    )
+
+
+MAX_IDENTITY_FIELD = 256
+"""Characters kept of each field of an application's identity (a client's input)."""
+
+
+def identity_to_pb(identity: ApplicationIdentity) -> pb.ApplicationIdentity:
+    return pb.ApplicationIdentity(
+        engine_id=identity.engine_id, name=identity.name, user=identity.user
+    )
+
+
+def identity_from_pb(message: pb.ApplicationIdentity) -> ApplicationIdentity:
+    """The identity a message gives, each field cut to :data:`MAX_IDENTITY_FIELD`."""
+    return ApplicationIdentity(
+        message.engine_id[:MAX_IDENTITY_FIELD],
+        message.name[:MAX_IDENTITY_FIELD],
+        message.user[:MAX_IDENTITY_FIELD],
     )
 
 

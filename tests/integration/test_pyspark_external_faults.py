@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle.local_cluster import LocalCluster
 from pyspark_shuffle import SparkShuffle
 from shuffle_api.format.manifest import MANIFEST_FILE
@@ -155,3 +156,18 @@ def test_worker_killed_during_the_reduce_stage_reads_the_replica_by_default(
         [exchange] = shuffle.exchanges(result)
         assert sum(exchange.runs.per_map.values()) == 4  # nothing reran
     _restart_and_check_clean(service, 0)
+
+
+def test_the_coordinator_lists_the_spark_application_it_serves(
+    spark: SparkSession, service: ShuffleService
+) -> None:
+    """An operator sees whose application it is: Spark's id, name and user."""
+    assert service.cluster is not None
+    context = spark.sparkContext
+    with SparkShuffle(spark, config=service.config()):
+        answer = service.cluster.coordinator_stub().ListApplications(
+            pb.ListApplicationsRequest(), timeout=10
+        )
+    listed = {(e.identity.engine_id, e.identity.name, e.identity.user) for e in answer.applications}
+    assert (context.applicationId, context.appName, context.sparkUser()) in listed
+    assert context.applicationId and context.sparkUser()

@@ -18,11 +18,17 @@ import pytest
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.client.descriptor import ExternalShuffleDescriptor
+from external_shuffle.client.master import ExternalShuffleMaster
 from external_shuffle.local_cluster import LocalCluster
 from external_shuffle.wire.channels import translate_rpc_error
 from external_shuffle.wire.credentials import Role, grpc_method, operator_token
 from external_shuffle.wire.messages import WorkerAddress
-from shuffle_api import PermissionDeniedError
+from shuffle_api import (
+    ApplicationIdentity,
+    Configuration,
+    PermissionDeniedError,
+    ShuffleMasterContext,
+)
 from shuffle_api.ids import new_id
 from tests.pyshuffle_command import WITHOUT_PYSHUFFLE_VARIABLES, pyshuffle
 from tests.reliability.external_cluster import (
@@ -279,3 +285,27 @@ def test_operator_credentials_touch_no_data_and_expire(
         "next",
     )
     assert issued.returncode == 1 and "signed with the cluster's secret" in issued.stderr
+
+
+def test_an_application_is_listed_with_who_its_engine_says_it_is(cluster: LocalCluster) -> None:
+    """Spark's id, name and user of an application (cut to 256 characters each), in the
+    table and the JSON; "-" where a client did not say."""
+    identity = ApplicationIdentity("local-1795950000000", "nightly " + "x" * 300, "etl")
+    config = Configuration.load(cluster.client_config(), environ={})
+    master = ExternalShuffleMaster(ShuffleMasterContext(config, application=identity))
+    try:
+        master.start()
+        [listed] = [
+            a
+            for a in _json(cluster, "applications")
+            if a["application_id"] == master.application_id
+        ]
+        table = _rows(admin(cluster, "applications").stdout)[master.application_id]
+    finally:
+        master.close()
+    assert (listed["engine_id"], listed["name"], listed["user"]) == (
+        "local-1795950000000",
+        ("nightly " + "x" * 300)[:256],
+        "etl",
+    )
+    assert table[1:4] == ["local-1795950000000", listed["name"], "etl"]

@@ -13,7 +13,7 @@ from external_shuffle.daemon.coordinator.state import CoordinatorState
 from external_shuffle.wire.errors import NotRegisteredError
 from external_shuffle.wire.messages import Commit, WorkerAddress, key_of
 from scheduling.placement import new_placement_strategy
-from shuffle_api import IntermediateResultPartitionID, ResultPartitionID
+from shuffle_api import ApplicationIdentity, IntermediateResultPartitionID, ResultPartitionID
 
 APPLICATION_TIMEOUT = 30.0
 WORKER_TIMEOUT = 10.0
@@ -329,14 +329,14 @@ def test_an_application_heard_by_another_coordinator_does_not_expire(clock: Cloc
     there.application_heartbeat("app-1")  # the driver reaches the other coordinator only
     here.worker_heartbeat("worker-0", pb.WorkerLoad())
     assert here.silent_applications() == ["app-1"]
-    here.heard_elsewhere(dict(there.applications()))
+    here.heard_elsewhere(_ages(there))
     assert here.silent_applications() == []
     assert here.reap().count == 0
     # The driver is gone: neither keeps the other's view alive, both expire it.
     clock.now += APPLICATION_TIMEOUT + 1
     here.worker_heartbeat("worker-0", pb.WorkerLoad())
-    here.heard_elsewhere(dict(there.applications()))
-    there.heard_elsewhere(dict(here.applications()))
+    here.heard_elsewhere(_ages(there))
+    there.heard_elsewhere(_ages(here))
     assert here.reap().count == 1
     assert here.application_heartbeat("app-1") is None
     there.reap()
@@ -431,3 +431,21 @@ def test_a_worker_registering_with_moved_partitions_has_them_kept_past_its_loss(
     clock.now += WORKER_TIMEOUT + 1
     state.reap()
     assert state.partition_count() == 1
+
+
+def _ages(state: CoordinatorState) -> dict[str, float]:
+    return {name: age for name, age, _ in state.applications()}
+
+
+def test_an_application_is_listed_with_who_its_driver_says_it_is(clock: Clock) -> None:
+    """Its engine's id, name and user, kept when its driver registers again without them (an
+    older driver, or one whose coordinator restarted)."""
+    state = new_state(clock)
+    spark = ApplicationIdentity("local-1795950000000", "nightly sessions", "etl")
+    state.register_application("app-1", spark)
+    state.register_application("app-2")
+    state.register_application("app-1")
+    assert sorted((name, who) for name, _, who in state.applications()) == [
+        ("app-1", spark),
+        ("app-2", ApplicationIdentity()),
+    ]

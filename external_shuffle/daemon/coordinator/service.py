@@ -23,6 +23,8 @@ from external_shuffle.wire.channels import ChannelPool
 from external_shuffle.wire.messages import (
     Commit,
     WorkerAddress,
+    identity_from_pb,
+    identity_to_pb,
     key_of,
     partition_of,
     statistics_to_pb,
@@ -200,7 +202,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
     def RegisterApplication(  # noqa: N802
         self, request: pb.RegisterApplicationRequest, context: grpc.ServicerContext
     ) -> pb.RegisterApplicationResponse:
-        self.state.register_application(request.application_id)
+        identity = identity_from_pb(request.identity) if request.HasField("identity") else None
+        self.state.register_application(request.application_id, identity)
         return pb.RegisterApplicationResponse(
             heartbeat_timeout_seconds=self.state.application_timeout
         )
@@ -214,8 +217,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 for view in self.state.workers()
             ),
             tuple(
-                ApplicationRow(name, age, partitions.get(name, 0))
-                for name, age in self.state.applications()
+                ApplicationRow.of(name, age, partitions.get(name, 0), identity)
+                for name, age, identity in self.state.applications()
             ),
         )
 
@@ -230,8 +233,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                     application_id=name,
                     seconds_since_heartbeat=age,
                     partitions=partitions.get(name, 0),
+                    identity=identity_to_pb(identity),
                 )
-                for name, age in self.state.applications()
+                for name, age, identity in self.state.applications()
             ]
         )
 

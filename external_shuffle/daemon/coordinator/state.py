@@ -33,7 +33,7 @@ from scheduling.placement import (
     PlacementStrategy,
     PlacementTarget,
 )
-from shuffle_api import ResultPartitionID
+from shuffle_api import ApplicationIdentity, ResultPartitionID
 from shuffle_api.ids import validate_id
 
 __all__ = ["CoordinatorState", "PartitionPlacement", "Releases", "WorkerView"]
@@ -114,6 +114,7 @@ class _Application:
     jobs: set[str] = field(default_factory=set)
     lost: list[tuple[str, ResultPartitionID]] = field(default_factory=list)
     released: int = 0  # partitions it released here, for the line at its end
+    identity: ApplicationIdentity = field(default_factory=ApplicationIdentity)
 
 
 class CoordinatorState:
@@ -254,18 +255,28 @@ class CoordinatorState:
 
     # --- applications and jobs ----------------------------------------------------------------
 
-    def register_application(self, application_id: str) -> None:
+    def register_application(
+        self, application_id: str, identity: ApplicationIdentity | None = None
+    ) -> None:
+        """Hear of an application (again: its driver registers after this coordinator
+        restarted), with who it is if its driver says (older drivers do not)."""
         validate_id(application_id, "application id")
         with self._lock:
             application = self._applications.get(application_id)
+            known = application is not None
             if application is None:
                 application = self._applications[application_id] = _Application(0.0)
-                logger.info(
-                    "application %s registered",
-                    application_id,
-                    extra={"application_id": application_id},
-                )
+            if identity is not None and identity != ApplicationIdentity():
+                application.identity = identity
             application.last_seen = self._clock()
+        if not known:
+            who = application.identity
+            logger.info(
+                "application %s registered%s",
+                application_id,
+                f": {who.engine_id} {who.name!r} of user {who.user!r}" if who.engine_id else "",
+                extra={"application_id": application_id, "engine_id": who.engine_id},
+            )
 
     def application_heartbeat(
         self, application_id: str
@@ -280,11 +291,15 @@ class CoordinatorState:
             lost, application.lost = application.lost, []
         return lost
 
-    def applications(self) -> list[tuple[str, float]]:
-        """Each application with the seconds since its driver's last heartbeat here."""
+    def applications(self) -> list[tuple[str, float, ApplicationIdentity]]:
+        """Each application with the seconds since its driver's last heartbeat here, and who
+        it is."""
         now = self._clock()
         with self._lock:
-            return [(name, now - app.last_seen) for name, app in self._applications.items()]
+            return [
+                (name, now - app.last_seen, app.identity)
+                for name, app in self._applications.items()
+            ]
 
     def partitions_per_application(self) -> dict[str, int]:
         """How many partitions each application has here (placed or restored)."""
