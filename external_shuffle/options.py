@@ -324,7 +324,8 @@ COORDINATOR_PORT = int_option(
 COORDINATOR_STATUS_PORT = int_option(
     "external-shuffle.coordinator.status-port",
     -1,
-    "Port of the coordinator's status page (HTTP; the token is the password); 0 picks a free"
+    "Port of the coordinator's status page (HTTP; the token, or an operator's credential, is the"
+    " password); 0 picks a free"
     " one, -1 serves none.",
     minimum=-1,
 )

@@ -412,6 +412,13 @@ class ConnectLink(SparkLink):
             _LOG.warning("tallies of a Connect session left in %s: %s", self._blob_url, error)
 
 
+def _os_user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # a container's uid with no passwd entry
+        return ""
+
+
 def application_identity(spark: SparkSession) -> ApplicationIdentity:
     """Spark's id, name and user of the application ``spark`` belongs to, for a shared
     service's operators (a Connect client's user is its own OS user, as Connect's default)."""
@@ -419,7 +426,7 @@ def application_identity(spark: SparkSession) -> ApplicationIdentity:
         return ApplicationIdentity(
             spark.conf.get("spark.app.id", "") or "",
             spark.conf.get("spark.app.name", "") or "",
-            getpass.getuser(),
+            _os_user(),
         )
     context = spark.sparkContext
     return ApplicationIdentity(context.applicationId, context.appName or "", context.sparkUser())

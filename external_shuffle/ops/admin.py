@@ -32,6 +32,7 @@ from shuffle_api import ConfigError, Configuration, InvalidOperationError
 __all__ = ["main"]
 
 _POLL_SECONDS = 1.0
+MAX_CREDENTIAL_DAYS = 366  # a leaked credential lives at most this long (else: a new secret)
 _HEARD_POLL_SECONDS = 0.1
 
 
@@ -150,8 +151,8 @@ def issue_credential(configuration: Configuration, role: Role, name: str, days: 
             "the config's token is an operator's credential: credentials are signed with the"
             " cluster's secret (the daemons' external-shuffle.auth.token-file)"
         )
-    if days <= 0:
-        raise ConfigError(f"--days must be positive, not {days}")
+    if not 0 < days <= MAX_CREDENTIAL_DAYS:  # NaN too
+        raise ConfigError(f"--days must be above 0 and at most {MAX_CREDENTIAL_DAYS}, not {days}")
     return operator_token(secret, role, name, int(time.time() + days * 86_400))
 
 
@@ -159,8 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="pyshuffle admin",
         description="Workers and applications of an external shuffle cluster, and"
-        " decommissioning a worker (or cancelling that). Reads a client's config"
-        " (coordinator address, token).",
+        " decommissioning a worker (or cancelling that); operators' credentials. Reads a"
+        " client's config (coordinator address, token or credential).",
     )
     parser.add_argument("--config", metavar="FILE", help="a client's TOML config file")
     commands = parser.add_subparsers(dest="command", required=True)

@@ -94,7 +94,8 @@ class DaemonMetrics:
         )
         self.auth_failures = Counter(
             "pyshuffle_auth_failures",
-            "Calls refused for a missing or wrong token, by method (each one is also logged)",
+            "Calls refused for a missing, wrong or expired credential, or one that may not make"
+            " them, by method (each one is also logged)",
             ["method"],
             registry=every,
         )

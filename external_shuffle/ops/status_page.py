@@ -1,8 +1,8 @@
 """The coordinator's status page: a read-only HTML view of the cluster (workers, applications)
 that the browser reloads every few seconds, with no external assets.
 
-It asks for the cluster's token or an operator's credential (``wire.credentials``), as every
-port does: HTTP Basic (any user name, the token as the password; a browser prompts for it)
+It asks for the cluster's token or an operator's credential (``wire.credentials``), as the gRPC
+ports do: HTTP Basic (any user name, the token as the password; a browser prompts for it)
 or ``Authorization: Bearer <token>``; only the probes' ``/healthz`` and ``/readyz``
 (:mod:`external_shuffle.ops.health`) need none. One thread serves it, one request at a time,
 and a request must arrive whole within a few seconds: a slow or idle client costs the

@@ -1,8 +1,9 @@
 """The shared-secret token and TLS, for both ends.
 
-Every call carries ``authorization: Bearer <token>``; the daemon's interceptor
-(``daemon.interceptors``) rejects a call without it (or with another) before any handler
-runs, so a rejected call never touches data.
+Every call carries ``authorization: Bearer <token>``: the cluster's secret, or an operator's
+credential derived from it (``wire.credentials``); the daemon's interceptor
+(``daemon.interceptors``) rejects a call without one, or with one that may not make it,
+before any handler runs, so a rejected call never touches data.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ without keeping any state:
 
     pyshuffle:<role>:<name>:<expires, unix seconds>:<HMAC-SHA256 of the rest, base64url>
 
+(keyed with HMAC-SHA256(secret, "pyshuffle operator credential v1")).
+
 ``reader`` sees the status page and the ``admin`` listings; ``admin`` may also decommission
 workers. Neither may push, fetch or release a partition.
 """
@@ -40,6 +42,7 @@ _SEPARATOR: Final = ":"  # never in an id, nor in base64url
 _PREFIX: Final = "pyshuffle"
 CREDENTIAL_PREFIX: Final = _PREFIX + _SEPARATOR
 """How every operator's credential starts (the cluster's secret must not)."""
+_SIGNING_KEY_LABEL: Final = b"pyshuffle operator credential v1"
 _MAX_TOKEN: Final = 512  # a longer one is no credential of ours: refused before any parsing
 
 
@@ -97,7 +100,9 @@ class Credential:
 
 
 def _signature(secret: str, payload: str) -> str:
-    digest = hmac.new(secret.encode(), payload.encode(), hashlib.sha256).digest()
+    # A key of its own, derived from the secret: the secret itself keys the data ports' HMACs.
+    key = hmac.new(secret.encode(), _SIGNING_KEY_LABEL, hashlib.sha256).digest()
+    digest = hmac.new(key, payload.encode(), hashlib.sha256).digest()
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 

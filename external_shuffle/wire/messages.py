@@ -3,6 +3,7 @@ here, so no request can name a path outside a store (ids become path components)
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
@@ -69,12 +70,17 @@ def identity_to_pb(identity: ApplicationIdentity) -> pb.ApplicationIdentity:
     )
 
 
+def _printable(text: str) -> str:
+    """``text`` without control and format characters (a client's: an operator's terminal
+    and the logs show it), cut to :data:`MAX_IDENTITY_FIELD`."""
+    kept = (c for c in text if unicodedata.category(c) not in ("Cc", "Cf"))
+    return "".join(kept)[:MAX_IDENTITY_FIELD]
+
+
 def identity_from_pb(message: pb.ApplicationIdentity) -> ApplicationIdentity:
-    """The identity a message gives, each field cut to :data:`MAX_IDENTITY_FIELD`."""
+    """The identity a message gives, printable (see :func:`_printable`)."""
     return ApplicationIdentity(
-        message.engine_id[:MAX_IDENTITY_FIELD],
-        message.name[:MAX_IDENTITY_FIELD],
-        message.user[:MAX_IDENTITY_FIELD],
+        _printable(message.engine_id), _printable(message.name), _printable(message.user)
     )
 
 

@@ -11,7 +11,7 @@ import pytest
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle.daemon.coordinator.state import CoordinatorState
 from external_shuffle.wire.errors import NotRegisteredError
-from external_shuffle.wire.messages import Commit, WorkerAddress, key_of
+from external_shuffle.wire.messages import Commit, WorkerAddress, identity_from_pb, key_of
 from scheduling.placement import new_placement_strategy
 from shuffle_api import ApplicationIdentity, IntermediateResultPartitionID, ResultPartitionID
 
@@ -449,3 +449,14 @@ def test_an_application_is_listed_with_who_its_driver_says_it_is(clock: Clock) -
         ("app-1", spark),
         ("app-2", ApplicationIdentity()),
     ]
+
+
+def test_who_an_application_is_keeps_only_printable_characters_and_256_of_them() -> None:
+    """A client's strings reach operators' terminals and the logs: no escapes, no line breaks,
+    no direction overrides."""
+    message = pb.ApplicationIdentity(
+        engine_id="local-1\n2026 forged log line", name="a\x1b[2Jb\u202ec", user="u" * 300
+    )
+    assert identity_from_pb(message) == ApplicationIdentity(
+        "local-12026 forged log line", "a[2Jbc", "u" * 256
+    )

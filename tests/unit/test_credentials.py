@@ -89,6 +89,8 @@ def test_forged_foreign_and_malformed_tokens_are_refused_alike(check: Credential
         b"pyshuffle:reader:alice:soon:" + signature.encode(),
         b"pyshuffle:" + "\u00e9".encode() + b":x:1:y",
         b"pyshuffle:" + b"x" * 600,
+        # Signed with the secret itself, not with the key derived from it for credentials.
+        f"{payload}:{_signed(SECRET.encode(), payload)}".encode(),
     ]
     for token in refused:
         with pytest.raises(AuthenticationError, match=r"^wrong token$"):
@@ -102,8 +104,13 @@ def test_no_credential_of_the_cluster_role_nor_for_a_bad_name_is_issued() -> Non
         operator_token(SECRET, Role.READER, "a:b", int(NOW))
     # Signed for the cluster role by hand (with the secret), it is still refused.
     payload = f"pyshuffle:cluster:alice:{int(NOW) + 60}"
-    digest = hmac.new(SECRET.encode(), payload.encode(), hashlib.sha256).digest()
-    signature = base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+    key = hmac.new(SECRET.encode(), b"pyshuffle operator credential v1", hashlib.sha256).digest()
+    signature = _signed(key, payload)
     check = CredentialCheck(SECRET, lambda: NOW)
     with pytest.raises(AuthenticationError, match=r"^wrong token$"):
         check.credential_of(f"{payload}:{signature}".encode())
+
+
+def _signed(key: bytes, payload: str) -> str:
+    digest = hmac.new(key, payload.encode(), hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()

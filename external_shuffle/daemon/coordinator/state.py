@@ -274,7 +274,7 @@ class CoordinatorState:
             logger.info(
                 "application %s registered%s",
                 application_id,
-                f": {who.engine_id} {who.name!r} of user {who.user!r}" if who.engine_id else "",
+                f": {who.engine_id!r} {who.name!r} of user {who.user!r}" if who.engine_id else "",
                 extra={"application_id": application_id, "engine_id": who.engine_id},
             )
 
