@@ -34,10 +34,9 @@ browser:
 	command -v chromium >/dev/null || $(SUDO) env DEBIAN_FRONTEND=noninteractive sh -c \
 		'apt-get install -y -qq chromium || (apt-get update -qq && apt-get install -y -qq chromium)'
 
-# Three pytest processes, each given whole modules (a module's daemons and data are made
-# once): the Spark tests' JVMs and daemons wait much of the time, so even on 2 cores a third
-# process gains (two were 1.4x faster than one).
-PARALLEL := -n 3 --dist loadfile
+# Two pytest processes, each given whole modules (a module's daemons and data are made once):
+# about 1.4x faster on 2 cores, the Spark tests' JVMs and daemons waiting much of the time.
+PARALLEL := -n 2 --dist loadfile
 
 test: lint java browser
 	$(BIN)/pytest $(PARALLEL) --durations=25
