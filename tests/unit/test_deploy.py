@@ -435,7 +435,13 @@ def _port_in_use(port: int) -> bool:
 def local_cluster(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
     """(run directory, environment) to run local-cluster.sh with the stand-in daemon; whatever
     it started is stopped afterwards."""
-    busy = [port for port in LOCAL_CLUSTER_PORTS if _port_in_use(port)]
+    # The previous test's daemons, killed in its teardown, may hold them a moment longer on a
+    # loaded machine.
+    deadline = time.monotonic() + 15
+    while (busy := [port for port in LOCAL_CLUSTER_PORTS if _port_in_use(port)]) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.2)
     assert not busy, f"local-cluster.sh's ports {busy} are taken by another process"
     script = tmp_path / "fake-pyshuffle.py"
     script.write_text(FAKE_DAEMON, encoding="utf-8")
