@@ -202,8 +202,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
     def RegisterApplication(  # noqa: N802
         self, request: pb.RegisterApplicationRequest, context: grpc.ServicerContext
     ) -> pb.RegisterApplicationResponse:
-        identity = identity_from_pb(request.identity) if request.HasField("identity") else None
-        self.state.register_application(request.application_id, identity)
+        self.state.register_application(request.application_id, identity_from_pb(request.identity))
         return pb.RegisterApplicationResponse(
             heartbeat_timeout_seconds=self.state.application_timeout
         )

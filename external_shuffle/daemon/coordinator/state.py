@@ -41,6 +41,7 @@ __all__ = ["CoordinatorState", "PartitionPlacement", "Releases", "WorkerView"]
 logger = logging.getLogger(__name__)
 
 _MAX_RELEASED = 100_000
+_UNSAID = ApplicationIdentity()  # what a driver that does not say who it is gives
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,17 +257,17 @@ class CoordinatorState:
     # --- applications and jobs ----------------------------------------------------------------
 
     def register_application(
-        self, application_id: str, identity: ApplicationIdentity | None = None
+        self, application_id: str, identity: ApplicationIdentity = _UNSAID
     ) -> None:
         """Hear of an application (again: its driver registers after this coordinator
-        restarted), with who it is if its driver says (older drivers do not)."""
+        restarted), with who it is if its driver says (older drivers do not: empty)."""
         validate_id(application_id, "application id")
         with self._lock:
             application = self._applications.get(application_id)
             known = application is not None
             if application is None:
                 application = self._applications[application_id] = _Application(0.0)
-            if identity is not None and identity != ApplicationIdentity():
+            if identity != _UNSAID:
                 application.identity = identity
             application.last_seen = self._clock()
         if not known:
