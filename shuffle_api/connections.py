@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import select
 import socket
+import ssl
 import threading
 import time
 from collections import deque
@@ -25,7 +26,8 @@ from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
 from shuffle_api.errors import TransportError
-from shuffle_api.sockets import open_handshake
+from shuffle_api.sockets import open_connection
+from shuffle_api.tls import buffered
 
 __all__ = ["SERVER_KEEP_ALIVE_SECONDS", "Connection", "ConnectionPool", "StaleConnectionError"]
 
@@ -70,6 +72,8 @@ class Connection:
 def _reads_as_closed(sock: socket.socket) -> bool:
     """Whether an idle connection has anything to read: end of stream (the server closed it)
     or bytes nobody asked for. Either way it cannot take a request."""
+    if buffered(sock):
+        return True
     try:
         readable, _, _ = select.select([sock], [], [], 0)
     except (OSError, ValueError):
@@ -78,18 +82,21 @@ def _reads_as_closed(sock: socket.socket) -> bool:
 
 
 class ConnectionPool:
-    """Connections to data ports that prove ``secret``, by address; thread-safe. ``clock``:
-    seconds, monotonic."""
+    """Connections to data ports that prove ``secret``, by address; thread-safe. ``tls``: the
+    context trusting the data ports' certificates (None: plaintext). ``clock``: seconds,
+    monotonic."""
 
     def __init__(
         self,
         secret: bytes,
         *,
+        tls: ssl.SSLContext | None = None,
         max_idle_per_address: int = MAX_IDLE_PER_ADDRESS,
         max_idle_seconds: float = MAX_IDLE_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._secret = secret
+        self._tls = tls
         self._max_idle_per_address = max_idle_per_address
         self._max_idle_seconds = max_idle_seconds
         self._clock = clock
@@ -114,13 +121,7 @@ class ConnectionPool:
                     idle.reused = True
                     return idle
                 idle.close()
-        sock = socket.create_connection((host, port), timeout=timeout)
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            open_handshake(sock, self._secret, address)
-        except BaseException:
-            sock.close()
-            raise
+        sock = open_connection(host, port, secret=self._secret, timeout=timeout, tls=self._tls)
         return Connection(sock, host, port)
 
     def _take_idle(self, address: str) -> Connection | None:

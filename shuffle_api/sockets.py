@@ -15,6 +15,10 @@ the layout) and hangs up.
 
 :class:`AuthenticatedListener` accepts such connections within bounds: a cap on connections
 open at once (one thread each), and a time limit on the handshake.
+
+With TLS (``shuffle_api.tls``) the connection speaks TLS from its first byte, and the
+handshake above runs inside it: TLS proves the server to the client and encrypts; the secret
+still proves the client.
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ import hashlib
 import hmac
 import logging
 import secrets
+import select
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -39,6 +45,7 @@ from shuffle_api.errors import (
     ShuffleError,
     TransportError,
 )
+from shuffle_api.tls import TlsSocket
 
 __all__ = [
     "AUTH",
@@ -51,6 +58,7 @@ __all__ = [
     "AuthenticatedListener",
     "accept_handshake",
     "frame_bytes",
+    "open_connection",
     "open_handshake",
     "read_frame",
     "receive_into",
@@ -249,6 +257,31 @@ def open_handshake(sock: socket.socket, secret: bytes, address: str) -> None:
         )
 
 
+def open_connection(
+    host: str,
+    port: int,
+    *,
+    secret: bytes,
+    timeout: float,
+    tls: ssl.SSLContext | None = None,
+    server_name: str | None = None,
+) -> socket.socket:
+    """A connection to the data port at ``host:port``, connected within ``timeout`` and past
+    its handshake: TLS first where ``tls`` (the context trusting the server) is given, with a
+    certificate naming ``server_name`` (default ``host``). The errors of connecting are
+    ``OSError`` s, those of the handshakes ``ShuffleError`` s."""
+    sock = socket.create_connection((host, port), timeout=timeout)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if tls is not None:
+            sock = TlsSocket.client(sock, tls, server_name or host)
+        open_handshake(sock, secret, f"{host}:{port}")
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 class AuthenticatedListener:
     """Listens on ``host:port`` (0: any free port; an IPv6 host too, ``::`` taking IPv4 as
     well) until :meth:`stop`. Each connection gets a thread, at most ``max_connections`` at
@@ -256,7 +289,8 @@ class AuthenticatedListener:
     refused), passes the handshake within ``handshake_timeout`` and is then handed to
     ``serve(sock, peer)``,
     which owns it until it returns; the listener closes it then. ``on_refused(peer)`` is called
-    for each peer that fails the handshake."""
+    for each peer that fails the handshake. With ``tls`` (a server context) every connection
+    is TLS (a plaintext client is told so, in the clear, and refused)."""
 
     def __init__(
         self,
@@ -270,8 +304,10 @@ class AuthenticatedListener:
         name: str,
         max_connections_per_peer: int | None = None,
         on_refused: Callable[[str], None] = lambda peer: None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self._secret = secret
+        self._tls = tls
         self._on_refused = on_refused
         self._max_connections = max_connections
         self._max_per_peer = max_connections_per_peer or max_connections
@@ -351,8 +387,11 @@ class AuthenticatedListener:
     def _connection(self, sock: socket.socket, peer: str) -> None:
         try:
             sock.settimeout(self._handshake_timeout)
+            deadline = time.monotonic() + self._handshake_timeout
             try:
-                accept_handshake(sock, self._secret, time.monotonic() + self._handshake_timeout)
+                if self._tls is not None:
+                    sock = self._start_tls(sock, self._tls, deadline)
+                accept_handshake(sock, self._secret, deadline)
             except AuthenticationError:
                 self._on_refused(peer)
                 raise
@@ -365,6 +404,23 @@ class AuthenticatedListener:
             _LOG.exception("%s: serving %s failed", self._name, peer)
         finally:
             self._forget(sock)
+
+    def _start_tls(
+        self, sock: socket.socket, context: ssl.SSLContext, deadline: float
+    ) -> socket.socket:
+        """``sock`` past the TLS handshake, in its place among the open connections."""
+        # A client of this protocol without TLS says nothing until it hears the challenge.
+        if not select.select([sock], [], [], max(deadline - time.monotonic(), 0))[0]:
+            refusal = AuthenticationError(
+                f"the {self._name} takes TLS connections only: the client sent nothing to"
+                " start one (give it the authority's certificate to trust)"
+            )
+            refuse(sock, refusal)
+            raise refusal
+        secure = TlsSocket.server(sock, context, deadline)
+        with self._lock:
+            self._connections[secure] = self._connections.pop(sock)
+        return secure
 
     def _forget(self, sock: socket.socket) -> None:
         with contextlib.suppress(OSError):
