@@ -226,8 +226,8 @@ WORKER_DATA_PORT = int_option(
     9095,
     "Port of the worker's data port: fetches over a plain TCP connection, sent from the page"
     " cache with sendfile(2) and authenticated with the token; 0 picks a free one (a restarted"
-    " worker is then fetched from over gRPC), -1 turns it off. Off when TLS is configured (it"
-    " does not encrypt): clients then fetch over gRPC.",
+    " worker is then fetched from over gRPC), -1 turns it off. With TLS configured it speaks"
+    " TLS with the same certificate (and sends through the worker's process, not sendfile).",
     minimum=-1,
 )
 WORKER_ADVERTISED_HOST = str_option(

@@ -25,6 +25,7 @@ from external_shuffle.options import (
     message_chunk_size,
     message_data_limit,
 )
+from external_shuffle.wire.auth import data_port_client_tls
 from external_shuffle.wire.channels import ChannelPool, ClientSettings
 from external_shuffle.wire.messages import WorkerAddress, key_of
 from shuffle_api import (
@@ -95,10 +96,9 @@ class ExternalShuffleEnvironment(ShuffleEnvironment):
             timeout=self._timeout,
             sources_in_flight=config.get(READ_SOURCES_IN_FLIGHT),
         )
-        # Not with TLS: the data port sends in the clear (and no worker offers it then).
         self._data_ports = (
-            ConnectionPool(settings.token.encode("utf-8"))
-            if config.get(USE_DATA_PORT) and settings.credentials is None
+            ConnectionPool(settings.token.encode("utf-8"), tls=data_port_client_tls(config))
+            if config.get(USE_DATA_PORT)
             else None
         )
         self._gates = OpenGates()

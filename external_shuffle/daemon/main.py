@@ -71,7 +71,7 @@ from external_shuffle.options import (
     message_chunk_size,
     message_data_limit,
 )
-from external_shuffle.wire.auth import load_token, server_credentials
+from external_shuffle.wire.auth import data_port_server_tls, load_token, server_credentials
 from external_shuffle.wire.channels import ChannelPool, ClientSettings, channel_options
 from external_shuffle.wire.credentials import CredentialCheck
 from external_shuffle.wire.framing import worker_rpc_handler
@@ -301,9 +301,6 @@ class Daemon(Readiness):
         port = self._config.get(WORKER_DATA_PORT)
         if port < 0:
             return None
-        if self._credentials is not None:
-            logger.info("no data port: TLS is on, and the data port does not encrypt")
-            return None
         try:
             return WorkerDataPort(
                 self._bind,
@@ -317,6 +314,7 @@ class Daemon(Readiness):
                     piece_size=message_chunk_size(self._config),
                 ),
                 metrics=self.metrics,
+                tls=data_port_server_tls(self._config),
             )
         except OSError as error:
             raise ConfigError(

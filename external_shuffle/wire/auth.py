@@ -1,4 +1,5 @@
-"""The shared-secret token and TLS, for both ends.
+"""The shared-secret token and TLS, for both ends (gRPC's credentials, and the data port's
+contexts, from the same files).
 
 Every call carries ``authorization: Bearer <token>``: the cluster's secret, or an operator's
 credential derived from it (``wire.credentials``); the daemon's interceptor
@@ -8,6 +9,7 @@ before any handler runs, so a rejected call never touches data.
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
 from typing import Final
 
@@ -21,10 +23,13 @@ from external_shuffle.options import (
     TLS_KEY_FILE,
 )
 from shuffle_api import ConfigError, Configuration
+from shuffle_api.tls import TlsFiles
 
 __all__ = [
     "AUTHORIZATION",
     "client_credentials",
+    "data_port_client_tls",
+    "data_port_server_tls",
     "load_token",
     "server_credentials",
 ]
@@ -62,16 +67,29 @@ def _read(option_key: str, path: str) -> bytes:
         raise ConfigError(f"{option_key} = {path!r} cannot be read: {error}") from error
 
 
-def server_credentials(configuration: Configuration) -> grpc.ServerCredentials | None:
-    """TLS credentials when a certificate is configured, else None (plaintext)."""
+def _server_files(configuration: Configuration) -> TlsFiles | None:
     cert, key = configuration.get(TLS_CERT_FILE), configuration.get(TLS_KEY_FILE)
     if not cert and not key:
         return None
     if not (cert and key):
         raise ConfigError(f"TLS needs both {TLS_CERT_FILE.key} and {TLS_KEY_FILE.key}")
+    return TlsFiles(cert_file=cert, key_file=key)
+
+
+def server_credentials(configuration: Configuration) -> grpc.ServerCredentials | None:
+    """TLS credentials when a certificate is configured, else None (plaintext)."""
+    files = _server_files(configuration)
+    if files is None:
+        return None
     return grpc.ssl_server_credentials(
-        [(_read(TLS_KEY_FILE.key, key), _read(TLS_CERT_FILE.key, cert))]
+        [(_read(TLS_KEY_FILE.key, files.key_file), _read(TLS_CERT_FILE.key, files.cert_file))]
     )
+
+
+def data_port_server_tls(configuration: Configuration) -> ssl.SSLContext | None:
+    """The worker's data port's TLS context: the gRPC port's certificate, else None."""
+    files = _server_files(configuration)
+    return None if files is None else files.server_context()
 
 
 def client_credentials(configuration: Configuration) -> grpc.ChannelCredentials | None:
@@ -80,3 +98,10 @@ def client_credentials(configuration: Configuration) -> grpc.ChannelCredentials 
     if not ca:
         return None
     return grpc.ssl_channel_credentials(root_certificates=_read(TLS_CA_FILE.key, ca))
+
+
+def data_port_client_tls(configuration: Configuration) -> ssl.SSLContext | None:
+    """A data port client's TLS context trusting the configured CA (the certificate must
+    name the worker, as gRPC checks it), else None."""
+    ca = configuration.get(TLS_CA_FILE)
+    return TlsFiles(ca_file=ca).client_context() if ca else None

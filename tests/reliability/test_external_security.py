@@ -9,6 +9,7 @@ import dataclasses
 import itertools
 import os
 import socket
+import ssl
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -29,6 +30,7 @@ from external_shuffle.options import MIN_CHUNK_SIZE
 from external_shuffle.wire.channels import ChannelPool, ClientSettings
 from external_shuffle.wire.messages import WorkerAddress, key_of
 from shuffle_api import (
+    AuthenticationError,
     Configuration,
     SubpartitionRange,
 )
@@ -38,8 +40,11 @@ from shuffle_api.format import (
     partition_directory,
 )
 from shuffle_api.format.manifest import DATA_FILE
+from shuffle_api.sockets import open_connection
 from shuffle_api.store import Store
 from shuffle_api.testing import ConformanceHarness, ShuffleScenario, make_batches
+from shuffle_api.tls import TlsFiles
+from tests.reliability.external_cluster import scrape
 from tests.reliability.raw_worker import (
     BIG_CHANNEL,
     CHUNK,
@@ -56,6 +61,7 @@ from tests.reliability.raw_worker import (
     runs_in,
     tree,
 )
+from tests.tls_files import write_tls_files
 
 # --- the cluster ------------------------------------------------------------------------------
 
@@ -635,32 +641,26 @@ def test_commit_that_disagrees_with_the_push_is_data_loss_and_unreadable(
 
 
 @pytest.fixture(scope="module")
-def tls_cluster(root: Path) -> Iterator[tuple[LocalCluster, Path]]:
+def tls_cluster(root: Path) -> Iterator[tuple[LocalCluster, TlsFiles]]:
     directory = root / "tls"
-    directory.mkdir()
-    ca = trustme.CA()
-    certificate = ca.issue_cert("127.0.0.1", "localhost")
-    cert_file, key_file, ca_file = (directory / name for name in ("cert.pem", "key.pem", "ca.pem"))
-    cert_file.write_bytes(b"".join(pem.bytes() for pem in certificate.cert_chain_pems))
-    certificate.private_key_pem.write_to_path(str(key_file))
-    ca.cert_pem.write_to_path(str(ca_file))
+    files = write_tls_files(directory)
     settings = {
-        "external-shuffle.tls.cert-file": str(cert_file),
-        "external-shuffle.tls.key-file": str(key_file),
-        "external-shuffle.tls.ca-file": str(ca_file),
+        "external-shuffle.tls.cert-file": files.cert_file,
+        "external-shuffle.tls.key-file": files.key_file,
+        "external-shuffle.tls.ca-file": files.ca_file,
     }
-    with LocalCluster(directory / "cluster", workers=1, settings=settings) as running:
-        yield running, ca_file
+    with LocalCluster(directory / "cluster", workers=1, settings=settings, metrics=True) as running:
+        yield running, files
 
 
-def test_tls_cluster_carries_a_shuffle_for_a_client_trusting_its_ca(
-    tls_cluster: tuple[LocalCluster, Path],
+def test_tls_cluster_carries_a_shuffle_through_the_encrypted_data_port(
+    tls_cluster: tuple[LocalCluster, TlsFiles],
 ) -> None:
-    cluster, ca_file = tls_cluster
+    cluster, files = tls_cluster
     config = Configuration.load(
         cluster.client_config(
             **{
-                "external-shuffle.tls.ca-file": str(ca_file),
+                "external-shuffle.tls.ca-file": files.ca_file,
                 "external-shuffle.client.read-from-store": False,
                 "external-shuffle.client.sort-buffer.size": "64k",
             }
@@ -668,17 +668,19 @@ def test_tls_cluster_carries_a_shuffle_for_a_client_trusting_its_ca(
         environ={},
     )
     batches = make_batches(3_000, batch_rows=500)
+    before = scrape(cluster, "worker-0").get("pyshuffle_data_port_requests_total", 0.0)
     with ShuffleScenario.open(ConformanceHarness(config)) as scenario:
         descriptors, _ = scenario.produce(batches, partitions=2, subpartitions=3)
         table = scenario.read(scenario.consumer, descriptors, SubpartitionRange(0, 2))
     assert sorted(table.column("row").to_pylist()) == list(range(3_000))
+    assert scrape(cluster, "worker-0")["pyshuffle_data_port_requests_total"] > before
 
 
 def test_tls_cluster_refuses_plaintext_and_untrusted_clients(
-    tls_cluster: tuple[LocalCluster, Path],
+    tls_cluster: tuple[LocalCluster, TlsFiles],
 ) -> None:
-    cluster, ca_file = tls_cluster
-    untrusted = grpc.ssl_channel_credentials(root_certificates=trustme.CA().cert_pem.bytes())
+    cluster, files = tls_cluster
+    untrusted = trustme.CA()
 
     def health_of(channel: grpc.Channel) -> grpc.StatusCode:
         stub = health_pb2_grpc.HealthStub(channel)
@@ -687,21 +689,36 @@ def test_tls_cluster_refuses_plaintext_and_untrusted_clients(
     for target in (cluster.coordinator_address, cluster.worker_target(0)):
         with grpc.insecure_channel(target) as plain:
             assert health_of(plain) == grpc.StatusCode.UNAVAILABLE
-        with grpc.secure_channel(target, untrusted) as other_ca:
+        with grpc.secure_channel(
+            target, grpc.ssl_channel_credentials(root_certificates=untrusted.cert_pem.bytes())
+        ) as other_ca:
             assert health_of(other_ca) == grpc.StatusCode.UNAVAILABLE
-    # The TLS port with the right CA and the token answers.
+    # The TLS port with the right CA and the token answers, and offers its data port.
     with grpc.secure_channel(
         cluster.coordinator_address,
-        grpc.ssl_channel_credentials(root_certificates=ca_file.read_bytes()),
+        grpc.ssl_channel_credentials(root_certificates=Path(files.ca_file).read_bytes()),
     ) as trusted:
         answer = pb_grpc.CoordinatorStub(trusted).ListWorkers(
             pb.ListWorkersRequest(), metadata=auth(cluster), timeout=10
         )
     assert [entry.alive for entry in answer.workers] == [True]
-    # No data port beside TLS: it would send partitions in the clear.
-    assert [entry.worker.data_port for entry in answer.workers] == [0]
-    with pytest.raises(ConnectionRefusedError):
-        socket.create_connection(("127.0.0.1", cluster.worker_data_ports[0]), timeout=10)
+    [data_port] = [entry.worker.data_port for entry in answer.workers]
+    assert data_port == cluster.worker_data_ports[0]
+    secret = cluster.token_file.read_text().strip().encode()
+    refused = scrape(cluster, "worker-0").get(
+        'pyshuffle_auth_failures_total{method="DataPort.Fetch"}', 0.0
+    )
+    # The data port speaks TLS only: a plaintext client, one trusting another authority.
+    with socket.create_connection(("127.0.0.1", data_port), timeout=10) as sock:
+        sock.sendall(b"\x00" * 64)
+        assert sock.recv(100) == b""
+    trusting_other = ssl.create_default_context(cadata=untrusted.cert_pem.bytes().decode())
+    with pytest.raises(AuthenticationError, match="does not trust"):
+        open_connection("127.0.0.1", data_port, secret=secret, timeout=10, tls=trusting_other)
+    trusting = files.client_context()
+    open_connection("127.0.0.1", data_port, secret=secret, timeout=10, tls=trusting).close()
+    failures = scrape(cluster, "worker-0")
+    assert failures['pyshuffle_auth_failures_total{method="DataPort.Fetch"}'] == refused + 2
 
 
 # --- a daemon without a token -------------------------------------------------------------------

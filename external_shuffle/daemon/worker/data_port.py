@@ -5,8 +5,8 @@ worker's process never touches the bytes, and the client reads each run into one
 The frames are ``data_frames``'. The port holds what the gRPC port holds: the token proves the
 peer (the handshake of :mod:`shuffle_api.sockets`), a fetch is a worker stream (the same caps,
 per client and in all, and the same idle timeout), and errors reach the client as the same
-ShuffleError classes. It is not offered with TLS on: it
-does not encrypt, and a client told to use TLS must not be sent data in the clear.
+ShuffleError classes. With TLS on, it speaks TLS with the gRPC port's certificate; the runs are
+then read by the worker's process to be encrypted (no sendfile).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import contextlib
 import logging
 import select
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -46,6 +47,7 @@ from shuffle_api.sockets import (
     read_frame,
     write_frame,
 )
+from shuffle_api.tls import buffered
 
 __all__ = ["DataPortLimits", "WorkerDataPort"]
 
@@ -86,6 +88,7 @@ class WorkerDataPort:
         token: str,
         limits: DataPortLimits,
         metrics: DaemonMetrics,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self._limits = limits
         self._metrics = metrics
@@ -101,6 +104,7 @@ class WorkerDataPort:
             serve=self._serve,
             name="worker data port",
             on_refused=lambda peer: metrics.auth_failures.labels(method=_METHOD).inc(),
+            tls=tls,
         )
 
     @property
@@ -151,7 +155,7 @@ class WorkerDataPort:
         if not first:
             idle_timeout = min(idle_timeout, SERVER_KEEP_ALIVE_SECONDS)
             deadline = time.monotonic() + idle_timeout
-            while not select.select([sock], [], [], _DRAIN_POLL_SECONDS)[0]:
+            while not (buffered(sock) or select.select([sock], [], [], _DRAIN_POLL_SECONDS)[0]):
                 if self._draining.is_set() or time.monotonic() >= deadline:
                     return None
         try:
