@@ -3,7 +3,7 @@ partition (an executor's writers to its host), shut a host down."""
 
 from __future__ import annotations
 
-import socket
+import ssl
 import threading
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -25,7 +25,7 @@ from shuffle_api import (
     ShuffleError,
     TransportError,
 )
-from shuffle_api.sockets import open_handshake, write_frame
+from shuffle_api.sockets import open_connection, write_frame
 
 __all__ = ["ControlConnection"]
 
@@ -37,29 +37,32 @@ T = TypeVar("T")
 
 
 class ControlConnection:
-    """One authenticated connection for control requests, answered in order (thread-safe)."""
+    """One authenticated connection for control requests, answered in order (thread-safe);
+    ``tls``, ``server_name``: as :func:`shuffle_api.sockets.open_connection` takes them."""
 
     def __init__(
-        self, host: str, port: int, secret: bytes, *, timeout: float, max_frame_size: int
+        self,
+        host: str,
+        port: int,
+        secret: bytes,
+        *,
+        timeout: float,
+        max_frame_size: int,
+        tls: ssl.SSLContext | None = None,
+        server_name: str | None = None,
     ) -> None:
         self.address = f"{host}:{port}"
         self._max_frame_size = max_frame_size
         self._lock = threading.Lock()
         try:
-            self._sock = socket.create_connection((host, port), timeout=timeout)
+            self._sock = open_connection(
+                host, port, secret=secret, timeout=timeout, tls=tls, server_name=server_name
+            )
+        except ShuffleError:
+            raise  # before OSError: an AuthenticationError is one too
         except OSError as error:
             raise TransportError(
                 f"cannot connect to the data port {self.address}: {error}"
-            ) from error
-        try:
-            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            open_handshake(self._sock, secret, self.address)
-        except (OSError, ShuffleError) as error:
-            self._sock.close()
-            if isinstance(error, ShuffleError):
-                raise
-            raise TransportError(
-                f"handshake with the data port {self.address} failed: {error}"
             ) from error
 
     def _call(self, frame_type: FrameType, body: bytes, answer: FrameType) -> memoryview:

@@ -32,6 +32,7 @@ from netty_like.options import (
     READ_FROM_SHARED_STORE,
     SORT_BUFFER_SIZE,
     STORAGE_URL,
+    tls_files,
 )
 from netty_like.partition_manager import ResultPartitionManager
 from netty_like.protocol import HostedState
@@ -88,7 +89,10 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
         self._executor_host: ExecutorHost | None = None
         self._port = LOCAL_ONLY_PORT
         self._gates = OpenGates()
-        self._data_ports = ConnectionPool(self._secret)
+        self._tls = tls_files(config)
+        self._data_ports = ConnectionPool(
+            self._secret, tls=self._tls.client_context() if self._tls.enabled else None
+        )
         self._store_reads = StoreReads(
             threads=config.get(READ_STORE_THREADS), ahead_bytes=config.get(READ_STORE_AHEAD_SIZE)
         )
@@ -140,6 +144,7 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
                     max_frame_size=self._config.get(MAX_FRAME_SIZE),
                     request_timeout=self._config.get(PARTITION_REQUEST_TIMEOUT),
                     idle_timeout=self._config.get(IDLE_TIMEOUT),
+                    tls=self._tls,
                 )
             )
             self._port = self._executor_host.port
@@ -163,6 +168,7 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
                 max_frame_size=self._config.get(MAX_FRAME_SIZE),
                 idle_timeout=self._config.get(IDLE_TIMEOUT),
             ),
+            tls=self._tls.server_context() if self._tls.enabled else None,
         )
         self._port = self._server.start()
         return self._port

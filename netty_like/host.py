@@ -28,6 +28,7 @@ from typing import Any
 from netty_like.partition_manager import ResultPartitionManager
 from netty_like.server import DataServer, ServerLimits
 from shuffle_api.store import Store
+from shuffle_api.tls import TlsFiles
 
 __all__ = ["HostLaunch", "HostReady", "process_start_time", "serve_host"]
 
@@ -66,6 +67,9 @@ class HostLaunch:
     idle_exit_seconds: float
     rendezvous: str
     """The file through which the executor's processes find this host; removed at exit."""
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    """What it serves TLS with (empty: plaintext)."""
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self)).encode()
@@ -110,6 +114,11 @@ def serve_host(
         limits=ServerLimits(max_frame_size=launch.max_frame_size, idle_timeout=launch.idle_timeout),
         hosts_partitions=True,
         on_shutdown=stopping.set,
+        tls=(
+            TlsFiles(cert_file=launch.tls_cert_file, key_file=launch.tls_key_file).server_context()
+            if launch.tls_cert_file
+            else None
+        ),
     )
     port = server.start()
     on_ready(HostReady(os.getpid(), port))

@@ -27,6 +27,7 @@ from netty_like.control import ControlConnection
 from netty_like.host import HostLaunch, HostReady, process_start_time
 from netty_like.protocol import HostedState
 from shuffle_api import ResultPartitionID, ShuffleError, TransportError
+from shuffle_api.tls import TlsFiles
 
 __all__ = ["ExecutorHost", "HostSettings"]
 
@@ -46,6 +47,7 @@ class HostSettings:
     max_frame_size: int
     request_timeout: float
     idle_timeout: float
+    tls: TlsFiles
     idle_exit_seconds: float = 600.0
 
 
@@ -87,6 +89,7 @@ class ExecutorHost:
         digest = hashlib.sha256(settings.secret).hexdigest()[:16]
         self._key = f"{settings.owner_pid}-{start_time}-{digest}"
         self._lock = threading.Lock()
+        self._tls = settings.tls.client_context() if settings.tls.enabled else None
         self._control: ControlConnection | None = None
         self._found = self._find_or_start()
 
@@ -149,6 +152,8 @@ class ExecutorHost:
             self._settings.secret,
             timeout=self._settings.request_timeout,
             max_frame_size=self._settings.max_frame_size,
+            tls=self._tls,
+            server_name=self._settings.advertised_host,
         )
 
     def _find_or_start(self) -> _Found:
@@ -196,6 +201,8 @@ class ExecutorHost:
             idle_timeout=settings.idle_timeout,
             idle_exit_seconds=settings.idle_exit_seconds,
             rendezvous=str(rendezvous),
+            tls_cert_file=settings.tls.cert_file,
+            tls_key_file=settings.tls.key_file,
         )
         # Its own session: the engine's clean-up of its worker processes must not reach it.
         process = subprocess.Popen(

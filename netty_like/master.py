@@ -22,7 +22,7 @@ from typing import TypeVar
 
 from netty_like.control import ControlConnection
 from netty_like.descriptor import NettyShuffleDescriptor
-from netty_like.options import MAX_FRAME_SIZE, PARTITION_REQUEST_TIMEOUT, STORAGE_URL
+from netty_like.options import MAX_FRAME_SIZE, PARTITION_REQUEST_TIMEOUT, STORAGE_URL, tls_files
 from shuffle_api import (
     LOCAL_ONLY_PORT,
     JobShuffleContext,
@@ -77,6 +77,8 @@ class NettyShuffleMaster(ShuffleMaster):
         self._secret = context.secret
         self._timeout = config.get(PARTITION_REQUEST_TIMEOUT)
         self._max_frame_size = config.get(MAX_FRAME_SIZE)
+        tls = tls_files(config)
+        self._tls = tls.client_context() if tls.enabled else None
         self._jobs: dict[str, _Job] = {}
         self._controls: dict[_Endpoint, ControlConnection] = {}
         self._endpoints: set[_Endpoint] = set()
@@ -103,18 +105,20 @@ class NettyShuffleMaster(ShuffleMaster):
         # Executor hosts exit now rather than with their executors; other data ports refuse.
         for host, port in endpoints:
             try:
-                with contextlib.closing(
-                    ControlConnection(
-                        host,
-                        port,
-                        self._secret,
-                        timeout=_SHUTDOWN_TIMEOUT,
-                        max_frame_size=self._max_frame_size,
-                    )
-                ) as control:
+                with contextlib.closing(self._connect(host, port, _SHUTDOWN_TIMEOUT)) as control:
                     control.shutdown()
             except ShuffleError as error:
                 _LOG.debug("data port %s:%d not shut down: %s", host, port, error)
+
+    def _connect(self, host: str, port: int, timeout: float) -> ControlConnection:
+        return ControlConnection(
+            host,
+            port,
+            self._secret,
+            timeout=timeout,
+            max_frame_size=self._max_frame_size,
+            tls=self._tls,
+        )
 
     def _check_open(self) -> None:
         if self._closed:
@@ -218,12 +222,7 @@ class NettyShuffleMaster(ShuffleMaster):
             with self._lock:
                 control = self._controls.pop(endpoint, None)
             if control is None:
-                control = ControlConnection(
-                    *endpoint,
-                    self._secret,
-                    timeout=self._timeout,
-                    max_frame_size=self._max_frame_size,
-                )
+                control = self._connect(*endpoint, self._timeout)
             try:
                 answer = request(control)
             except ShuffleError:

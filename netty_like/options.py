@@ -6,6 +6,7 @@ from typing import Any, Final
 
 from shuffle_api.config import (
     ConfigOption,
+    Configuration,
     bool_option,
     float_option,
     host_local,
@@ -13,6 +14,8 @@ from shuffle_api.config import (
     memory_option,
     str_option,
 )
+from shuffle_api.errors import ConfigError
+from shuffle_api.tls import TlsFiles
 
 __all__ = [
     "DATA_PORT_ENABLED",
@@ -28,6 +31,11 @@ __all__ = [
     "READ_FROM_SHARED_STORE",
     "SORT_BUFFER_SIZE",
     "STORAGE_URL",
+    "TLS_CA_FILE",
+    "TLS_CERT_FILE",
+    "TLS_CHECK_HOSTNAME",
+    "TLS_KEY_FILE",
+    "tls_files",
 ]
 
 STORAGE_URL = host_local(
@@ -126,6 +134,34 @@ READ_FROM_SHARED_STORE = bool_option(
     " their files (they then outlive the producer); false: always through its data port.",
 )
 
+TLS_CERT_FILE = host_local(
+    str_option(
+        "netty-like.tls.cert-file",
+        "",
+        "PEM certificate chain the data ports serve TLS with (with tls.key-file and"
+        " tls.ca-file); empty: plaintext. Set on every process of the application, as Spark's"
+        " spark.ssl.* settings are (docs/cluster.md).",
+    )
+)
+TLS_KEY_FILE = host_local(
+    str_option("netty-like.tls.key-file", "", "PEM private key of tls.cert-file.")
+)
+TLS_CA_FILE = host_local(
+    str_option(
+        "netty-like.tls.ca-file",
+        "",
+        "PEM certificate of the authority that signed every data port's certificate: what"
+        " consumers and the driver trust.",
+    )
+)
+TLS_CHECK_HOSTNAME = bool_option(
+    "netty-like.tls.check-hostname",
+    True,
+    "A data port's certificate must name the address it is reached at; false: any"
+    " certificate the authority signed (executors whose addresses are not known in advance,"
+    " as pods').",
+)
+
 NETTY_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
     STORAGE_URL,
     SORT_BUFFER_SIZE,
@@ -141,4 +177,25 @@ NETTY_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
     MAX_FRAME_SIZE,
     PARTITION_REQUEST_TIMEOUT,
     READ_FROM_SHARED_STORE,
+    TLS_CERT_FILE,
+    TLS_KEY_FILE,
+    TLS_CA_FILE,
+    TLS_CHECK_HOSTNAME,
 )
+
+
+def tls_files(configuration: Configuration) -> TlsFiles:
+    """The TLS files configured (none: plaintext); a ConfigError unless all three are set,
+    since every process of the application serves, or fetches, or both."""
+    files = TlsFiles(
+        cert_file=configuration.get(TLS_CERT_FILE),
+        key_file=configuration.get(TLS_KEY_FILE),
+        ca_file=configuration.get(TLS_CA_FILE),
+        check_hostname=configuration.get(TLS_CHECK_HOSTNAME),
+    )
+    if files.enabled and not (files.cert_file and files.key_file and files.ca_file):
+        raise ConfigError(
+            f"TLS on the data ports needs {TLS_CERT_FILE.key}, {TLS_KEY_FILE.key} and"
+            f" {TLS_CA_FILE.key}, all three"
+        )
+    return files

@@ -17,6 +17,7 @@ import contextlib
 import logging
 import select
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -50,6 +51,7 @@ from shuffle_api import (
 )
 from shuffle_api.connections import SERVER_KEEP_ALIVE_SECONDS
 from shuffle_api.sockets import AuthenticatedListener, write_frame
+from shuffle_api.tls import buffered
 
 __all__ = ["DataServer", "ServerLimits"]
 
@@ -125,7 +127,7 @@ class _Connection:
         nothing for as long as it waits."""
         idle_since = time.monotonic()
         while not self.closed.is_set():
-            if select.select([self.sock], [], [], _WAIT_SLICE_SECONDS)[0]:
+            if buffered(self.sock) or select.select([self.sock], [], [], _WAIT_SLICE_SECONDS)[0]:
                 return True
             if self._open_channels():
                 idle_since = time.monotonic()
@@ -350,7 +352,8 @@ class _Channel:
 class DataServer:
     """Listens on ``host:port`` (0: any free port) until :meth:`stop`; serves peers that hold
     ``secret``. ``hosts_partitions``: other processes of this executor may hand it their
-    partitions (HOST frames); ``on_shutdown``: what a SHUTDOWN request runs (none: refused)."""
+    partitions (HOST frames); ``on_shutdown``: what a SHUTDOWN request runs (none: refused);
+    ``tls``: the server context every connection is TLS with (None: plaintext)."""
 
     def __init__(
         self,
@@ -362,6 +365,7 @@ class DataServer:
         limits: ServerLimits,
         hosts_partitions: bool = False,
         on_shutdown: Callable[[], None] | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.manager = manager
         self.limits = limits
@@ -375,6 +379,7 @@ class DataServer:
             handshake_timeout=limits.handshake_timeout,
             serve=lambda sock, peer: _Connection(sock, peer, self).serve(),
             name="data port",
+            tls=tls,
         )
         self._channels = 0
         self._requests = 0

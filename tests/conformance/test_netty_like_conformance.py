@@ -1,5 +1,6 @@
 """netty_like passes the conformance suite, on a local directory, on memory:// and on an
-object store (moto's S3 server standing in for S3)."""
+object store (moto's S3 server standing in for S3), and with every read through its data port
+over TLS."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from shuffle_api import Configuration, new_id
 from shuffle_api.testing import ConformanceHarness, PipelinedPartitionConformance
 from tests.s3_stand_in import S3StandIn
+from tests.tls_files import write_tls_files
 
 
 def _files(url: str) -> list[str]:
@@ -27,6 +29,24 @@ class TestNettyLikeOnLocalDirectory(PipelinedPartitionConformance):
         url = str(tmp_path / "store")
         config = Configuration.load(
             {"netty-like.storage.url": url, "netty-like.sort-buffer.size": "4m"}, environ={}
+        )
+        return ConformanceHarness(config, stored_files=lambda: _files(url))
+
+
+class TestNettyLikeOverTls(PipelinedPartitionConformance):
+    @pytest.fixture
+    def harness(self, tmp_path: Path) -> ConformanceHarness:
+        url = str(tmp_path / "store")
+        files = write_tls_files(tmp_path / "tls")
+        config = Configuration.load(
+            {
+                "netty-like.storage.url": url,
+                "netty-like.read-from-shared-store": False,
+                "netty-like.tls.cert-file": files.cert_file,
+                "netty-like.tls.key-file": files.key_file,
+                "netty-like.tls.ca-file": files.ca_file,
+            },
+            environ={},
         )
         return ConformanceHarness(config, stored_files=lambda: _files(url))
 

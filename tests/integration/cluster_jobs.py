@@ -1,6 +1,7 @@
 """Jobs on ``local-cluster[2,1,1024]``: two executor JVMs, each with its own store (its Spark
-local directory), reading each other's partitions over their data ports, as two hosts would;
-or both on one object store (moto's S3 server standing in for S3), which outlives them.
+local directory), reading each other's partitions over their data ports (the default
+service's over TLS), as two hosts would; or both on one object store (moto's S3 server
+standing in for S3), which outlives them.
 
 Run as ``python -m tests.integration.cluster_jobs WORK_DIR PLAN`` (``netty_like``, the
 default service; ``external_shuffle``: a coordinator and two worker daemons;
@@ -35,6 +36,7 @@ from pyspark_shuffle import SparkShuffle
 from pyspark_shuffle.local_spark import require_java
 from tests.integration.spark_rows import multiset
 from tests.s3_stand_in import objects_under, running_stand_in
+from tests.tls_files import write_tls_files
 
 ROWS = 40_000
 # Seconds each map task of the slow input sleeps: the stage lasts long enough to kill an
@@ -435,6 +437,16 @@ def _run_plan(
     config: dict[str, object],
 ) -> dict[str, dict[str, Any]]:
     if service != "external_shuffle":
+        if service == "netty_like":
+            # Every data port and its clients (executors' processes, their hosts, the driver)
+            # over TLS, set as a job sets it: the executors read it from the job's settings.
+            files = write_tls_files(work / "tls")
+            config = {
+                **config,
+                "netty-like.tls.cert-file": files.cert_file,
+                "netty-like.tls.key-file": files.key_file,
+                "netty-like.tls.ca-file": files.ca_file,
+            }
         return _run_steps(
             spark,
             plan,

@@ -47,6 +47,7 @@ from shuffle_api.sockets import open_handshake, write_frame
 from shuffle_api.store import Store
 from shuffle_api.testing import ConformanceHarness, ShuffleScenario, make_batches
 from shuffle_api.testing.harness import route
+from tests.tls_files import write_tls_files
 
 MAX_FRAME = 1 << 20
 
@@ -530,6 +531,55 @@ def test_a_consumer_with_another_secret_gets_an_authentication_error(
     )
     with outsider, pytest.raises(AuthenticationError, match="secret"):
         scenario.read(outsider, descriptors, SubpartitionRange(0, 0))
+
+
+def test_tls_data_ports_refuse_consumers_without_tls_or_trusting_another_authority(
+    tmp_path: Path,
+) -> None:
+    files = write_tls_files(tmp_path / "tls")
+    other = write_tls_files(tmp_path / "other")
+    config = Configuration.load(
+        {
+            "netty-like.storage.url": str(tmp_path / "store"),
+            "netty-like.read-from-shared-store": False,
+            "netty-like.tls.cert-file": files.cert_file,
+            "netty-like.tls.key-file": files.key_file,
+            "netty-like.tls.ca-file": files.ca_file,
+        },
+        environ={},
+    )
+    with ShuffleScenario.open(ConformanceHarness(config)) as scenario:
+        descriptors, _ = scenario.produce(make_batches(1_000), partitions=1, subpartitions=1)
+        assert scenario.read(scenario.consumer, descriptors, SubpartitionRange(0, 0)).num_rows == (
+            1_000
+        )
+        server = scenario.producer.data_server  # type: ignore[attr-defined]
+        assert server.request_count == 1
+        trusting_other = config.with_values({"netty-like.tls.ca-file": other.ca_file})
+        with (
+            NettyShuffleEnvironment(
+                ShuffleEnvironmentContext(trusting_other, host="127.0.0.1", secret=scenario.secret)
+            ) as outsider,
+            pytest.raises(AuthenticationError, match="does not trust"),
+        ):
+            scenario.read(outsider, descriptors, SubpartitionRange(0, 0))
+        with _raw(scenario) as sock:  # plaintext, speaking first
+            sock.sendall(b"\x00" * 64)
+            assert sock.recv(1) == b""
+        assert server.request_count == 1
+    # A consumer with TLS, of a producer without it.
+    plaintext = config.with_values(
+        {f"netty-like.tls.{name}": "" for name in ("cert-file", "key-file", "ca-file")}
+    )
+    with ShuffleScenario.open(ConformanceHarness(plaintext)) as scenario:
+        descriptors, _ = scenario.produce(make_batches(1_000), partitions=1, subpartitions=1)
+        with (
+            NettyShuffleEnvironment(
+                ShuffleEnvironmentContext(config, host="127.0.0.1", secret=scenario.secret)
+            ) as secure,
+            pytest.raises(AuthenticationError, match="TLS handshake"),
+        ):
+            scenario.read(secure, descriptors, SubpartitionRange(0, 0))
 
 
 def test_huge_frame_headers_from_unauthenticated_peers_hold_no_memory(
