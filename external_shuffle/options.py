@@ -49,6 +49,7 @@ __all__ = [
     "TLS_KEY_FILE",
     "USE_DATA_PORT",
     "WORKER_ADVERTISED_HOST",
+    "WORKER_APPLICATION_QUOTA",
     "WORKER_DATA_PORT",
     "WORKER_HEARTBEAT_INTERVAL",
     "WORKER_MAX_STREAMS",
@@ -268,6 +269,13 @@ WORKER_MEMORY_BUDGET = memory_option(
     "Pushed bytes a worker holds in memory at once; pushes wait (backpressure) beyond it.",
     minimum=64 << 10,
 )
+WORKER_APPLICATION_QUOTA = memory_option(
+    "external-shuffle.worker.application-quota",
+    0,
+    "Bytes one application may hold on this worker, pushed and committed; a push past it fails"
+    " with QuotaExceededError and what it wrote of its partition is deleted. 0: no quota.",
+    minimum=0,
+)
 WORKER_STREAM_IDLE_TIMEOUT = float_option(
     "external-shuffle.worker.stream-idle-timeout",
     30.0,
@@ -377,6 +385,7 @@ DAEMON_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
     WORKER_TIER_HIGH_WATER,
     WORKER_MEMORY_BUDGET,
     WORKER_MEMORY_BUDGET_TIMEOUT,
+    WORKER_APPLICATION_QUOTA,
     WORKER_STREAM_IDLE_TIMEOUT,
     WORKER_MAX_STREAMS,
     WORKER_MAX_STREAMS_PER_PEER,

@@ -23,6 +23,7 @@ __all__ = [
     "PartitionNotFoundError",
     "PermissionDeniedError",
     "ProducerFailedError",
+    "QuotaExceededError",
     "SchemaMismatchError",
     "SerializationError",
     "ShuffleError",
@@ -98,6 +99,11 @@ class AuthenticationError(ShuffleError, PermissionError):
 class PermissionDeniedError(AuthenticationError):
     """A peer proved who it is, and that credential may not do what it asked (an operator's
     read-only credential asking to decommission a worker)."""
+
+
+class QuotaExceededError(ShuffleError):
+    """An application asked a worker to hold more bytes than its quota there; what it was
+    pushing of the partition is deleted, what it holds already stays."""
 
 
 class InvalidOperationError(ShuffleError, ValueError):

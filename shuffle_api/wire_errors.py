@@ -33,6 +33,7 @@ WIRE_ERRORS: Final[tuple[tuple[int, type[ShuffleError]], ...]] = (
     (17, e.InvalidOperationError),
     (18, e.ConfigError),
     (6, e.DataTooLargeError),
+    (30, e.QuotaExceededError),
     (29, e.PermissionDeniedError),
     (9, e.AuthenticationError),
     (19, e.TooManyStreamsError),

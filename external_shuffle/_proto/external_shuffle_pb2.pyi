@@ -35,20 +35,29 @@ class WorkerInfo(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., store_url: _Optional[str] = ..., store_shared: _Optional[bool] = ..., data_port: _Optional[int] = ..., tier_url: _Optional[str] = ...) -> None: ...
 
 class WorkerLoad(_message.Message):
-    __slots__ = ("stored_bytes", "partitions", "buffered_bytes", "decommissioning", "store_free_bytes", "partitions_on_tier")
+    __slots__ = ("stored_bytes", "partitions", "buffered_bytes", "decommissioning", "store_free_bytes", "partitions_on_tier", "application_bytes")
+    class ApplicationBytesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     STORED_BYTES_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     BUFFERED_BYTES_FIELD_NUMBER: _ClassVar[int]
     DECOMMISSIONING_FIELD_NUMBER: _ClassVar[int]
     STORE_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_ON_TIER_FIELD_NUMBER: _ClassVar[int]
+    APPLICATION_BYTES_FIELD_NUMBER: _ClassVar[int]
     stored_bytes: int
     partitions: int
     buffered_bytes: int
     decommissioning: bool
     store_free_bytes: int
     partitions_on_tier: int
-    def __init__(self, stored_bytes: _Optional[int] = ..., partitions: _Optional[int] = ..., buffered_bytes: _Optional[int] = ..., decommissioning: _Optional[bool] = ..., store_free_bytes: _Optional[int] = ..., partitions_on_tier: _Optional[int] = ...) -> None: ...
+    application_bytes: _containers.ScalarMap[str, int]
+    def __init__(self, stored_bytes: _Optional[int] = ..., partitions: _Optional[int] = ..., buffered_bytes: _Optional[int] = ..., decommissioning: _Optional[bool] = ..., store_free_bytes: _Optional[int] = ..., partitions_on_tier: _Optional[int] = ..., application_bytes: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class PartitionLocation(_message.Message):
     __slots__ = ("partition", "replicas")
@@ -302,14 +311,16 @@ class GetPartitionStatusResponse(_message.Message):
     def __init__(self, partitions: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ...) -> None: ...
 
 class PushDataRequest(_message.Message):
-    __slots__ = ("partition", "sequence", "data")
+    __slots__ = ("partition", "sequence", "data", "application_id")
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    APPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
     partition: PartitionKey
     sequence: int
     data: bytes
-    def __init__(self, partition: _Optional[_Union[PartitionKey, _Mapping]] = ..., sequence: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+    application_id: str
+    def __init__(self, partition: _Optional[_Union[PartitionKey, _Mapping]] = ..., sequence: _Optional[int] = ..., data: _Optional[bytes] = ..., application_id: _Optional[str] = ...) -> None: ...
 
 class PushDataResponse(_message.Message):
     __slots__ = ("received_bytes", "duplicates_dropped")
@@ -435,16 +446,18 @@ class ListApplicationsRequest(_message.Message):
 class ListApplicationsResponse(_message.Message):
     __slots__ = ("applications",)
     class Entry(_message.Message):
-        __slots__ = ("application_id", "seconds_since_heartbeat", "partitions", "identity")
+        __slots__ = ("application_id", "seconds_since_heartbeat", "partitions", "identity", "stored_bytes")
         APPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
         SECONDS_SINCE_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
         PARTITIONS_FIELD_NUMBER: _ClassVar[int]
         IDENTITY_FIELD_NUMBER: _ClassVar[int]
+        STORED_BYTES_FIELD_NUMBER: _ClassVar[int]
         application_id: str
         seconds_since_heartbeat: float
         partitions: int
         identity: ApplicationIdentity
-        def __init__(self, application_id: _Optional[str] = ..., seconds_since_heartbeat: _Optional[float] = ..., partitions: _Optional[int] = ..., identity: _Optional[_Union[ApplicationIdentity, _Mapping]] = ...) -> None: ...
+        stored_bytes: int
+        def __init__(self, application_id: _Optional[str] = ..., seconds_since_heartbeat: _Optional[float] = ..., partitions: _Optional[int] = ..., identity: _Optional[_Union[ApplicationIdentity, _Mapping]] = ..., stored_bytes: _Optional[int] = ...) -> None: ...
     APPLICATIONS_FIELD_NUMBER: _ClassVar[int]
     applications: _containers.RepeatedCompositeFieldContainer[ListApplicationsResponse.Entry]
     def __init__(self, applications: _Optional[_Iterable[_Union[ListApplicationsResponse.Entry, _Mapping]]] = ...) -> None: ...

@@ -229,7 +229,7 @@ class PushSink(PartitionSink):
     def send(self, parts: Sequence[memoryview], size: int) -> None:
         """Frame the chunk made of ``parts`` (``size`` bytes) and queue it for every replica;
         each gets the same messages, so the same sequence numbers."""
-        message = frame_push(self._key, self._sequence, parts, size)
+        message = frame_push(self._key, self._sequence, parts, size, self.settings.application_id)
         self._sequence += 1
         for push in list(self._pushes):
             try:

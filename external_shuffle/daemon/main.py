@@ -54,6 +54,7 @@ from external_shuffle.options import (
     PLACEMENT,
     SHUTDOWN_GRACE,
     WORKER_ADVERTISED_HOST,
+    WORKER_APPLICATION_QUOTA,
     WORKER_DATA_PORT,
     WORKER_HEARTBEAT_INTERVAL,
     WORKER_MAX_STREAMS,
@@ -231,6 +232,7 @@ class Daemon(Readiness):
                 metrics=self.metrics,
                 stream_limits=limits,
                 tier=Store(config.get(WORKER_TIER_URL)) if config.get(WORKER_TIER_URL) else None,
+                application_quota=config.get(WORKER_APPLICATION_QUOTA),
             )
             served.server.add_generic_rpc_handlers((worker_rpc_handler(self.worker),))
             self._reaper = threading.Thread(

@@ -57,6 +57,7 @@ class ApplicationRow:
     engine_id: str = ""  # who it is, as its engine (Spark) names it; "" if its driver did not say
     name: str = ""
     user: str = ""
+    stored_bytes: int = 0  # on the live workers, copies included
 
     @classmethod
     def of(
@@ -65,6 +66,7 @@ class ApplicationRow:
         seconds_since_heartbeat: float,
         partitions: int,
         identity: ApplicationIdentity,
+        stored_bytes: int,
     ) -> ApplicationRow:
         return cls(
             application_id,
@@ -73,6 +75,7 @@ class ApplicationRow:
             identity.engine_id,
             identity.name,
             identity.user,
+            stored_bytes,
         )
 
 
@@ -82,7 +85,15 @@ class ClusterView:
     applications: tuple[ApplicationRow, ...]
 
     WORKER_COLUMNS = ("worker", "address", "state", "heard", "partitions", "stored", "free")
-    APPLICATION_COLUMNS = ("application", "engine id", "name", "user", "heard", "partitions")
+    APPLICATION_COLUMNS = (
+        "application",
+        "engine id",
+        "name",
+        "user",
+        "heard",
+        "partitions",
+        "stored",
+    )
 
     def worker_table(self) -> list[tuple[str, ...]]:
         return [
@@ -107,6 +118,7 @@ class ClusterView:
                 row.user or "-",
                 f"{row.seconds_since_heartbeat:.0f} s ago",
                 f"{row.partitions:,}",
+                human_bytes(row.stored_bytes),
             )
             for row in sorted(self.applications, key=lambda row: row.application_id)
         ]
@@ -130,7 +142,8 @@ def merged_applications(
     answers: Iterable[pb.ListApplicationsResponse],
 ) -> tuple[ApplicationRow, ...]:
     """Applications as several coordinators see them: each heard most recently anywhere, with
-    the most partitions any of them tracks, and who it is where any of them was told."""
+    the most partitions and bytes any of them counts, and who it is where any of them was
+    told."""
     rows: dict[str, ApplicationRow] = {}
     for answer in answers:
         for entry in answer.applications:
@@ -145,5 +158,6 @@ def merged_applications(
                 else entry.seconds_since_heartbeat,
                 max(entry.partitions, seen.partitions) if seen else entry.partitions,
                 identity,
+                max(entry.stored_bytes, seen.stored_bytes) if seen else entry.stored_bytes,
             )
     return tuple(rows.values())

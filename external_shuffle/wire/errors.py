@@ -61,6 +61,7 @@ STATUS_CODES: Final[dict[type[ShuffleError], grpc.StatusCode]] = {
     e.StorageFullError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     e.TooManyStreamsError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     e.DataTooLargeError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    e.QuotaExceededError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     e.StorageError: grpc.StatusCode.INTERNAL,
     e.PermissionDeniedError: grpc.StatusCode.PERMISSION_DENIED,
     e.AuthenticationError: grpc.StatusCode.UNAUTHENTICATED,

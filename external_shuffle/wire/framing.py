@@ -151,10 +151,16 @@ def _parse(message_type: type[MessageType], data: bytes) -> MessageType:
 
 
 def frame_push(
-    partition: pb.PartitionKey, sequence: int, parts: Sequence[Bytes], size: int
+    partition: pb.PartitionKey,
+    sequence: int,
+    parts: Sequence[Bytes],
+    size: int,
+    application_id: str = "",
 ) -> bytes:
     """The serialized ``PushDataRequest`` of one chunk: ``parts``, ``size`` bytes in all."""
-    header = pb.PushDataRequest(partition=partition, sequence=sequence).SerializeToString()
+    header = pb.PushDataRequest(
+        partition=partition, sequence=sequence, application_id=application_id
+    ).SerializeToString()
     return _with_data(header, _PUSH_DATA_FIELD, parts, size)
 
 

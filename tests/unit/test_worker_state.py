@@ -1,5 +1,6 @@
 """A worker's state in-process, on a real local store with the clock in the test's hands:
-pushes, commits, duplicates, abandoned uploads, draining, and what a restarted worker finds."""
+pushes, commits, duplicates, abandoned uploads, draining, application quotas, and what a
+restarted worker finds."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from external_shuffle.daemon.worker.state import MOVING_FILE, WorkerState
 from external_shuffle.wire.errors import UnavailableError
 from shuffle_api import (
     ConfigError,
+    InvalidIdentifierError,
+    QuotaExceededError,
     ShuffleError,
     ShuffleServiceClosedError,
     SubpartitionRange,
@@ -48,8 +51,10 @@ def _state(store: Store, clock: Clock) -> WorkerState:
     return WorkerState(store, memory_budget=1 << 20, budget_timeout=5, clock=clock)
 
 
-def _push(state: WorkerState, built: BuiltPartition, *, end: bool = True) -> None:
-    upload = state.begin_push(built.partition)
+def _push(
+    state: WorkerState, built: BuiltPartition, *, end: bool = True, application: str = ""
+) -> None:
+    upload = state.begin_push(built.partition, application)
     assert upload is not None
     for sequence, chunk in enumerate(built.chunks()):
         assert state.append(upload, sequence, memoryview(chunk))
@@ -184,6 +189,39 @@ def test_a_release_deletes_uploads_and_committed_partitions(store: Store, clock:
     assert state.committed_partitions() == []
     for built in (committed, pushed):
         assert not Path(partition_directory(store, built.partition)).exists()
+
+
+def test_an_application_quota_refuses_the_push_past_it_and_deletes_what_arrived(
+    store: Store, clock: Clock
+) -> None:
+    kept, refused, other = (build_partition(rows=6_000) for _ in range(3))
+    assert len(refused.chunks()) > 2
+    quota = len(kept.data) + len(refused.data) // 2
+    state = WorkerState(
+        store, memory_budget=1 << 20, budget_timeout=5, application_quota=quota, clock=clock
+    )
+    _push(state, kept, application="app-a")
+    state.commit(kept.partition, "app-a", kept.index, kept.manifest)
+    upload = state.begin_push(refused.partition, "app-a")
+    assert upload is not None
+    with pytest.raises(InvalidIdentifierError, match="app-a"):
+        state.begin_push(refused.partition, "app-b")  # another application's stream
+    appended = 0
+    with pytest.raises(QuotaExceededError, match=f"app-a .* quota of {quota}"):
+        for sequence, chunk in enumerate(refused.chunks()):
+            state.append(upload, sequence, memoryview(chunk))
+            appended += 1
+    assert 0 < appended < len(refused.chunks())
+    # Nothing half written: the refused attempt is gone, what the application holds stays.
+    assert not Path(partition_directory(store, refused.partition)).exists()
+    assert state.committed_partitions() == [kept.partition]
+    assert state.held_bytes() == {"app-a": len(kept.data)}
+    # Each application has a quota of its own; a release gives the bytes back.
+    _push(state, other, application="app-b")
+    assert state.held_bytes() == {"app-a": len(kept.data), "app-b": len(other.data)}
+    state.release([kept.partition])
+    _push(state, refused, application="app-a")
+    assert state.held_bytes() == {"app-a": len(refused.data), "app-b": len(other.data)}
 
 
 def _tiered_state(store: Store, clock: Clock, tier: Store) -> WorkerState:

@@ -30,7 +30,7 @@ from external_shuffle.wire.messages import (
     statistics_to_pb,
 )
 from scheduling.placement import PlacementStrategy
-from shuffle_api import ResultPartitionID
+from shuffle_api import ApplicationIdentity, ResultPartitionID
 
 __all__ = ["CoordinatorService"]
 
@@ -209,32 +209,36 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     def view(self) -> ClusterView:
         """The cluster as this coordinator sees it (its status page)."""
-        partitions = self.state.partitions_per_application()
         return ClusterView(
             tuple(
                 WorkerRow.of(view.address, view.load, view.alive, view.seconds_since_heartbeat)
                 for view in self.state.workers()
             ),
-            tuple(
-                ApplicationRow.of(name, age, partitions.get(name, 0), identity)
-                for name, age, identity in self.state.applications()
-            ),
+            self._applications(),
+        )
+
+    def _applications(self) -> tuple[ApplicationRow, ...]:
+        partitions = self.state.partitions_per_application()
+        held = self.state.bytes_per_application()
+        return tuple(
+            ApplicationRow.of(name, age, partitions.get(name, 0), identity, held.get(name, 0))
+            for name, age, identity in self.state.applications()
         )
 
     @reports_errors
     def ListApplications(  # noqa: N802
         self, request: pb.ListApplicationsRequest, context: grpc.ServicerContext
     ) -> pb.ListApplicationsResponse:
-        partitions = self.state.partitions_per_application()
         return pb.ListApplicationsResponse(
             applications=[
                 pb.ListApplicationsResponse.Entry(
-                    application_id=name,
-                    seconds_since_heartbeat=age,
-                    partitions=partitions.get(name, 0),
-                    identity=identity_to_pb(identity),
+                    application_id=row.application_id,
+                    seconds_since_heartbeat=row.seconds_since_heartbeat,
+                    partitions=row.partitions,
+                    identity=identity_to_pb(ApplicationIdentity(row.engine_id, row.name, row.user)),
+                    stored_bytes=row.stored_bytes,
                 )
-                for name, age, identity in self.state.applications()
+                for row in self._applications()
             ]
         )
 

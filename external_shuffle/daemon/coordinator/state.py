@@ -302,6 +302,15 @@ class CoordinatorState:
                 for name, app in self._applications.items()
             ]
 
+    def bytes_per_application(self) -> dict[str, int]:
+        """What each application holds on the live workers, as they last reported it."""
+        held: Counter[str] = Counter()
+        with self._lock:
+            for worker in self._workers.values():
+                if worker.alive:
+                    held.update(dict(worker.load.application_bytes))
+        return dict(held)
+
     def partitions_per_application(self) -> dict[str, int]:
         """How many partitions each application has here (placed or restored)."""
         with self._lock:

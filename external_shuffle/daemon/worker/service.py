@@ -75,6 +75,7 @@ class WorkerService(pb_grpc.WorkerServicer):
         metrics: DaemonMetrics,
         stream_limits: StreamLimits,
         tier: Store | None = None,
+        application_quota: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.state = WorkerState(
@@ -82,6 +83,7 @@ class WorkerService(pb_grpc.WorkerServicer):
             memory_budget=memory_budget,
             budget_timeout=budget_timeout,
             tier=tier,
+            application_quota=application_quota,
             clock=clock,
         )
         self._streams = OpenStreams(stream_limits, clock)
@@ -147,7 +149,7 @@ class WorkerService(pb_grpc.WorkerServicer):
                 message = chunk.header
                 if first is None:
                     first = message.partition
-                    upload = self.state.begin_push(partition_of(first))
+                    upload = self.state.begin_push(partition_of(first), message.application_id)
                 elif message.partition != first:
                     raise InvalidIdentifierError(
                         "one push stream carries one partition; got"

@@ -14,6 +14,10 @@ is committed there (manifest last), then the worker writes a marker beside its o
 deletes its data and index. It goes on serving a moved partition, from the tier; clients that
 cannot reach it read the tier themselves, and the coordinator keeps a moved partition when the
 worker is lost.
+
+With an application quota, each application may hold so many bytes on the worker (pushed and
+committed): a push past it fails, and what it wrote of its partition is deleted. Partitions
+found on the store at a restart count for no application (their manifests do not name one).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from shuffle_api import (
     InvalidIdentifierError,
     PartitionNotFoundError,
     PartitionStatistics,
+    QuotaExceededError,
     ResultPartitionID,
     ShuffleError,
     ShuffleServiceClosedError,
@@ -115,6 +120,11 @@ class Upload:
     """A partition attempt being pushed: its data file, open until the commit."""
 
     sink: StoreSink
+    application_id: str = ""
+    charged: int = 0
+    """Bytes counted against its application's quota (under the state's lock); its size once
+    every message written has been counted."""
+    forgotten: bool = False  # released (under the state's lock): its bytes count no more
     data: DataStream | None = None
     next_sequence: int = 0
     size: int = 0
@@ -198,6 +208,7 @@ class WorkerState:
         memory_budget: int,
         budget_timeout: float,
         tier: Store | None = None,
+        application_quota: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if tier is not None and _overlap(store.url, tier.url):
@@ -212,6 +223,8 @@ class WorkerState:
         self._uploads: dict[ResultPartitionID, Upload] = {}
         self._committed: dict[ResultPartitionID, CommittedPartition] = {}
         self._commit_watches: list[CommitWatch] = []
+        self._application_quota = application_quota
+        self._held: dict[str, int] = {}  # bytes each application holds here (quota or not)
         self._lock = threading.Lock()
         # Commit and release of one partition exclude each other (striped: file I/O happens
         # under them, and partitions apart do not wait for each other).
@@ -255,6 +268,7 @@ class WorkerState:
             self._committed[partition] = CommittedPartition.of(
                 reader.manifest.statistics, reader.manifest.data_bytes
             )
+            self._count("", reader.manifest.data_bytes)
         if self._committed:
             logger.info("serving %d committed partitions found on the store", len(self._committed))
 
@@ -330,6 +344,7 @@ class WorkerState:
                 decommissioning=self.draining,
                 store_free_bytes=self.store.free_bytes() or 0,
                 partitions_on_tier=sum(c.on_tier for c in self._committed.values()),
+                application_bytes=self._held,
             )
 
     def committed(self, partition: ResultPartitionID) -> CommittedPartition | None:
@@ -385,33 +400,78 @@ class WorkerState:
 
     # --- pushes and commits -------------------------------------------------------------------
 
-    def begin_push(self, partition: ResultPartitionID) -> Upload | None:
-        """The upload a push stream of ``partition`` writes to (a retried push gets the one it
-        left: its sequence numbers drop what arrived), or None when the partition is committed
-        already (all it carries is a duplicate). Pair with :meth:`end_push`."""
+    def begin_push(self, partition: ResultPartitionID, application_id: str = "") -> Upload | None:
+        """The upload a push stream of ``partition`` for ``application_id`` writes to (a
+        retried push gets the one it left: its sequence numbers drop what arrived), or None when
+        the partition is committed already (all it carries is a duplicate). Pair with
+        :meth:`end_push`."""
+        if application_id:
+            validate_id(application_id, "application id")
         with self._lock:
             existing = self._uploads.get(partition)
             if existing is not None:
+                if existing.application_id != application_id:
+                    raise InvalidIdentifierError(
+                        f"push of {partition} for application {application_id!r}: it is being"
+                        f" pushed for {existing.application_id!r}"
+                    )
                 existing.streams += 1
                 return existing
             if partition in self._committed:
                 return None
             if self.draining:
                 raise UnavailableError("worker is draining: it takes no new partitions")
-            upload = Upload(StoreSink(self.store, partition), streams=1, last_active=self._clock())
+            upload = Upload(
+                StoreSink(self.store, partition),
+                application_id=application_id,
+                streams=1,
+                last_active=self._clock(),
+            )
             self._uploads[partition] = upload
             return upload
 
     def append(self, upload: Upload, sequence: int, data: memoryview) -> bool:
-        """Write one message of a push within the memory budget; False for a duplicate. A
-        storage error (a full or failing disk) deletes what arrived of the partition."""
+        """Write one message of a push within the memory budget and its application's quota;
+        False for a duplicate. A storage error (a full or failing disk) or the quota deletes
+        what arrived of the partition."""
         upload.last_active = self._clock()
-        with self._budget.reserve(len(data)):
-            try:
-                return upload.append(sequence, data)
-            except StorageError:
-                self.release([upload.sink.partition])
-                raise
+        self._charge(upload, len(data))
+        written = False
+        try:
+            with self._budget.reserve(len(data)):
+                try:
+                    written = upload.append(sequence, data)
+                except StorageError:
+                    self.release([upload.sink.partition])
+                    raise
+        finally:
+            if not written:
+                self._charge(upload, -len(data))
+        return written
+
+    def _charge(self, upload: Upload, size: int) -> None:
+        """Count ``size`` bytes (negative: no more) against the upload's application; raises
+        QuotaExceededError, after deleting the upload, if that takes it past its quota."""
+        application = upload.application_id
+        with self._lock:
+            if upload.forgotten:
+                return  # released meanwhile: its bytes were given back
+            held = self._held.get(application, 0) + size
+            if size <= 0 or not 0 < self._application_quota < held:
+                upload.charged += size
+                self._count(application, size)
+                return
+        self.release([upload.sink.partition])
+        raise QuotaExceededError(
+            f"application {application or '(unnamed)'} would hold {held} bytes on this"
+            f" worker, past its quota of {self._application_quota}: the push of"
+            f" {upload.sink.partition} is refused and what arrived of it deleted"
+        )
+
+    def held_bytes(self) -> dict[str, int]:
+        """Bytes each application holds here, pushed and committed ("": unnamed)."""
+        with self._lock:
+            return {application: held for application, held in self._held.items() if held}
 
     def end_push(self, upload: Upload) -> None:
         with self._lock:
@@ -452,6 +512,10 @@ class WorkerState:
                 raise
             with self._lock:
                 self._uploads.pop(partition, None)
+                if upload is not None:
+                    upload.forgotten = True
+                    self._count(upload.application_id, -upload.charged)
+                self._count(application_id, parsed.data_bytes)
                 self._committed[partition] = CommittedPartition.of(
                     parsed.statistics, parsed.data_bytes, application_id
                 )
@@ -539,6 +603,7 @@ class WorkerState:
                 self._committed[partition] = dataclasses.replace(
                     committed, stored_bytes=0, on_tier=True
                 )
+                self._count(committed.application_id, -committed.stored_bytes)
                 for watch in self._commit_watches:
                     watch.add(Commit(partition, committed.application_id, on_tier=True))
             # Fetches that opened it here keep their open files; new ones go to the tier.
@@ -572,6 +637,14 @@ class WorkerState:
                 released += self._forget(partition)
         return released
 
+    def _count(self, application: str, size: int) -> None:
+        """Add ``size`` to what ``application`` holds (under the lock)."""
+        held = self._held.get(application, 0) + size
+        if held:
+            self._held[application] = held
+        else:
+            self._held.pop(application, None)
+
     def _partition_lock(self, partition: ResultPartitionID) -> threading.Lock:
         return self._partition_locks[hash(partition) % len(self._partition_locks)]
 
@@ -581,6 +654,11 @@ class WorkerState:
         with self._lock:
             upload = self._uploads.pop(partition, None)
             committed = self._committed.pop(partition, None)
+            if upload is not None:
+                upload.forgotten = True
+                self._count(upload.application_id, -upload.charged)
+            if committed is not None:
+                self._count(committed.application_id, -committed.stored_bytes)
         if upload is not None:
             upload.close()
         PartitionFileReader.forget(self.store, partition)
