@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import select
 import socket
 import ssl
 import threading
@@ -50,8 +49,7 @@ from shuffle_api import (
     TransportError,
 )
 from shuffle_api.connections import SERVER_KEEP_ALIVE_SECONDS
-from shuffle_api.sockets import AuthenticatedListener, write_frame
-from shuffle_api.tls import buffered
+from shuffle_api.sockets import AuthenticatedListener, wait_readable, write_frame
 
 __all__ = ["DataServer", "ServerLimits"]
 
@@ -127,7 +125,7 @@ class _Connection:
         nothing for as long as it waits."""
         idle_since = time.monotonic()
         while not self.closed.is_set():
-            if buffered(self.sock) or select.select([self.sock], [], [], _WAIT_SLICE_SECONDS)[0]:
+            if wait_readable(self.sock, _WAIT_SLICE_SECONDS):
                 return True
             if self._open_channels():
                 idle_since = time.monotonic()

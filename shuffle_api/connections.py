@@ -15,7 +15,6 @@ be (the socket reads as closed); where it cannot, the request fails with nothing
 from __future__ import annotations
 
 import contextlib
-import select
 import socket
 import ssl
 import threading
@@ -26,8 +25,7 @@ from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
 from shuffle_api.errors import TransportError
-from shuffle_api.sockets import open_connection
-from shuffle_api.tls import buffered
+from shuffle_api.sockets import open_connection, wait_readable
 
 __all__ = ["SERVER_KEEP_ALIVE_SECONDS", "Connection", "ConnectionPool", "StaleConnectionError"]
 
@@ -72,13 +70,10 @@ class Connection:
 def _reads_as_closed(sock: socket.socket) -> bool:
     """Whether an idle connection has anything to read: end of stream (the server closed it)
     or bytes nobody asked for. Either way it cannot take a request."""
-    if buffered(sock):
-        return True
     try:
-        readable, _, _ = select.select([sock], [], [], 0)
+        return wait_readable(sock, 0)
     except (OSError, ValueError):
         return True
-    return bool(readable)
 
 
 class ConnectionPool:

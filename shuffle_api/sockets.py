@@ -27,6 +27,7 @@ import contextlib
 import hashlib
 import hmac
 import logging
+import math
 import secrets
 import select
 import socket
@@ -45,7 +46,7 @@ from shuffle_api.errors import (
     ShuffleError,
     TransportError,
 )
-from shuffle_api.tls import TlsSocket
+from shuffle_api.tls import TlsSocket, buffered
 
 __all__ = [
     "AUTH",
@@ -63,6 +64,7 @@ __all__ = [
     "read_frame",
     "receive_into",
     "refuse",
+    "wait_readable",
     "write_frame",
 ]
 
@@ -257,6 +259,17 @@ def open_handshake(sock: socket.socket, secret: bytes, address: str) -> None:
         )
 
 
+def wait_readable(sock: socket.socket, timeout: float) -> bool:
+    """Whether ``sock`` has something to read (bytes, or the end of the stream) within
+    ``timeout`` seconds: received bytes TLS already holds count, and so does a descriptor
+    numbered past ``select``'s limit."""
+    if buffered(sock):
+        return True
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(max(0, math.ceil(timeout * 1000))))
+
+
 def open_connection(
     host: str,
     port: int,
@@ -371,9 +384,12 @@ class AuthenticatedListener:
                 self._connections[sock] = host
         if refusal is not None:
             _LOG.warning("%s: connection from %s refused: %s", self._name, peer, refusal)
+            # A TLS client would read a frame in the clear as a failed handshake: it hears
+            # the hang-up, which it tries again.
             with contextlib.suppress(OSError):
-                sock.settimeout(1.0)
-                refuse(sock, TransportError(f"{refusal}; try again"))
+                if self._tls is None:
+                    sock.settimeout(1.0)
+                    refuse(sock, TransportError(f"{refusal}; try again"))
             sock.close()
             return
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -408,18 +424,25 @@ class AuthenticatedListener:
     def _start_tls(
         self, sock: socket.socket, context: ssl.SSLContext, deadline: float
     ) -> socket.socket:
-        """``sock`` past the TLS handshake, in its place among the open connections."""
+        """``sock`` past the TLS handshake, in its place among the open connections (where
+        :meth:`stop` ends it, mid-handshake too)."""
         # A client of this protocol without TLS says nothing until it hears the challenge.
-        if not select.select([sock], [], [], max(deadline - time.monotonic(), 0))[0]:
+        if not wait_readable(sock, deadline - time.monotonic()):
             refusal = AuthenticationError(
                 f"the {self._name} takes TLS connections only: the client sent nothing to"
                 " start one (give it the authority's certificate to trust)"
             )
             refuse(sock, refusal)
             raise refusal
-        secure = TlsSocket.server(sock, context, deadline)
         with self._lock:
-            self._connections[secure] = self._connections.pop(sock)
+            host = self._connections.pop(sock)
+            secure = TlsSocket.wrap(sock, context, server_side=True)
+            self._connections[secure] = host
+        try:
+            secure.handshake(deadline)
+        except BaseException:
+            self._forget(secure)
+            raise
         return secure
 
     def _forget(self, sock: socket.socket) -> None:

@@ -13,7 +13,9 @@ be encrypted (Linux's kernel TLS would avoid it, which Python 3.11's ``ssl`` doe
 
 from __future__ import annotations
 
+import math
 import os
+import select
 import socket
 import ssl
 import threading
@@ -21,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from shuffle_api.errors import AuthenticationError, ConfigError
+from shuffle_api.errors import AuthenticationError, ConfigError, TransportError
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
@@ -55,7 +57,8 @@ class TlsFiles:
         if not (self.cert_file and self.key_file):
             raise ConfigError("TLS needs a certificate file and its key file to serve")
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        # Both ends are pyshuffle's: no older version to speak, and no renegotiation.
+        context.minimum_version = ssl.TLSVersion.TLSv1_3
         try:
             context.load_cert_chain(self.cert_file, self.key_file)
         except (OSError, ssl.SSLError) as error:
@@ -70,7 +73,7 @@ class TlsFiles:
         if not self.ca_file:
             raise ConfigError("TLS needs the file of the authority that signed the servers")
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.minimum_version = ssl.TLSVersion.TLSv1_3
         context.check_hostname = self.check_hostname
         try:
             context.load_verify_locations(cafile=self.ca_file)
@@ -88,13 +91,16 @@ def buffered(sock: socket.socket) -> bool:
 
 
 class TlsSocket(socket.socket):
-    """A connected socket speaking TLS; made by :meth:`client` or :meth:`server`, which take
-    over a plain connected socket (it is closed after: this one owns the connection).
+    """A connected socket speaking TLS, made by :meth:`client`, or by :meth:`wrap` then
+    :meth:`handshake`; it takes over a plain connected socket (closed after: this one owns
+    the connection).
 
-    Its receives, sends and ``sendfile`` go through TLS; its timeout bounds each step on the
-    network, as a plain socket's does. ``shutdown`` and ``close`` act on the connection at
-    once, from any thread. The other plain-socket calls (``sendmsg``, ``recvmsg``...) would
-    bypass TLS, and are refused."""
+    Its receives, sends and ``sendfile`` go through TLS, each within the socket's timeout as a
+    whole (however many steps on the network it takes, as a plain ``sendall``'s). The
+    descriptor itself never blocks: each call waits for it with ``poll`` until its own
+    deadline, so a thread reading and one sending do not share a timeout.
+    ``shutdown`` and ``close`` act on the connection at once, from any thread. The other
+    plain-socket calls (``sendmsg``, ``recvmsg``...) would bypass TLS, and are refused."""
 
     def __init__(
         self,
@@ -103,9 +109,9 @@ class TlsSocket(socket.socket):
         incoming: ssl.MemoryBIO,
         outgoing: ssl.MemoryBIO,
     ) -> None:
-        timeout = plain.gettimeout()
+        self._timeout = plain.gettimeout()
         super().__init__(plain.family, plain.type, plain.proto, fileno=plain.detach())
-        self.settimeout(timeout)
+        super().settimeout(0.0)
         self._tls = tls
         self._incoming = incoming
         self._outgoing = outgoing
@@ -114,84 +120,123 @@ class TlsSocket(socket.socket):
         self._receiving = threading.Lock()
 
     @classmethod
-    def client(cls, plain: socket.socket, context: ssl.SSLContext, host: str) -> TlsSocket:
-        """The client's side of the handshake, within ``plain``'s timeout per step; raises
-        AuthenticationError if the server is not one ``context`` trusts for ``host``."""
-        return cls._handshake(plain, context, server_side=False, host=host, deadline=None)
-
-    @classmethod
-    def server(cls, plain: socket.socket, context: ssl.SSLContext, deadline: float) -> TlsSocket:
-        """The server's side of the handshake, done by ``deadline`` (``time.monotonic()``);
-        raises AuthenticationError if the client does not complete it by then."""
-        return cls._handshake(plain, context, server_side=True, host=None, deadline=deadline)
-
-    @classmethod
-    def _handshake(
-        cls,
-        plain: socket.socket,
-        context: ssl.SSLContext,
-        *,
-        server_side: bool,
-        host: str | None,
-        deadline: float | None,
+    def wrap(
+        cls, plain: socket.socket, context: ssl.SSLContext, *, server_side: bool, host: str = ""
     ) -> TlsSocket:
+        """``plain``, before the handshake; ``host``: the name a client checks the server's
+        certificate against."""
         incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-        tls = context.wrap_bio(incoming, outgoing, server_side=server_side, server_hostname=host)
-        sock = cls(plain, tls, incoming, outgoing)
-        peer = "the client" if server_side else f"the data port {host}"
+        tls = context.wrap_bio(
+            incoming, outgoing, server_side=server_side, server_hostname=host or None
+        )
+        return cls(plain, tls, incoming, outgoing)
+
+    @classmethod
+    def client(cls, plain: socket.socket, context: ssl.SSLContext, host: str) -> TlsSocket:
+        """``plain`` past the client's side of the handshake, within its timeout; raises
+        AuthenticationError if the server is not one ``context`` trusts for ``host``."""
+        sock = cls.wrap(plain, context, server_side=False, host=host)
+        timeout = sock.gettimeout()
+        sock.handshake(None if timeout is None else time.monotonic() + timeout)
+        return sock
+
+    def handshake(self, deadline: float | None) -> None:
+        """The TLS handshake, done by ``deadline`` (``time.monotonic()``); closes the socket
+        and raises AuthenticationError unless it completes: the peer does not speak TLS, or
+        (a client's) presents a certificate this side does not trust, or (a server's peer)
+        stops. A client whose server hangs up or does not answer in time gets a
+        TransportError: a busy or restarting port, to try again."""
+        server_side = self._tls.server_side
+        peer = "the client" if server_side else f"the data port {self._tls.server_hostname}"
         try:
             while True:
                 try:
-                    tls.do_handshake()
+                    self._tls.do_handshake()
                     break
                 except ssl.SSLWantReadError:
-                    sock._send_records()
-                    if deadline is not None:
-                        sock.settimeout(max(deadline - time.monotonic(), 1e-3))
-                    if not sock._receive_records():
-                        raise AuthenticationError(
-                            f"{peer} hung up during the TLS handshake"
-                        ) from None
-            sock._send_records()
+                    self._send_records(deadline)
+                    if not self._receive_records(deadline):
+                        raise EOFError from None
+            self._send_records(deadline)
         except ssl.SSLCertVerificationError as error:
-            sock.close()
+            self.close()
             raise AuthenticationError(
                 f"{peer} presented a certificate this side does not trust: {error.verify_message}"
             ) from None
         except ssl.SSLError as error:
-            sock.close()
+            self.close()
             raise AuthenticationError(
                 f"{peer} did not complete a TLS handshake (is TLS configured on both sides?):"
                 f" {error.reason or error}"
             ) from None
-        except TimeoutError:
-            sock.close()
-            if not server_side:
-                raise  # a busy server: the caller's to retry
-            raise AuthenticationError(
-                f"{peer} did not complete the TLS handshake in time"
-            ) from None
-        except (OSError, AuthenticationError):
-            sock.close()
+        except (EOFError, TimeoutError) as error:
+            self.close()
+            what = (
+                "hung up during the TLS handshake"
+                if isinstance(error, EOFError)
+                else "did not complete the TLS handshake in time"
+            )
+            if server_side:
+                raise AuthenticationError(f"{peer} {what}") from None
+            raise TransportError(f"{peer} {what} (busy or restarting?); try again") from None
+        except BaseException:
+            self.close()
             raise
-        return sock
 
     def pending(self) -> int:
         """Bytes received and not yet read (decrypted, or still records)."""
         with self._tls_lock:
             return self._tls.pending() + self._incoming.pending
 
-    def _send_records(self) -> None:
+    def settimeout(self, value: float | None) -> None:
+        """What each later call may take (None: no limit), as a plain socket's."""
+        self._timeout = value
+
+    def gettimeout(self) -> float | None:
+        return self._timeout
+
+    def setblocking(self, flag: bool) -> None:
+        self._timeout = None if flag else 0.0
+
+    def _deadline(self) -> float | None:
+        """When a call that starts now must end, by the socket's timeout."""
+        return None if self._timeout is None else time.monotonic() + self._timeout
+
+    def _wait_for(self, events: int, deadline: float | None) -> None:
+        """Until the descriptor is ready for ``events``; TimeoutError past ``deadline``."""
+        poller = select.poll()
+        poller.register(self, events)
+        while True:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise TimeoutError("timed out")
+            if poller.poll(None if remaining is None else math.ceil(remaining * 1000)):
+                return
+
+    def _send_plain(self, data: bytes, deadline: float | None) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[super().send(view) :]
+            except BlockingIOError:
+                self._wait_for(select.POLLOUT, deadline)
+
+    def _send_records(self, deadline: float | None) -> None:
         """Send what the TLS state machine wrote (the caller sends, or handshakes)."""
         with self._tls_lock:
             records = self._outgoing.read()
         if records:
-            super().sendall(records)
+            self._send_plain(records, deadline)
 
-    def _receive_records(self) -> bool:
-        """Feed the TLS state machine what the network has (waiting for it as the timeout
-        says); False at the end of the stream (told to the state machine too)."""
-        records = super().recv(_PIECE)
+    def _receive_records(self, deadline: float | None) -> bool:
+        """Feed the TLS state machine what the network has, waiting for it no later than
+        ``deadline``; False at the end of the stream (told to the state machine too)."""
+        while True:
+            try:
+                records = super().recv(_PIECE)
+                break
+            except BlockingIOError:
+                self._wait_for(select.POLLIN, deadline)
         with self._tls_lock:
             if not records:
                 self._incoming.write_eof()
@@ -205,13 +250,15 @@ class TlsSocket(socket.socket):
         if size == 0:
             return 0
         with self._receiving:
+            deadline = self._deadline()
             while True:
-                count = self._decrypt_into(view[:size])
+                count = self._decrypt_into(view[:size], deadline)
                 if count is not None:
                     return count
-                self._receive_records()  # at the end, the state machine reports it next
+                # At the end of the stream, the state machine reports it next.
+                self._receive_records(deadline)
 
-    def _decrypt_into(self, view: memoryview) -> int | None:
+    def _decrypt_into(self, view: memoryview, deadline: float | None) -> int | None:
         """Bytes decrypted into ``view`` from the records received (as many as fit, not one
         record a call: a record is 16 KiB); 0 at the end of the stream; None: none yet."""
         count = 0
@@ -230,7 +277,7 @@ class TlsSocket(socket.socket):
             # What reading made the state machine say (a key update's answer); a sender
             # holding the lock sends it with its own records instead.
             try:
-                self._send_records()
+                self._send_records(deadline)
             finally:
                 self._sending.release()
         return count if count or ended else None
@@ -242,11 +289,12 @@ class TlsSocket(socket.socket):
     def sendall(self, data: ReadableBuffer, flags: int = 0) -> None:
         view = memoryview(data).cast("B")
         with self._sending:
+            deadline = self._deadline()
             for start in range(0, len(view), _PIECE):
                 with self._tls_lock:
                     self._tls.write(view[start : start + _PIECE])
-                self._send_records()
-            self._send_records()  # what a receive made meanwhile
+                self._send_records(deadline)
+            self._send_records(deadline)  # what a receive made meanwhile
 
     def send(self, data: ReadableBuffer, flags: int = 0) -> int:
         self.sendall(data)

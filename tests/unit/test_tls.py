@@ -21,10 +21,12 @@ import trustme
 from shuffle_api import AuthenticationError, ConfigError
 from shuffle_api.connections import ConnectionPool
 from shuffle_api.sockets import (
+    CHALLENGE,
     AuthenticatedListener,
     open_connection,
     open_handshake,
     read_frame,
+    wait_readable,
     write_frame,
 )
 from shuffle_api.tls import TlsFiles, TlsSocket, buffered
@@ -50,7 +52,9 @@ def _tls_pair(
             plain, _ = listener.accept()
             plain.settimeout(10)
             try:
-                accepted.append(TlsSocket.server(plain, server, time.monotonic() + 10))
+                far = TlsSocket.wrap(plain, server, server_side=True)
+                far.handshake(time.monotonic() + 10)
+                accepted.append(far)
             except BaseException as error:
                 accepted.append(error)
 
@@ -83,31 +87,42 @@ def _receive(sock: socket.socket, size: int) -> bytes:
     return bytes(buffer)
 
 
-def test_bytes_cross_both_ways_at_once(files: TlsFiles) -> None:
-    size = 6 << 20
-    upstream, downstream = os.urandom(size), os.urandom(size)
+def test_bytes_cross_both_ways_at_once_from_several_senders(files: TlsFiles) -> None:
+    upstream = os.urandom(6 << 20)
+    message = 64 << 10
+    messages = 48  # per sender
     with _tls_pair(files.server_context(), files.client_context()) as (client, server):
         got: dict[str, bytes] = {}
 
-        def send_down() -> None:
-            # Two senders on one connection, as a data port's channels are.
-            for start in range(0, size, 1 << 20):
-                server.sendall(downstream[start : start + (1 << 20)])
+        def send_down(sender: int) -> None:
+            # Senders share the connection, as a data port's channels do; each message whole.
+            for sequence in range(messages):
+                server.sendall(bytes([sender, sequence]) * (message // 2))
 
         def read_down() -> None:
-            got["down"] = _receive(client, size)
+            got["down"] = _receive(client, 2 * messages * message)
 
         def read_up() -> None:
-            got["up"] = _receive(server, size)  # while the same socket sends
+            got["up"] = _receive(server, len(upstream))  # while the same socket sends
 
-        threads = [threading.Thread(target=run) for run in (send_down, read_down, read_up)]
+        threads = [
+            threading.Thread(target=send_down, args=(0,)),
+            threading.Thread(target=send_down, args=(1,)),
+            threading.Thread(target=read_down),
+            threading.Thread(target=read_up),
+        ]
         for thread in threads:
             thread.start()
         client.sendall(upstream)
         for thread in threads:
             thread.join()
     assert hashlib.sha256(got["up"]).digest() == hashlib.sha256(upstream).digest()
-    assert hashlib.sha256(got["down"]).digest() == hashlib.sha256(downstream).digest()
+    down = got["down"]
+    received = [down[start : start + message] for start in range(0, len(down), message)]
+    for sender in (0, 1):
+        # Every message intact, each sender's in its order.
+        own = [chunk for chunk in received if chunk[0] == sender]
+        assert own == [bytes([sender, sequence]) * (message // 2) for sequence in range(messages)]
 
 
 def test_sendfile_sends_the_range_and_the_peer_sees_the_end(
@@ -231,6 +246,61 @@ def test_a_plaintext_client_is_told_the_port_takes_tls_and_counted(files: TlsFil
             time.sleep(0.05)
     assert not served
     assert len(refused) == 2
+
+
+def test_a_peer_trickling_its_proof_inside_tls_is_cut_at_the_handshake_deadline(
+    files: TlsFiles,
+) -> None:
+    with _listening(files.server_context()) as (port, served, refused):
+        plain = socket.create_connection(("127.0.0.1", port), timeout=10)
+        with TlsSocket.client(plain, files.client_context(), "127.0.0.1") as sock:
+            frame = read_frame(sock, 1024)
+            assert frame is not None and frame[0] == CHALLENGE
+            started = time.monotonic()
+            sock.sendall(b"\x00\x00\x00\x40\x09")  # an AUTH frame of 64 bytes, one at a time
+            closed = False
+            for _ in range(30):
+                try:
+                    sock.sendall(b"a")
+                    closed = wait_readable(sock, 0.3) and sock.recv(1) == b""
+                except OSError:
+                    closed = True
+                if closed:
+                    break
+            elapsed = time.monotonic() - started
+    assert closed and elapsed < 2.5, elapsed  # the listener's handshake timeout is 1 s
+    assert refused and not served
+
+
+def test_a_busy_tls_port_is_a_connection_to_try_again_not_an_authentication_failure(
+    files: TlsFiles,
+) -> None:
+    def hold(sock: socket.socket, peer: str) -> None:
+        sock.recv(1)  # the connection, until a byte or the end
+
+    listener = AuthenticatedListener(
+        "127.0.0.1",
+        0,
+        secret=SECRET,
+        max_connections=1,
+        handshake_timeout=5.0,
+        serve=hold,
+        name="test port",
+        tls=files.server_context(),
+    )
+    port = listener.start()
+    try:
+        held = open_connection(
+            "127.0.0.1", port, secret=SECRET, timeout=5, tls=files.client_context()
+        )
+        with pytest.raises(OSError) as refusal:
+            open_connection("127.0.0.1", port, secret=SECRET, timeout=5, tls=files.client_context())
+        # ConnectionResetError, or TransportError: both are retried; an AuthenticationError
+        # would not be.
+        assert not isinstance(refusal.value, AuthenticationError)
+        held.close()
+    finally:
+        listener.stop()
 
 
 def test_a_tls_client_of_a_plaintext_port_is_refused(files: TlsFiles) -> None:

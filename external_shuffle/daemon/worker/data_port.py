@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import select
 import socket
 import ssl
 import threading
@@ -45,9 +44,9 @@ from shuffle_api.sockets import (
     AuthenticatedListener,
     frame_bytes,
     read_frame,
+    wait_readable,
     write_frame,
 )
-from shuffle_api.tls import buffered
 
 __all__ = ["DataPortLimits", "WorkerDataPort"]
 
@@ -155,7 +154,7 @@ class WorkerDataPort:
         if not first:
             idle_timeout = min(idle_timeout, SERVER_KEEP_ALIVE_SECONDS)
             deadline = time.monotonic() + idle_timeout
-            while not (buffered(sock) or select.select([sock], [], [], _DRAIN_POLL_SECONDS)[0]):
+            while not wait_readable(sock, _DRAIN_POLL_SECONDS):
                 if self._draining.is_set() or time.monotonic() >= deadline:
                     return None
         try:
