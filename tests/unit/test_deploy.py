@@ -431,17 +431,22 @@ def _port_in_use(port: int) -> bool:
         return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
-@pytest.fixture
-def local_cluster(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
-    """(run directory, environment) to run local-cluster.sh with the stand-in daemon; whatever
-    it started is stopped afterwards."""
-    # The previous test's daemons, killed in its teardown, may hold them a moment longer on a
-    # loaded machine.
-    deadline = time.monotonic() + 15
+def _busy_ports(seconds: float) -> list[int]:
+    """local-cluster.sh's ports still taken after up to ``seconds``: daemons killed a moment
+    ago may hold them a little longer on a loaded machine."""
+    deadline = time.monotonic() + seconds
     while (busy := [port for port in LOCAL_CLUSTER_PORTS if _port_in_use(port)]) and (
         time.monotonic() < deadline
     ):
         time.sleep(0.2)
+    return busy
+
+
+@pytest.fixture
+def local_cluster(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
+    """(run directory, environment) to run local-cluster.sh with the stand-in daemon; whatever
+    it started is stopped afterwards."""
+    busy = _busy_ports(15)  # the previous test's daemons, killed in its teardown
     assert not busy, f"local-cluster.sh's ports {busy} are taken by another process"
     script = tmp_path / "fake-pyshuffle.py"
     script.write_text(FAKE_DAEMON, encoding="utf-8")
@@ -565,7 +570,7 @@ def test_local_cluster_start_shows_the_log_of_a_daemon_that_died(
     assert "worker-0" in started.stderr
     assert "fake worker: cannot start (as asked)" in started.stderr
     assert _pids(run_dir) == {}, "a failed start leaves nothing running"
-    assert not _port_in_use(LOCAL_CLUSTER_PORTS[0])
+    assert not _busy_ports(5)
 
 
 def test_local_cluster_stop_kills_a_daemon_that_ignores_sigterm(
