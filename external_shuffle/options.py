@@ -18,6 +18,8 @@ from shuffle_api.config import (
 )
 
 __all__ = [
+    "APPLICATION_CREDENTIAL",
+    "APPLICATION_CREDENTIAL_LIFETIME",
     "APPLICATION_TIMEOUT",
     "AUTH_TOKEN",
     "AUTH_TOKEN_FILE",
@@ -322,6 +324,19 @@ APPLICATION_TIMEOUT = float_option(
     " producers but claimed by no job are deleted after the same time.",
     minimum=0.1,
 )
+APPLICATION_CREDENTIAL_LIFETIME = float_option(
+    "external-shuffle.coordinator.application-credential-lifetime",
+    7 * 86_400.0,
+    "Seconds an application's credential, issued when it registers, holds: set it above the"
+    " longest application's run (its calls are refused past it).",
+    minimum=60.0,
+)
+APPLICATION_CREDENTIAL = str_option(
+    "external-shuffle.client.application-credential",
+    "",
+    "The credential a coordinator issued to this application (its driver sets it for its"
+    " executors): used in place of the token, it reaches that application's partitions only.",
+)
 COORDINATOR_PORT = int_option(
     "external-shuffle.coordinator.port",
     0,
@@ -364,6 +379,7 @@ CLIENT_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
     CLIENT_RETRY_TIMEOUT,
     CLIENT_HEARTBEAT_INTERVAL,
     CLIENT_APPLICATION,
+    APPLICATION_CREDENTIAL,
 )
 DAEMON_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
     *_SHARED,
@@ -392,6 +408,7 @@ DAEMON_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
     WORKER_HEARTBEAT_INTERVAL,
     WORKER_TIMEOUT,
     APPLICATION_TIMEOUT,
+    APPLICATION_CREDENTIAL_LIFETIME,
     COORDINATOR_PORT,
     COORDINATOR_STATUS_PORT,
     PLACEMENT,

@@ -177,10 +177,12 @@ class ApplicationIdentity(_message.Message):
     def __init__(self, engine_id: _Optional[str] = ..., name: _Optional[str] = ..., user: _Optional[str] = ...) -> None: ...
 
 class RegisterApplicationResponse(_message.Message):
-    __slots__ = ("heartbeat_timeout_seconds",)
+    __slots__ = ("heartbeat_timeout_seconds", "credential")
     HEARTBEAT_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
     heartbeat_timeout_seconds: float
-    def __init__(self, heartbeat_timeout_seconds: _Optional[float] = ...) -> None: ...
+    credential: str
+    def __init__(self, heartbeat_timeout_seconds: _Optional[float] = ..., credential: _Optional[str] = ...) -> None: ...
 
 class ApplicationHeartbeatRequest(_message.Message):
     __slots__ = ("application_id",)

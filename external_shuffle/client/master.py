@@ -24,6 +24,7 @@ from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.client.coordinators import Coordinators
 from external_shuffle.client.descriptor import ExternalShuffleDescriptor
 from external_shuffle.options import (
+    APPLICATION_CREDENTIAL,
     CLIENT_APPLICATION,
     CLIENT_HEARTBEAT_INTERVAL,
     CLIENT_RETRY_TIMEOUT,
@@ -31,6 +32,7 @@ from external_shuffle.options import (
     coordinator_addresses,
 )
 from external_shuffle.wire.channels import ChannelPool, ClientSettings, translate_rpc_error
+from external_shuffle.wire.credentials import CLIENT_CREDENTIAL_PREFIX
 from external_shuffle.wire.errors import NotRegisteredError
 from external_shuffle.wire.messages import (
     WorkerAddress,
@@ -113,6 +115,9 @@ class ExternalShuffleMaster(ShuffleMaster):
         self._registrations = ThreadPoolExecutor(
             _REGISTRATION_THREADS, thread_name_prefix="pyshuffle-register"
         )
+        # The application's own credential, once a coordinator issued it to this driver
+        # holding a client's credential: every later call, and the executors', present it.
+        self._credential = ""
         self._closed = False
 
     def _check_open(self) -> None:
@@ -148,12 +153,16 @@ class ExternalShuffleMaster(ShuffleMaster):
         self._check_open()
         if self._heartbeats is not None:
             return
-        self._on_each(
-            "registering application " + self.application_id,
-            lambda stub: stub.RegisterApplication(
-                self._registration, timeout=self._settings.timeout
-            ),
-        )
+        issued: list[str] = []
+
+        def register(stub: pb_grpc.CoordinatorStub) -> None:
+            answer = stub.RegisterApplication(self._registration, timeout=self._settings.timeout)
+            issued.append(answer.credential)
+
+        self._on_each("registering application " + self.application_id, register)
+        if self._settings.token.startswith(CLIENT_CREDENTIAL_PREFIX) and any(issued):
+            self._credential = next(credential for credential in issued if credential)
+            self._channels.use_token(self._credential)
         self._heartbeats = threading.Thread(
             target=self._heartbeat_loop, name="pyshuffle-application-heartbeat", daemon=True
         )
@@ -422,6 +431,11 @@ class ExternalShuffleMaster(ShuffleMaster):
         """Producers place partitions on behalf of this application: the coordinator keeps
         them while it lives, not only for the application timeout until the driver claims
         them at the end of the map stage."""
+        if self._credential:
+            return {
+                CLIENT_APPLICATION.key: self.application_id,
+                APPLICATION_CREDENTIAL.key: self._credential,
+            }
         return {CLIENT_APPLICATION.key: self.application_id}
 
     def partitions_with_metrics(

@@ -13,7 +13,7 @@ import grpc
 
 from external_shuffle.ops.metrics import DaemonMetrics
 from external_shuffle.wire.errors import short, status_for, trailing_metadata
-from shuffle_api import ShuffleError
+from shuffle_api import AuthenticationError, ShuffleError
 
 __all__ = ["abort_call", "reports_errors"]
 
@@ -25,10 +25,17 @@ Handler = TypeVar("Handler", bound=Callable[..., Any])
 def abort_call(
     metrics: DaemonMetrics, context: grpc.ServicerContext, method: str, error: ShuffleError
 ) -> None:
+    """End the call with ``error``; a refused credential is counted in the authentication
+    failures and logged with the peer, any other error in the errors."""
     code = status_for(error)
     details = short(str(error))
-    metrics.errors.labels(method=method, code=code.name).inc()
-    logger.warning("%s failed: %s", method, details, extra={"method": method, "code": code.name})
+    extra = {"method": method, "code": code.name}
+    if isinstance(error, AuthenticationError):
+        metrics.auth_failures.labels(method=method).inc()
+        logger.warning("refused %s from %s: %s", method, context.peer(), details, extra=extra)
+    else:
+        metrics.errors.labels(method=method, code=code.name).inc()
+        logger.warning("%s failed: %s", method, details, extra=extra)
     context.set_trailing_metadata(tuple(trailing_metadata(error)))
     context.abort(code, details)
 

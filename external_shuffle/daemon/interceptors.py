@@ -12,9 +12,7 @@ import grpc
 
 from external_shuffle.daemon.error_statuses import abort_call
 from external_shuffle.ops.metrics import DaemonMetrics
-from external_shuffle.wire.auth import AUTHORIZATION
 from external_shuffle.wire.credentials import CredentialCheck
-from external_shuffle.wire.errors import status_for, trailing_metadata
 from external_shuffle.wire.version import wire_version_of
 from shuffle_api import AuthenticationError, SerializationError, UnsupportedFormatVersionError
 
@@ -55,17 +53,7 @@ class TokenInterceptor(grpc.ServerInterceptor):
 
     def _denied(self, method: str, error: AuthenticationError) -> Behavior:
         def deny(request: Any, context: grpc.ServicerContext) -> Any:
-            code = status_for(error)
-            self._metrics.auth_failures.labels(method=method).inc()
-            logger.warning(
-                "refused %s from %s: %s",
-                method,
-                context.peer(),
-                error,
-                extra={"method": method, "peer": context.peer(), "code": code.name},
-            )
-            context.set_trailing_metadata(tuple(trailing_metadata(error)))
-            context.abort(code, f"{method}: {error}")
+            abort_call(self._metrics, context, method, error)
 
         return deny
 
@@ -76,18 +64,10 @@ class TokenInterceptor(grpc.ServerInterceptor):
         handler = continuation(handler_call_details)
         if handler is None or method.startswith(_OPEN_SERVICES):
             return handler
-        presented = dict(handler_call_details.invocation_metadata).get(AUTHORIZATION)
         try:
-            if presented is None:
-                raise AuthenticationError(
-                    "no token: calls need metadata 'authorization: Bearer <token>'"
-                )
-            scheme, _, token = (
-                presented.encode() if isinstance(presented, str) else presented
-            ).partition(b" ")
-            if scheme != b"Bearer":
-                raise AuthenticationError("wrong token")
-            self._check.credential_of(token).check_may_call(method)
+            self._check.credential_of_call(handler_call_details.invocation_metadata).check_may_call(
+                method
+            )
         except AuthenticationError as error:  # PermissionDeniedError included
             return _refusing(handler, self._denied(method, error))
         return handler

@@ -40,6 +40,7 @@ from external_shuffle.ops.health import Readiness
 from external_shuffle.ops.metrics import COORDINATOR, WORKER, DaemonMetrics
 from external_shuffle.ops.status_page import StatusPage
 from external_shuffle.options import (
+    APPLICATION_CREDENTIAL_LIFETIME,
     APPLICATION_TIMEOUT,
     BIND_HOST,
     COORDINATOR_ADDRESS,
@@ -198,6 +199,8 @@ class Daemon(Readiness):
                 peers=self._peers,
                 metrics=self.metrics,
                 coordinators=coordinator_addresses(config),
+                credentials=self._credentials_check,
+                application_credential_lifetime=config.get(APPLICATION_CREDENTIAL_LIFETIME),
             )
             pb_grpc.add_CoordinatorServicer_to_server(self.coordinator, served.server)
             self.coordinator.start()
@@ -233,6 +236,7 @@ class Daemon(Readiness):
                 stream_limits=limits,
                 tier=Store(config.get(WORKER_TIER_URL)) if config.get(WORKER_TIER_URL) else None,
                 application_quota=config.get(WORKER_APPLICATION_QUOTA),
+                credentials=self._credentials_check,
             )
             served.server.add_generic_rpc_handlers((worker_rpc_handler(self.worker),))
             self._reaper = threading.Thread(

@@ -16,6 +16,7 @@ from typing import Final
 import grpc
 
 from external_shuffle.options import (
+    APPLICATION_CREDENTIAL,
     AUTH_TOKEN,
     AUTH_TOKEN_FILE,
     TLS_CA_FILE,
@@ -38,8 +39,12 @@ AUTHORIZATION: Final = "authorization"
 
 
 def load_token(configuration: Configuration) -> str:
-    """The shared secret: the token file's content, else the token option. Raises ConfigError
-    naming both keys when neither is set."""
+    """What a client presents: its application's credential (set by its driver), else the
+    token file's content, else the token option (the cluster's secret, or a credential). Raises
+    ConfigError naming the keys when none is set."""
+    issued = configuration.get(APPLICATION_CREDENTIAL).strip()
+    if issued:
+        return issued
     path = configuration.get(AUTH_TOKEN_FILE)
     if path:
         try:

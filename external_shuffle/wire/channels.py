@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -70,6 +71,10 @@ class _CallMetadata(
     """Adds the token (call credentials would demand TLS) and the wire version to every call."""
 
     def __init__(self, token: str) -> None:
+        self.use(token)
+
+    def use(self, token: str) -> None:
+        # One assignment: a call made meanwhile has the old metadata or the new, whole.
         self._metadata = (
             (AUTHORIZATION, f"Bearer {token}"),
             (WIRE_VERSION_HEADER, str(WIRE_VERSION)),
@@ -114,6 +119,7 @@ class ChannelPool:
 
     def __init__(self, settings: ClientSettings) -> None:
         self.settings = settings
+        self._call_metadata = _CallMetadata(settings.token)
         self._channels: dict[str, grpc.Channel] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -129,9 +135,14 @@ class ChannelPool:
                     raw = grpc.insecure_channel(target, options=options)
                 else:
                     raw = grpc.secure_channel(target, self.settings.credentials, options=options)
-                channel = grpc.intercept_channel(raw, _CallMetadata(self.settings.token))
+                channel = grpc.intercept_channel(raw, self._call_metadata)
                 self._channels[target] = channel
             return channel
+
+    def use_token(self, token: str) -> None:
+        """Present ``token`` on every later call (an application's credential, once issued)."""
+        self.settings = dataclasses.replace(self.settings, token=token)
+        self._call_metadata.use(token)
 
     def close(self) -> None:
         with self._lock:

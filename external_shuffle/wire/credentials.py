@@ -1,16 +1,20 @@
 """Who a presented token says its holder is, and what that holder may call.
 
-The cluster's secret (``external-shuffle.auth.token-file``) is held by the daemons, and, until
-applications get credentials of their own, by the clients: it may call anything. Operators get
-credentials derived from it, bound to a role, a name and an expiry, so that a daemon checks one
-without keeping any state:
+The cluster's secret (``external-shuffle.auth.token-file``) is held by the daemons (and by
+clients trusted with everything): it may call anything. Everyone else holds a credential
+derived from it, bound to a role, a name and an expiry, which a daemon checks without keeping
+any state:
 
     pyshuffle:<role>:<name>:<expires, unix seconds>:<HMAC-SHA256 of the rest, base64url>
 
 (keyed with HMAC-SHA256(secret, "pyshuffle operator credential v1")).
 
-``reader`` sees the status page and the ``admin`` listings; ``admin`` may also decommission
-workers. Neither may push, fetch or release a partition.
+An operator issues (``pyshuffle admin credential``): ``reader``, the status page and the
+``admin`` listings; ``admin``, also decommissioning; ``client``, for a team's drivers, which
+may only register applications. A coordinator issues, to the driver that registers an
+application, an ``application`` credential named by the application's id: it may make that
+application's calls (its jobs, placements, pushes, commits, fetches, releases) and touch no
+other application's partitions; its drivers give it to its executors in place of any other.
 """
 
 from __future__ import annotations
@@ -20,20 +24,24 @@ import enum
 import hashlib
 import hmac
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
+from external_shuffle.wire.auth import AUTHORIZATION
 from shuffle_api import AuthenticationError, InvalidIdentifierError, PermissionDeniedError
 from shuffle_api.ids import validate_id
 
 __all__ = [
+    "CLIENT_CREDENTIAL_PREFIX",
+    "CLUSTER_CREDENTIAL",
     "CREDENTIAL_PREFIX",
     "OPERATOR_ROLES",
     "Credential",
     "CredentialCheck",
     "Role",
+    "application_token",
     "grpc_method",
     "operator_token",
 ]
@@ -52,11 +60,17 @@ class Role(enum.Enum):
     CLUSTER = "cluster"  # the cluster's secret: everything
     ADMIN = "admin"  # the listings, the status page, decommissioning
     READER = "reader"  # the listings and the status page
+    CLIENT = "client"  # registering applications
+    APPLICATION = "application"  # one application's own calls (its id is the name)
 
     def may_call(self, method: str) -> bool:
         """Whether this role may call the gRPC ``method`` (``/package.Service/Method``)."""
         if self is Role.CLUSTER:
             return True
+        if self is Role.CLIENT:
+            return method == _REGISTER_APPLICATION
+        if self is Role.APPLICATION:
+            return method in _APPLICATION_METHODS
         return method in _READER_METHODS or (self is Role.ADMIN and method in _ADMIN_METHODS)
 
 
@@ -71,7 +85,36 @@ _READER_METHODS: Final = frozenset(
     {grpc_method("Coordinator", "ListWorkers"), grpc_method("Coordinator", "ListApplications")}
 )
 _ADMIN_METHODS: Final = frozenset({grpc_method("Worker", "Decommission")})
-OPERATOR_ROLES: Final = (Role.ADMIN, Role.READER)
+_REGISTER_APPLICATION: Final = grpc_method("Coordinator", "RegisterApplication")
+_APPLICATION_METHODS: Final = frozenset(
+    grpc_method(service, name)
+    for service, names in (
+        (
+            "Coordinator",
+            (
+                "RegisterApplication",
+                "ApplicationHeartbeat",
+                "UnregisterApplication",
+                "RegisterJob",
+                "UnregisterJob",
+                "RegisterPartition",
+                "ReleasePartitions",
+                "GetPartitionStatus",
+                "ReportUnreachableWorker",
+            ),
+        ),
+        (
+            "Worker",
+            ("PushData", "CommitPartition", "FetchData", "ReleasePartitions", "GetPartitionStatus"),
+        ),
+    )
+    for name in names
+)
+OPERATOR_ROLES: Final = (Role.ADMIN, Role.READER, Role.CLIENT)
+"""The roles ``pyshuffle admin credential`` issues."""
+_SIGNED_ROLES: Final = (*OPERATOR_ROLES, Role.APPLICATION)
+CLIENT_CREDENTIAL_PREFIX: Final = f"{CREDENTIAL_PREFIX}{Role.CLIENT.value}{_SEPARATOR}"
+"""How a client's credential starts: its driver takes its application's credential instead."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,10 +136,29 @@ class Credential:
     def check_may_call(self, method: str) -> None:
         """Raise PermissionDeniedError unless this credential may call ``method``."""
         if not self.role.may_call(method):
-            allowed = "an admin credential" if method in _ADMIN_METHODS else "the cluster's secret"
+            allowed = (
+                "an admin credential"
+                if method in _ADMIN_METHODS
+                else "an application's credential"
+                if method in _APPLICATION_METHODS
+                else "the cluster's secret"
+            )
             raise PermissionDeniedError(
                 f"{method.rsplit('/', 1)[-1]} is not for {self}: it needs {allowed}"
             )
+
+    def check_application(self, application_id: str, action: str) -> None:
+        """Raise PermissionDeniedError, naming both applications, unless this credential may
+        ``action`` (``"fetch partition P of"``, ``"act for"``) ``application_id``: the
+        cluster's secret
+        may for any, an application's credential for its own only (not for what no
+        application owns)."""
+        if self.role is Role.CLUSTER or (
+            self.role is Role.APPLICATION and self.name == application_id
+        ):
+            return
+        owner = f"application {application_id}" if application_id else "no application"
+        raise PermissionDeniedError(f"{self} may not {action} {owner}")
 
 
 def _signature(secret: str, payload: str) -> str:
@@ -106,14 +168,29 @@ def _signature(secret: str, payload: str) -> str:
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
-def operator_token(secret: str, role: Role, name: str, expires_at: int) -> str:
-    """A credential for an operator: ``role`` (admin or reader) under ``name`` until
-    ``expires_at`` (unix seconds), signed with the cluster's ``secret``."""
-    if role not in OPERATOR_ROLES:
-        raise InvalidIdentifierError(f"operators' roles are admin and reader, not {role.value}")
-    validate_id(name, "operator name")
+def _token(secret: str, role: Role, name: str, expires_at: int) -> str:
     payload = _SEPARATOR.join((_PREFIX, role.value, name, str(int(expires_at))))
     return f"{payload}{_SEPARATOR}{_signature(secret, payload)}"
+
+
+def operator_token(secret: str, role: Role, name: str, expires_at: int) -> str:
+    """A credential an operator issues: ``role`` (admin, reader or client) under ``name``
+    until ``expires_at`` (unix seconds), signed with the cluster's ``secret``."""
+    if role not in OPERATOR_ROLES:
+        roles = ", ".join(role.value for role in OPERATOR_ROLES)
+        raise InvalidIdentifierError(f"operators issue {roles} credentials, not {role.value}")
+    validate_id(name, "operator name")
+    return _token(secret, role, name, expires_at)
+
+
+def application_token(secret: str, application_id: str, expires_at: int) -> str:
+    """The credential a coordinator issues to the application ``application_id`` until
+    ``expires_at`` (unix seconds)."""
+    validate_id(application_id, "application id")
+    return _token(secret, Role.APPLICATION, application_id, expires_at)
+
+
+CLUSTER_CREDENTIAL: Final = Credential(Role.CLUSTER, "cluster", None)
 
 
 class CredentialCheck:
@@ -124,11 +201,30 @@ class CredentialCheck:
         self._secret_bytes = secret.encode()
         self._clock = clock
 
+    def application_token(self, application_id: str, lifetime: float) -> str:
+        """A credential for the application ``application_id``, for ``lifetime`` seconds."""
+        return application_token(self._secret, application_id, int(self._clock() + lifetime))
+
+    def credential_of_call(self, metadata: Iterable[tuple[str, str | bytes]]) -> Credential:
+        """The credential a call's metadata presents (``authorization: Bearer <token>``);
+        AuthenticationError if none, or none it proves."""
+        presented = dict(metadata).get(AUTHORIZATION)
+        if presented is None:
+            raise AuthenticationError(
+                "no token: calls need metadata 'authorization: Bearer <token>'"
+            )
+        scheme, _, token = (
+            presented.encode() if isinstance(presented, str) else presented
+        ).partition(b" ")
+        if scheme != b"Bearer":
+            raise AuthenticationError("wrong token")
+        return self.credential_of(token)
+
     def credential_of(self, presented: bytes) -> Credential:
         """The credential ``presented`` proves; AuthenticationError naming the problem if it
         proves none (wrong, forged, expired or malformed)."""
         if hmac.compare_digest(presented, self._secret_bytes):
-            return Credential(Role.CLUSTER, "cluster", None)
+            return CLUSTER_CREDENTIAL
         if len(presented) > _MAX_TOKEN or not presented.startswith(CREDENTIAL_PREFIX.encode()):
             raise AuthenticationError("wrong token")
         try:
@@ -137,7 +233,7 @@ class CredentialCheck:
             role, expires_at = Role(role_name), int(expires)
         except ValueError:  # not ASCII, too few or many fields, unknown role, no number
             raise AuthenticationError("wrong token") from None
-        if role not in OPERATOR_ROLES or not hmac.compare_digest(
+        if role not in _SIGNED_ROLES or not hmac.compare_digest(
             signature, _signature(self._secret, payload)
         ):
             raise AuthenticationError("wrong token")

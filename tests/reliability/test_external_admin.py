@@ -268,7 +268,7 @@ def test_operator_credentials_touch_no_data_and_expire(
                 )
             error = translate_rpc_error(caught.value, "GetPartitionStatus")
             assert type(error) is PermissionDeniedError, error
-            assert "needs the cluster's secret" in str(error)
+            assert "needs an application's credential" in str(error)
     finally:
         channel.close()
     expired = operator_token(secret, Role.ADMIN, "former", int(time.time()) - 1)

@@ -1,6 +1,6 @@
-"""Operators' credentials: signed with the cluster's secret, bound to a role, a name and an
-expiry; refused when forged, signed with another secret, expired or malformed; each role may
-call only its methods."""
+"""Credentials: signed with the cluster's secret, bound to a role, a name and an expiry;
+refused when forged, signed with another secret, expired or malformed; each role may call only
+its methods, and an application's only for its own application."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import hmac
 import pytest
 
 from external_shuffle.wire.credentials import (
+    CLUSTER_CREDENTIAL,
     Credential,
     CredentialCheck,
     Role,
@@ -25,6 +26,8 @@ LIST_APPLICATIONS = "/pyshuffle.v1.external_shuffle.Coordinator/ListApplications
 DECOMMISSION = "/pyshuffle.v1.external_shuffle.Worker/Decommission"
 FETCH = "/pyshuffle.v1.external_shuffle.Worker/FetchData"
 REGISTER_WORKER = "/pyshuffle.v1.external_shuffle.Coordinator/RegisterWorker"
+REGISTER_APPLICATION = "/pyshuffle.v1.external_shuffle.Coordinator/RegisterApplication"
+PUSH = "/pyshuffle.v1.external_shuffle.Worker/PushData"
 
 
 @pytest.fixture
@@ -66,9 +69,10 @@ def test_a_reader_lists_an_admin_also_decommissions_neither_touches_data(
     for credential in (reader, admin):
         credential.check_may_call(LIST_WORKERS)
         credential.check_may_call(LIST_APPLICATIONS)
-        for method in (FETCH, REGISTER_WORKER):
-            with pytest.raises(PermissionDeniedError, match="needs the cluster's secret"):
-                credential.check_may_call(method)
+        with pytest.raises(PermissionDeniedError, match="needs an application's credential"):
+            credential.check_may_call(FETCH)
+        with pytest.raises(PermissionDeniedError, match="needs the cluster's secret"):
+            credential.check_may_call(REGISTER_WORKER)
     admin.check_may_call(DECOMMISSION)
     with pytest.raises(PermissionDeniedError, match=r"reader 'r'.*needs an admin credential"):
         reader.check_may_call(DECOMMISSION)
@@ -98,7 +102,7 @@ def test_forged_foreign_and_malformed_tokens_are_refused_alike(check: Credential
 
 
 def test_no_credential_of_the_cluster_role_nor_for_a_bad_name_is_issued() -> None:
-    with pytest.raises(InvalidIdentifierError, match="admin and reader"):
+    with pytest.raises(InvalidIdentifierError, match="admin, reader, client"):
         operator_token(SECRET, Role.CLUSTER, "alice", int(NOW))
     with pytest.raises(InvalidIdentifierError):
         operator_token(SECRET, Role.READER, "a:b", int(NOW))
@@ -114,3 +118,35 @@ def test_no_credential_of_the_cluster_role_nor_for_a_bad_name_is_issued() -> Non
 def _signed(key: bytes, payload: str) -> str:
     digest = hmac.new(key, payload.encode(), hashlib.sha256).digest()
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def test_a_client_only_registers_and_an_application_acts_for_itself_only(
+    check: CredentialCheck,
+) -> None:
+    client = check.credential_of(
+        operator_token(SECRET, Role.CLIENT, "team-a", int(NOW) + 60).encode()
+    )
+    client.check_may_call(REGISTER_APPLICATION)
+    for method in (FETCH, PUSH, LIST_WORKERS, DECOMMISSION):
+        with pytest.raises(PermissionDeniedError, match="client 'team-a'"):
+            client.check_may_call(method)
+    issued = check.application_token("app-a", 60)
+    assert issued.startswith("pyshuffle:application:app-a:")
+    application = check.credential_of(issued.encode())
+    assert application == Credential(Role.APPLICATION, "app-a", int(NOW) + 60)
+    for method in (REGISTER_APPLICATION, FETCH, PUSH):
+        application.check_may_call(method)
+    for method in (LIST_WORKERS, DECOMMISSION, REGISTER_WORKER):
+        with pytest.raises(PermissionDeniedError, match="application 'app-a'"):
+            application.check_may_call(method)
+    application.check_application("app-a", "fetch partition p of")
+    for other in ("app-b", ""):
+        with pytest.raises(
+            PermissionDeniedError,
+            match=rf"application 'app-a' may not fetch partition p of (application {other}|no)",
+        ):
+            application.check_application(other, "fetch partition p of")
+    CLUSTER_CREDENTIAL.check_application("app-b", "fetch partition p of")
+    # An application's credential is the coordinator's to issue, not an operator's.
+    with pytest.raises(InvalidIdentifierError):
+        operator_token(SECRET, Role.APPLICATION, "app-a", int(NOW) + 60)

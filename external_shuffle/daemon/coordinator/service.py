@@ -20,6 +20,7 @@ from external_shuffle.daemon.error_statuses import reports_errors
 from external_shuffle.ops.cluster_view import ApplicationRow, ClusterView, WorkerRow
 from external_shuffle.ops.metrics import DaemonMetrics
 from external_shuffle.wire.channels import ChannelPool
+from external_shuffle.wire.credentials import CLUSTER_CREDENTIAL, Credential, CredentialCheck, Role
 from external_shuffle.wire.messages import (
     Commit,
     WorkerAddress,
@@ -59,10 +60,16 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         peers: ChannelPool,
         metrics: DaemonMetrics,
         coordinators: tuple[str, ...] = (),
+        credentials: CredentialCheck | None = None,
+        application_credential_lifetime: float = 7 * 86_400.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``coordinators``: the addresses of all coordinators (this one may be among them),
-        asked before an application expires here."""
+        asked before an application expires here. ``credentials``: tells who calls, and issues
+        applications' credentials (None: every caller holds the cluster's secret, and none is
+        issued)."""
+        self._credentials = credentials
+        self._credential_lifetime = application_credential_lifetime
         self.state = CoordinatorState(
             placement=placement,
             worker_timeout=worker_timeout,
@@ -198,13 +205,46 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     # --- applications and jobs ----------------------------------------------------------------
 
+    def _caller(self, context: grpc.ServicerContext) -> Credential:
+        if self._credentials is None:
+            return CLUSTER_CREDENTIAL
+        return self._credentials.credential_of_call(context.invocation_metadata())
+
+    def _check_acts_for(self, context: grpc.ServicerContext, application_id: str) -> Credential:
+        """The caller, if it may act for ``application_id`` (PermissionDeniedError if not)."""
+        caller = self._caller(context)
+        caller.check_application(application_id, "act for")
+        return caller
+
+    def _check_owns(
+        self,
+        caller: Credential,
+        partitions: list[ResultPartitionID],
+        action: str,
+    ) -> None:
+        """PermissionDeniedError unless ``caller`` may ``action`` each of ``partitions`` (those
+        no application claimed yet too: an application's credential claims them)."""
+        for partition, owner in self.state.owners(partitions).items():
+            if owner:
+                caller.check_application(owner, f"{action} partition {partition} of")
+
     @reports_errors
     def RegisterApplication(  # noqa: N802
         self, request: pb.RegisterApplicationRequest, context: grpc.ServicerContext
     ) -> pb.RegisterApplicationResponse:
+        caller = self._caller(context)
+        if caller.role is not Role.CLIENT:  # a client starts any application of its own
+            caller.check_application(request.application_id, "register")
         self.state.register_application(request.application_id, identity_from_pb(request.identity))
         return pb.RegisterApplicationResponse(
-            heartbeat_timeout_seconds=self.state.application_timeout
+            heartbeat_timeout_seconds=self.state.application_timeout,
+            credential=(
+                ""
+                if self._credentials is None
+                else self._credentials.application_token(
+                    request.application_id, self._credential_lifetime
+                )
+            ),
         )
 
     def view(self) -> ClusterView:
@@ -246,6 +286,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
     def ApplicationHeartbeat(  # noqa: N802
         self, request: pb.ApplicationHeartbeatRequest, context: grpc.ServicerContext
     ) -> pb.ApplicationHeartbeatResponse:
+        self._check_acts_for(context, request.application_id)
         lost = self.state.application_heartbeat(request.application_id)
         if lost is None:
             return pb.ApplicationHeartbeatResponse(known=False)
@@ -258,6 +299,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
     def UnregisterApplication(  # noqa: N802
         self, request: pb.UnregisterApplicationRequest, context: grpc.ServicerContext
     ) -> pb.UnregisterApplicationResponse:
+        self._check_acts_for(context, request.application_id)
         released = self._delete(self.state.unregister_application(request.application_id))
         return pb.UnregisterApplicationResponse(released_partitions=released)
 
@@ -265,6 +307,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
     def RegisterJob(  # noqa: N802
         self, request: pb.RegisterJobRequest, context: grpc.ServicerContext
     ) -> pb.RegisterJobResponse:
+        self._check_acts_for(context, request.application_id)
         self.state.register_job(request.application_id, request.job_id)
         return pb.RegisterJobResponse()
 
@@ -272,6 +315,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
     def UnregisterJob(  # noqa: N802
         self, request: pb.UnregisterJobRequest, context: grpc.ServicerContext
     ) -> pb.UnregisterJobResponse:
+        self._check_acts_for(context, request.application_id)
         releases = self.state.unregister_job(
             request.application_id, request.job_id, request.keep_persistent
         )
@@ -283,22 +327,32 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
     def RegisterPartition(  # noqa: N802
         self, request: pb.RegisterPartitionRequest, context: grpc.ServicerContext
     ) -> pb.RegisterPartitionResponse:
-        placement = self.state.register_partition(request, partition_of(request.partition))
+        caller = self._caller(context)
+        partition = partition_of(request.partition)
+        if caller.role is Role.APPLICATION:
+            # A producer's placement is its application's, whether its request says so or not.
+            if not request.application_id:
+                request.application_id = caller.name
+            caller.check_application(request.application_id, "act for")
+            self._check_owns(caller, [partition], "place")
+        placement = self.state.register_partition(request, partition)
         return pb.RegisterPartitionResponse(location=_location(placement))
 
     @reports_errors
     def ReleasePartitions(  # noqa: N802
         self, request: pb.ReleasePartitionsRequest, context: grpc.ServicerContext
     ) -> pb.ReleasePartitionsResponse:
-        releases = self.state.release_partitions(
-            request.application_id, [partition_of(key) for key in request.partitions]
-        )
+        caller = self._check_acts_for(context, request.application_id)
+        partitions = [partition_of(key) for key in request.partitions]
+        self._check_owns(caller, partitions, "release")
+        releases = self.state.release_partitions(request.application_id, partitions)
         return pb.ReleasePartitionsResponse(released=self._delete(releases))
 
     @reports_errors
     def GetPartitionStatus(  # noqa: N802
         self, request: pb.GetPartitionStatusRequest, context: grpc.ServicerContext
     ) -> pb.GetPartitionStatusResponse:
+        self._check_acts_for(context, request.application_id)
         placements, askable = self.state.job_partitions(request.application_id, request.job_id)
         statistics = self._committed_statistics(
             placements, askable, without_statistics=request.without_statistics

@@ -442,6 +442,16 @@ class CoordinatorState:
                 entry.persistent = request.persistent
             return self._placement_of(entry)
 
+    def owners(self, partitions: Sequence[ResultPartitionID]) -> dict[ResultPartitionID, str]:
+        """The application each of these partitions is tracked for ("": none), of those
+        tracked here."""
+        with self._lock:
+            return {
+                partition: entry.application_id
+                for partition in partitions
+                if (entry := self._partitions.get(partition)) is not None
+            }
+
     def release_partitions(
         self, application_id: str, partitions: Sequence[ResultPartitionID]
     ) -> Releases:

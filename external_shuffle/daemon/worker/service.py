@@ -20,10 +20,12 @@ from external_shuffle.daemon.streams import OpenStreams, StreamLimits
 from external_shuffle.daemon.worker.state import Upload, WorkerState
 from external_shuffle.ops.metrics import DaemonMetrics
 from external_shuffle.options import MIN_CHUNK_SIZE
+from external_shuffle.wire.credentials import CLUSTER_CREDENTIAL, Credential, CredentialCheck, Role
 from external_shuffle.wire.framing import PushChunk, fetch_prefix
 from external_shuffle.wire.messages import WorkerAddress, key_of, partition_of, statistics_to_pb
 from shuffle_api import (
     InvalidIdentifierError,
+    ResultPartitionID,
     SerializationError,
     SubpartitionRange,
 )
@@ -76,8 +78,10 @@ class WorkerService(pb_grpc.WorkerServicer):
         stream_limits: StreamLimits,
         tier: Store | None = None,
         application_quota: int = 0,
+        credentials: CredentialCheck | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._credentials = credentials
         self.state = WorkerState(
             store,
             memory_budget=memory_budget,
@@ -149,7 +153,14 @@ class WorkerService(pb_grpc.WorkerServicer):
                 message = chunk.header
                 if first is None:
                     first = message.partition
-                    upload = self.state.begin_push(partition_of(first), message.application_id)
+                    partition = partition_of(first)
+                    caller = self._caller(context)
+                    application = message.application_id
+                    if caller.role is Role.APPLICATION:
+                        application = application or caller.name
+                        caller.check_application(application, "push for")
+                        self._check_owns(caller, partition, "push into")
+                    upload = self.state.begin_push(partition, application)
                 elif message.partition != first:
                     raise InvalidIdentifierError(
                         "one push stream carries one partition; got"
@@ -175,21 +186,41 @@ class WorkerService(pb_grpc.WorkerServicer):
     def CommitPartition(  # noqa: N802
         self, request: pb.CommitPartitionRequest, context: grpc.ServicerContext
     ) -> pb.CommitPartitionResponse:
-        self.state.commit(
-            partition_of(request.partition),
-            request.application_id,
-            request.index,
-            request.manifest,
-        )
+        partition = partition_of(request.partition)
+        caller = self._caller(context)
+        application = request.application_id
+        if caller.role is Role.APPLICATION:
+            application = application or caller.name
+            caller.check_application(application, "commit for")
+            self._check_owns(caller, partition, "commit")
+        self.state.commit(partition, application, request.index, request.manifest)
         return pb.CommitPartitionResponse()
+
+    def _caller(self, context: grpc.ServicerContext) -> Credential:
+        if self._credentials is None:
+            return CLUSTER_CREDENTIAL
+        return self._credentials.credential_of_call(context.invocation_metadata())
+
+    def _check_owns(self, caller: Credential, partition: ResultPartitionID, action: str) -> None:
+        """PermissionDeniedError unless ``caller`` may ``action`` ``partition``, if it is here
+        (an application's credential: its own application's only)."""
+        owner = self.state.owner(partition)
+        if owner is not None:
+            caller.check_application(owner, f"{action} partition {partition} of")
 
     @contextlib.contextmanager
     def open_fetch(
-        self, request: pb.FetchDataRequest, peer: str, cancel: Callable[[], object]
+        self,
+        request: pb.FetchDataRequest,
+        peer: str,
+        cancel: Callable[[], object],
+        caller: Credential = CLUSTER_CREDENTIAL,
     ) -> Iterator[Fetch]:
         """Admit a fetch of ``peer`` (a stream: ``cancel`` ends it when idle) and open the
-        partition it names; the fetch counts as open until the block ends."""
+        partition it names, if ``caller`` may read it; the fetch counts as open until the
+        block ends."""
         partition = partition_of(request.partition)
+        self._check_owns(caller, partition, "fetch")
         if request.last_subpartition < request.first_subpartition:
             raise InvalidIdentifierError(
                 f"subpartitions {request.first_subpartition}..{request.last_subpartition}"
@@ -216,7 +247,8 @@ class WorkerService(pb_grpc.WorkerServicer):
         self, request: pb.FetchDataRequest, context: grpc.ServicerContext
     ) -> Iterator[bytes]:
         """The manifest, then each run in chunks framed by hand (see ``framing``)."""
-        with self.open_fetch(request, context.peer(), context.cancel) as fetch:
+        caller = self._caller(context)
+        with self.open_fetch(request, context.peer(), context.cancel, caller) as fetch:
             reader = fetch.reader
             chunk_size = self._fetch_chunk_size(request.max_chunk_bytes)
             yield pb.FetchDataResponse(manifest=reader.manifest_bytes).SerializeToString()
@@ -242,6 +274,9 @@ class WorkerService(pb_grpc.WorkerServicer):
         self, request: pb.WorkerReleasePartitionsRequest, context: grpc.ServicerContext
     ) -> pb.WorkerReleasePartitionsResponse:
         partitions = [partition_of(key) for key in request.partitions]
+        caller = self._caller(context)
+        for partition in partitions:
+            self._check_owns(caller, partition, "release")
         return pb.WorkerReleasePartitionsResponse(released=self.state.release(partitions))
 
     @reports_errors
@@ -249,8 +284,10 @@ class WorkerService(pb_grpc.WorkerServicer):
         self, request: pb.WorkerPartitionStatusRequest, context: grpc.ServicerContext
     ) -> pb.WorkerPartitionStatusResponse:
         entries = []
+        caller = self._caller(context)
         for key in request.partitions:
             partition = partition_of(key)
+            self._check_owns(caller, partition, "look at")
             committed = self.state.committed(partition)
             entries.append(
                 pb.WorkerPartitionStatusResponse.Entry(

@@ -40,6 +40,7 @@ from shuffle_api import (
     InvalidIdentifierError,
     PartitionNotFoundError,
     PartitionStatistics,
+    PermissionDeniedError,
     QuotaExceededError,
     ResultPartitionID,
     ShuffleError,
@@ -347,6 +348,16 @@ class WorkerState:
                 application_bytes=self._held,
             )
 
+    def owner(self, partition: ResultPartitionID) -> str | None:
+        """The application ``partition`` is pushed or committed for ("": none named), or None
+        when it is not here."""
+        with self._lock:
+            upload = self._uploads.get(partition)
+            if upload is not None:
+                return upload.application_id
+            committed = self._committed.get(partition)
+            return None if committed is None else committed.application_id
+
     def committed(self, partition: ResultPartitionID) -> CommittedPartition | None:
         """The partition if it is committed here, else None; one deleted behind the worker's
         back (disk wiped, operator) is forgotten: it is lost. Its statistics stay compressed
@@ -497,6 +508,11 @@ class WorkerState:
                 raise PartitionNotFoundError(
                     f"commit of {partition}: no data of it is here (never pushed, or released)",
                     partition,
+                )
+            if upload is not None and upload.application_id not in ("", application_id):
+                raise PermissionDeniedError(
+                    f"commit of {partition} for application {application_id}: it was pushed"
+                    f" for application {upload.application_id}"
                 )
             check_commit(parsed, index, 0 if upload is None else upload.size, partition)
             sink = StoreSink(self.store, partition) if upload is None else upload.sink

@@ -1,0 +1,218 @@
+"""Applications kept apart on real daemons. Drivers hold a client's credential, which only
+registers applications; each registration gets the application a credential of its own, which
+its driver and executors present. With it an application shuffles as before, and touches no
+other application's partition: application B cannot fetch, push into, commit or release
+application A's partitions, on the worker or through the coordinator; each refusal is a
+PermissionDeniedError naming both, counted and logged. An expired application credential is
+refused."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import grpc
+import pytest
+
+from external_shuffle._proto import external_shuffle_pb2 as pb
+from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
+from external_shuffle.client.master import ExternalShuffleMaster
+from external_shuffle.local_cluster import LocalCluster
+from external_shuffle.options import APPLICATION_CREDENTIAL
+from external_shuffle.wire.channels import translate_rpc_error
+from external_shuffle.wire.credentials import Role, application_token, operator_token
+from external_shuffle.wire.messages import key_of
+from shuffle_api import (
+    AuthenticationError,
+    Configuration,
+    PermissionDeniedError,
+    ShuffleDescriptor,
+    ShuffleEnvironmentContext,
+    ShuffleError,
+    SubpartitionRange,
+    load_shuffle_service_factory,
+)
+from shuffle_api.testing import ConformanceHarness, ShuffleScenario, make_batches
+from tests.reliability.external_cluster import scrape
+from tests.reliability.raw_worker import build_partition, push_requests
+
+ROWS = 3_000
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster(tmp_path_factory.mktemp("tenants"), workers=1, metrics=True) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def team_config(cluster: LocalCluster) -> Configuration:
+    """A team's drivers' configuration: a client's credential, not the cluster's secret."""
+    secret = cluster.token_file.read_text().strip()
+    credential_file = cluster.directory / "team-client-credential"
+    credential_file.write_text(
+        operator_token(secret, Role.CLIENT, "team", int(time.time()) + 3_600)
+    )
+    return Configuration.load(
+        cluster.client_config(
+            **{
+                "external-shuffle.auth.token-file": str(credential_file),
+                "external-shuffle.client.read-from-store": False,
+            }
+        ),
+        environ={},
+    )
+
+
+@contextmanager
+def _application(config: Configuration) -> Iterator[ShuffleScenario]:
+    """An application whose producer and consumer are configured as its driver configures
+    its executors (with the application's credential)."""
+    with ShuffleScenario.open(ConformanceHarness(config)) as scenario:
+        master = scenario.master
+        assert isinstance(master, ExternalShuffleMaster)
+        executors = config.with_values(master.environment_configuration())
+        assert executors.get(APPLICATION_CREDENTIAL).startswith(
+            f"pyshuffle:application:{master.application_id}:"
+        )
+        factory = load_shuffle_service_factory(executors)
+        producer, consumer = (
+            factory.create_shuffle_environment(
+                ShuffleEnvironmentContext(executors, host="127.0.0.1", secret=scenario.secret)
+            )
+            for _ in range(2)
+        )
+        with producer, consumer:
+            yield dataclasses.replace(scenario, producer=producer, consumer=consumer)
+
+
+def _credential(scenario: ShuffleScenario) -> list[tuple[str, str]]:
+    master = scenario.master
+    assert isinstance(master, ExternalShuffleMaster)
+    token = master.environment_configuration()[APPLICATION_CREDENTIAL.key]
+    return [("authorization", f"Bearer {token}")]
+
+
+def _refusal(call: Callable[[], object], what: str) -> ShuffleError:
+    with pytest.raises(grpc.RpcError) as caught:
+        call()
+    return translate_rpc_error(caught.value, what)
+
+
+def _rows(scenario: ShuffleScenario, descriptors: list[ShuffleDescriptor]) -> list[int]:
+    table = scenario.read(scenario.consumer, descriptors, SubpartitionRange(0, 1))
+    return sorted(table.column("row").to_pylist())
+
+
+def test_an_application_reaches_its_own_partitions_and_no_other(
+    cluster: LocalCluster, team_config: Configuration
+) -> None:
+    before = scrape(cluster, "worker-0")
+    with _application(team_config) as first, _application(team_config) as second:
+        descriptors, _ = first.produce(
+            make_batches(ROWS, batch_rows=500), partitions=2, subpartitions=2
+        )
+        assert _rows(first, descriptors) == list(range(ROWS))
+        first_id = first.master.application_id  # type: ignore[attr-defined]
+        second_id = second.master.application_id  # type: ignore[attr-defined]
+        mine = descriptors[0].result_partition_id
+        both = rf"application '{second_id}' may not .* of application {first_id}"
+
+        # Through the client, as B's reducers would read it.
+        with pytest.raises(PermissionDeniedError, match=both):
+            _rows(dataclasses.replace(second, result_id=first.result_id), descriptors)
+
+        # Raw calls with B's credential.
+        intruder = _credential(second)
+        with grpc.insecure_channel(cluster.worker_target(0)) as channel:
+            worker = pb_grpc.WorkerStub(channel)
+            built = build_partition(partition=mine)
+            chunks = built.chunks()
+            refusals = [
+                _refusal(
+                    lambda: worker.PushData(
+                        push_requests(key_of(mine), chunks, range(len(chunks))),
+                        metadata=intruder,
+                        timeout=30,
+                    ),
+                    "PushData",
+                ),
+                _refusal(
+                    lambda: worker.CommitPartition(
+                        pb.CommitPartitionRequest(
+                            partition=key_of(mine),
+                            index=built.index,
+                            manifest=built.manifest,
+                            application_id=second_id,
+                        ),
+                        metadata=intruder,
+                        timeout=30,
+                    ),
+                    "CommitPartition",
+                ),
+                _refusal(
+                    lambda: worker.ReleasePartitions(
+                        pb.WorkerReleasePartitionsRequest(partitions=[key_of(mine)]),
+                        metadata=intruder,
+                        timeout=30,
+                    ),
+                    "ReleasePartitions",
+                ),
+            ]
+        with grpc.insecure_channel(cluster.coordinator_address) as channel:
+            coordinator = pb_grpc.CoordinatorStub(channel)
+
+            def release(claimed: str) -> object:
+                return coordinator.ReleasePartitions(
+                    pb.ReleasePartitionsRequest(application_id=claimed, partitions=[key_of(mine)]),
+                    metadata=intruder,
+                    timeout=30,
+                )
+
+            # As itself, or claiming to be A.
+            for claimed in (second_id, first_id):
+                refusals.append(_refusal(functools.partial(release, claimed), "ReleasePartitions"))
+        for refusal in refusals:
+            assert type(refusal) is PermissionDeniedError, refusal
+            assert second_id in str(refusal) and first_id in str(refusal), refusal
+        # Nothing of A's changed: every row is still there for A.
+        assert _rows(first, descriptors) == list(range(ROWS))
+    after = scrape(cluster, "worker-0")
+    for method in ("FetchData", "PushData", "CommitPartition", "ReleasePartitions"):
+        label = f'pyshuffle_auth_failures_total{{method="{method}"}}'
+        assert after.get(label, 0) > before.get(label, 0), method
+    log = (cluster.directory / "worker-0.log").read_text(errors="replace")
+    refused = [line for line in log.splitlines() if "refused FetchData" in line]
+    assert refused and all(first_id in line and second_id in line for line in refused)
+
+
+def test_a_client_credential_only_registers_and_an_expired_application_is_refused(
+    cluster: LocalCluster,
+) -> None:
+    secret = cluster.token_file.read_text().strip()
+    expired = application_token(secret, "app-gone", int(time.time()) - 1)
+    client_token = operator_token(secret, Role.CLIENT, "team", int(time.time()) + 60)
+    built = build_partition()
+    chunks = built.chunks()
+    with grpc.insecure_channel(cluster.worker_target(0)) as channel:
+        worker = pb_grpc.WorkerStub(channel)
+
+        def push(token: str) -> ShuffleError:
+            return _refusal(
+                lambda: worker.PushData(
+                    push_requests(built.key, chunks, range(len(chunks))),
+                    metadata=[("authorization", f"Bearer {token}")],
+                    timeout=30,
+                ),
+                "PushData",
+            )
+
+        denied = push(client_token)
+        assert type(denied) is PermissionDeniedError
+        assert "needs an application's credential" in str(denied)
+        gone = push(expired)
+        assert type(gone) is AuthenticationError
+        assert "application credential of 'app-gone' expired" in str(gone)
