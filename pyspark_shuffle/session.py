@@ -78,7 +78,6 @@ class SparkShuffle:
             secret=master_context.secret,
         )
         self._master = self._config.factory.create_shuffle_master(master_context)
-        self._config.from_master = self._master.environment_configuration()
         descriptors = DescriptorCache(
             blob_store=BlobStore(blob_store_url(started_with)),
             offload_threshold=started_with.get(DESCRIPTOR_OFFLOAD_THRESHOLD),
@@ -87,6 +86,9 @@ class SparkShuffle:
         spark_outputs = None if link.connect else SparkShuffleOutputs(spark)
         driver = Driver(spark, link, master_context.secret, descriptors, spark_outputs is not None)
         self._master.start()
+        # Once started: what the master tells its executors may come from registering (an
+        # application's credential).
+        self._config.from_master = self._master.environment_configuration()
         self._job = RecordingJobContext(f"spark-{new_id()[:16]}")
         self._master.register_job(self._job)
         self._registry: ResultRegistry[Result, ParquetSource] = ResultRegistry(

@@ -115,8 +115,9 @@ class ShuffleMaster(abc.ABC):
 
     def environment_configuration(self) -> Mapping[str, str]:
         """Settings of this master's that the engine adds to the configuration of its tasks'
-        shuffle environments (none by default): what the environments must know of the
-        running master, such as the application their partitions belong to."""
+        shuffle environments (none by default), asked once it has started: what the
+        environments must know of the running master, such as the application their
+        partitions belong to and its credential."""
         return {}
 
     def __enter__(self) -> Self:

@@ -1,7 +1,8 @@
 """A worker daemon killed (SIGKILL) in the middle of a PySpark job on the external service: the
 job still returns Spark's result (the replica is read by default; with one replica the
 producers rerun), and once the job is released and the dead worker is back, no partition file
-is left on any store."""
+is left on any store. The coordinator lists the Spark application; a driver holding a team's
+client credential shuffles with its application's own."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle.local_cluster import LocalCluster
+from external_shuffle.wire.credentials import Role, operator_token
 from pyspark_shuffle import SparkShuffle
 from shuffle_api.format.manifest import MANIFEST_FILE
 from tests.integration.pausing import WAIT, paused, pausing, wait_for
@@ -171,3 +173,17 @@ def test_the_coordinator_lists_the_spark_application_it_serves(
     listed = {(e.identity.engine_id, e.identity.name, e.identity.user) for e in answer.applications}
     assert (context.applicationId, context.appName, context.sparkUser()) in listed
     assert context.applicationId and context.sparkUser()
+
+
+def test_a_team_holding_a_client_credential_shuffles_as_its_own_application(
+    spark: SparkSession, service: ShuffleService, data: DataFrame, tmp_path: Path
+) -> None:
+    """A driver given a client's credential, not the cluster's secret: its executors push and
+    fetch with the application's credential the coordinator issued (the client's may not)."""
+    assert service.cluster is not None
+    secret = service.cluster.token_file.read_text().strip()
+    credential_file = tmp_path / "team-credential"
+    credential_file.write_text(operator_token(secret, Role.CLIENT, "team", int(time.time()) + 600))
+    config = {**service.config(), "external-shuffle.auth.token-file": str(credential_file)}
+    with SparkShuffle(spark, config=config) as shuffle:
+        assert multiset(shuffle.repartition(data, "k")) == multiset(data)
