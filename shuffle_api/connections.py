@@ -77,7 +77,8 @@ def _reads_as_closed(sock: socket.socket) -> bool:
 
 
 class ConnectionPool:
-    """Connections to data ports that prove ``secret``, by address; thread-safe. ``tls``: the
+    """Connections to data ports that prove ``secret`` (``identity``: whose, to a port that
+    keys clients by it), by address; thread-safe. ``tls``: the
     context trusting the data ports' certificates (None: plaintext). ``clock``: seconds,
     monotonic."""
 
@@ -85,12 +86,14 @@ class ConnectionPool:
         self,
         secret: bytes,
         *,
+        identity: bytes = b"",
         tls: ssl.SSLContext | None = None,
         max_idle_per_address: int = MAX_IDLE_PER_ADDRESS,
         max_idle_seconds: float = MAX_IDLE_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._secret = secret
+        self._identity = identity
         self._tls = tls
         self._max_idle_per_address = max_idle_per_address
         self._max_idle_seconds = max_idle_seconds
@@ -116,7 +119,9 @@ class ConnectionPool:
                     idle.reused = True
                     return idle
                 idle.close()
-        sock = open_connection(host, port, secret=self._secret, timeout=timeout, tls=self._tls)
+        sock = open_connection(
+            host, port, secret=self._secret, timeout=timeout, tls=self._tls, identity=self._identity
+        )
         return Connection(sock, host, port)
 
     def _take_idle(self, address: str) -> Connection | None:

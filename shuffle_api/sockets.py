@@ -9,7 +9,10 @@ secret itself never crosses the network. The server sends CHALLENGE (a random no
 answers AUTH (a nonce of its own and an HMAC of both under the secret); the server checks it and
 answers AUTH_OK (its own HMAC), which the client checks. Each side's proof is bound to both
 nonces and to its role, so nothing recorded from one connection (or reflected from the other
-side) proves anything on another. A server that will not serve a connection says why in a
+side) proves anything on another. A client may name, after its proof, whose secret it proves
+(a credential's public part, ``MAX_IDENTITY`` bytes at most): a server that keys each client
+by it (``keys``) checks the proof with that key. A server that will not serve a connection
+says why in a
 REFUSED frame (channel 0, an error code, the reason; the default service's ERROR frames share
 the layout) and hangs up.
 
@@ -24,6 +27,7 @@ still proves the client.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import hmac
 import logging
@@ -85,6 +89,8 @@ _NONCE: Final = 32
 _DIGEST: Final = hashlib.sha256().digest_size
 HANDSHAKE_FRAME_LIMIT: Final = 1024
 """The largest frame read before a peer has proven itself."""
+MAX_IDENTITY: Final = 512
+"""The longest identity a client names in its proof."""
 MAX_BATCH: Final = 256
 """The most partitions one batched request asks a data port for (both ports refuse more)."""
 
@@ -207,15 +213,22 @@ def _proof(secret: bytes, role: bytes, first: bytes, second: bytes) -> bytes:
 
 
 def _expect(
-    sock: socket.socket, frame_type: int, size: int, peer: str, deadline: float | None = None
+    sock: socket.socket,
+    frame_type: int,
+    size: int,
+    peer: str,
+    deadline: float | None = None,
+    *,
+    extra: int = 0,
 ) -> memoryview:
+    """The next frame's body, of ``frame_type`` and ``size`` bytes (up to ``extra`` more)."""
     frame = read_frame(sock, HANDSHAKE_FRAME_LIMIT, deadline)
     if frame is None:
         raise AuthenticationError(f"{peer} closed the connection during the handshake")
     got, body = frame
     if got == REFUSED:
         raise _refusal(body, peer)
-    if got != frame_type or len(body) != size:
+    if got != frame_type or not size <= len(body) <= size + extra:
         raise AuthenticationError(
             f"{peer} sent a frame of type {got} and {len(body)} bytes where the handshake"
             f" expects type {frame_type} of {size} bytes"
@@ -223,18 +236,24 @@ def _expect(
     return body
 
 
-def accept_handshake(sock: socket.socket, secret: bytes, deadline: float | None = None) -> None:
-    """Server side; raises :class:`AuthenticationError` (after telling the peer) unless the
-    peer proves it holds ``secret`` by ``deadline`` (``time.monotonic()``)."""
+def accept_handshake(
+    sock: socket.socket, keys: Callable[[bytes], bytes], deadline: float | None = None
+) -> bytes:
+    """Server side: the identity the peer named (b"" if none) once it proved it holds the
+    secret ``keys(identity)`` gives, by ``deadline`` (``time.monotonic()``); else
+    :class:`AuthenticationError` (after telling the peer; ``keys`` raises one for an identity
+    it does not accept)."""
     server_nonce = secrets.token_bytes(_NONCE)
     write_frame(sock, CHALLENGE, server_nonce)
     try:
-        body = _expect(sock, AUTH, _NONCE + _DIGEST, "the client", deadline)
+        body = _expect(sock, AUTH, _NONCE + _DIGEST, "the client", deadline, extra=MAX_IDENTITY)
+        client_nonce, proof = bytes(body[:_NONCE]), bytes(body[_NONCE : _NONCE + _DIGEST])
+        identity = bytes(body[_NONCE + _DIGEST :])
+        secret = keys(identity)
     except (ShuffleError, TimeoutError) as error:
         refusal = AuthenticationError(f"the data port refused the connection: {error}")
         refuse(sock, refusal)
         raise refusal from None
-    client_nonce, proof = bytes(body[:_NONCE]), bytes(body[_NONCE:])
     if not hmac.compare_digest(proof, _proof(secret, b"client", server_nonce, client_nonce)):
         refusal = AuthenticationError(
             "the data port refused the connection: wrong secret (the client is not part of"
@@ -243,15 +262,19 @@ def accept_handshake(sock: socket.socket, secret: bytes, deadline: float | None 
         refuse(sock, refusal)
         raise refusal
     write_frame(sock, AUTH_OK, _proof(secret, b"server", client_nonce, server_nonce))
+    return identity
 
 
-def open_handshake(sock: socket.socket, secret: bytes, address: str) -> None:
+def open_handshake(sock: socket.socket, secret: bytes, address: str, identity: bytes = b"") -> None:
     """Client side; raises :class:`AuthenticationError` unless both sides prove ``secret``
-    (a :class:`TransportError` if the server is too busy to serve the connection)."""
+    (whose it is, ``identity``, named to a server that keys clients by it; a
+    :class:`TransportError` if the server is too busy to serve the connection)."""
+    if len(identity) > MAX_IDENTITY:
+        raise AuthenticationError(f"an identity of {len(identity)} bytes: {MAX_IDENTITY} at most")
     server_nonce = bytes(_expect(sock, CHALLENGE, _NONCE, f"the data port {address}"))
     client_nonce = secrets.token_bytes(_NONCE)
     proof = _proof(secret, b"client", server_nonce, client_nonce)
-    write_frame(sock, AUTH, client_nonce + proof)
+    write_frame(sock, AUTH, client_nonce + proof + identity)
     answer = bytes(_expect(sock, AUTH_OK, _DIGEST, f"the data port {address}"))
     if not hmac.compare_digest(answer, _proof(secret, b"server", client_nonce, server_nonce)):
         raise AuthenticationError(
@@ -278,21 +301,29 @@ def open_connection(
     timeout: float,
     tls: ssl.SSLContext | None = None,
     server_name: str | None = None,
+    identity: bytes = b"",
 ) -> socket.socket:
     """A connection to the data port at ``host:port``, connected within ``timeout`` and past
     its handshake: TLS first where ``tls`` (the context trusting the server) is given, with a
-    certificate naming ``server_name`` (default ``host``). The errors of connecting are
+    certificate naming ``server_name`` (default ``host``); ``identity``: whose ``secret`` it
+    is (:func:`open_handshake`). The errors of connecting are
     ``OSError`` s, those of the handshakes ``ShuffleError`` s."""
     sock = socket.create_connection((host, port), timeout=timeout)
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if tls is not None:
             sock = TlsSocket.client(sock, tls, server_name or host)
-        open_handshake(sock, secret, f"{host}:{port}")
+        open_handshake(sock, secret, f"{host}:{port}", identity)
     except BaseException:
         sock.close()
         raise
     return sock
+
+
+def _only_secret(secret: bytes, identity: bytes) -> bytes:
+    if identity:
+        raise AuthenticationError("this data port takes no identity: prove its secret alone")
+    return secret
 
 
 class AuthenticatedListener:
@@ -303,7 +334,10 @@ class AuthenticatedListener:
     ``serve(sock, peer)``,
     which owns it until it returns; the listener closes it then. ``on_refused(peer)`` is called
     for each peer that fails the handshake. With ``tls`` (a server context) every connection
-    is TLS (a plaintext client is told so, in the clear, and refused)."""
+    is TLS (a plaintext client is told so, in the clear, and refused). With ``keys``, a
+    client proves the secret ``keys(identity)`` gives for the identity it names
+    (:func:`accept_handshake`), which :meth:`identity_of` tells while it is served; without,
+    every client proves ``secret``."""
 
     def __init__(
         self,
@@ -318,8 +352,10 @@ class AuthenticatedListener:
         max_connections_per_peer: int | None = None,
         on_refused: Callable[[str], None] = lambda peer: None,
         tls: ssl.SSLContext | None = None,
+        keys: Callable[[bytes], bytes] | None = None,
     ) -> None:
-        self._secret = secret
+        self._keys = keys or functools.partial(_only_secret, secret)
+        self._identities: dict[socket.socket, bytes] = {}
         self._tls = tls
         self._on_refused = on_refused
         self._max_connections = max_connections
@@ -407,7 +443,9 @@ class AuthenticatedListener:
             try:
                 if self._tls is not None:
                     sock = self._start_tls(sock, self._tls, deadline)
-                accept_handshake(sock, self._secret, deadline)
+                identity = accept_handshake(sock, self._keys, deadline)
+                with self._lock:
+                    self._identities[sock] = identity
             except AuthenticationError:
                 self._on_refused(peer)
                 raise
@@ -445,12 +483,18 @@ class AuthenticatedListener:
             raise
         return secure
 
+    def identity_of(self, sock: socket.socket) -> bytes:
+        """The identity the client of ``sock``, being served, named (b"" if none)."""
+        with self._lock:
+            return self._identities.get(sock, b"")
+
     def _forget(self, sock: socket.socket) -> None:
         with contextlib.suppress(OSError):
             sock.shutdown(socket.SHUT_RDWR)
         sock.close()
         with self._lock:
             self._connections.pop(sock, None)
+            self._identities.pop(sock, None)
 
     def stop_accepting(self) -> None:
         """Take no new connection; open ones go on."""

@@ -27,7 +27,7 @@ from external_shuffle.options import (
 )
 from external_shuffle.wire.auth import data_port_client_tls
 from external_shuffle.wire.channels import ChannelPool, ClientSettings
-from external_shuffle.wire.credentials import CREDENTIAL_PREFIX
+from external_shuffle.wire.credentials import data_port_identity
 from external_shuffle.wire.messages import WorkerAddress, key_of
 from shuffle_api import (
     LOCAL_ONLY_PORT,
@@ -97,11 +97,13 @@ class ExternalShuffleEnvironment(ShuffleEnvironment):
             timeout=self._timeout,
             sources_in_flight=config.get(READ_SOURCES_IN_FLIGHT),
         )
-        # The data port's handshake proves the cluster's secret: a client holding a credential
-        # fetches over gRPC, where the worker checks what the credential may read.
         self._data_ports = (
-            ConnectionPool(settings.token.encode("utf-8"), tls=data_port_client_tls(config))
-            if config.get(USE_DATA_PORT) and not settings.token.startswith(CREDENTIAL_PREFIX)
+            ConnectionPool(
+                settings.token.encode("utf-8"),
+                identity=data_port_identity(settings.token),
+                tls=data_port_client_tls(config),
+            )
+            if config.get(USE_DATA_PORT)
             else None
         )
         self._gates = OpenGates()

@@ -311,7 +311,7 @@ class Daemon(Readiness):
             return WorkerDataPort(
                 self._bind,
                 port,
-                token=self._token,
+                credentials=self._credentials_check,
                 limits=DataPortLimits(
                     max_streams=limits.max_streams,
                     max_streams_per_peer=limits.max_streams_per_peer,

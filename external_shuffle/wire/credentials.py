@@ -42,6 +42,7 @@ __all__ = [
     "CredentialCheck",
     "Role",
     "application_token",
+    "data_port_identity",
     "grpc_method",
     "operator_token",
 ]
@@ -86,6 +87,7 @@ _READER_METHODS: Final = frozenset(
 )
 _ADMIN_METHODS: Final = frozenset({grpc_method("Worker", "Decommission")})
 _REGISTER_APPLICATION: Final = grpc_method("Coordinator", "RegisterApplication")
+_FETCH_DATA: Final = grpc_method("Worker", "FetchData")
 _APPLICATION_METHODS: Final = frozenset(
     grpc_method(service, name)
     for service, names in (
@@ -193,6 +195,14 @@ def application_token(secret: str, application_id: str, expires_at: int) -> str:
 CLUSTER_CREDENTIAL: Final = Credential(Role.CLUSTER, "cluster", None)
 
 
+def data_port_identity(token: str) -> bytes:
+    """What a client holding ``token`` names on a data port: a credential's public part (its
+    signature is the secret it proves), nothing for the cluster's secret."""
+    if token.startswith(CREDENTIAL_PREFIX):
+        return token.rpartition(_SEPARATOR)[0].encode()
+    return b""
+
+
 class CredentialCheck:
     """Tells a presented token's credential, with the cluster's secret and a clock."""
 
@@ -200,6 +210,20 @@ class CredentialCheck:
         self._secret = secret
         self._secret_bytes = secret.encode()
         self._clock = clock
+
+    def data_port_key(self, identity: bytes) -> bytes:
+        """What a data port client that names ``identity`` proves: the cluster's secret (no
+        identity), or the application credential whose public part it is (signed here, so
+        only its holder knows it). AuthenticationError for any other identity."""
+        if not identity:
+            return self._secret_bytes
+        try:
+            payload = identity.decode("ascii")
+        except UnicodeDecodeError:
+            raise AuthenticationError("wrong identity") from None
+        token = f"{payload}{_SEPARATOR}{_signature(self._secret, payload)}".encode()
+        self.credential_of(token).check_may_call(_FETCH_DATA)
+        return token
 
     def application_token(self, application_id: str, lifetime: float) -> str:
         """A credential for the application ``application_id``, for ``lifetime`` seconds."""

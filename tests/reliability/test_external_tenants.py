@@ -121,9 +121,25 @@ def test_an_application_reaches_its_own_partitions_and_no_other(
         mine = descriptors[0].result_partition_id
         both = rf"application '{second_id}' may not .* of application {first_id}"
 
-        # Through the client, as B's reducers would read it.
+        # Through the client, as B's reducers would read it: the worker's data port, keyed
+        # by B's credential, then gRPC.
+        posing = dataclasses.replace(second, result_id=first.result_id)
         with pytest.raises(PermissionDeniedError, match=both):
-            _rows(dataclasses.replace(second, result_id=first.result_id), descriptors)
+            _rows(posing, descriptors)
+        with grpc.insecure_channel(cluster.worker_target(0)) as channel:
+            refusal = _refusal(
+                lambda: list(
+                    pb_grpc.WorkerStub(channel).FetchData(
+                        pb.FetchDataRequest(
+                            partition=key_of(mine), first_subpartition=0, last_subpartition=1
+                        ),
+                        metadata=_credential(second),
+                        timeout=30,
+                    )
+                ),
+                "FetchData",
+            )
+        assert type(refusal) is PermissionDeniedError, refusal
 
         # Raw calls with B's credential.
         intruder = _credential(second)
@@ -181,12 +197,17 @@ def test_an_application_reaches_its_own_partitions_and_no_other(
         # Nothing of A's changed: every row is still there for A.
         assert _rows(first, descriptors) == list(range(ROWS))
     after = scrape(cluster, "worker-0")
-    for method in ("FetchData", "PushData", "CommitPartition", "ReleasePartitions"):
+    # A read over the data port, its handshake keyed by A's credential.
+    requests = "pyshuffle_data_port_requests_total"
+    assert after[requests] > before.get(requests, 0)
+    methods = ("DataPort.Fetch", "FetchData", "PushData", "CommitPartition", "ReleasePartitions")
+    for method in methods:
         label = f'pyshuffle_auth_failures_total{{method="{method}"}}'
         assert after.get(label, 0) > before.get(label, 0), method
     log = (cluster.directory / "worker-0.log").read_text(errors="replace")
-    refused = [line for line in log.splitlines() if "refused FetchData" in line]
-    assert refused and all(first_id in line and second_id in line for line in refused)
+    refused = [line for line in log.splitlines() if "may not fetch" in line]
+    assert len(refused) >= 2  # on the data port and over gRPC
+    assert all(first_id in line and second_id in line for line in refused)
 
 
 def test_a_client_credential_only_registers_and_an_expired_application_is_refused(

@@ -1,5 +1,6 @@
-"""AuthenticatedListener on real sockets: where it listens, and the bounds an unauthenticated
-peer meets (a handshake deadline that trickled bytes cannot stretch, a cap per host)."""
+"""AuthenticatedListener on real sockets: where it listens, the bounds an unauthenticated peer
+meets (a handshake deadline that trickled bytes cannot stretch, a cap per host), and clients
+that name whose secret they prove."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from shuffle_api.sockets import (
     CHALLENGE,
     REFUSED,
     AuthenticatedListener,
+    open_connection,
     open_handshake,
     read_frame,
 )
@@ -141,3 +143,44 @@ def test_a_wrong_secret_is_counted_and_refused() -> None:
         assert len(refused) == 1 and refused[0].startswith("127.0.0.1:")
     finally:
         listener.stop()
+
+
+def test_a_client_named_identity_is_proved_with_the_key_the_listener_gives_it() -> None:
+    keys = {b"alice": b"alice's key"}
+    served: list[bytes] = []
+
+    def key_of(identity: bytes) -> bytes:
+        if identity not in keys:
+            raise AuthenticationError(f"unknown identity {identity!r}")
+        return keys[identity]
+
+    def serve(sock: socket.socket, peer: str) -> None:
+        served.append(listener.identity_of(sock))
+
+    listener = AuthenticatedListener(
+        "127.0.0.1",
+        0,
+        secret=b"",
+        max_connections=4,
+        handshake_timeout=5,
+        serve=serve,
+        name="test port",
+        keys=key_of,
+    )
+    port = listener.start()
+    try:
+        open_connection(
+            "127.0.0.1", port, secret=b"alice's key", timeout=5, identity=b"alice"
+        ).close()
+        for secret, identity in ((b"alice's key", b"bob"), (b"bob's guess", b"alice")):
+            with pytest.raises(AuthenticationError, match="refused"):
+                open_connection("127.0.0.1", port, secret=secret, timeout=5, identity=identity)
+    finally:
+        listener.stop()
+    assert served == [b"alice"]
+    # A listener of one secret takes no identity.
+    with (
+        _listening() as (port, _),
+        pytest.raises(AuthenticationError, match="takes no identity"),
+    ):
+        open_connection("127.0.0.1", port, secret=SECRET, timeout=5, identity=b"alice")

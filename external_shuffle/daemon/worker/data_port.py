@@ -3,7 +3,9 @@ with sendfile(2). gRPC copies every message in user space at least twice on each
 worker's process never touches the bytes, and the client reads each run into one buffer.
 
 The frames are ``data_frames``'. The port holds what the gRPC port holds: the token proves the
-peer (the handshake of :mod:`shuffle_api.sockets`), a fetch is a worker stream (the same caps,
+peer (the handshake of :mod:`shuffle_api.sockets`: the cluster's secret, or an application's
+credential, named by its public part, which then reads that application's partitions only), a
+fetch is a worker stream (the same caps,
 per client and in all, and the same idle timeout), and errors reach the client as the same
 ShuffleError classes. With TLS on, it speaks TLS with the gRPC port's certificate; the runs are
 then read by the worker's process to be encrypted (no sendfile).
@@ -26,6 +28,7 @@ from google.protobuf.message import DecodeError
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle.daemon.worker.service import WorkerService
 from external_shuffle.ops.metrics import DaemonMetrics
+from external_shuffle.wire.credentials import CLUSTER_CREDENTIAL, Credential, CredentialCheck
 from external_shuffle.wire.data_frames import (
     END,
     FAILED,
@@ -37,7 +40,7 @@ from external_shuffle.wire.data_frames import (
     RUN_HEADER,
 )
 from external_shuffle.wire.errors import error_to_pb, short, status_for
-from shuffle_api import SerializationError, ShuffleError, TransportError
+from shuffle_api import AuthenticationError, SerializationError, ShuffleError, TransportError
 from shuffle_api.connections import SERVER_KEEP_ALIVE_SECONDS
 from shuffle_api.sockets import (
     MAX_BATCH,
@@ -84,19 +87,21 @@ class WorkerDataPort:
         host: str,
         port: int,
         *,
-        token: str,
+        credentials: CredentialCheck,
         limits: DataPortLimits,
         metrics: DaemonMetrics,
         tls: ssl.SSLContext | None = None,
     ) -> None:
         self._limits = limits
         self._metrics = metrics
+        self._credentials = credentials
         self._worker: WorkerService | None = None
         self._draining = threading.Event()
         self._listener = AuthenticatedListener(
             host,
             port,
-            secret=token.encode("utf-8"),
+            secret=b"",  # keyed by the identity each client names
+            keys=credentials.data_port_key,
             max_connections=limits.max_streams + _SPARE_CONNECTIONS,
             max_connections_per_peer=limits.max_streams_per_peer + _SPARE_CONNECTIONS,
             handshake_timeout=limits.handshake_timeout,
@@ -131,7 +136,12 @@ class WorkerDataPort:
     def _serve(self, sock: socket.socket, peer: str) -> None:
         """Fetch after fetch, until the client hangs up or idles."""
         self._metrics.data_port_connections.inc()
-        running = _Running()
+        identity = self._listener.identity_of(sock)
+        running = _Running(
+            CLUSTER_CREDENTIAL
+            if not identity
+            else self._credentials.credential_of(self._credentials.data_port_key(identity))
+        )
         try:
             first = True
             while (frame := self._next_request(sock, peer, first=first)) is not None:
@@ -139,7 +149,10 @@ class WorkerDataPort:
                 self._fetch(sock, frame, running)
                 first = False
         except ShuffleError as error:
-            self._metrics.errors.labels(method=_METHOD, code=status_for(error).name).inc()
+            if isinstance(error, AuthenticationError):
+                self._metrics.auth_failures.labels(method=_METHOD).inc()
+            else:
+                self._metrics.errors.labels(method=_METHOD, code=status_for(error).name).inc()
             logger.warning("%s from %s failed: %s", _METHOD, peer, short(str(error)))
             if not running.mid_run:  # else the client is reading run bytes: it sees the hang-up
                 with contextlib.suppress(OSError):
@@ -192,7 +205,7 @@ class WorkerDataPort:
         # An idle fetch (a client that stopped reading) is ended by the worker's reaper. The
         # peer is named as gRPC names it, so a client's streams count once per host.
         cancel = _hang_up(sock)
-        with self._worker.open_fetch(request, _grpc_peer(sock), cancel) as fetch:
+        with self._worker.open_fetch(request, _grpc_peer(sock), cancel, running.caller) as fetch:
             reader = fetch.reader
             reader.check_data_file()
             # Small frames go out with what follows them: a partition of one small run is one
@@ -211,6 +224,7 @@ class WorkerDataPort:
 
 @dataclass
 class _Running:
+    caller: Credential  # who the connection's client proved to be
     mid_run: bool = False
 
 
