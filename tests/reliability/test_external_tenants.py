@@ -4,7 +4,8 @@ its driver and executors present. With it an application shuffles as before, and
 other application's partition: application B cannot fetch, push into, commit or release
 application A's partitions, on the worker or through the coordinator; each refusal is a
 PermissionDeniedError naming both, counted and logged. An expired application credential is
-refused."""
+refused, and so is the credential of an application that ended; no other team's client may
+register a running application's id (which would get it that application's credential)."""
 
 from __future__ import annotations
 
@@ -237,3 +238,44 @@ def test_a_client_credential_only_registers_and_an_expired_application_is_refuse
         gone = push(expired)
         assert type(gone) is AuthenticationError
         assert "application credential of 'app-gone' expired" in str(gone)
+
+
+def test_no_client_takes_another_teams_application_and_an_ended_ones_credential_is_refused(
+    cluster: LocalCluster, team_config: Configuration
+) -> None:
+    secret = cluster.token_file.read_text().strip()
+    other_team = operator_token(secret, Role.CLIENT, "other-team", int(time.time()) + 60)
+    with _application(team_config) as running:
+        application_id = running.master.application_id  # type: ignore[attr-defined]
+        credential = _credential(running)
+        with grpc.insecure_channel(cluster.coordinator_address) as channel:
+            coordinator = pb_grpc.CoordinatorStub(channel)
+            # Registering a running application's id would get its credential.
+            taken = _refusal(
+                lambda: coordinator.RegisterApplication(
+                    pb.RegisterApplicationRequest(application_id=application_id),
+                    metadata=[("authorization", f"Bearer {other_team}")],
+                    timeout=10,
+                ),
+                "RegisterApplication",
+            )
+            assert type(taken) is PermissionDeniedError, taken
+            assert "other-team" in str(taken) and application_id in str(taken)
+    # The application ended (its driver unregistered it): its credential holds no more.
+    with grpc.insecure_channel(cluster.coordinator_address) as channel:
+        coordinator = pb_grpc.CoordinatorStub(channel)
+        for call in (
+            lambda: coordinator.ApplicationHeartbeat(
+                pb.ApplicationHeartbeatRequest(application_id=application_id),
+                metadata=credential,
+                timeout=10,
+            ),
+            lambda: coordinator.RegisterApplication(
+                pb.RegisterApplicationRequest(application_id=application_id),
+                metadata=credential,
+                timeout=10,
+            ),
+        ):
+            ended = _refusal(call, "after the end")
+            assert type(ended) is AuthenticationError, ended
+            assert "ended" in str(ended)

@@ -31,7 +31,7 @@ from external_shuffle.wire.messages import (
     statistics_to_pb,
 )
 from scheduling.placement import PlacementStrategy
-from shuffle_api import ApplicationIdentity, ResultPartitionID
+from shuffle_api import ApplicationIdentity, AuthenticationError, ResultPartitionID
 
 __all__ = ["CoordinatorService"]
 
@@ -206,9 +206,16 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
     # --- applications and jobs ----------------------------------------------------------------
 
     def _caller(self, context: grpc.ServicerContext) -> Credential:
+        """Who calls; AuthenticationError for the credential of an application that ended."""
         if self._credentials is None:
             return CLUSTER_CREDENTIAL
-        return self._credentials.credential_of_call(context.invocation_metadata())
+        caller = self._credentials.credential_of_call(context.invocation_metadata())
+        if caller.role is Role.APPLICATION and self.state.has_ended(caller.name):
+            raise AuthenticationError(
+                f"the credential of application {caller.name} holds no more: the application"
+                " ended (it unregistered, or expired)"
+            )
+        return caller
 
     def _check_acts_for(self, context: grpc.ServicerContext, application_id: str) -> Credential:
         """The caller, if it may act for ``application_id`` (PermissionDeniedError if not)."""
@@ -233,9 +240,13 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         self, request: pb.RegisterApplicationRequest, context: grpc.ServicerContext
     ) -> pb.RegisterApplicationResponse:
         caller = self._caller(context)
-        if caller.role is not Role.CLIENT:  # a client starts any application of its own
+        if caller.role is not Role.CLIENT:  # a client starts applications of its own
             caller.check_application(request.application_id, "register")
-        self.state.register_application(request.application_id, identity_from_pb(request.identity))
+        self.state.register_application(
+            request.application_id,
+            identity_from_pb(request.identity),
+            client=caller.name if caller.role is Role.CLIENT else "",
+        )
         return pb.RegisterApplicationResponse(
             heartbeat_timeout_seconds=self.state.application_timeout,
             credential=(

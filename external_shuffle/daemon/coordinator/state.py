@@ -33,7 +33,7 @@ from scheduling.placement import (
     PlacementStrategy,
     PlacementTarget,
 )
-from shuffle_api import ApplicationIdentity, ResultPartitionID
+from shuffle_api import ApplicationIdentity, PermissionDeniedError, ResultPartitionID
 from shuffle_api.ids import validate_id
 
 __all__ = ["CoordinatorState", "PartitionPlacement", "Releases", "WorkerView"]
@@ -41,6 +41,9 @@ __all__ = ["CoordinatorState", "PartitionPlacement", "Releases", "WorkerView"]
 logger = logging.getLogger(__name__)
 
 _MAX_RELEASED = 100_000
+_MAX_ENDED = 100_000
+"""Ended applications remembered, so that their credentials are refused (ids of 36 bytes: a few
+MiB at most)."""
 _UNSAID = ApplicationIdentity()  # what a driver that does not say who it is gives
 
 
@@ -116,6 +119,7 @@ class _Application:
     lost: list[tuple[str, ResultPartitionID]] = field(default_factory=list)
     released: int = 0  # partitions it released here, for the line at its end
     identity: ApplicationIdentity = field(default_factory=ApplicationIdentity)
+    client: str = ""  # the client credential's name that registered it ("": another holder)
 
 
 class CoordinatorState:
@@ -142,6 +146,9 @@ class CoordinatorState:
         # and not every replica's worker had registered again) is deleted. Oldest first;
         # kept for the application timeout, at most _MAX_RELEASED.
         self._released: dict[ResultPartitionID, float] = {}
+        # Applications that ended here (unregistered or expired), oldest first: their
+        # credentials are refused. A restarted coordinator forgets them.
+        self._ended: dict[str, float] = {}
         self._lock = threading.RLock()
 
     # --- counts for the gauges ----------------------------------------------------------------
@@ -257,16 +264,28 @@ class CoordinatorState:
     # --- applications and jobs ----------------------------------------------------------------
 
     def register_application(
-        self, application_id: str, identity: ApplicationIdentity = _UNSAID
+        self, application_id: str, identity: ApplicationIdentity = _UNSAID, *, client: str = ""
     ) -> None:
         """Hear of an application (again: its driver registers after this coordinator
-        restarted), with who it is if its driver says (older drivers do not: empty)."""
+        restarted), with who it is if its driver says (older drivers do not: empty). A
+        ``client`` (a client credential's name) registers a new application, or one it
+        registered itself: never another client's, nor one that ended (PermissionDeniedError),
+        which would get it that application's credential."""
         validate_id(application_id, "application id")
         with self._lock:
             application = self._applications.get(application_id)
             known = application is not None
+            if client and (
+                application_id in self._ended
+                or (application is not None and application.client != client)
+            ):
+                raise PermissionDeniedError(
+                    f"client {client!r} may not register application {application_id}: it is"
+                    " another's, or it ended"
+                )
             if application is None:
                 application = self._applications[application_id] = _Application(0.0)
+                application.client = client
             if identity != _UNSAID:
                 application.identity = identity
             application.last_seen = self._clock()
@@ -340,8 +359,23 @@ class CoordinatorState:
         last = max(application.last_seen, application.seen_elsewhere)
         return now - last > self.application_timeout
 
+    def has_ended(self, application_id: str) -> bool:
+        """Whether ``application_id`` ended here (unregistered, or expired) not long ago: its
+        credential holds no more."""
+        with self._lock:
+            return application_id in self._ended
+
+    def _end(self, application_id: str) -> None:
+        """Remember that ``application_id`` ended (under the lock; the oldest forgotten past
+        ``_MAX_ENDED``)."""
+        self._ended.pop(application_id, None)
+        self._ended[application_id] = self._clock()
+        while len(self._ended) > _MAX_ENDED:
+            del self._ended[next(iter(self._ended))]
+
     def unregister_application(self, application_id: str) -> Releases:
         with self._lock:
+            self._end(application_id)
             application = self._applications.pop(application_id, None)
             entries = [e for e in self._partitions.values() if e.application_id == application_id]
             releases = self._release(entries)
@@ -524,6 +558,7 @@ class CoordinatorState:
                     extra={"application_id": application_id, "partitions": len(owned)},
                 )
                 del self._applications[application_id]
+                self._end(application_id)
                 entries.extend(owned)
             # Unclaimed: no application known here owns it (adopted from a worker, or placed
             # for an application that never registered here).
