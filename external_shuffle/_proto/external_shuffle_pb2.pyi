@@ -96,14 +96,16 @@ class RegisterWorkerResponse(_message.Message):
     def __init__(self, obsolete: _Optional[_Iterable[_Union[PartitionKey, _Mapping]]] = ...) -> None: ...
 
 class WorkerHeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id", "load", "committed")
+    __slots__ = ("worker_id", "load", "committed", "ended_heard")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    ENDED_HEARD_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     load: WorkerLoad
     committed: _containers.RepeatedCompositeFieldContainer[CommittedPartition]
-    def __init__(self, worker_id: _Optional[str] = ..., load: _Optional[_Union[WorkerLoad, _Mapping]] = ..., committed: _Optional[_Iterable[_Union[CommittedPartition, _Mapping]]] = ...) -> None: ...
+    ended_heard: int
+    def __init__(self, worker_id: _Optional[str] = ..., load: _Optional[_Union[WorkerLoad, _Mapping]] = ..., committed: _Optional[_Iterable[_Union[CommittedPartition, _Mapping]]] = ..., ended_heard: _Optional[int] = ...) -> None: ...
 
 class CommittedPartition(_message.Message):
     __slots__ = ("partition", "application_id", "on_tier")
@@ -116,12 +118,16 @@ class CommittedPartition(_message.Message):
     def __init__(self, partition: _Optional[_Union[PartitionKey, _Mapping]] = ..., application_id: _Optional[str] = ..., on_tier: _Optional[bool] = ...) -> None: ...
 
 class WorkerHeartbeatResponse(_message.Message):
-    __slots__ = ("known", "release")
+    __slots__ = ("known", "release", "ended_applications", "ended_heard")
     KNOWN_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
+    ENDED_APPLICATIONS_FIELD_NUMBER: _ClassVar[int]
+    ENDED_HEARD_FIELD_NUMBER: _ClassVar[int]
     known: bool
     release: _containers.RepeatedCompositeFieldContainer[PartitionKey]
-    def __init__(self, known: _Optional[bool] = ..., release: _Optional[_Iterable[_Union[PartitionKey, _Mapping]]] = ...) -> None: ...
+    ended_applications: _containers.RepeatedScalarFieldContainer[str]
+    ended_heard: int
+    def __init__(self, known: _Optional[bool] = ..., release: _Optional[_Iterable[_Union[PartitionKey, _Mapping]]] = ..., ended_applications: _Optional[_Iterable[str]] = ..., ended_heard: _Optional[int] = ...) -> None: ...
 
 class ListWorkersRequest(_message.Message):
     __slots__ = ()

@@ -279,3 +279,22 @@ def test_no_client_takes_another_teams_application_and_an_ended_ones_credential_
             ended = _refusal(call, "after the end")
             assert type(ended) is AuthenticationError, ended
             assert "ended" in str(ended)
+    # The worker hears of the end with its next heartbeat.
+    built = build_partition()
+    with grpc.insecure_channel(cluster.worker_target(0)) as channel:
+        worker = pb_grpc.WorkerStub(channel)
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                worker.GetPartitionStatus(
+                    pb.WorkerPartitionStatusRequest(partitions=[built.key]),
+                    metadata=credential,
+                    timeout=10,
+                )
+            except grpc.RpcError as error:
+                refused = translate_rpc_error(error, "GetPartitionStatus")
+                break
+            assert time.monotonic() < deadline, "the worker still takes the credential"
+            time.sleep(0.2)
+    assert type(refused) is AuthenticationError, refused
+    assert "ended" in str(refused)

@@ -13,7 +13,12 @@ from external_shuffle.daemon.coordinator.state import CoordinatorState
 from external_shuffle.wire.errors import NotRegisteredError
 from external_shuffle.wire.messages import Commit, WorkerAddress, identity_from_pb, key_of
 from scheduling.placement import new_placement_strategy
-from shuffle_api import ApplicationIdentity, IntermediateResultPartitionID, ResultPartitionID
+from shuffle_api import (
+    ApplicationIdentity,
+    IntermediateResultPartitionID,
+    PermissionDeniedError,
+    ResultPartitionID,
+)
 
 APPLICATION_TIMEOUT = 30.0
 WORKER_TIMEOUT = 10.0
@@ -460,3 +465,25 @@ def test_who_an_application_is_keeps_only_printable_characters_and_256_of_them()
     assert identity_from_pb(message) == ApplicationIdentity(
         "local-12026 forged log line", "a[2Jbc", "u" * 256
     )
+
+
+def test_ended_applications_are_told_in_the_order_they_ended_and_block_their_clients() -> None:
+    clock = Clock()
+    state = new_state(clock)
+    state.register_application("app-a", client="team-a")
+    state.register_application("app-a", client="team-a")  # again, by its own client
+    with pytest.raises(PermissionDeniedError, match="team-b"):
+        state.register_application("app-a", client="team-b")
+    for name in ("app-a", "app-b", "app-c"):
+        state.register_application(name)
+        state.unregister_application(name)
+    assert state.has_ended("app-b") and not state.has_ended("app-d")
+    ended, heard = state.ended_after(0)
+    assert ended == ["app-a", "app-b", "app-c"]
+    assert state.ended_after(heard) == ([], heard)
+    state.register_application("app-d")
+    clock.now += APPLICATION_TIMEOUT + 1
+    state.reap()
+    assert state.ended_after(heard)[0] == ["app-d"]  # expired: ended too
+    with pytest.raises(PermissionDeniedError, match="ended"):
+        state.register_application("app-d", client="team-a")

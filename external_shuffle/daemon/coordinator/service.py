@@ -161,7 +161,13 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         )
         if release is None:
             return pb.WorkerHeartbeatResponse(known=False)
-        return pb.WorkerHeartbeatResponse(known=True, release=[key_of(p) for p in release])
+        ended, heard = self.state.ended_after(request.ended_heard)
+        return pb.WorkerHeartbeatResponse(
+            known=True,
+            release=[key_of(p) for p in release],
+            ended_applications=ended,
+            ended_heard=heard,
+        )
 
     @reports_errors
     def ListWorkers(  # noqa: N802

@@ -42,6 +42,7 @@ logger = logging.getLogger(__name__)
 
 _MAX_RELEASED = 100_000
 _MAX_ENDED = 100_000
+_ENDED_PER_ANSWER = 10_000
 """Ended applications remembered, so that their credentials are refused (ids of 36 bytes: a few
 MiB at most)."""
 _UNSAID = ApplicationIdentity()  # what a driver that does not say who it is gives
@@ -146,9 +147,11 @@ class CoordinatorState:
         # and not every replica's worker had registered again) is deleted. Oldest first;
         # kept for the application timeout, at most _MAX_RELEASED.
         self._released: dict[ResultPartitionID, float] = {}
-        # Applications that ended here (unregistered or expired), oldest first: their
-        # credentials are refused. A restarted coordinator forgets them.
-        self._ended: dict[str, float] = {}
+        # Applications that ended here (unregistered or expired), oldest first, each with its
+        # number in the order they ended: their credentials are refused, here and (told with
+        # heartbeats) on the workers. A restarted coordinator forgets them.
+        self._ended: dict[str, int] = {}
+        self._ended_count = 0
         self._lock = threading.RLock()
 
     # --- counts for the gauges ----------------------------------------------------------------
@@ -369,9 +372,23 @@ class CoordinatorState:
         """Remember that ``application_id`` ended (under the lock; the oldest forgotten past
         ``_MAX_ENDED``)."""
         self._ended.pop(application_id, None)
-        self._ended[application_id] = self._clock()
+        self._ended_count += 1
+        self._ended[application_id] = self._ended_count
         while len(self._ended) > _MAX_ENDED:
             del self._ended[next(iter(self._ended))]
+
+    def ended_after(self, heard: int) -> tuple[list[str], int]:
+        """The applications that ended after the first ``heard`` (oldest first, at most
+        ``_ENDED_PER_ANSWER``), and how many a worker has heard of once it has them."""
+        with self._lock:
+            after: list[str] = []
+            for application_id in reversed(self._ended):
+                if self._ended[application_id] <= heard:
+                    break
+                after.append(application_id)
+            after.reverse()
+            after = after[:_ENDED_PER_ANSWER]
+            return after, self._ended[after[-1]] if after else max(heard, 0)
 
     def unregister_application(self, application_id: str) -> Releases:
         with self._lock:

@@ -31,6 +31,7 @@ def heartbeat_loop(
     missed commits. Partitions the coordinator calls obsolete are deleted. ``known`` is set
     while the coordinator knows this worker, as far as the last answer (or its absence) says."""
     registered = False
+    ended_heard = 0  # of this coordinator's ended applications, since registering
     watch = service.state.watch_commits()
     while not stop.is_set():
         try:
@@ -50,6 +51,7 @@ def heartbeat_loop(
                     logger.info("deleting %d partitions nobody tracks", len(obsolete))
                     service.state.release(obsolete)
                 registered = True
+                ended_heard = 0
                 known.set()
                 logger.info("registered with the coordinator", extra=_describe(service))
             else:
@@ -64,10 +66,14 @@ def heartbeat_loop(
                         worker_id=service.address.worker_id,
                         load=load,
                         committed=[commit.to_pb() for commit in committed],
+                        ended_heard=ended_heard,
                     ),
                     timeout=timeout,
                 )
                 registered = beat.known
+                if beat.ended_applications:
+                    service.applications_ended(beat.ended_applications)
+                ended_heard = beat.ended_heard
                 if not registered:
                     known.clear()
                 if beat.release:

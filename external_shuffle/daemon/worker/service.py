@@ -6,8 +6,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -24,6 +25,7 @@ from external_shuffle.wire.credentials import CLUSTER_CREDENTIAL, Credential, Cr
 from external_shuffle.wire.framing import PushChunk, fetch_prefix
 from external_shuffle.wire.messages import WorkerAddress, key_of, partition_of, statistics_to_pb
 from shuffle_api import (
+    AuthenticationError,
     InvalidIdentifierError,
     ResultPartitionID,
     SerializationError,
@@ -33,6 +35,9 @@ from shuffle_api.format import PartitionFileReader
 from shuffle_api.store import Store
 
 __all__ = ["Fetch", "WorkerService"]
+
+_MAX_ENDED = 100_000
+"""Ended applications a worker remembers (as its coordinators do)."""
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +87,10 @@ class WorkerService(pb_grpc.WorkerServicer):
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._credentials = credentials
+        # Applications the coordinators said ended, oldest first: their credentials hold no
+        # more here (at most _MAX_ENDED remembered).
+        self._ended: dict[str, None] = {}
+        self._ended_lock = threading.Lock()
         self.state = WorkerState(
             store,
             memory_budget=memory_budget,
@@ -199,7 +208,29 @@ class WorkerService(pb_grpc.WorkerServicer):
     def _caller(self, context: grpc.ServicerContext) -> Credential:
         if self._credentials is None:
             return CLUSTER_CREDENTIAL
-        return self._credentials.credential_of_call(context.invocation_metadata())
+        caller = self._credentials.credential_of_call(context.invocation_metadata())
+        self._check_not_ended(caller)
+        return caller
+
+    def applications_ended(self, applications: Iterable[str]) -> None:
+        """A coordinator says these applications ended."""
+        with self._ended_lock:
+            for application in applications:
+                self._ended.pop(application, None)
+                self._ended[application] = None
+            while len(self._ended) > _MAX_ENDED:
+                del self._ended[next(iter(self._ended))]
+
+    def _check_not_ended(self, caller: Credential) -> None:
+        """AuthenticationError for the credential of an application that ended."""
+        if caller.role is Role.APPLICATION:
+            with self._ended_lock:
+                ended = caller.name in self._ended
+            if ended:
+                raise AuthenticationError(
+                    f"the credential of application {caller.name} holds no more: the"
+                    " application ended"
+                )
 
     def _check_owns(self, caller: Credential, partition: ResultPartitionID, action: str) -> None:
         """PermissionDeniedError unless ``caller`` may ``action`` ``partition``, if it is here
@@ -220,6 +251,7 @@ class WorkerService(pb_grpc.WorkerServicer):
         partition it names, if ``caller`` may read it; the fetch counts as open until the
         block ends."""
         partition = partition_of(request.partition)
+        self._check_not_ended(caller)  # a data port connection may outlive its application
         self._check_owns(caller, partition, "fetch")
         if request.last_subpartition < request.first_subpartition:
             raise InvalidIdentifierError(
