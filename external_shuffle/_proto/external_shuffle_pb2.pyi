@@ -78,16 +78,18 @@ class PartitionStatistics(_message.Message):
     def __init__(self, rows_per_subpartition: _Optional[_Iterable[int]] = ..., bytes_per_subpartition: _Optional[_Iterable[int]] = ..., arrow_bytes_per_subpartition: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
-    __slots__ = ("worker", "load", "committed", "on_tier")
+    __slots__ = ("worker", "load", "committed", "on_tier", "committed_for")
     WORKER_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_FIELD_NUMBER: _ClassVar[int]
     ON_TIER_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_FOR_FIELD_NUMBER: _ClassVar[int]
     worker: WorkerInfo
     load: WorkerLoad
     committed: _containers.RepeatedCompositeFieldContainer[PartitionKey]
     on_tier: _containers.RepeatedCompositeFieldContainer[PartitionKey]
-    def __init__(self, worker: _Optional[_Union[WorkerInfo, _Mapping]] = ..., load: _Optional[_Union[WorkerLoad, _Mapping]] = ..., committed: _Optional[_Iterable[_Union[PartitionKey, _Mapping]]] = ..., on_tier: _Optional[_Iterable[_Union[PartitionKey, _Mapping]]] = ...) -> None: ...
+    committed_for: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, worker: _Optional[_Union[WorkerInfo, _Mapping]] = ..., load: _Optional[_Union[WorkerLoad, _Mapping]] = ..., committed: _Optional[_Iterable[_Union[PartitionKey, _Mapping]]] = ..., on_tier: _Optional[_Iterable[_Union[PartitionKey, _Mapping]]] = ..., committed_for: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterWorkerResponse(_message.Message):
     __slots__ = ("obsolete",)

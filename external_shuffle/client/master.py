@@ -32,7 +32,7 @@ from external_shuffle.options import (
     coordinator_addresses,
 )
 from external_shuffle.wire.channels import ChannelPool, ClientSettings, translate_rpc_error
-from external_shuffle.wire.credentials import CLIENT_CREDENTIAL_PREFIX
+from external_shuffle.wire.credentials import CLIENT_CREDENTIAL_PREFIX, application_id_for
 from external_shuffle.wire.errors import NotRegisteredError
 from external_shuffle.wire.messages import (
     WorkerAddress,
@@ -52,7 +52,6 @@ from shuffle_api import (
     ShuffleMaster,
     ShuffleMasterContext,
     ShuffleServiceClosedError,
-    new_id,
 )
 from shuffle_api.master import completed
 
@@ -96,7 +95,7 @@ class ExternalShuffleMaster(ShuffleMaster):
         )
         self._interval = config.get(CLIENT_HEARTBEAT_INTERVAL)
         self._replicas = config.get(REPLICATION_FACTOR)
-        self.application_id = "app-" + new_id()
+        self.application_id = application_id_for(self._settings.token)
         self._registration = pb.RegisterApplicationRequest(
             application_id=self.application_id, identity=identity_to_pb(context.application)
         )

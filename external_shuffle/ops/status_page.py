@@ -25,7 +25,7 @@ from typing import Any, Final
 from external_shuffle.ops.cluster_view import ClusterView, human_bytes
 from external_shuffle.ops.health import PROBE_HEADERS, Readiness, probe_answer
 from external_shuffle.ops.metrics import DaemonMetrics
-from external_shuffle.wire.credentials import CredentialCheck
+from external_shuffle.wire.credentials import CredentialCheck, grpc_method
 from shuffle_api import AuthenticationError, ConfigError
 
 __all__ = ["StatusPage"]
@@ -35,6 +35,7 @@ logger = logging.getLogger(__name__)
 _REQUEST_TIMEOUT: Final = 5.0
 _REFRESH_SECONDS: Final = 5
 _METHOD: Final = "GET /"  # how a refused request is counted in pyshuffle_auth_failures_total
+_LISTING: Final = grpc_method("Coordinator", "ListApplications")
 _HEADERS: Final = {
     "Content-Type": "text/html; charset=utf-8",
     "Cache-Control": "no-store",
@@ -150,8 +151,9 @@ class StatusPage:
         if presented is None:
             return AuthenticationError("wrong token")
         try:
-            self._check.credential_of(presented)
-        except AuthenticationError as error:
+            # What the page shows is what the listings show: readers', not applications'.
+            self._check.credential_of(presented).check_may_call(_LISTING)
+        except AuthenticationError as error:  # PermissionDeniedError too
             return error
         return None
 

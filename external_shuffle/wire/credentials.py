@@ -31,7 +31,7 @@ from typing import Final
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle.wire.auth import AUTHORIZATION
 from shuffle_api import AuthenticationError, InvalidIdentifierError, PermissionDeniedError
-from shuffle_api.ids import validate_id
+from shuffle_api.ids import new_id, validate_id
 
 __all__ = [
     "CLIENT_CREDENTIAL_PREFIX",
@@ -41,6 +41,7 @@ __all__ = [
     "Credential",
     "CredentialCheck",
     "Role",
+    "application_id_for",
     "application_token",
     "data_port_identity",
     "grpc_method",
@@ -52,6 +53,7 @@ _PREFIX: Final = "pyshuffle"
 CREDENTIAL_PREFIX: Final = _PREFIX + _SEPARATOR
 """How every operator's credential starts (the cluster's secret must not)."""
 _SIGNING_KEY_LABEL: Final = b"pyshuffle operator credential v1"
+_MAX_CLIENT_NAME: Final = 64
 _MAX_TOKEN: Final = 512  # a longer one is no credential of ours: refused before any parsing
 
 
@@ -182,6 +184,9 @@ def operator_token(secret: str, role: Role, name: str, expires_at: int) -> str:
         roles = ", ".join(role.value for role in OPERATOR_ROLES)
         raise InvalidIdentifierError(f"operators issue {roles} credentials, not {role.value}")
     validate_id(name, "operator name")
+    if role is Role.CLIENT and len(name) > _MAX_CLIENT_NAME:
+        # Its applications' ids are named after it, within an id's 128 characters.
+        raise InvalidIdentifierError(f"a client's name has {_MAX_CLIENT_NAME} characters at most")
     return _token(secret, role, name, expires_at)
 
 
@@ -193,6 +198,16 @@ def application_token(secret: str, application_id: str, expires_at: int) -> str:
 
 
 CLUSTER_CREDENTIAL: Final = Credential(Role.CLUSTER, "cluster", None)
+
+
+def application_id_for(token: str) -> str:
+    """A new application's id for a driver presenting ``token``: named after its client
+    (``<client>.app-<random>``) when it is a client's credential, whose holder may register
+    only such ids."""
+    if token.startswith(CLIENT_CREDENTIAL_PREFIX):
+        client = token[len(CLIENT_CREDENTIAL_PREFIX) :].split(_SEPARATOR, 1)[0]
+        return f"{client}.app-{new_id()}"
+    return f"app-{new_id()}"
 
 
 def data_port_identity(token: str) -> bytes:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from external_shuffle.local_cluster import LocalCluster, free_port
-from external_shuffle.wire.credentials import Role, operator_token
+from external_shuffle.wire.credentials import Role, application_token, operator_token
 from tests.reliability.external_cluster import (
     PARTITIONS,
     SUBPARTITIONS,
@@ -158,7 +158,7 @@ def test_a_wrong_credential_is_refused_counted_and_logged(cluster: LocalCluster)
         assert page.headers["Content-Security-Policy"].startswith("default-src 'none'")
 
 
-def test_an_operators_credential_opens_the_page_and_an_expired_one_is_refused(
+def test_an_operators_credential_opens_the_page_and_an_expired_or_other_one_is_refused(
     cluster: LocalCluster,
 ) -> None:
     secret = cluster.token_file.read_text().strip()
@@ -175,6 +175,13 @@ def test_an_operators_credential_opens_the_page_and_an_expired_one_is_refused(
     assert "reader credential of 'former' expired" in (
         (cluster.directory / "coordinator.log").read_text()
     )
+    # A team's drivers and an application hold credentials too, which are not operators'.
+    for token in (
+        operator_token(secret, Role.CLIENT, "team", int(time.time()) + 60),
+        application_token(secret, "team.app-x", int(time.time()) + 60),
+    ):
+        _refused(cluster, {"Authorization": f"Bearer {token}"})
+    assert _refusals(cluster)[0] == counted + 3
 
 
 def test_a_half_sent_request_holds_the_page_for_a_few_seconds_only(

@@ -97,6 +97,10 @@ def _credential(scenario: ShuffleScenario) -> list[tuple[str, str]]:
     return [("authorization", f"Bearer {token}")]
 
 
+def _secret(cluster: LocalCluster) -> list[tuple[str, str]]:
+    return [("authorization", f"Bearer {cluster.token_file.read_text().strip()}")]
+
+
 def _refusal(call: Callable[[], object], what: str) -> ShuffleError:
     with pytest.raises(grpc.RpcError) as caught:
         call()
@@ -298,3 +302,81 @@ def test_no_client_takes_another_teams_application_and_an_ended_ones_credential_
             time.sleep(0.2)
     assert type(refused) is AuthenticationError, refused
     assert "ended" in str(refused)
+
+
+def test_an_application_names_no_worker_and_no_client_names_anothers_applications(
+    cluster: LocalCluster, team_config: Configuration
+) -> None:
+    secret = cluster.token_file.read_text().strip()
+    other_team = operator_token(secret, Role.CLIENT, "other-team", int(time.time()) + 60)
+    with (
+        _application(team_config) as running,
+        grpc.insecure_channel(cluster.coordinator_address) as channel,
+    ):
+        coordinator = pb_grpc.CoordinatorStub(channel)
+        application_id = running.master.application_id  # type: ignore[attr-defined]
+        assert application_id.startswith("team.app-")
+        # A worker of its own making, which the coordinator would call with the secret.
+        made_up = pb.WorkerInfo(worker_id="worker-made-up", host="127.0.0.1", port=1)
+        refused = _refusal(
+            lambda: coordinator.RegisterPartition(
+                pb.RegisterPartitionRequest(
+                    application_id=application_id,
+                    partition=key_of(build_partition().partition),
+                    number_of_subpartitions=2,
+                    placed_on=[made_up],
+                ),
+                metadata=_credential(running),
+                timeout=10,
+            ),
+            "RegisterPartition",
+        )
+        assert "not registered here" in str(refused), refused
+        listed = coordinator.ListWorkers(pb.ListWorkersRequest(), metadata=_secret(cluster))
+        assert "worker-made-up" not in {entry.worker.worker_id for entry in listed.workers}
+
+        # A client registers ids named after it only.
+        def register(name: str) -> object:
+            return coordinator.RegisterApplication(
+                pb.RegisterApplicationRequest(application_id=name),
+                metadata=[("authorization", f"Bearer {other_team}")],
+                timeout=10,
+            )
+
+        for name in (application_id, "app-anything", "team.app-x"):
+            taken = _refusal(functools.partial(register, name), "RegisterApplication")
+            assert type(taken) is PermissionDeniedError, taken
+
+
+def test_restarts_keep_each_partition_its_applications(
+    cluster: LocalCluster, team_config: Configuration
+) -> None:
+    """A restarted worker and a restarted coordinator still know whose each partition is: its
+    application reads it, another cannot release it."""
+    with _application(team_config) as first, _application(team_config) as second:
+        descriptors, _ = first.produce(
+            make_batches(ROWS, batch_rows=500), partitions=2, subpartitions=2
+        )
+        first_id = first.master.application_id  # type: ignore[attr-defined]
+        cluster.kill_worker(0)
+        cluster.start_worker(0)
+        cluster.wait_for_workers({cluster.worker_target(0)})
+        assert _rows(first, descriptors) == list(range(ROWS))
+        cluster.stop_coordinator()
+        cluster.start_coordinator()
+        cluster.wait_for_workers({cluster.worker_target(0)})
+        with grpc.insecure_channel(cluster.coordinator_address) as channel:
+            refused = _refusal(
+                lambda: pb_grpc.CoordinatorStub(channel).ReleasePartitions(
+                    pb.ReleasePartitionsRequest(
+                        application_id=second.master.application_id,  # type: ignore[attr-defined]
+                        partitions=[key_of(d.result_partition_id) for d in descriptors],
+                    ),
+                    metadata=_credential(second),
+                    timeout=10,
+                ),
+                "ReleasePartitions",
+            )
+        assert type(refused) is PermissionDeniedError, refused
+        assert first_id in str(refused)
+        assert _rows(first, descriptors) == list(range(ROWS))

@@ -16,6 +16,7 @@ from external_shuffle.wire.errors import UnavailableError
 from shuffle_api import (
     ConfigError,
     InvalidIdentifierError,
+    PartitionNotFoundError,
     QuotaExceededError,
     ShuffleError,
     ShuffleServiceClosedError,
@@ -222,6 +223,35 @@ def test_an_application_quota_refuses_the_push_past_it_and_deletes_what_arrived(
     state.release([kept.partition])
     _push(state, refused, application="app-a")
     assert state.held_bytes() == {"app-a": len(refused.data), "app-b": len(other.data)}
+    # Near the quota, a message sent again is a duplicate, not a refusal.
+    upload = state.begin_push(refused.partition, "app-a")
+    assert upload is not None
+    assert not state.append(upload, 0, memoryview(refused.chunks()[0]))
+
+
+def test_what_an_application_holds_follows_deletes_releases_and_restarts(
+    store: Store, clock: Clock
+) -> None:
+    state = _state(store, clock)
+    kept, lost, dropped = (build_partition() for _ in range(3))
+    for built in (kept, lost):
+        _push(state, built, application="app-a")
+        state.commit(built.partition, "app-a", built.index, built.manifest)
+    assert state.held_bytes() == {"app-a": len(kept.data) + len(lost.data)}
+    shutil.rmtree(partition_directory(store, lost.partition))  # behind the worker's back
+    assert state.committed(lost.partition) is None
+    assert state.held_bytes() == {"app-a": len(kept.data)}
+    # A stream that goes on writing an upload released under it keeps nothing.
+    upload = state.begin_push(dropped.partition, "app-a")
+    assert upload is not None
+    state.release([dropped.partition])
+    with pytest.raises(PartitionNotFoundError, match="released"):
+        state.append(upload, 0, memoryview(dropped.chunks()[0]))
+    assert not Path(partition_directory(store, dropped.partition)).exists()
+    # A restarted worker knows whose each partition is.
+    restarted = _state(store, clock)
+    assert restarted.owner(kept.partition) == "app-a"
+    assert restarted.held_bytes() == {"app-a": len(kept.data)}
 
 
 def _tiered_state(store: Store, clock: Clock, tier: Store) -> WorkerState:
@@ -258,7 +288,11 @@ def test_past_the_high_water_mark_the_oldest_partitions_move_to_the_tier_and_are
     assert state.partitions_to_move(sum(sizes) - 1, sizes[2]) == []
     for each in built[:2]:
         here = partition_directory(store, each.partition)
-        assert sorted(os.listdir(here)) == ["manifest.json", "moved"]  # data and index went
+        assert sorted(os.listdir(here)) == [
+            "application",
+            "manifest.json",
+            "moved",
+        ]  # data, index went
         assert is_readable(tier, each.partition)
         every = SubpartitionRange(0, SUBPARTITIONS - 1)
         reader = state.open_reader(each.partition, every)

@@ -31,7 +31,13 @@ from external_shuffle.wire.messages import (
     statistics_to_pb,
 )
 from scheduling.placement import PlacementStrategy
-from shuffle_api import ApplicationIdentity, AuthenticationError, ResultPartitionID
+from shuffle_api import (
+    ApplicationIdentity,
+    AuthenticationError,
+    PermissionDeniedError,
+    ResultPartitionID,
+)
+from shuffle_api.errors import UnavailableError
 
 __all__ = ["CoordinatorService"]
 
@@ -149,6 +155,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             request.load,
             [partition_of(key) for key in request.committed],
             [partition_of(key) for key in request.on_tier],
+            list(request.committed_for),
         )
         return pb.RegisterWorkerResponse(obsolete=[key_of(p) for p in obsolete])
 
@@ -189,7 +196,10 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
     def ReportUnreachableWorker(  # noqa: N802
         self, request: pb.ReportUnreachableWorkerRequest, context: grpc.ServicerContext
     ) -> pb.ReportUnreachableWorkerResponse:
-        """Check the worker at once (a client saw it fail); dead if it does not answer."""
+        """Check the worker at once (a client saw it fail); dead if it does not answer (or,
+        told by a holder of the cluster's secret, answers that it does not serve: an
+        application may not have a draining worker declared dead)."""
+        trusted = self._caller(context).role is Role.CLUSTER
         address = self.state.live_address(request.worker_id)
         if address is None:
             return pb.ReportUnreachableWorkerResponse(
@@ -199,7 +209,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             answer = health_pb2_grpc.HealthStub(self._peers.get(address.target)).Check(
                 health_pb2.HealthCheckRequest(), timeout=min(2.0, self.state.worker_timeout)
             )
-            serving = answer.status == health_pb2.HealthCheckResponse.SERVING
+            serving = answer.status == health_pb2.HealthCheckResponse.SERVING or not trusted
         except grpc.RpcError:
             serving = False
         if serving:
@@ -235,18 +245,25 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         partitions: list[ResultPartitionID],
         action: str,
     ) -> None:
-        """PermissionDeniedError unless ``caller`` may ``action`` each of ``partitions`` (those
-        no application claimed yet too: an application's credential claims them)."""
+        """PermissionDeniedError unless ``caller`` may ``action`` each of ``partitions`` that
+        is tracked here (one no application claimed is no application credential's)."""
         for partition, owner in self.state.owners(partitions).items():
-            if owner:
-                caller.check_application(owner, f"{action} partition {partition} of")
+            caller.check_application(owner, f"{action} partition {partition} of")
 
     @reports_errors
     def RegisterApplication(  # noqa: N802
         self, request: pb.RegisterApplicationRequest, context: grpc.ServicerContext
     ) -> pb.RegisterApplicationResponse:
         caller = self._caller(context)
-        if caller.role is not Role.CLIENT:  # a client starts applications of its own
+        if caller.role is Role.CLIENT:
+            # A client's applications are named after it: no other client's id is its to take,
+            # not even after this coordinator restarted and forgot who registered what.
+            if not request.application_id.startswith(f"{caller.name}."):
+                raise PermissionDeniedError(
+                    f"client {caller.name!r} registers applications named"
+                    f" '{caller.name}.<id>', not {request.application_id!r}"
+                )
+        else:
             caller.check_application(request.application_id, "register")
         self.state.register_application(
             request.application_id,
@@ -352,6 +369,20 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 request.application_id = caller.name
             caller.check_application(request.application_id, "act for")
             self._check_owns(caller, [partition], "place")
+            if request.placed_on:
+                # Where a driver says its partition is: only workers that registered here, at
+                # their address (this coordinator calls them with the cluster's secret).
+                known = [
+                    info
+                    for info in request.placed_on
+                    if self.state.registered_address(info.worker_id) == WorkerAddress.from_pb(info)
+                ]
+                if not known:
+                    raise UnavailableError(
+                        f"{partition} is on workers that have not registered here yet"
+                    )
+                del request.placed_on[:]
+                request.placed_on.extend(known)
         placement = self.state.register_partition(request, partition)
         return pb.RegisterPartitionResponse(location=_location(placement))
 
@@ -362,7 +393,12 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         caller = self._check_acts_for(context, request.application_id)
         partitions = [partition_of(key) for key in request.partitions]
         self._check_owns(caller, partitions, "release")
-        releases = self.state.release_partitions(request.application_id, partitions)
+        releases = self.state.release_partitions(
+            request.application_id,
+            partitions,
+            # A copy a worker shows later of one unknown here is deleted: the secret's call.
+            release_unknown=caller.role is Role.CLUSTER,
+        )
         return pb.ReleasePartitionsResponse(released=self._delete(releases))
 
     @reports_errors

@@ -174,18 +174,23 @@ class CoordinatorState:
         load: pb.WorkerLoad,
         held: Sequence[ResultPartitionID],
         on_tier: Sequence[ResultPartitionID] = (),
+        held_for: Sequence[str] = (),
     ) -> list[ResultPartitionID]:
         """Take the worker (again); returns the partitions it holds that it must delete.
         What it holds that nobody here knows is kept, unclaimed: after a restart of this
         coordinator, its application claims it. ``on_tier``: those of ``held`` it moved to
-        its tier store."""
+        its tier store; ``held_for``: the application each of ``held`` is for, in order
+        (empty from older workers)."""
         now = self._clock()
         moved = set(on_tier)
+        owners = list(held_for) if len(held_for) == len(held) else [""] * len(held)
         with self._lock:
             previous = self._workers.get(address.worker_id)
             obsolete = set() if previous is None else set(previous.pending_release)
             self._workers[address.worker_id] = _Worker(address, load, now)
-            commits = [Commit(p, on_tier=p in moved) for p in held]
+            commits = [
+                Commit(p, owner, on_tier=p in moved) for p, owner in zip(held, owners, strict=True)
+            ]
             adopted = self._adopt(address.worker_id, commits, obsolete)
         logger.info(
             "worker registered; %d partitions unknown here kept until claimed",
@@ -217,6 +222,13 @@ class CoordinatorState:
                 WorkerView(worker.address, worker.load, worker.alive, now - worker.last_seen)
                 for worker in self._workers.values()
             ]
+
+    def registered_address(self, worker_id: str) -> WorkerAddress | None:
+        """Where a worker that registered itself here is (alive or not); None for one only a
+        client named."""
+        with self._lock:
+            worker = self._workers.get(worker_id)
+            return None if worker is None or worker.announced else worker.address
 
     def live_address(self, worker_id: str) -> WorkerAddress | None:
         with self._lock:
@@ -504,15 +516,21 @@ class CoordinatorState:
             }
 
     def release_partitions(
-        self, application_id: str, partitions: Sequence[ResultPartitionID]
+        self,
+        application_id: str,
+        partitions: Sequence[ResultPartitionID],
+        *,
+        release_unknown: bool = True,
     ) -> Releases:
         """An application releases its own partitions and unclaimed ones only (any copy a
-        worker shows later is deleted)."""
+        worker shows later is deleted; of one not tracked here, only ``release_unknown``)."""
         with self._lock:
             now = self._clock()
             for partition in partitions:
                 entry = self._partitions.get(partition)
-                if entry is None or entry.application_id in ("", application_id):
+                if (entry is None and release_unknown) or (
+                    entry is not None and entry.application_id in ("", application_id)
+                ):
                     self._released.pop(partition, None)
                     self._released[partition] = now
             while len(self._released) > _MAX_RELEASED:

@@ -37,11 +37,13 @@ def heartbeat_loop(
         try:
             if not registered:
                 watch.take()  # the list below holds these
+                held = service.state.committed_partitions()
                 response = coordinator.RegisterWorker(
                     pb.RegisterWorkerRequest(
                         worker=service.address.to_pb(),
                         load=service.state.load(),
-                        committed=[key_of(p) for p in service.state.committed_partitions()],
+                        committed=[key_of(p) for p in held],
+                        committed_for=[service.state.owner(p) or "" for p in held],
                         on_tier=[key_of(p) for p in service.state.partitions_on_tier()],
                     ),
                     timeout=timeout,

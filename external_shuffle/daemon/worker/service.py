@@ -163,12 +163,9 @@ class WorkerService(pb_grpc.WorkerServicer):
                 if first is None:
                     first = message.partition
                     partition = partition_of(first)
-                    caller = self._caller(context)
-                    application = message.application_id
-                    if caller.role is Role.APPLICATION:
-                        application = application or caller.name
-                        caller.check_application(application, "push for")
-                        self._check_owns(caller, partition, "push into")
+                    application = self._writer_of(
+                        context, message.application_id, partition, "push into"
+                    )
                     upload = self.state.begin_push(partition, application)
                 elif message.partition != first:
                     raise InvalidIdentifierError(
@@ -196,12 +193,7 @@ class WorkerService(pb_grpc.WorkerServicer):
         self, request: pb.CommitPartitionRequest, context: grpc.ServicerContext
     ) -> pb.CommitPartitionResponse:
         partition = partition_of(request.partition)
-        caller = self._caller(context)
-        application = request.application_id
-        if caller.role is Role.APPLICATION:
-            application = application or caller.name
-            caller.check_application(application, "commit for")
-            self._check_owns(caller, partition, "commit")
+        application = self._writer_of(context, request.application_id, partition, "commit")
         self.state.commit(partition, application, request.index, request.manifest)
         return pb.CommitPartitionResponse()
 
@@ -209,8 +201,21 @@ class WorkerService(pb_grpc.WorkerServicer):
         if self._credentials is None:
             return CLUSTER_CREDENTIAL
         caller = self._credentials.credential_of_call(context.invocation_metadata())
-        self._check_not_ended(caller)
+        self._check_still_valid(caller)
         return caller
+
+    def _writer_of(
+        self, context: grpc.ServicerContext, named: str, partition: ResultPartitionID, verb: str
+    ) -> str:
+        """The application a push or commit of ``partition`` is for: the one it names, or an
+        application credential's own; PermissionDeniedError if the caller may not write it."""
+        caller = self._caller(context)
+        if caller.role is not Role.APPLICATION:
+            return named
+        application = named or caller.name
+        caller.check_application(application, "write for")
+        self._check_owns(caller, partition, verb)
+        return application
 
     def applications_ended(self, applications: Iterable[str]) -> None:
         """A coordinator says these applications ended."""
@@ -221,8 +226,11 @@ class WorkerService(pb_grpc.WorkerServicer):
             while len(self._ended) > _MAX_ENDED:
                 del self._ended[next(iter(self._ended))]
 
-    def _check_not_ended(self, caller: Credential) -> None:
-        """AuthenticationError for the credential of an application that ended."""
+    def _check_still_valid(self, caller: Credential) -> None:
+        """AuthenticationError for a credential expired since it was checked (a data port
+        connection outlives its handshake), or of an application that ended."""
+        if caller.expires_at is not None and time.time() >= caller.expires_at:
+            raise AuthenticationError(f"the credential of {caller} expired")
         if caller.role is Role.APPLICATION:
             with self._ended_lock:
                 ended = caller.name in self._ended
@@ -251,7 +259,7 @@ class WorkerService(pb_grpc.WorkerServicer):
         partition it names, if ``caller`` may read it; the fetch counts as open until the
         block ends."""
         partition = partition_of(request.partition)
-        self._check_not_ended(caller)  # a data port connection may outlive its application
+        self._check_still_valid(caller)  # a data port connection outlives its handshake
         self._check_owns(caller, partition, "fetch")
         if request.last_subpartition < request.first_subpartition:
             raise InvalidIdentifierError(

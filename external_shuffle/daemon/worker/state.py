@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -76,6 +77,9 @@ WORKER_ID_FILE = ".pyshuffle-worker-id"
 """Under the store root: the worker's id, so a restarted worker is the same worker. A name no
 partition id can take (ids cannot start with a dot)."""
 
+APPLICATION_FILE = "application"
+"""Beside a committed partition's manifest (written before it): the application it was
+committed for, which a restarted worker reads back (absent: none named)."""
 MOVED_FILE = "moved"
 """Beside a moved partition's manifest: its data and index are on the tier store it names."""
 MOVING_FILE = "moving"
@@ -134,9 +138,16 @@ class Upload:
     last_active: float = 0.0  # when a message of it last arrived, or its last stream ended
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def append(self, sequence: int, data: memoryview) -> bool:
-        """Write the message's bytes; False if its sequence number was already received."""
+    def append(self, sequence: int, data: memoryview, charge: Callable[[int], None]) -> bool:
+        """Write the message's bytes, after ``charge`` (with their size) lets them; False if
+        its sequence number was already received (nothing charged)."""
         with self.lock:
+            if self.forgotten:
+                raise PartitionNotFoundError(
+                    f"the push of {self.sink.partition} was refused or released meanwhile:"
+                    " nothing of it is kept",
+                    self.sink.partition,
+                )
             if sequence < self.next_sequence:
                 self.duplicates += 1
                 return False
@@ -145,6 +156,7 @@ class Upload:
                     f"push of {self.sink.partition} skipped messages: expected sequence"
                     f" {self.next_sequence}, got {sequence}"
                 )
+            charge(len(data))
             with storage_errors(self.sink.where):
                 if self.data is None:
                     self.data = self.sink.open_data()
@@ -266,10 +278,11 @@ class WorkerState:
             except ShuffleError as error:
                 logger.warning("ignoring corrupt %s: %s", partition, error)
                 continue
+            application = self._application_of(directory)
             self._committed[partition] = CommittedPartition.of(
-                reader.manifest.statistics, reader.manifest.data_bytes
+                reader.manifest.statistics, reader.manifest.data_bytes, application
             )
-            self._count("", reader.manifest.data_bytes)
+            self._count(application, reader.manifest.data_bytes)
         if self._committed:
             logger.info("serving %d committed partitions found on the store", len(self._committed))
 
@@ -296,7 +309,17 @@ class WorkerState:
                 "ignoring moved %s: its manifest here is unreadable: %s", partition, error
             )
             return
-        self._committed[partition] = CommittedPartition.of(manifest.statistics, 0, on_tier=True)
+        self._committed[partition] = CommittedPartition.of(
+            manifest.statistics, 0, self._application_of(directory), on_tier=True
+        )
+
+    def _application_of(self, directory: str) -> str:
+        """The application a partition found at a restart was committed for ("": none)."""
+        try:
+            named = self.store.read_bytes(self.store.child(directory, APPLICATION_FILE)).decode()
+            return validate_id(named, "application id")
+        except (FileNotFoundError, UnicodeDecodeError, ShuffleError):
+            return ""
 
     def _forget_cut_off_move(self, partition: ResultPartitionID, directory: str) -> None:
         """A copy to the tier cut off by a restart: the partition is still here; what reached
@@ -369,7 +392,9 @@ class WorkerState:
         manifest = self.store.child(partition_directory(self.store, partition), MANIFEST_FILE)
         if not self.store.exists(manifest):
             with self._lock:
-                self._committed.pop(partition, None)
+                if self._committed.get(partition) is committed:
+                    del self._committed[partition]
+                    self._count(committed.application_id, -committed.stored_bytes)
             return None
         return committed
 
@@ -446,33 +471,26 @@ class WorkerState:
         False for a duplicate. A storage error (a full or failing disk) or the quota deletes
         what arrived of the partition."""
         upload.last_active = self._clock()
-        self._charge(upload, len(data))
-        written = False
-        try:
-            with self._budget.reserve(len(data)):
-                try:
-                    written = upload.append(sequence, data)
-                except StorageError:
-                    self.release([upload.sink.partition])
-                    raise
-        finally:
-            if not written:
-                self._charge(upload, -len(data))
-        return written
+        with self._budget.reserve(len(data)):
+            try:
+                return upload.append(sequence, data, functools.partial(self._charge, upload))
+            except (StorageError, QuotaExceededError):
+                # What it charged goes with it.
+                self.release([upload.sink.partition])
+                raise
 
     def _charge(self, upload: Upload, size: int) -> None:
-        """Count ``size`` bytes (negative: no more) against the upload's application; raises
-        QuotaExceededError, after deleting the upload, if that takes it past its quota."""
+        """Count ``size`` more bytes against the upload's application; QuotaExceededError if
+        that takes it past its quota (nothing counted)."""
         application = upload.application_id
         with self._lock:
             if upload.forgotten:
                 return  # released meanwhile: its bytes were given back
             held = self._held.get(application, 0) + size
-            if size <= 0 or not 0 < self._application_quota < held:
+            if not 0 < self._application_quota < held:
                 upload.charged += size
                 self._count(application, size)
                 return
-        self.release([upload.sink.partition])
         raise QuotaExceededError(
             f"application {application or '(unnamed)'} would hold {held} bytes on this"
             f" worker, past its quota of {self._application_quota}: the push of"
@@ -519,6 +537,11 @@ class WorkerState:
             try:
                 if upload is not None:
                     upload.close()
+                if application_id:  # before the manifest, the commit point
+                    directory = partition_directory(self.store, partition)
+                    self.store.put_atomic(
+                        self.store.child(directory, APPLICATION_FILE), application_id.encode()
+                    )
                 sink.commit(index, manifest)
                 # Fetches take layouts from a cache that does not look at the files again: a
                 # partition deleted under this worker and pushed anew must not meet its old one.
