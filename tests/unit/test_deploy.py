@@ -401,6 +401,8 @@ else:
 numbers = [port, config.get(options.METRICS_PORT)]
 if args.role != "coordinator" and config.get(options.WORKER_DATA_PORT) > 0:
     numbers.append(config.get(options.WORKER_DATA_PORT))
+# Before it listens: local-cluster.sh takes it as started once its ports answer.
+signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "ignore-term" else lambda *_: sys.exit(0))
 sockets = []
 for number in numbers:
     listener = socket.socket()
@@ -419,7 +421,6 @@ if args.role == "coordinator":
     workers = len(glob.glob(os.path.join(os.path.dirname(args.config), "worker-*.toml")))
     threading.Thread(target=serve_metrics, args=(sockets[1], workers), daemon=True).start()
 print(args.role, "listening on", port, flush=True)
-signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "ignore-term" else lambda *_: sys.exit(0))
 while True:
     time.sleep(0.1)
 """
