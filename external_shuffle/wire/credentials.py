@@ -184,9 +184,12 @@ def operator_token(secret: str, role: Role, name: str, expires_at: int) -> str:
         roles = ", ".join(role.value for role in OPERATOR_ROLES)
         raise InvalidIdentifierError(f"operators issue {roles} credentials, not {role.value}")
     validate_id(name, "operator name")
-    if role is Role.CLIENT and len(name) > _MAX_CLIENT_NAME:
-        # Its applications' ids are named after it, within an id's 128 characters.
-        raise InvalidIdentifierError(f"a client's name has {_MAX_CLIENT_NAME} characters at most")
+    if role is Role.CLIENT and (len(name) > _MAX_CLIENT_NAME or "." in name):
+        # Its applications' ids are named after it (<name>.app-<id>), within an id's 128
+        # characters, and no client's name may be a prefix another's ids would share.
+        raise InvalidIdentifierError(
+            f"a client's name has {_MAX_CLIENT_NAME} characters at most, and no '.'"
+        )
     return _token(secret, role, name, expires_at)
 
 

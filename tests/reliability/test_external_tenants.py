@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import socket
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -95,10 +96,6 @@ def _credential(scenario: ShuffleScenario) -> list[tuple[str, str]]:
     assert isinstance(master, ExternalShuffleMaster)
     token = master.environment_configuration()[APPLICATION_CREDENTIAL.key]
     return [("authorization", f"Bearer {token}")]
-
-
-def _secret(cluster: LocalCluster) -> list[tuple[str, str]]:
-    return [("authorization", f"Bearer {cluster.token_file.read_text().strip()}")]
 
 
 def _refusal(call: Callable[[], object], what: str) -> ShuffleError:
@@ -316,24 +313,38 @@ def test_an_application_names_no_worker_and_no_client_names_anothers_application
         coordinator = pb_grpc.CoordinatorStub(channel)
         application_id = running.master.application_id  # type: ignore[attr-defined]
         assert application_id.startswith("team.app-")
-        # A worker of its own making, which the coordinator would call with the secret.
-        made_up = pb.WorkerInfo(worker_id="worker-made-up", host="127.0.0.1", port=1)
-        refused = _refusal(
-            lambda: coordinator.RegisterPartition(
+        # A worker of its own making, which the coordinator would call with the secret: it
+        # is tracked where the application says, and never called before it registers.
+        with socket.create_server(("127.0.0.1", 0)) as made_up_port:
+            made_up_port.settimeout(1.0)
+            made_up = pb.WorkerInfo(
+                worker_id="worker-made-up", host="127.0.0.1", port=made_up_port.getsockname()[1]
+            )
+            intruder = _credential(running)
+            coordinator.RegisterJob(
+                pb.RegisterJobRequest(application_id=application_id, job_id="job-x"),
+                metadata=intruder,
+                timeout=10,
+            )
+            coordinator.RegisterPartition(
                 pb.RegisterPartitionRequest(
                     application_id=application_id,
+                    job_id="job-x",
                     partition=key_of(build_partition().partition),
                     number_of_subpartitions=2,
                     placed_on=[made_up],
                 ),
-                metadata=_credential(running),
+                metadata=intruder,
                 timeout=10,
-            ),
-            "RegisterPartition",
-        )
-        assert "not registered here" in str(refused), refused
-        listed = coordinator.ListWorkers(pb.ListWorkersRequest(), metadata=_secret(cluster))
-        assert "worker-made-up" not in {entry.worker.worker_id for entry in listed.workers}
+            )
+            status = coordinator.GetPartitionStatus(
+                pb.GetPartitionStatusRequest(application_id=application_id, job_id="job-x"),
+                metadata=intruder,
+                timeout=10,
+            )
+            assert [entry.available for entry in status.partitions] == [False]
+            with pytest.raises(TimeoutError):
+                made_up_port.accept()
 
         # A client registers ids named after it only.
         def register(name: str) -> object:
@@ -343,7 +354,7 @@ def test_an_application_names_no_worker_and_no_client_names_anothers_application
                 timeout=10,
             )
 
-        for name in (application_id, "app-anything", "team.app-x"):
+        for name in (application_id, "app-anything", "other-team.prod.app-" + "0" * 32):
             taken = _refusal(functools.partial(register, name), "RegisterApplication")
             assert type(taken) is PermissionDeniedError, taken
 

@@ -487,3 +487,19 @@ def test_ended_applications_are_told_in_the_order_they_ended_and_block_their_cli
     assert state.ended_after(heard)[0] == ["app-d"]  # expired: ended too
     with pytest.raises(PermissionDeniedError, match="ended"):
         state.register_application("app-d", client="team-a")
+
+
+def test_a_copy_a_worker_holds_for_another_application_is_neither_a_replica_nor_stale() -> None:
+    clock = Clock()
+    state = new_state(clock)
+    state.register_application("app-a")
+    state.register_job("app-a", "job-1")
+    state.register_worker(worker(0), pb.WorkerLoad(), [])
+    assert register(state, 0, application="app-a") == (worker(0),)
+    # Another worker shows a copy of the same id, committed for another application.
+    assert (
+        state.register_worker(worker(1), pb.WorkerLoad(), [partition(0)], held_for=["app-b"]) == []
+    )
+    [placement] = state.job_partitions("app-a", "job-1")[0]
+    assert placement.replicas == (worker(0),)
+    assert state.owners([partition(0)]) == {partition(0): "app-a"}

@@ -147,6 +147,10 @@ def test_a_client_only_registers_and_an_application_acts_for_itself_only(
         ):
             application.check_application(other, "fetch partition p of")
     CLUSTER_CREDENTIAL.check_application("app-b", "fetch partition p of")
+    # A client's name prefixes its applications' ids: no '.', which would let one client's
+    # ids pass for another's.
+    with pytest.raises(InvalidIdentifierError, match=r"no '\.'"):
+        operator_token(SECRET, Role.CLIENT, "team.prod", int(NOW) + 60)
     # An application's credential is the coordinator's to issue, not an operator's.
     with pytest.raises(InvalidIdentifierError):
         operator_token(SECRET, Role.APPLICATION, "app-a", int(NOW) + 60)

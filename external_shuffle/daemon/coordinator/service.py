@@ -4,6 +4,7 @@ the calls to workers the state decides (deletions, status checks), and a reaper 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections import defaultdict
@@ -37,7 +38,6 @@ from shuffle_api import (
     PermissionDeniedError,
     ResultPartitionID,
 )
-from shuffle_api.errors import UnavailableError
 
 __all__ = ["CoordinatorService"]
 
@@ -258,10 +258,12 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         if caller.role is Role.CLIENT:
             # A client's applications are named after it: no other client's id is its to take,
             # not even after this coordinator restarted and forgot who registered what.
-            if not request.application_id.startswith(f"{caller.name}."):
+            if not re.fullmatch(
+                rf"{re.escape(caller.name)}\.app-[0-9a-f]{{32}}", request.application_id
+            ):
                 raise PermissionDeniedError(
                     f"client {caller.name!r} registers applications named"
-                    f" '{caller.name}.<id>', not {request.application_id!r}"
+                    f" '{caller.name}.app-<32 hex digits>', not {request.application_id!r}"
                 )
         else:
             caller.check_application(request.application_id, "register")
@@ -369,21 +371,12 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 request.application_id = caller.name
             caller.check_application(request.application_id, "act for")
             self._check_owns(caller, [partition], "place")
-            if request.placed_on:
-                # Where a driver says its partition is: only workers that registered here, at
-                # their address (this coordinator calls them with the cluster's secret).
-                known = [
-                    info
-                    for info in request.placed_on
-                    if self.state.registered_address(info.worker_id) == WorkerAddress.from_pb(info)
-                ]
-                if not known:
-                    raise UnavailableError(
-                        f"{partition} is on workers that have not registered here yet"
-                    )
-                del request.placed_on[:]
-                request.placed_on.extend(known)
-        placement = self.state.register_partition(request, partition)
+        # Where an application says its partition is, a worker not registered here yet is
+        # tracked but never called before it registers: this coordinator would call it with
+        # the cluster's secret.
+        placement = self.state.register_partition(
+            request, partition, trusted=caller.role is Role.CLUSTER
+        )
         return pb.RegisterPartitionResponse(location=_location(placement))
 
     @reports_errors

@@ -42,9 +42,9 @@ logger = logging.getLogger(__name__)
 
 _MAX_RELEASED = 100_000
 _MAX_ENDED = 100_000
-_ENDED_PER_ANSWER = 10_000
 """Ended applications remembered, so that their credentials are refused (ids of 36 bytes: a few
 MiB at most)."""
+_ENDED_PER_ANSWER = 10_000
 _UNSAID = ApplicationIdentity()  # what a driver that does not say who it is gives
 
 
@@ -96,8 +96,10 @@ class _Worker:
     # Deletions it missed (it was unreachable, or dead): given with its next call.
     pending_release: set[ResultPartitionID] = field(default_factory=set)
     # Known only from a client's word (placed_on) since this coordinator started: not yet
-    # registered, but asked about its partitions (it may be up, about to register).
+    # registered, but asked about its partitions (it may be up, about to register) if that
+    # client held the cluster's secret: an application's word is never an address to call.
     announced: bool = False
+    dialable: bool = True
 
 
 @dataclass
@@ -222,13 +224,6 @@ class CoordinatorState:
                 WorkerView(worker.address, worker.load, worker.alive, now - worker.last_seen)
                 for worker in self._workers.values()
             ]
-
-    def registered_address(self, worker_id: str) -> WorkerAddress | None:
-        """Where a worker that registered itself here is (alive or not); None for one only a
-        client named."""
-        with self._lock:
-            worker = self._workers.get(worker_id)
-            return None if worker is None or worker.announced else worker.address
 
     def live_address(self, worker_id: str) -> WorkerAddress | None:
         with self._lock:
@@ -468,7 +463,11 @@ class CoordinatorState:
     # --- partitions ---------------------------------------------------------------------------
 
     def register_partition(
-        self, request: pb.RegisterPartitionRequest, partition: ResultPartitionID
+        self,
+        request: pb.RegisterPartitionRequest,
+        partition: ResultPartitionID,
+        *,
+        trusted: bool = True,
     ) -> PartitionPlacement:
         """Place the partition attempt, or give its place (idempotent); with ``placed_on``,
         track it where the client says it is. A producer's call names the application it
@@ -486,13 +485,13 @@ class CoordinatorState:
                 entry = _Partition(partition, (), self._clock())
                 if request.placed_on:
                     self._track(entry)
-                    self._restore_replicas(entry, request.placed_on)
+                    self._restore_replicas(entry, request.placed_on, dialable=trusted)
                 else:
                     entry.replicas = self._place(partition, request)
                     self._track(entry)
             elif request.placed_on and not entry.job_id:
                 # Adopted from the workers that registered so far: the client knows them all.
-                self._restore_replicas(entry, request.placed_on)
+                self._restore_replicas(entry, request.placed_on, dialable=trusted)
             if request.application_id and entry.application_id not in (
                 "",
                 request.application_id,
@@ -563,7 +562,7 @@ class CoordinatorState:
             askable = {
                 worker_id: worker.address
                 for worker_id, worker in self._workers.items()
-                if worker.alive or worker.announced
+                if worker.alive or (worker.announced and worker.dialable)
             }
         return placements, askable
 
@@ -631,6 +630,21 @@ class CoordinatorState:
                 continue
             if partition in obsolete:
                 continue
+            if (
+                entry is not None
+                and entry.application_id
+                and commit.application_id
+                and commit.application_id != entry.application_id
+            ):
+                # Another application's copy of the same id: neither a replica nor stale.
+                logger.warning(
+                    "%s on %s was committed for application %s, tracked for %s: left alone",
+                    partition,
+                    worker_id,
+                    commit.application_id,
+                    entry.application_id,
+                )
+                continue
             if entry is not None and worker_id in entry.replicas:
                 entry.on_tier |= commit.on_tier
                 continue
@@ -673,13 +687,22 @@ class CoordinatorState:
         for worker_id in replicas:
             self._tracked_per_worker[worker_id] += 1
 
-    def _restore_replicas(self, entry: _Partition, placed_on: Sequence[pb.WorkerInfo]) -> None:
+    def _restore_replicas(
+        self, entry: _Partition, placed_on: Sequence[pb.WorkerInfo], *, dialable: bool
+    ) -> None:
+        """Track the partition on the workers a client names (``dialable``: a holder of the
+        cluster's secret, whose word for a worker's address is taken)."""
         replicas = []
         for info in placed_on:
             address = WorkerAddress.from_pb(info)
             if address.worker_id not in self._workers:
                 self._workers[address.worker_id] = _Worker(
-                    address, pb.WorkerLoad(), self._clock(), alive=False, announced=True
+                    address,
+                    pb.WorkerLoad(),
+                    self._clock(),
+                    alive=False,
+                    announced=True,
+                    dialable=dialable,
                 )
             if address.worker_id not in replicas:
                 replicas.append(address.worker_id)
