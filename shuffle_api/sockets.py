@@ -31,7 +31,6 @@ import functools
 import hashlib
 import hmac
 import logging
-import math
 import secrets
 import select
 import socket
@@ -40,6 +39,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Final
 
 import pyarrow as pa
@@ -50,7 +50,7 @@ from shuffle_api.errors import (
     ShuffleError,
     TransportError,
 )
-from shuffle_api.tls import TlsSocket, buffered
+from shuffle_api.tls import TlsSocket, buffered, wait_ready
 
 __all__ = [
     "AUTH",
@@ -286,11 +286,7 @@ def wait_readable(sock: socket.socket, timeout: float) -> bool:
     """Whether ``sock`` has something to read (bytes, or the end of the stream) within
     ``timeout`` seconds: received bytes TLS already holds count, and so does a descriptor
     numbered past ``select``'s limit."""
-    if buffered(sock):
-        return True
-    poller = select.poll()
-    poller.register(sock, select.POLLIN)
-    return bool(poller.poll(max(0, math.ceil(timeout * 1000))))
+    return buffered(sock) or wait_ready(sock, select.POLLIN, timeout)
 
 
 def open_connection(
@@ -318,6 +314,14 @@ def open_connection(
         sock.close()
         raise
     return sock
+
+
+@dataclass(slots=True)
+class _Open:
+    """An open connection: its peer's address, and the identity it named (once proven)."""
+
+    host: str
+    identity: bytes = b""
 
 
 def _only_secret(secret: bytes, identity: bytes) -> bytes:
@@ -355,7 +359,6 @@ class AuthenticatedListener:
         keys: Callable[[bytes], bytes] | None = None,
     ) -> None:
         self._keys = keys or functools.partial(_only_secret, secret)
-        self._identities: dict[socket.socket, bytes] = {}
         self._tls = tls
         self._on_refused = on_refused
         self._max_connections = max_connections
@@ -370,7 +373,7 @@ class AuthenticatedListener:
         else:
             self._listener = socket.create_server((host, port))
         self._stopping = threading.Event()
-        self._connections: dict[socket.socket, str] = {}  # each open one's peer address
+        self._connections: dict[socket.socket, _Open] = {}
         self._lock = threading.Lock()
         self._accepting = threading.Thread(
             target=self._accept, name=f"pyshuffle-{name}-accept", daemon=True
@@ -410,14 +413,14 @@ class AuthenticatedListener:
         host = address[0] if isinstance(address, tuple) else str(address)
         peer = f"{host}:{address[1]}" if isinstance(address, tuple) else host
         with self._lock:
-            from_peer = sum(1 for other in self._connections.values() if other == host)
+            from_peer = sum(1 for other in self._connections.values() if other.host == host)
             refusal = None
             if len(self._connections) >= self._max_connections:
                 refusal = f"the {self._name} serves {self._max_connections} connections at once"
             elif from_peer >= self._max_per_peer:
                 refusal = f"the {self._name} serves {self._max_per_peer} connections of one host"
             else:
-                self._connections[sock] = host
+                self._connections[sock] = _Open(host)
         if refusal is not None:
             _LOG.warning("%s: connection from %s refused: %s", self._name, peer, refusal)
             # A TLS client would read a frame in the clear as a failed handshake: it hears
@@ -445,7 +448,7 @@ class AuthenticatedListener:
                     sock = self._start_tls(sock, self._tls, deadline)
                 identity = accept_handshake(sock, self._keys, deadline)
                 with self._lock:
-                    self._identities[sock] = identity
+                    self._connections[sock].identity = identity
             except AuthenticationError:
                 self._on_refused(peer)
                 raise
@@ -473,9 +476,8 @@ class AuthenticatedListener:
             refuse(sock, refusal)
             raise refusal
         with self._lock:
-            host = self._connections.pop(sock)
             secure = TlsSocket.wrap(sock, context, server_side=True)
-            self._connections[secure] = host
+            self._connections[secure] = self._connections.pop(sock)
         try:
             secure.handshake(deadline)
         except BaseException:
@@ -486,7 +488,8 @@ class AuthenticatedListener:
     def identity_of(self, sock: socket.socket) -> bytes:
         """The identity the client of ``sock``, being served, named (b"" if none)."""
         with self._lock:
-            return self._identities.get(sock, b"")
+            served = self._connections.get(sock)
+            return b"" if served is None else served.identity
 
     def _forget(self, sock: socket.socket) -> None:
         with contextlib.suppress(OSError):
@@ -494,7 +497,6 @@ class AuthenticatedListener:
         sock.close()
         with self._lock:
             self._connections.pop(sock, None)
-            self._identities.pop(sock, None)
 
     def stop_accepting(self) -> None:
         """Take no new connection; open ones go on."""

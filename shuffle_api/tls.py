@@ -28,7 +28,7 @@ from shuffle_api.errors import AuthenticationError, ConfigError, TransportError
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
 
-__all__ = ["TlsFiles", "TlsSocket", "buffered"]
+__all__ = ["TlsFiles", "TlsSocket", "buffered", "wait_ready"]
 
 # Plaintext bytes encrypted per step, and ciphertext bytes received per step: each bounds what
 # one connection holds in its buffers.
@@ -82,6 +82,15 @@ class TlsFiles:
                 f"the TLS authority file {self.ca_file!r} cannot be loaded: {error}"
             ) from error
         return context
+
+
+def wait_ready(sock: socket.socket, events: int, timeout: float | None) -> bool:
+    """Whether ``sock``'s descriptor is ready for ``events`` (``select.POLLIN``, ``POLLOUT``)
+    within ``timeout`` seconds (None: no limit); by ``poll``, which takes any descriptor
+    number (``select`` fails past 1024)."""
+    poller = select.poll()
+    poller.register(sock, events)
+    return bool(poller.poll(None if timeout is None else max(0, math.ceil(timeout * 1000))))
 
 
 def buffered(sock: socket.socket) -> bool:
@@ -204,14 +213,9 @@ class TlsSocket(socket.socket):
 
     def _wait_for(self, events: int, deadline: float | None) -> None:
         """Until the descriptor is ready for ``events``; TimeoutError past ``deadline``."""
-        poller = select.poll()
-        poller.register(self, events)
-        while True:
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                raise TimeoutError("timed out")
-            if poller.poll(None if remaining is None else math.ceil(remaining * 1000)):
-                return
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if (remaining is not None and remaining <= 0) or not wait_ready(self, events, remaining):
+            raise TimeoutError("timed out")
 
     def _send_plain(self, data: bytes, deadline: float | None) -> None:
         view = memoryview(data)
