@@ -23,6 +23,7 @@ import base64
 import enum
 import hashlib
 import hmac
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ __all__ = [
     "application_token",
     "data_port_identity",
     "grpc_method",
+    "is_clients_application",
     "operator_token",
 ]
 
@@ -54,6 +56,7 @@ CREDENTIAL_PREFIX: Final = _PREFIX + _SEPARATOR
 """How every operator's credential starts (the cluster's secret must not)."""
 _SIGNING_KEY_LABEL: Final = b"pyshuffle operator credential v1"
 _MAX_CLIENT_NAME: Final = 64
+_CLIENT_APPLICATION: Final = ".app-"  # between a client's name and its application's id
 _MAX_TOKEN: Final = 512  # a longer one is no credential of ours: refused before any parsing
 
 
@@ -164,17 +167,26 @@ class Credential:
         owner = f"application {application_id}" if application_id else "no application"
         raise PermissionDeniedError(f"{self} may not {action} {owner}")
 
+    def check_partition(self, owner: str, action: str, partition: object) -> None:
+        """:meth:`check_application` for ``action`` (``"fetch"``) on ``partition``, which
+        ``owner`` holds."""
+        self.check_application(owner, f"{action} partition {partition} of")
 
-def _signature(secret: str, payload: str) -> str:
+
+def _signing_key(secret: str) -> bytes:
     # A key of its own, derived from the secret: the secret itself keys the data ports' HMACs.
-    key = hmac.new(secret.encode(), _SIGNING_KEY_LABEL, hashlib.sha256).digest()
+    return hmac.new(secret.encode(), _SIGNING_KEY_LABEL, hashlib.sha256).digest()
+
+
+def _signed(key: bytes, payload: str) -> str:
+    """``payload`` and its signature: the whole credential."""
     digest = hmac.new(key, payload.encode(), hashlib.sha256).digest()
-    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+    return f"{payload}{_SEPARATOR}{base64.urlsafe_b64encode(digest).rstrip(b'=').decode()}"
 
 
 def _token(secret: str, role: Role, name: str, expires_at: int) -> str:
     payload = _SEPARATOR.join((_PREFIX, role.value, name, str(int(expires_at))))
-    return f"{payload}{_SEPARATOR}{_signature(secret, payload)}"
+    return _signed(_signing_key(secret), payload)
 
 
 def operator_token(secret: str, role: Role, name: str, expires_at: int) -> str:
@@ -205,12 +217,21 @@ CLUSTER_CREDENTIAL: Final = Credential(Role.CLUSTER, "cluster", None)
 
 def application_id_for(token: str) -> str:
     """A new application's id for a driver presenting ``token``: named after its client
-    (``<client>.app-<random>``) when it is a client's credential, whose holder may register
-    only such ids."""
+    (:func:`is_clients_application`) when it is a client's credential, whose holder may
+    register only such ids."""
     if token.startswith(CLIENT_CREDENTIAL_PREFIX):
         client = token[len(CLIENT_CREDENTIAL_PREFIX) :].split(_SEPARATOR, 1)[0]
-        return f"{client}.app-{new_id()}"
+        return f"{client}{_CLIENT_APPLICATION}{new_id()}"
     return f"app-{new_id()}"
+
+
+def is_clients_application(client: str, application_id: str) -> bool:
+    """Whether ``application_id`` is one the client named ``client`` may register:
+    ``<client>.app-<32 hex digits>``, as :func:`application_id_for` makes them."""
+    return (
+        re.fullmatch(rf"{re.escape(client + _CLIENT_APPLICATION)}[0-9a-f]{{32}}", application_id)
+        is not None
+    )
 
 
 def data_port_identity(token: str) -> bytes:
@@ -227,21 +248,29 @@ class CredentialCheck:
     def __init__(self, secret: str, clock: Callable[[], float] = time.time) -> None:
         self._secret = secret
         self._secret_bytes = secret.encode()
+        self._signing_key = _signing_key(secret)
         self._clock = clock
 
     def data_port_key(self, identity: bytes) -> bytes:
         """What a data port client that names ``identity`` proves: the cluster's secret (no
         identity), or the application credential whose public part it is (signed here, so
         only its holder knows it). AuthenticationError for any other identity."""
+        return self._data_port_credential(identity)[0]
+
+    def data_port_caller(self, identity: bytes) -> Credential:
+        """Who a data port client that named ``identity`` (and proved it) is."""
+        return self._data_port_credential(identity)[1]
+
+    def _data_port_credential(self, identity: bytes) -> tuple[bytes, Credential]:
         if not identity:
-            return self._secret_bytes
+            return self._secret_bytes, CLUSTER_CREDENTIAL
         try:
-            payload = identity.decode("ascii")
+            token = _signed(self._signing_key, identity.decode("ascii")).encode()
         except UnicodeDecodeError:
             raise AuthenticationError("wrong identity") from None
-        token = f"{payload}{_SEPARATOR}{_signature(self._secret, payload)}".encode()
-        self.credential_of(token).check_may_call(_FETCH_DATA)
-        return token
+        credential = self.credential_of(token)
+        credential.check_may_call(_FETCH_DATA)
+        return token, credential
 
     def application_token(self, application_id: str, lifetime: float) -> str:
         """A credential for the application ``application_id``, for ``lifetime`` seconds."""
@@ -270,13 +299,13 @@ class CredentialCheck:
         if len(presented) > _MAX_TOKEN or not presented.startswith(CREDENTIAL_PREFIX.encode()):
             raise AuthenticationError("wrong token")
         try:
-            payload, _, signature = presented.decode("ascii").rpartition(_SEPARATOR)
+            payload = presented.decode("ascii").rpartition(_SEPARATOR)[0]
             _, role_name, name, expires = payload.split(_SEPARATOR)
             role, expires_at = Role(role_name), int(expires)
         except ValueError:  # not ASCII, too few or many fields, unknown role, no number
             raise AuthenticationError("wrong token") from None
         if role not in _SIGNED_ROLES or not hmac.compare_digest(
-            signature, _signature(self._secret, payload)
+            presented, _signed(self._signing_key, payload).encode()
         ):
             raise AuthenticationError("wrong token")
         if self._clock() >= expires_at:

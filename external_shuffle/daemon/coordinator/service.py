@@ -4,7 +4,6 @@ the calls to workers the state decides (deletions, status checks), and a reaper 
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections import defaultdict
@@ -21,7 +20,13 @@ from external_shuffle.daemon.error_statuses import reports_errors
 from external_shuffle.ops.cluster_view import ApplicationRow, ClusterView, WorkerRow
 from external_shuffle.ops.metrics import DaemonMetrics
 from external_shuffle.wire.channels import ChannelPool
-from external_shuffle.wire.credentials import CLUSTER_CREDENTIAL, Credential, CredentialCheck, Role
+from external_shuffle.wire.credentials import (
+    CLUSTER_CREDENTIAL,
+    Credential,
+    CredentialCheck,
+    Role,
+    is_clients_application,
+)
 from external_shuffle.wire.messages import (
     Commit,
     WorkerAddress,
@@ -248,7 +253,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         """PermissionDeniedError unless ``caller`` may ``action`` each of ``partitions`` that
         is tracked here (one no application claimed is no application credential's)."""
         for partition, owner in self.state.owners(partitions).items():
-            caller.check_application(owner, f"{action} partition {partition} of")
+            caller.check_partition(owner, action, partition)
 
     @reports_errors
     def RegisterApplication(  # noqa: N802
@@ -258,9 +263,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         if caller.role is Role.CLIENT:
             # A client's applications are named after it: no other client's id is its to take,
             # not even after this coordinator restarted and forgot who registered what.
-            if not re.fullmatch(
-                rf"{re.escape(caller.name)}\.app-[0-9a-f]{{32}}", request.application_id
-            ):
+            if not is_clients_application(caller.name, request.application_id):
                 raise PermissionDeniedError(
                     f"client {caller.name!r} registers applications named"
                     f" '{caller.name}.app-<32 hex digits>', not {request.application_id!r}"

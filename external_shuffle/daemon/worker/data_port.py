@@ -28,7 +28,7 @@ from google.protobuf.message import DecodeError
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle.daemon.worker.service import WorkerService
 from external_shuffle.ops.metrics import DaemonMetrics
-from external_shuffle.wire.credentials import CLUSTER_CREDENTIAL, Credential, CredentialCheck
+from external_shuffle.wire.credentials import Credential, CredentialCheck
 from external_shuffle.wire.data_frames import (
     END,
     FAILED,
@@ -136,12 +136,7 @@ class WorkerDataPort:
     def _serve(self, sock: socket.socket, peer: str) -> None:
         """Fetch after fetch, until the client hangs up or idles."""
         self._metrics.data_port_connections.inc()
-        identity = self._listener.identity_of(sock)
-        running = _Running(
-            CLUSTER_CREDENTIAL
-            if not identity
-            else self._credentials.credential_of(self._credentials.data_port_key(identity))
-        )
+        running = _Running(self._credentials.data_port_caller(self._listener.identity_of(sock)))
         try:
             first = True
             while (frame := self._next_request(sock, peer, first=first)) is not None:

@@ -245,7 +245,7 @@ class WorkerService(pb_grpc.WorkerServicer):
         (an application's credential: its own application's only)."""
         owner = self.state.owner(partition)
         if owner is not None:
-            caller.check_application(owner, f"{action} partition {partition} of")
+            caller.check_partition(owner, action, partition)
 
     @contextlib.contextmanager
     def open_fetch(
