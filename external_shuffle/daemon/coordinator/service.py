@@ -39,7 +39,6 @@ from external_shuffle.wire.messages import (
 from scheduling.placement import PlacementStrategy
 from shuffle_api import (
     ApplicationIdentity,
-    AuthenticationError,
     PermissionDeniedError,
     ResultPartitionID,
 )
@@ -231,11 +230,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         if self._credentials is None:
             return CLUSTER_CREDENTIAL
         caller = self._credentials.credential_of_call(context.invocation_metadata())
-        if caller.role is Role.APPLICATION and self.state.has_ended(caller.name):
-            raise AuthenticationError(
-                f"the credential of application {caller.name} holds no more: the application"
-                " ended (it unregistered, or expired)"
-            )
+        self.state.ended.check(caller)
         return caller
 
     def _check_acts_for(self, context: grpc.ServicerContext, application_id: str) -> Credential:

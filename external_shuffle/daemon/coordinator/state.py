@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
+from external_shuffle.daemon.ended_applications import EndedApplications
 from external_shuffle.wire.errors import NotRegisteredError, UnavailableError
 from external_shuffle.wire.messages import Commit, WorkerAddress
 from scheduling.placement import (
@@ -41,10 +42,7 @@ __all__ = ["CoordinatorState", "PartitionPlacement", "Releases", "WorkerView"]
 logger = logging.getLogger(__name__)
 
 _MAX_RELEASED = 100_000
-_MAX_ENDED = 100_000
-"""Ended applications remembered, so that their credentials are refused (ids of 36 bytes: a few
-MiB at most)."""
-_ENDED_PER_ANSWER = 10_000
+_ENDED_PER_ANSWER = 10_000  # ended applications a worker's heartbeat is told at most
 _UNSAID = ApplicationIdentity()  # what a driver that does not say who it is gives
 
 
@@ -149,11 +147,8 @@ class CoordinatorState:
         # and not every replica's worker had registered again) is deleted. Oldest first;
         # kept for the application timeout, at most _MAX_RELEASED.
         self._released: dict[ResultPartitionID, float] = {}
-        # Applications that ended here (unregistered or expired), oldest first, each with its
-        # number in the order they ended: their credentials are refused, here and (told with
-        # heartbeats) on the workers. A restarted coordinator forgets them.
-        self._ended: dict[str, int] = {}
-        self._ended_count = 0
+        # Their credentials are refused, here and (told with heartbeats) on the workers.
+        self.ended = EndedApplications()
         self._lock = threading.RLock()
 
     # --- counts for the gauges ----------------------------------------------------------------
@@ -286,7 +281,7 @@ class CoordinatorState:
             application = self._applications.get(application_id)
             known = application is not None
             if client and (
-                application_id in self._ended
+                application_id in self.ended
                 or (application is not None and application.client != client)
             ):
                 raise PermissionDeniedError(
@@ -369,37 +364,14 @@ class CoordinatorState:
         last = max(application.last_seen, application.seen_elsewhere)
         return now - last > self.application_timeout
 
-    def has_ended(self, application_id: str) -> bool:
-        """Whether ``application_id`` ended here (unregistered, or expired) not long ago: its
-        credential holds no more."""
-        with self._lock:
-            return application_id in self._ended
-
-    def _end(self, application_id: str) -> None:
-        """Remember that ``application_id`` ended (under the lock; the oldest forgotten past
-        ``_MAX_ENDED``)."""
-        self._ended.pop(application_id, None)
-        self._ended_count += 1
-        self._ended[application_id] = self._ended_count
-        while len(self._ended) > _MAX_ENDED:
-            del self._ended[next(iter(self._ended))]
-
     def ended_after(self, heard: int) -> tuple[list[str], int]:
-        """The applications that ended after the first ``heard`` (oldest first, at most
-        ``_ENDED_PER_ANSWER``), and how many a worker has heard of once it has them."""
-        with self._lock:
-            after: list[str] = []
-            for application_id in reversed(self._ended):
-                if self._ended[application_id] <= heard:
-                    break
-                after.append(application_id)
-            after.reverse()
-            after = after[:_ENDED_PER_ANSWER]
-            return after, self._ended[after[-1]] if after else max(heard, 0)
+        """What a worker's heartbeat is told of the applications that ended (see
+        :meth:`EndedApplications.after`)."""
+        return self.ended.after(heard, _ENDED_PER_ANSWER)
 
     def unregister_application(self, application_id: str) -> Releases:
         with self._lock:
-            self._end(application_id)
+            self.ended.add([application_id])
             application = self._applications.pop(application_id, None)
             entries = [e for e in self._partitions.values() if e.application_id == application_id]
             releases = self._release(entries)
@@ -592,7 +564,7 @@ class CoordinatorState:
                     extra={"application_id": application_id, "partitions": len(owned)},
                 )
                 del self._applications[application_id]
-                self._end(application_id)
+                self.ended.add([application_id])
                 entries.extend(owned)
             # Unclaimed: no application known here owns it (adopted from a worker, or placed
             # for an application that never registered here).

@@ -73,8 +73,7 @@ def heartbeat_loop(
                     timeout=timeout,
                 )
                 registered = beat.known
-                if beat.ended_applications:
-                    service.applications_ended(beat.ended_applications)
+                service.state.ended.add(beat.ended_applications)
                 ended_heard = beat.ended_heard
                 if not registered:
                     known.clear()

@@ -6,9 +6,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -35,9 +34,6 @@ from shuffle_api.format import PartitionFileReader
 from shuffle_api.store import Store
 
 __all__ = ["Fetch", "WorkerService"]
-
-_MAX_ENDED = 100_000
-"""Ended applications a worker remembers (as its coordinators do)."""
 
 logger = logging.getLogger(__name__)
 
@@ -87,10 +83,6 @@ class WorkerService(pb_grpc.WorkerServicer):
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._credentials = credentials
-        # Applications the coordinators said ended, oldest first: their credentials hold no
-        # more here (at most _MAX_ENDED remembered).
-        self._ended: dict[str, None] = {}
-        self._ended_lock = threading.Lock()
         self.state = WorkerState(
             store,
             memory_budget=memory_budget,
@@ -217,28 +209,12 @@ class WorkerService(pb_grpc.WorkerServicer):
         self._check_owns(caller, partition, verb)
         return application
 
-    def applications_ended(self, applications: Iterable[str]) -> None:
-        """A coordinator says these applications ended."""
-        with self._ended_lock:
-            for application in applications:
-                self._ended.pop(application, None)
-                self._ended[application] = None
-            while len(self._ended) > _MAX_ENDED:
-                del self._ended[next(iter(self._ended))]
-
     def _check_still_valid(self, caller: Credential) -> None:
         """AuthenticationError for a credential expired since it was checked (a data port
         connection outlives its handshake), or of an application that ended."""
         if caller.expires_at is not None and time.time() >= caller.expires_at:
             raise AuthenticationError(f"the credential of {caller} expired")
-        if caller.role is Role.APPLICATION:
-            with self._ended_lock:
-                ended = caller.name in self._ended
-            if ended:
-                raise AuthenticationError(
-                    f"the credential of application {caller.name} holds no more: the"
-                    " application ended"
-                )
+        self.state.ended.check(caller)
 
     def _check_owns(self, caller: Credential, partition: ResultPartitionID, action: str) -> None:
         """PermissionDeniedError unless ``caller`` may ``action`` ``partition``, if it is here

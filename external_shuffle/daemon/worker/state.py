@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from external_shuffle._proto import external_shuffle_pb2 as pb
+from external_shuffle.daemon.ended_applications import EndedApplications
 from external_shuffle.daemon.worker.commit_watch import CommitWatch
 from external_shuffle.wire.errors import UnavailableError
 from external_shuffle.wire.messages import Commit
@@ -238,6 +239,7 @@ class WorkerState:
         self._commit_watches: list[CommitWatch] = []
         self._application_quota = application_quota
         self._held: dict[str, int] = {}  # bytes each application holds here (quota or not)
+        self.ended = EndedApplications()  # as the coordinators tell: their credentials fail
         self._lock = threading.Lock()
         # Commit and release of one partition exclude each other (striped: file I/O happens
         # under them, and partitions apart do not wait for each other).
