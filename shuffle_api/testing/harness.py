@@ -111,6 +111,14 @@ class ShuffleScenario:
             master.unregister_job(job.job_id)
             master.close()
 
+    def environment(self, configuration: Configuration) -> ShuffleEnvironment:
+        """Another environment of this application (its secret), on 127.0.0.1, with
+        ``configuration``: a consumer set up otherwise, an executor told more by the master.
+        The caller closes it."""
+        return load_shuffle_service_factory(configuration).create_shuffle_environment(
+            ShuffleEnvironmentContext(configuration, host="127.0.0.1", secret=self.secret)
+        )
+
     def lose(self, descriptor: ShuffleDescriptor) -> None:
         """Make the service lose this partition's data (see :class:`ConformanceHarness`)."""
         if self.harness.lose_partition is None:

@@ -16,9 +16,7 @@ from external_shuffle.ops.admin import Admin
 from shuffle_api import (
     Configuration,
     QuotaExceededError,
-    ShuffleEnvironmentContext,
     SubpartitionRange,
-    load_shuffle_service_factory,
 )
 from shuffle_api.format import partition_directory
 from shuffle_api.format.manifest import DATA_FILE
@@ -48,10 +46,7 @@ def test_a_push_past_the_application_quota_is_refused_and_leaves_nothing(
             assert isinstance(scenario.master, ExternalShuffleMaster)
             # The application's producers, as the driver configures its executors.
             producing = config.with_values(scenario.master.environment_configuration())
-            producer = load_shuffle_service_factory(producing).create_shuffle_environment(
-                ShuffleEnvironmentContext(producing, host="127.0.0.1", secret=scenario.secret)
-            )
-            with producer:
+            with scenario.environment(producing) as producer:
                 producing_scenario = dataclasses.replace(scenario, producer=producer)
                 small = make_batches(2_000)
                 descriptor = scenario.partition_descriptor(0, partitions=2, subpartitions=2)

@@ -32,10 +32,8 @@ from shuffle_api import (
     Configuration,
     PermissionDeniedError,
     ShuffleDescriptor,
-    ShuffleEnvironmentContext,
     ShuffleError,
     SubpartitionRange,
-    load_shuffle_service_factory,
 )
 from shuffle_api.testing import ConformanceHarness, ShuffleScenario, make_batches
 from tests.reliability.external_cluster import scrape
@@ -80,14 +78,10 @@ def _application(config: Configuration) -> Iterator[ShuffleScenario]:
         assert executors.get(APPLICATION_CREDENTIAL).startswith(
             f"pyshuffle:application:{master.application_id}:"
         )
-        factory = load_shuffle_service_factory(executors)
-        producer, consumer = (
-            factory.create_shuffle_environment(
-                ShuffleEnvironmentContext(executors, host="127.0.0.1", secret=scenario.secret)
-            )
-            for _ in range(2)
-        )
-        with producer, consumer:
+        with (
+            scenario.environment(executors) as producer,
+            scenario.environment(executors) as consumer,
+        ):
             yield dataclasses.replace(scenario, producer=producer, consumer=consumer)
 
 

@@ -557,9 +557,7 @@ def test_tls_data_ports_refuse_consumers_without_tls_or_trusting_another_authori
         assert server.request_count == 1
         trusting_other = config.with_values({"netty-like.tls.ca-file": other.ca_file})
         with (
-            NettyShuffleEnvironment(
-                ShuffleEnvironmentContext(trusting_other, host="127.0.0.1", secret=scenario.secret)
-            ) as outsider,
+            scenario.environment(trusting_other) as outsider,
             pytest.raises(AuthenticationError, match="does not trust"),
         ):
             scenario.read(outsider, descriptors, SubpartitionRange(0, 0))
@@ -574,9 +572,7 @@ def test_tls_data_ports_refuse_consumers_without_tls_or_trusting_another_authori
     with ShuffleScenario.open(ConformanceHarness(plaintext)) as scenario:
         descriptors, _ = scenario.produce(make_batches(1_000), partitions=1, subpartitions=1)
         with (
-            NettyShuffleEnvironment(
-                ShuffleEnvironmentContext(config, host="127.0.0.1", secret=scenario.secret)
-            ) as secure,
+            scenario.environment(config) as secure,
             pytest.raises(AuthenticationError, match="TLS handshake"),
         ):
             scenario.read(secure, descriptors, SubpartitionRange(0, 0))
