@@ -35,6 +35,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -55,15 +56,30 @@ from shuffle_api import (
     Configuration,
     ShuffleDescriptor,
     ShuffleEnvironment,
-    ShuffleEnvironmentContext,
     SubpartitionRange,
-    load_shuffle_service_factory,
 )
 from shuffle_api.testing import ConformanceHarness, ShuffleScenario
 from shuffle_api.tls import TlsFiles
 from tests.tls_files import write_tls_files
 
 RESULTS = Path(__file__).resolve().parent / "results" / "data_port_tls.json"
+
+
+@dataclass(frozen=True, slots=True)
+class Fetches:
+    """One way of fetching: the stored bytes each read moved, and each read's seconds."""
+
+    stored_bytes: int
+    seconds: list[float]
+
+    @property
+    def mb_per_s(self) -> float:
+        return mb_per_s(self.stored_bytes, statistics.median(self.seconds))
+
+
+def _record(measured: dict[str, Fetches], name: str, fetches: Fetches) -> None:
+    measured[name] = fetches
+    print(f"{name}: {fetches.mb_per_s:,.0f} MB/s", flush=True)
 
 
 def _tls_settings(prefix: str, files: TlsFiles, *, serving: bool) -> dict[str, object]:
@@ -124,10 +140,8 @@ def _timed_reads(
     return seconds
 
 
-def _external(
-    args: argparse.Namespace, directory: Path, files: TlsFiles
-) -> dict[str, list[float] | int]:
-    measured: dict[str, list[float] | int] = {}
+def _external(args: argparse.Namespace, directory: Path, files: TlsFiles) -> dict[str, Fetches]:
+    measured: dict[str, Fetches] = {}
     for encrypted in (False, True):
         daemons = _tls_settings("external-shuffle", files, serving=True) if encrypted else {}
         with LocalCluster(
@@ -142,23 +156,20 @@ def _external(
                 }
             )
             with _written(client, args) as (scenario, descriptors, rows, stored):
-                measured["stored_bytes"] = stored
                 for transport, use_data_port in (("data port", True), ("gRPC", False)):
                     reading = Configuration.load(
                         {**client, "external-shuffle.client.use-data-port": use_data_port},
                         environ={},
                     )
-                    with _environment(scenario, reading) as reader:
+                    with scenario.environment(reading) as reader:
                         name = f"external {transport} {'TLS' if encrypted else 'plaintext'}"
-                        measured[name] = _timed_reads(scenario, reader, descriptors, rows, args)
-                        print(f"{name}: {_summary(measured[name], stored)}", flush=True)
+                        seconds = _timed_reads(scenario, reader, descriptors, rows, args)
+                        _record(measured, name, Fetches(stored, seconds))
     return measured
 
 
-def _netty(
-    args: argparse.Namespace, directory: Path, files: TlsFiles
-) -> dict[str, list[float] | int]:
-    measured: dict[str, list[float] | int] = {}
+def _netty(args: argparse.Namespace, directory: Path, files: TlsFiles) -> dict[str, Fetches]:
+    measured: dict[str, Fetches] = {}
     for encrypted in (False, True):
         config = {
             "netty-like.storage.url": str(directory / f"netty-{encrypted}"),
@@ -166,30 +177,10 @@ def _netty(
             **(_tls_settings("netty-like", files, serving=True) if encrypted else {}),
         }
         with _written(config, args) as (scenario, descriptors, rows, stored):
-            measured["stored_bytes"] = stored
             name = f"default data port {'TLS' if encrypted else 'plaintext'}"
-            measured[name] = _timed_reads(scenario, scenario.consumer, descriptors, rows, args)
-            print(f"{name}: {_summary(measured[name], stored)}", flush=True)
+            seconds = _timed_reads(scenario, scenario.consumer, descriptors, rows, args)
+            _record(measured, name, Fetches(stored, seconds))
     return measured
-
-
-@contextmanager
-def _environment(scenario: ShuffleScenario, config: Configuration) -> Iterator[ShuffleEnvironment]:
-    """A reading environment of the scenario's application with ``config``."""
-    factory = load_shuffle_service_factory(config)
-    environment = factory.create_shuffle_environment(
-        ShuffleEnvironmentContext(config, host="127.0.0.1", secret=scenario.secret)
-    )
-    environment.start()
-    try:
-        yield environment
-    finally:
-        environment.close()
-
-
-def _summary(seconds: list[float] | int, stored: int) -> str:
-    assert isinstance(seconds, list)
-    return f"{mb_per_s(stored, statistics.median(seconds)):,.0f} MB/s"
 
 
 def main() -> None:
@@ -202,19 +193,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as temporary:
         directory = Path(temporary)
         files = write_tls_files(directory / "tls")
-        runs: dict[str, dict[str, list[float] | int]] = {
-            "external": _external(args, directory, files),
-            "default": _netty(args, directory, files),
-        }
-    figures: dict[str, float] = {}
-    rows = []
-    for measured in runs.values():
-        stored = measured["stored_bytes"]
-        assert isinstance(stored, int)
-        for name, seconds in measured.items():
-            if isinstance(seconds, list):
-                figures[name] = mb_per_s(stored, statistics.median(seconds))
-                rows.append((name, f"{figures[name]:,.0f}"))
+        measured = {**_external(args, directory, files), **_netty(args, directory, files)}
+    figures = {name: fetches.mb_per_s for name, fetches in measured.items()}
+    rows = [(name, f"{figure:,.0f}") for name, figure in figures.items()]
     ratios = {
         "external_tls_data_port_vs_plaintext": figures["external data port TLS"]
         / figures["external data port plaintext"],
@@ -232,7 +213,7 @@ def main() -> None:
         {
             "machine": machine(),
             "arguments": vars(args),
-            "seconds": runs,
+            "fetches": {name: asdict(fetches) for name, fetches in measured.items()},
             "mb_per_s": figures,
             "ratios": ratios,
         },
