@@ -97,7 +97,7 @@ class _Worker:
     # registered, but asked about its partitions (it may be up, about to register) if that
     # client held the cluster's secret: an application's word is never an address to call.
     announced: bool = False
-    dialable: bool = True
+    dialable: bool = True  # registered, or announced by a holder of the cluster's secret
 
 
 @dataclass

@@ -16,8 +16,8 @@ cannot reach it read the tier themselves, and the coordinator keeps a moved part
 worker is lost.
 
 With an application quota, each application may hold so many bytes on the worker (pushed and
-committed): a push past it fails, and what it wrote of its partition is deleted. Partitions
-found on the store at a restart count for no application (their manifests do not name one).
+committed): a push past it fails, and what it wrote of its partition is deleted. Which
+application a partition is for is written beside its manifest, so a restarted worker knows.
 """
 
 from __future__ import annotations
@@ -502,7 +502,7 @@ class WorkerState:
     def held_bytes(self) -> dict[str, int]:
         """Bytes each application holds here, pushed and committed ("": unnamed)."""
         with self._lock:
-            return {application: held for application, held in self._held.items() if held}
+            return dict(self._held)
 
     def end_push(self, upload: Upload) -> None:
         with self._lock:
@@ -554,8 +554,7 @@ class WorkerState:
             with self._lock:
                 self._uploads.pop(partition, None)
                 if upload is not None:
-                    upload.forgotten = True
-                    self._count(upload.application_id, -upload.charged)
+                    self._drop_charges(upload)
                 self._count(application_id, parsed.data_bytes)
                 self._committed[partition] = CommittedPartition.of(
                     parsed.statistics, parsed.data_bytes, application_id
@@ -678,6 +677,12 @@ class WorkerState:
                 released += self._forget(partition)
         return released
 
+    def _drop_charges(self, upload: Upload) -> None:
+        """The upload is gone (committed, or released): its bytes count no more, nor will any
+        message still under way (under the lock)."""
+        upload.forgotten = True
+        self._count(upload.application_id, -upload.charged)
+
     def _count(self, application: str, size: int) -> None:
         """Add ``size`` to what ``application`` holds (under the lock)."""
         held = self._held.get(application, 0) + size
@@ -696,8 +701,7 @@ class WorkerState:
             upload = self._uploads.pop(partition, None)
             committed = self._committed.pop(partition, None)
             if upload is not None:
-                upload.forgotten = True
-                self._count(upload.application_id, -upload.charged)
+                self._drop_charges(upload)
             if committed is not None:
                 self._count(committed.application_id, -committed.stored_bytes)
         if upload is not None:
