@@ -90,9 +90,7 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
         self._port = LOCAL_ONLY_PORT
         self._gates = OpenGates()
         self._tls = tls_files(config)
-        self._data_ports = ConnectionPool(
-            self._secret, tls=self._tls.client_context() if self._tls.enabled else None
-        )
+        self._data_ports = ConnectionPool(self._secret, tls=self._tls.client_context())
         self._store_reads = StoreReads(
             threads=config.get(READ_STORE_THREADS), ahead_bytes=config.get(READ_STORE_AHEAD_SIZE)
         )
@@ -168,7 +166,7 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
                 max_frame_size=self._config.get(MAX_FRAME_SIZE),
                 idle_timeout=self._config.get(IDLE_TIMEOUT),
             ),
-            tls=self._tls.server_context() if self._tls.enabled else None,
+            tls=self._tls.server_context(),
         )
         self._port = self._server.start()
         return self._port

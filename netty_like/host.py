@@ -114,11 +114,7 @@ def serve_host(
         limits=ServerLimits(max_frame_size=launch.max_frame_size, idle_timeout=launch.idle_timeout),
         hosts_partitions=True,
         on_shutdown=stopping.set,
-        tls=(
-            TlsFiles(cert_file=launch.tls_cert_file, key_file=launch.tls_key_file).server_context()
-            if launch.tls_cert_file
-            else None
-        ),
+        tls=TlsFiles(cert_file=launch.tls_cert_file, key_file=launch.tls_key_file).server_context(),
     )
     port = server.start()
     on_ready(HostReady(os.getpid(), port))

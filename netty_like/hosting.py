@@ -89,7 +89,7 @@ class ExecutorHost:
         digest = hashlib.sha256(settings.secret).hexdigest()[:16]
         self._key = f"{settings.owner_pid}-{start_time}-{digest}"
         self._lock = threading.Lock()
-        self._tls = settings.tls.client_context() if settings.tls.enabled else None
+        self._tls = settings.tls.client_context()
         self._control: ControlConnection | None = None
         self._found = self._find_or_start()
 

@@ -78,7 +78,7 @@ class NettyShuffleMaster(ShuffleMaster):
         self._timeout = config.get(PARTITION_REQUEST_TIMEOUT)
         self._max_frame_size = config.get(MAX_FRAME_SIZE)
         tls = tls_files(config)
-        self._tls = tls.client_context() if tls.enabled else None
+        self._tls = tls.client_context()
         self._jobs: dict[str, _Job] = {}
         self._controls: dict[_Endpoint, ControlConnection] = {}
         self._endpoints: set[_Endpoint] = set()

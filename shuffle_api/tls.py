@@ -52,8 +52,11 @@ class TlsFiles:
     def enabled(self) -> bool:
         return bool(self.cert_file or self.key_file or self.ca_file)
 
-    def server_context(self) -> ssl.SSLContext:
-        """A context presenting the certificate; raises ConfigError if it cannot be loaded."""
+    def server_context(self) -> ssl.SSLContext | None:
+        """A context presenting the certificate (None: no file set, plaintext); raises
+        ConfigError if it cannot be loaded."""
+        if not self.enabled:
+            return None
         if not (self.cert_file and self.key_file):
             raise ConfigError("TLS needs a certificate file and its key file to serve")
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -68,8 +71,11 @@ class TlsFiles:
             ) from error
         return context
 
-    def client_context(self) -> ssl.SSLContext:
-        """A context trusting the authority; raises ConfigError if it cannot be loaded."""
+    def client_context(self) -> ssl.SSLContext | None:
+        """A context trusting the authority (None: no file set, plaintext); raises
+        ConfigError if it cannot be loaded."""
+        if not self.enabled:
+            return None
         if not self.ca_file:
             raise ConfigError("TLS needs the file of the authority that signed the servers")
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)

@@ -108,5 +108,4 @@ def client_credentials(configuration: Configuration) -> grpc.ChannelCredentials 
 def data_port_client_tls(configuration: Configuration) -> ssl.SSLContext | None:
     """A data port client's TLS context trusting the configured CA (the certificate must
     name the worker, as gRPC checks it), else None."""
-    ca = configuration.get(TLS_CA_FILE)
-    return TlsFiles(ca_file=ca).client_context() if ca else None
+    return TlsFiles(ca_file=configuration.get(TLS_CA_FILE)).client_context()

@@ -42,9 +42,10 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> TlsFiles:
 
 @contextmanager
 def _tls_pair(
-    server: ssl.SSLContext, client: ssl.SSLContext, name: str = "127.0.0.1"
+    server: ssl.SSLContext | None, client: ssl.SSLContext | None, name: str = "127.0.0.1"
 ) -> Iterator[tuple[TlsSocket, TlsSocket]]:
     """Both ends of one TLS connection on 127.0.0.1."""
+    assert server is not None and client is not None, "the files make both contexts"
     with socket.create_server(("127.0.0.1", 0)) as listener:
         accepted: list[TlsSocket | BaseException] = []
 
@@ -175,6 +176,7 @@ def test_a_certificate_naming_another_host_is_refused_unless_names_are_not_check
 
 
 def test_missing_or_unreadable_files_are_config_errors(tmp_path: Path) -> None:
+    assert TlsFiles().server_context() is None and TlsFiles().client_context() is None
     with pytest.raises(ConfigError, match="certificate file and its key"):
         TlsFiles(ca_file="x").server_context()
     with pytest.raises(ConfigError, match="cannot be loaded"):
@@ -253,7 +255,9 @@ def test_a_peer_trickling_its_proof_inside_tls_is_cut_at_the_handshake_deadline(
 ) -> None:
     with _listening(files.server_context()) as (port, served, refused):
         plain = socket.create_connection(("127.0.0.1", port), timeout=10)
-        with TlsSocket.client(plain, files.client_context(), "127.0.0.1") as sock:
+        trusting = files.client_context()
+        assert trusting is not None
+        with TlsSocket.client(plain, trusting, "127.0.0.1") as sock:
             frame = read_frame(sock, 1024)
             assert frame is not None and frame[0] == CHALLENGE
             started = time.monotonic()
