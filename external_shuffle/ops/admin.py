@@ -190,8 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     cancel.add_argument("worker", help="the worker's id or host:port")
     credential = commands.add_parser(
         "credential",
-        help="print an operator's credential, signed with the cluster's secret (the config's"
-        " token): reader (the listings, the status page) or admin (and decommissioning)",
+        help="print a credential, signed with the cluster's secret (the config's token):"
+        " reader (the listings, the status page), admin (and decommissioning), or client (a"
+        " team's drivers: registering applications)",
     )
     credential.add_argument(
         "--role", choices=[role.value for role in OPERATOR_ROLES], required=True
