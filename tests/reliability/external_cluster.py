@@ -4,9 +4,8 @@ and what the workers' stores hold."""
 from __future__ import annotations
 
 import os
-import time
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -103,14 +102,6 @@ def on_store(cluster: LocalCluster, index: int, partition: ResultPartitionID) ->
 
 def on_any_store(cluster: LocalCluster, partition: ResultPartitionID) -> bool:
     return any(on_store(cluster, i, partition) for i in range(len(cluster.worker_ports)))
-
-
-def eventually(condition: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        time.sleep(0.05)
 
 
 def ids(descriptors: Sequence[ShuffleDescriptor]) -> list[ResultPartitionID]:

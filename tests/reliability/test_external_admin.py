@@ -30,6 +30,7 @@ from shuffle_api import (
     ShuffleMasterContext,
 )
 from shuffle_api.ids import new_id
+from tests.eventually import eventually
 from tests.pyshuffle_command import WITHOUT_PYSHUFFLE_VARIABLES, pyshuffle
 from tests.reliability.external_cluster import (
     ALL,
@@ -37,7 +38,6 @@ from tests.reliability.external_cluster import (
     ROWS,
     SUBPARTITIONS,
     batches,
-    eventually,
     external,
     rows_of,
     scenario_on,

@@ -18,13 +18,13 @@ from external_shuffle.wire.messages import partition_of
 from shuffle_api import ResultPartitionID, ShuffleDescriptor, UnknownShuffleDescriptor, new_id
 from shuffle_api.testing import ShuffleScenario
 from shuffle_api.testing.harness import in_background, route
+from tests.eventually import eventually
 from tests.reliability.external_cluster import (
     ALL,
     PARTITIONS,
     ROWS,
     SUBPARTITIONS,
     batches,
-    eventually,
     external,
     ids,
     list_workers,

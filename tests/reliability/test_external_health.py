@@ -16,7 +16,7 @@ import pytest
 from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.local_cluster import LocalCluster, free_port
-from tests.reliability.external_cluster import eventually
+from tests.eventually import eventually
 
 STATUS_PORT = "external-shuffle.coordinator.status-port"
 DAEMONS = ("coordinator", "worker-0")

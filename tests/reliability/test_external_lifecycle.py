@@ -28,13 +28,13 @@ from shuffle_api.testing import (
     ShuffleScenario,
 )
 from shuffle_api.testing.harness import in_background, route
+from tests.eventually import eventually
 from tests.reliability.external_cluster import (
     ALL,
     PARTITIONS,
     ROWS,
     SUBPARTITIONS,
     batches,
-    eventually,
     external,
     ids,
     list_workers,

@@ -19,11 +19,11 @@ import pytest
 
 from external_shuffle.local_cluster import LocalCluster, free_port
 from external_shuffle.wire.credentials import Role, application_token, operator_token
+from tests.eventually import eventually
 from tests.reliability.external_cluster import (
     PARTITIONS,
     SUBPARTITIONS,
     batches,
-    eventually,
     external,
     scenario_on,
     scrape,

@@ -12,13 +12,13 @@ import pytest
 
 from external_shuffle.local_cluster import LocalCluster
 from shuffle_api import ShuffleDescriptor, new_id
+from tests.eventually import eventually
 from tests.reliability.external_cluster import (
     ALL,
     PARTITIONS,
     ROWS,
     SUBPARTITIONS,
     batches,
-    eventually,
     external,
     list_workers,
     partition_files,
