@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import tracemalloc
+import weakref
 from collections import Counter
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -80,6 +81,36 @@ def test_a_reducer_gets_the_small_blocks_of_many_map_outputs_in_few_batches(
     assert sum(row.rows for row in counts) == 4_000
     assert len(counts) == 8
     assert all(row.batches == 1 for row in counts)  # one batch of ~500 rows from 100 blocks
+    shuffle.release(result)
+
+
+class _Cycle:
+    def __init__(self) -> None:
+        self.me = self
+
+
+def _collections_in_the_worker(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    for _ in batches:
+        pass
+    left = weakref.ref(_Cycle())  # garbage a task leaves, in a cycle
+    gc.collect()
+    yield pa.record_batch({"frozen": [gc.get_freeze_count()], "cycle_left": [left() is not None]})
+
+
+def test_a_worker_leaves_what_it_keeps_out_of_the_collection_after_each_task(
+    shuffle: SparkShuffle, spark: SparkSession
+) -> None:
+    """PySpark's daemon collects garbage after every task: the objects a pyshuffle worker keeps
+    for good (modules, its environment) are frozen so that collection skips them, and what a
+    task leaves behind is still collected."""
+    data = spark.range(0, 400, 1, 4).selectExpr("id % 13 as k", "id as v")
+    result = shuffle.repartition_map(
+        data, "k", _collections_in_the_worker, "frozen long, cycle_left boolean", num_partitions=4
+    )
+    rows = result.collect()
+    assert len(rows) == 4
+    assert all(row.frozen > 10_000 for row in rows)
+    assert not any(row.cycle_left for row in rows)
     shuffle.release(result)
 
 
