@@ -32,6 +32,7 @@ and counts as failed (ratio 0), not skipped. Saved per cell: both times and thei
 
     python benchmarks/many_partitions.py
     python benchmarks/many_partitions.py --maps 16,200 --reducers 200,1000 --services netty_like
+    python benchmarks/many_partitions.py --conf spark.python.unix.domain.socket.enabled=true
 
 With ``--master local-cluster[2,1,1024]``: two executor JVMs, the default service keeping each
 executor's partitions in its own Spark local directory, so reducers read across executors
@@ -80,6 +81,14 @@ def count_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
 def counts(text: str) -> list[int]:
     """An argument type: comma-separated integers >= 1."""
     return [positive(part) for part in text.split(",") if part.strip()]
+
+
+def spark_setting(text: str) -> tuple[str, str]:
+    """An argument type: ``KEY=VALUE``, a Spark setting for the session of every run."""
+    key, equals, value = text.partition("=")
+    if not equals or not key.strip():
+        raise argparse.ArgumentTypeError("a Spark setting is KEY=VALUE")
+    return key.strip(), value
 
 
 def service_list(text: str) -> list[str]:
@@ -158,10 +167,10 @@ def python_tasks_floor(session: SparkSession, cell: Cell) -> float:
     return time.perf_counter() - started
 
 
-def open_session(master: str, work: Path) -> SparkSession:
+def open_session(master: str, work: Path, settings: dict[str, str]) -> SparkSession:
     """``local[2]``, or a ``local-cluster`` whose executors keep their local directories (the
-    default service's stores) apart under ``work``."""
-    conf = {"spark.sql.adaptive.enabled": "false"}
+    default service's stores) apart under ``work``; with ``settings`` on top."""
+    conf = {"spark.sql.adaptive.enabled": "false", **settings}
     if not master.startswith("local-cluster"):
         return local_spark_session("many-partitions", driver_memory="4g", conf=conf)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -202,8 +211,17 @@ def main() -> None:
     parser.add_argument("--min-rows", type=positive, default=1_000_000)
     parser.add_argument("--cell-timeout", type=float, default=600.0)
     parser.add_argument("--master", default="local[2]", help="local[2] or local-cluster[...]")
+    parser.add_argument(
+        "--conf",
+        type=spark_setting,
+        action="append",
+        default=[],
+        help="KEY=VALUE, a Spark setting for every run (e.g."
+        " spark.python.unix.domain.socket.enabled=true)",
+    )
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     args = parser.parse_args()
+    settings = dict(args.conf)
 
     cells = [
         Cell(maps, reducers, max(args.min_rows, args.rows_per_block * maps * reducers))
@@ -212,7 +230,7 @@ def main() -> None:
     ]
     with contextlib.ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="many-partitions-")))
-        session = open_session(args.master, work)
+        session = open_session(args.master, work, settings)
         stack.callback(session.stop)
         jobs: dict[str, tuple[Job, SparkShuffle | None]] = {SPARK: (spark_job, None)}
         for service in args.services:
@@ -244,6 +262,7 @@ def main() -> None:
             "parameters": {
                 "master": args.master,
                 "adaptive": False,
+                "spark_settings": settings,
                 "rows_per_block": args.rows_per_block,
                 "min_rows": args.min_rows,
                 "cell_timeout_s": args.cell_timeout,
