@@ -901,8 +901,9 @@ def test_a_run_sent_to_a_socket_is_the_header_and_the_run_bytes(
 def test_ranges_small_and_large_are_the_file_bytes_and_short_at_its_end(
     any_store: Store, length: int
 ) -> None:
-    """Small ranges are read and large ones sliced from a memory map (a mapped store): both
-    give the file's bytes, and a range past the end is short, not an error."""
+    """Small ranges are read and large ones sliced from a memory map (a mapped store), small
+    messages joined to their prefix and large ones read into place: all give the file's
+    bytes, and a range past the end is short, not an error."""
     path = any_store.path("ranges", "data")
     content = random.Random(length).randbytes(2 * length)
     any_store.put_atomic(path, content)
@@ -910,6 +911,9 @@ def test_ranges_small_and_large_are_the_file_bytes_and_short_at_its_end(
     assert ranges.read_range(7, length).to_pybytes() == content[7 : 7 + length]
     assert ranges.read_range(length + 11, length).to_pybytes() == content[length + 11 :]
     assert ranges.read_range(3 * length, length).size == 0
+    assert ranges.read_after(b"head", 7, length) == b"head" + content[7 : 7 + length]
+    assert ranges.read_after(b"head", length + 11, length) == b"head" + content[length + 11 :]
+    assert ranges.read_after(b"head", 3 * length, length) == b"head"
 
 
 def test_a_data_file_gone_is_partition_not_found_for_every_read(
