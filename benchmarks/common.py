@@ -121,6 +121,14 @@ def positive(text: str) -> int:
     return value
 
 
+def key_value(text: str) -> tuple[str, str]:
+    """An argument type: ``KEY=VALUE``, both stripped."""
+    key, equals, value = text.partition("=")
+    if not equals or not key.strip():
+        raise argparse.ArgumentTypeError("expected KEY=VALUE")
+    return key.strip(), value.strip()
+
+
 def codec_list(text: str) -> list[str]:
     """An argument type: a comma-separated subset of :data:`CODECS`."""
     codecs = [codec.strip() for codec in text.split(",") if codec.strip()]

@@ -122,6 +122,7 @@ from common import (
     Indexes,
     codec_list,
     format_rows,
+    key_value,
     machine,
     positive,
     random_batches,
@@ -1300,13 +1301,6 @@ def int_list(text: str) -> list[int]:
     if not values:
         raise argparse.ArgumentTypeError("a comma-separated list of positive integers")
     return values
-
-
-def key_value(text: str) -> tuple[str, str]:
-    key, equals, value = text.partition("=")
-    if not equals or not key.strip():
-        raise argparse.ArgumentTypeError("expected KEY=VALUE")
-    return key.strip(), value.strip()
 
 
 def parse_args(argv: list[str] | None) -> Namespace:

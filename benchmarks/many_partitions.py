@@ -59,7 +59,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyspark
-from common import machine, positive, save_results
+from common import key_value, machine, positive, save_results
 from pyspark.sql import DataFrame, SparkSession
 
 from external_shuffle.local_cluster import LocalCluster
@@ -81,14 +81,6 @@ def count_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
 def counts(text: str) -> list[int]:
     """An argument type: comma-separated integers >= 1."""
     return [positive(part) for part in text.split(",") if part.strip()]
-
-
-def spark_setting(text: str) -> tuple[str, str]:
-    """An argument type: ``KEY=VALUE``, a Spark setting for the session of every run."""
-    key, equals, value = text.partition("=")
-    if not equals or not key.strip():
-        raise argparse.ArgumentTypeError("a Spark setting is KEY=VALUE")
-    return key.strip(), value
 
 
 def service_list(text: str) -> list[str]:
@@ -213,7 +205,7 @@ def main() -> None:
     parser.add_argument("--master", default="local[2]", help="local[2] or local-cluster[...]")
     parser.add_argument(
         "--conf",
-        type=spark_setting,
+        type=key_value,
         action="append",
         default=[],
         help="KEY=VALUE, a Spark setting for every run (e.g."
