@@ -21,7 +21,9 @@ import trustme
 from shuffle_api import AuthenticationError, ConfigError
 from shuffle_api.connections import ConnectionPool
 from shuffle_api.sockets import (
+    AUTH,
     CHALLENGE,
+    REFUSED,
     AuthenticatedListener,
     open_connection,
     open_handshake,
@@ -261,18 +263,23 @@ def test_a_peer_trickling_its_proof_inside_tls_is_cut_at_the_handshake_deadline(
             frame = read_frame(sock, 1024)
             assert frame is not None and frame[0] == CHALLENGE
             started = time.monotonic()
-            sock.sendall(b"\x00\x00\x00\x40\x09")  # an AUTH frame of 64 bytes, one at a time
-            closed = False
+            sock.sendall(b"\x00\x00\x00\x40" + bytes([AUTH]))  # 64 bytes, one at a time
+            answer: tuple[int, memoryview] | None = None
             for _ in range(30):
                 try:
                     sock.sendall(b"a")
-                    closed = wait_readable(sock, 0.3) and sock.recv(1) == b""
-                except OSError:
-                    closed = True
-                if closed:
+                    if wait_readable(sock, 0.3):
+                        answer = read_frame(sock, 4096)  # its refusal, then the end
+                        cut = answer is None or read_frame(sock, 4096) is None
+                        break
+                except OSError:  # the hang-up reached this side before its refusal
+                    cut = True
                     break
+            else:
+                cut = False
             elapsed = time.monotonic() - started
-    assert closed and elapsed < 2.5, elapsed  # the listener's handshake timeout is 1 s
+    assert cut and elapsed < 2.5, elapsed  # the listener's handshake timeout is 1 s
+    assert answer is None or answer[0] == REFUSED
     assert refused and not served
 
 
