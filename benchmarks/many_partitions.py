@@ -14,10 +14,10 @@ counts its rows:
   127.0.0.1, reducers reading through the workers).
 
 And a floor, ``python_tasks``: ``maps`` then ``reducers`` Python tasks that do nothing
-(``spark.range`` partitions fed to the counting ``mapInArrow``). pyshuffle runs each map task
-and each reducer as a Python task, where Spark's map tasks stay in the JVM: on a machine where a
-Python task costs about as much as Spark's whole reduce task, this floor says how close any
-Python-side shuffle can come.
+(``spark.range`` partitions fed to the counting ``mapInArrow``), started as pyshuffle starts
+its tasks (``pyspark_shuffle.python_worker.task_starts``). pyshuffle runs each map task and
+each reducer as a Python task, where Spark's map tasks stay in the JVM: this floor says how
+close a Python-side shuffle can come.
 
 Both must count every row; a cell that fails or passes ``--cell-timeout`` (600 s) is cancelled
 and counts as failed (ratio 0), not skipped. Saved per cell: both times and their ratio
@@ -65,6 +65,7 @@ from pyspark.sql import DataFrame, SparkSession
 from external_shuffle.local_cluster import LocalCluster
 from pyspark_shuffle import SparkShuffle
 from pyspark_shuffle.local_spark import local_spark_session
+from pyspark_shuffle.python_worker import task_starts
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "many_partitions.json"
 SERVICES = ("netty_like", "external_shuffle")
@@ -151,11 +152,17 @@ def measure(
     return seconds
 
 
+def count_rows_as_pyshuffle_starts(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    task_starts()
+    return count_rows(batches)
+
+
 def python_tasks_floor(session: SparkSession, cell: Cell) -> float:
     """Seconds of ``cell.maps`` then ``cell.reducers`` Python tasks that count nothing."""
     started = time.perf_counter()
     for tasks in (cell.maps, cell.reducers):
-        session.range(0, tasks, 1, tasks).mapInArrow(count_rows, COUNT_SCHEMA).collect()
+        frame = session.range(0, tasks, 1, tasks)
+        frame.mapInArrow(count_rows_as_pyshuffle_starts, COUNT_SCHEMA).collect()
     return time.perf_counter() - started
 
 

@@ -15,6 +15,7 @@ from pyspark_shuffle.inputs import RowTasks
 from pyspark_shuffle.ipc import from_ipc_stream
 from pyspark_shuffle.operations import JOIN_TYPES, Join
 from pyspark_shuffle.ordered_bytes import is_nested
+from pyspark_shuffle.python_worker import task_starts
 from pyspark_shuffle.spark_link import Shared, Tally
 from shuffle_api import InvalidOperationError
 from shuffle_api.batches import conform
@@ -139,6 +140,7 @@ def broadcast_join(
     by_lookup = _UniqueKeyLookup.applies(small, operation)  # once, here in the driver
 
     def join(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        task_starts()
         # Spark loads a broadcast's value once per worker process; Arrow reads it in place.
         # Not ``small`` itself: the closure would carry the table in every task.
         table = from_ipc_stream(shared.value)

@@ -24,6 +24,7 @@ from pyspark_shuffle.options import MAX_RECOVERY_ATTEMPTS, PROGRESS_INTERVAL
 from pyspark_shuffle.partitioners import Partitioner
 from pyspark_shuffle.planning import MapOutputBytes
 from pyspark_shuffle.progress import StageProgress, StageTallies
+from pyspark_shuffle.python_worker import task_starts
 from pyspark_shuffle.registry import RegisteredExchange
 from pyspark_shuffle.spark_internals import HeldShuffle, SparkShuffleOutputs, held_shuffle
 from pyspark_shuffle.spark_link import SparkLink, Tally
@@ -186,6 +187,7 @@ class Exchange(RegisteredExchange):
         tallies, written, reports = self._tallies, self._written, self._reports
 
         def map_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            task_starts()
             task = TaskContext.get()
             assert task is not None
             map_index = task.partitionId()

@@ -18,6 +18,7 @@ from pyspark_shuffle.exchange import Exchange
 from pyspark_shuffle.inputs import RowTasks
 from pyspark_shuffle.operations import ReduceOperation
 from pyspark_shuffle.planning import adaptive_plan, one_reducer_per_subpartition
+from pyspark_shuffle.python_worker import task_starts
 from pyspark_shuffle.results import Result
 from pyspark_shuffle.schemas import arrow_schema
 from pyspark_shuffle.spark_link import SparkLink, Tally
@@ -134,6 +135,7 @@ def reduce_stage(
     output_schema = arrow_schema(driver.spark, schema)
 
     def reduce_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        task_starts()
         reruns: dict[tuple[str, int], bytes] = {}
         for batch in batches:
             for result_id, map_index, producer in zip(

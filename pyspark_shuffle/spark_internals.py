@@ -1,7 +1,10 @@
-"""Spark shuffles pyshuffle holds on to: a DataFrame that reads one shuffle every time it is
-queried, and telling Spark that the map outputs of such a shuffle are gone, so that it
-recomputes them (and, through the lineage, whatever they were computed from) the next time a
-stage needs them, as it does for outputs lost with an executor.
+"""Spark internals pyshuffle uses, each with the versions it is tested on and what it does
+where one is missing.
+
+On the driver, Spark shuffles pyshuffle holds on to: a DataFrame that reads one shuffle every
+time it is queried, and telling Spark that the map outputs of such a shuffle are gone, so that
+it recomputes them (and, through the lineage, whatever they were computed from) the next time
+a stage needs them, as it does for outputs lost with an executor.
 
 An exchange on the default service keeps a Spark shuffle of its map tasks' metadata rows (see
 ``Exchange.held_map_outputs``): Spark reruns lost map tasks through it. Once pyshuffle deletes
@@ -17,22 +20,35 @@ what a rerun may need instead.
 
 Classic sessions only (Spark Connect has no Py4J: there the driver collects the map tasks'
 rows and reruns lost map tasks itself). Tested on PySpark 3.5.9, 4.0.5 and 4.3.0 (``make
-spark-versions`` recovers a lost partition through it); the Spark internals pyshuffle uses are
-these (and whether the SparkContext still runs) and nothing else. The held shuffle is planned
-with Spark 4.2's checksums of rerun map tasks off (public SQL settings, put back after).
+spark-versions`` recovers a lost partition through it); the driver uses these internals (and
+whether the SparkContext still runs) and no other. The held shuffle is planned with Spark 4.2's
+checksums of rerun map tasks off (public SQL settings, put back after).
+
+In a Python worker: the connection a task reads its input from, :func:`task_connection` (the
+``infile`` of ``pyspark.worker.main``, the same in every release from 3.5 to 4.3; ``None``
+where it is not found, and the caller leaves the connection as Spark made it).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["HeldShuffle", "SparkShuffleOutputs", "context_running", "held_shuffle"]
+__all__ = [
+    "HeldShuffle",
+    "SparkShuffleOutputs",
+    "context_running",
+    "held_shuffle",
+    "task_connection",
+]
 
 _LOG = logging.getLogger(__name__)
 
@@ -178,3 +194,23 @@ class SparkShuffleOutputs:
             _LOG.warning("Spark's map outputs were not unregistered: %s", error)
             return False
         return True
+
+
+_WORKER_MAIN = ("main", os.path.join("pyspark", "worker.py"))
+
+
+def task_connection() -> int | None:
+    """The file descriptor of the connection the running Python task reads its input from
+    (a socket to its executor), found up the calling stack; ``None`` outside a task or where
+    this PySpark runs tasks otherwise. Spark closes it when the task ends: use it within."""
+    name, file = _WORKER_MAIN
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == name and code.co_filename.endswith(file):
+            try:
+                return int(frame.f_locals["infile"].fileno())
+            except (KeyError, AttributeError, OSError, ValueError):
+                return None
+        frame = frame.f_back
+    return None

@@ -7,7 +7,6 @@ stay served after the task that wrote them is gone.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import hashlib
 import os
 import threading
@@ -117,36 +116,6 @@ def task_environment(configuration: Configuration, secret: bytes) -> ShuffleEnvi
     return environment
 
 
-class _LastingObjects:
-    """Keeps what a Python worker holds between tasks out of the collection after each task.
-
-    PySpark's daemon runs a full ``gc.collect()`` after every task its worker runs, and a
-    worker with pyarrow, pandas, pyspark and pyshuffle imported holds ~100,000 objects: each
-    collection walked them all, 25-45 ms a task on 2 cores, more than a small task's work.
-    When a task starts, the last collection has just run, so every object still tracked is
-    live: they are frozen, and the collection after the task walks only what the task made.
-    What is frozen and later dropped is freed by its count; one that was in a cycle waits for
-    the full collection run every ``full_every`` tasks. Only in Spark's workers: a process
-    that is not one (a test running a task in-process) keeps its collections whole.
-    """
-
-    def __init__(self, full_every: int) -> None:
-        self._full_every = full_every
-        self._tasks = 0
-
-    def task_starts(self) -> None:
-        if TaskContext.get() is None:
-            return
-        self._tasks += 1
-        if self._tasks % self._full_every == 0:
-            gc.unfreeze()
-            gc.collect()
-        gc.freeze()
-
-
-_LASTING_OBJECTS = _LastingObjects(full_every=100)
-
-
 @dataclass(frozen=True, slots=True)
 class MapStageSpec:
     """What every map task of one exchange needs."""
@@ -237,7 +206,6 @@ def run_map_task(
 ) -> MapTaskResult:
     """Write ``batches`` as partition ``map_index`` under this task attempt's id; return the
     metadata row and the report. An error fails the writer, which leaves nothing behind."""
-    _LASTING_OBJECTS.task_starts()
     environment = task_environment(spec.configuration, spec.secret)
     attempt = task_attempt_id()
     descriptor = spec.partition_descriptor(map_index)
@@ -352,7 +320,6 @@ def run_reduce_task(
 ) -> Iterator[pa.RecordBatch]:
     """Read what reducer ``reducer`` reads of every input (the attempts Spark made, ``reran``,
     where it reran a map task inside the action); apply the operation."""
-    _LASTING_OBJECTS.task_starts()
     environment = task_environment(spec.configuration, spec.secret)
     owner = ShuffleIOOwner(f"reducer {reducer}", task_attempt_id())
     references = spec.deployments.value[reducer].inputs

@@ -4,6 +4,7 @@ services, against Spark's own shuffle of the same data (speed: benchmarks/many_p
 from __future__ import annotations
 
 import gc
+import socket
 import tracemalloc
 import weakref
 from collections import Counter
@@ -15,6 +16,7 @@ import pytest
 from pyspark.sql import functions as F  # noqa: N812 (Spark's own spelling)
 
 from pyspark_shuffle import SparkShuffle
+from pyspark_shuffle.spark_internals import task_connection
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -111,6 +113,34 @@ def test_a_worker_leaves_what_it_keeps_out_of_the_collection_after_each_task(
     assert len(rows) == 4
     assert all(row.frozen > 10_000 for row in rows)
     assert not any(row.cycle_left for row in rows)
+    shuffle.release(result)
+
+
+def _the_task_connection(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    for _ in batches:
+        pass
+    descriptor = task_connection()
+    assert descriptor is not None
+    connection = socket.socket(fileno=descriptor)
+    try:
+        family, peer = connection.family.name, connection.getpeername()[0]
+    finally:
+        connection.detach()
+    yield pa.record_batch({"family": [family], "peer": [peer]})
+
+
+def test_a_task_finds_the_connection_its_executor_sends_its_input_on(
+    shuffle: SparkShuffle, spark: SparkSession
+) -> None:
+    """Each pyshuffle task tells that connection to acknowledge at once (a delayed
+    acknowledgement held its input back 40 ms: tests/unit/test_python_worker.py)."""
+    data = spark.range(0, 400, 1, 8).selectExpr("id % 13 as k", "id as v")
+    result = shuffle.repartition_map(
+        data, "k", _the_task_connection, "family string, peer string", num_partitions=8
+    )
+    rows = result.collect()
+    assert len(rows) == 8
+    assert {(row.family, row.peer) for row in rows} == {("AF_INET", "127.0.0.1")}
     shuffle.release(result)
 
 
