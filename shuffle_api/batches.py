@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import TypeAlias
 
 import numpy as np
@@ -13,12 +14,16 @@ import pyarrow as pa
 from shuffle_api.errors import SchemaMismatchError, ShuffleError
 
 __all__ = [
+    "OrderedRows",
     "SubpartitionIndexes",
     "chop",
     "coalesce",
+    "coalesce_sized",
     "conform",
     "conform_all",
+    "group_nbytes",
     "nullable_inside",
+    "ordered_parts",
     "reorder_by_subpartition",
     "split_by_subpartition",
 ]
@@ -81,16 +86,83 @@ def split_by_subpartition(
     """Yield ``(subpartition, rows of batch for it)`` for each non-empty subpartition: zero-copy
     slices of :func:`reorder_by_subpartition`'s batches, so rows keep their order within each
     subpartition."""
+    for part in ordered_parts(batch, indexes, subpartitions):
+        yield from part.slices()
+
+
+@dataclass(frozen=True, slots=True)
+class OrderedRows:
+    """Rows of consecutive subpartitions in order: ``counts[i]`` rows of subpartition
+    ``first + i``, one after the other."""
+
+    batch: pa.RecordBatch
+    first: int
+    counts: npt.NDArray[np.int64]
+
+    def starts(self) -> npt.NDArray[np.int64]:
+        """Where each subpartition's rows start."""
+        starts = np.zeros(len(self.counts), dtype=np.int64)
+        np.cumsum(self.counts[:-1], out=starts[1:])
+        return starts
+
+    def cut(
+        self, sizes: npt.NDArray[np.int64], target: int
+    ) -> Iterator[tuple[OrderedRows, npt.NDArray[np.int64]]]:
+        """These rows in parts of at most about ``target`` bytes (``sizes``: each
+        subpartition's), each with its subpartitions' sizes: neighbouring subpartitions
+        together, one larger than ``target`` alone in slices (zero-copy)."""
+        ends = np.cumsum(sizes)
+        starts = self.starts()
+        position = 0
+        while position < len(sizes):
+            before = int(ends[position - 1]) if position else 0
+            end = int(np.searchsorted(ends, before + target, side="right"))
+            if end > position:
+                rows = int(starts[end - 1] + self.counts[end - 1] - starts[position])
+                part = self.batch.slice(int(starts[position]), rows)
+                yield (
+                    OrderedRows(part, self.first + position, self.counts[position:end]),
+                    sizes[position:end],
+                )
+                position = end
+                continue
+            whole = self.batch.slice(int(starts[position]), int(self.counts[position]))
+            for piece in chop(whole, target):
+                share = int(sizes[position]) * piece.num_rows // max(1, whole.num_rows)
+                counts = np.array([piece.num_rows], dtype=np.int64)
+                yield OrderedRows(piece, self.first + position, counts), np.array([share])
+            position += 1
+
+    def slices(self) -> Iterator[tuple[int, pa.RecordBatch]]:
+        """``(subpartition, its rows)`` for each subpartition with rows: zero-copy slices."""
+        nonempty = np.flatnonzero(self.counts)
+        starts = self.starts()[nonempty].tolist()
+        counts = self.counts[nonempty].tolist()
+        for subpartition, start, count in zip(
+            (nonempty + self.first).tolist(), starts, counts, strict=True
+        ):
+            yield subpartition, self.batch.slice(start, count)
+
+
+def ordered_parts(
+    batch: pa.RecordBatch, indexes: SubpartitionIndexes, subpartitions: int
+) -> Iterator[OrderedRows]:
+    """The rows of ``batch`` in stable order of subpartition (see
+    :func:`reorder_by_subpartition`), as :class:`OrderedRows` that together cover every
+    subpartition."""
     ordered, counts = reorder_by_subpartition(batch, indexes, subpartitions)
-    nonempty = np.flatnonzero(counts)
-    pieces = zip(nonempty.tolist(), counts[nonempty].tolist(), strict=True)
     # A subpartition never spans two of the reordered batches (runs hold whole subpartitions).
-    for part in ordered:
-        offset = 0
-        while offset < part.num_rows:
-            subpartition, count = next(pieces)
-            yield subpartition, part.slice(offset, count)
-            offset += count
+    ends = np.cumsum(counts)
+    first = rows = 0
+    for position, part in enumerate(ordered):
+        rows += part.num_rows
+        last = (
+            subpartitions
+            if position == len(ordered) - 1
+            else int(np.searchsorted(ends, rows, side="left")) + 1
+        )
+        yield OrderedRows(part, first, counts[first:last])
+        first = last
 
 
 def reorder_by_subpartition(
@@ -134,6 +206,58 @@ def _reorder(
     return reordered
 
 
+def group_nbytes(batch: pa.RecordBatch, counts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """``nbytes`` of each group of consecutive rows of ``batch`` (``counts[i]`` rows each, in
+    order), as pyarrow counts a slice's, without a slice per group: flat columns by their
+    widths and offsets, others slice by slice (a writer of thousands of subpartitions gets a
+    group for each, and ``nbytes`` of a slice costs microseconds)."""
+    bounds = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=bounds[1:])
+    total = np.zeros(len(counts), dtype=np.int64)
+    for column in batch.columns:
+        total += _column_group_nbytes(column, bounds)
+    return total
+
+
+def _column_group_nbytes(column: pa.Array, bounds: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    kind = column.type
+    counts = np.diff(bounds)
+    # The bytes a group's bits span (its first and last may share a byte with neighbours).
+    first_bit = column.offset + bounds
+    bitmap_bytes = (first_bit[1:] + 7) // 8 - first_bit[:-1] // 8
+    buffers = column.buffers()
+    sizes: npt.NDArray[np.int64] = (
+        bitmap_bytes.copy() if buffers[0] is not None else np.zeros_like(counts)
+    )
+    if pa.types.is_boolean(kind):
+        sizes += bitmap_bytes
+    elif _is_fixed_width(kind):
+        sizes += counts * (kind.bit_width // 8)
+    elif (offset_type := _OFFSET_TYPES.get(kind.id)) is not None:
+        end = column.offset + len(column) + 1
+        offsets = np.frombuffer(buffers[1], dtype=offset_type, count=end)[column.offset :]
+        sizes += counts * offsets.itemsize + offsets[bounds[1:]] - offsets[bounds[:-1]]
+    else:
+        pieces = zip(bounds[:-1].tolist(), counts.tolist(), strict=True)
+        sizes = np.array([column.slice(start, count).nbytes for start, count in pieces], np.int64)
+    return sizes
+
+
+def _is_fixed_width(kind: pa.DataType) -> bool:
+    try:
+        return bool(kind.bit_width) and kind.bit_width % 8 == 0 and kind.num_fields == 0
+    except ValueError:  # no fixed width
+        return False
+
+
+_OFFSET_TYPES: dict[int, type[np.integer]] = {
+    pa.string().id: np.int32,
+    pa.binary().id: np.int32,
+    pa.large_string().id: np.int64,
+    pa.large_binary().id: np.int64,
+}
+
+
 def chop(batch: pa.RecordBatch, target_bytes: int) -> Iterator[pa.RecordBatch]:
     """Zero-copy slices of ``batch`` of about ``target_bytes`` each (at least one row each)."""
     size = batch.nbytes
@@ -153,10 +277,16 @@ def coalesce(
     """The rows of ``pieces``, in order, in as few batches of at most ``target`` (by ``size``:
     bytes unless told otherwise) as consecutive pieces of one schema fill (one copy each); a
     piece larger than that passes as it is."""
+    return coalesce_sized(((piece, size(piece)) for piece in pieces), target)
+
+
+def coalesce_sized(
+    pieces: Iterable[tuple[pa.RecordBatch, int]], target: int
+) -> Iterator[pa.RecordBatch]:
+    """:func:`coalesce` of pieces whose sizes the caller knows, each with its size."""
     group: list[pa.RecordBatch] = []
     group_size = 0
-    for piece in pieces:
-        piece_size = size(piece)
+    for piece, piece_size in pieces:
         if group and (group_size + piece_size > target or not piece.schema.equals(group[0].schema)):
             yield _concatenate(group)
             group, group_size = [], 0

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import zstandard
 
-from shuffle_api.batches import SubpartitionIndexes, chop, split_by_subpartition
+from shuffle_api.batches import OrderedRows, SubpartitionIndexes, chop, ordered_parts
 from shuffle_api.descriptors import SubpartitionRange
 from shuffle_api.errors import SchemaMismatchError, ShuffleError, ShuffleServiceClosedError
 from shuffle_api.ids import ResultPartitionID
@@ -193,10 +193,8 @@ class SplittingPartitionWriter(ResultPartitionWriter):
 
     def write(self, batch: pa.RecordBatch, subpartitions: SubpartitionIndexes) -> None:
         self._check_open(batch)
-        for subpartition, piece in split_by_subpartition(
-            batch, subpartitions, self._number_of_subpartitions
-        ):
-            self._emit_sized(subpartition, piece)
+        for part in ordered_parts(batch, subpartitions, self._number_of_subpartitions):
+            self._emit_ordered(part)
 
     def write_to_subpartition(self, batch: pa.RecordBatch, subpartition: int) -> None:
         self._check_open(batch)
@@ -241,6 +239,13 @@ class SplittingPartitionWriter(ResultPartitionWriter):
                 return
             self._state = "failed"
         self._discard(error)
+
+    def _emit_ordered(self, rows: OrderedRows) -> None:
+        """Take the rows of consecutive subpartitions; by default, subpartition by
+        subpartition (a writer that keeps them together saves a call and a size per
+        subpartition: thousands, for a small batch into many)."""
+        for subpartition, piece in rows.slices():
+            self._emit_sized(subpartition, piece)
 
     @abc.abstractmethod
     def _emit(self, subpartition: int, batch: pa.RecordBatch, size: int) -> None:

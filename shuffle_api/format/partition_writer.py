@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import pyarrow as pa
 
+from shuffle_api.batches import OrderedRows
 from shuffle_api.format.sink import PartitionSink
 from shuffle_api.format.writer import PartitionFileWriter
 from shuffle_api.ids import ResultPartitionID
@@ -41,6 +42,9 @@ class SortMergePartitionWriter(SplittingPartitionWriter):
             auto_bandwidth=auto_bandwidth,
         )
         self._on_commit = on_commit
+
+    def _emit_ordered(self, rows: OrderedRows) -> None:
+        self._file.add_ordered(rows)
 
     def _emit(self, subpartition: int, batch: pa.RecordBatch, size: int) -> None:
         self._file.add(subpartition, batch, size)

@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import xxhash
 
-from shuffle_api.batches import coalesce
+from shuffle_api.batches import OrderedRows, chop, coalesce_sized, group_nbytes
 from shuffle_api.errors import ShuffleError
 from shuffle_api.format.codec_choice import AUTO, choose_codec, ipc_write_options
 from shuffle_api.format.manifest import INDEX_SCHEMA, MAX_SUBPARTITIONS, PartitionManifest
@@ -37,37 +39,47 @@ MAX_RUN_BYTES = 8 << 20
 runs stay far below ``netty-like.network.max-frame-size`` whatever the sort buffer holds."""
 
 
-# Bytes the IPC writer hands over natively before they cross into Python (and are hashed).
+# Bytes the IPC writer hands over natively before they cross into Python.
 _STREAM_BUFFER_BYTES = 256 << 10
-# Bytes the hashing sink gathers before it writes to the store.
+# Bytes of runs gathered before they are hashed and written to the store.
 _STORE_WRITE_BYTES = 1 << 20
 
 
 class _HashingSink:
-    """A write-only file that hashes what passes through, so each run's checksum costs no
-    re-read, and writes it to the store in chunks of about :data:`_STORE_WRITE_BYTES`.
-    pyarrow writes to it through a native ``pa.BufferedOutputStream``, flushed at each run's end:
-    one Python call per small run, where the IPC writer alone makes five per batch."""
+    """A write-only file that gathers what pyarrow writes through it (through a native
+    ``pa.BufferedOutputStream``), hashes each run in what it gathered, and writes it to the
+    store in chunks of about :data:`_STORE_WRITE_BYTES`: runs are hashed and written a chunk
+    at a time, not one Python call each (a map output into thousands of subpartitions is
+    thousands of small runs)."""
 
     def __init__(self, target: DataStream) -> None:
         self._target = target
-        self._hasher = xxhash.xxh3_64()
         self._pending = bytearray()
+        self._pending_start = 0
         self._position = 0
         self.closed = False
 
     def write(self, data: bytes) -> int:
-        self._hasher.update(data)
         self._pending += data
-        if len(self._pending) >= _STORE_WRITE_BYTES:
-            self.drain()
         self._position += len(data)
         return len(data)
+
+    def checksums(self, runs: Iterable[tuple[int, int]]) -> list[int]:
+        """The hash of each run, ``(offset, length)`` in the file, among the bytes gathered."""
+        pending, start = memoryview(self._pending), self._pending_start
+        try:
+            return [
+                xxhash.xxh3_64_intdigest(pending[offset - start : offset - start + length])
+                for offset, length in runs
+            ]
+        finally:
+            pending.release()
 
     def drain(self) -> None:
         """Write what is gathered to the store."""
         write_all(self._target, self._pending)
         self._pending.clear()
+        self._pending_start = self._position
 
     def tell(self) -> int:
         return self._position
@@ -86,11 +98,13 @@ class _HashingSink:
             finally:
                 self._target.close()
 
-    def take_checksum(self) -> int:
-        """The hash of everything written since the last call."""
-        digest = self._hasher.intdigest()
-        self._hasher.reset()
-        return int(digest)
+
+@dataclass(frozen=True, slots=True)
+class _Buffered:
+    """Rows a region holds, and the Arrow bytes of each subpartition's."""
+
+    rows: OrderedRows
+    sizes: npt.NDArray[np.int64]
 
 
 class PartitionFileWriter:
@@ -132,7 +146,7 @@ class PartitionFileWriter:
         self._target_batch_bytes = target_batch_bytes
         self._schema: pa.Schema | None = None
         # The producer's side: the region filling, and the spill in flight.
-        self._buffers: list[list[pa.RecordBatch]] = [[] for _ in range(number_of_subpartitions)]
+        self._region: list[_Buffered] = []
         self._buffered_bytes = 0
         self._spiller = ThreadPoolExecutor(1, thread_name_prefix="pyshuffle-spill")
         self._spilling: Future[None] | None = None
@@ -141,14 +155,17 @@ class PartitionFileWriter:
         self._data: _HashingSink | None = None
         self._stream: pa.BufferedOutputStream | None = None
         self._run_start = 0
+        self._drained = 0
         self._ipc: pa.ipc.RecordBatchFileWriter | None = None
         self._batches = 0
         self._regions = 0
-        # Per run: its index row (INDEX_SCHEMA's columns).
+        # Per run: its index row (INDEX_SCHEMA's columns but the checksum), and the checksums
+        # of the runs written to the store so far.
         self._runs: list[tuple[int, ...]] = []
+        self._checksums: list[int] = []
         # Per subpartition (then of the broadcast batches), the Arrow bytes of the batches
         # taken: the statistics weigh the rows as the producer had them, whatever the codec.
-        self._arrow_bytes = [0] * (number_of_subpartitions + 1)
+        self._arrow_bytes = np.zeros(number_of_subpartitions + 1, dtype=np.int64)
 
     @property
     def buffered_bytes(self) -> int:
@@ -178,8 +195,34 @@ class PartitionFileWriter:
             # Queued behind the region just handed over: the spill thread runs one task at a time.
             self._hand_over(lambda: self._write_broadcast(batch), size)
             return
-        self._buffers[subpartition].append(batch)
-        self._buffered_bytes += size
+        rows = OrderedRows(batch, subpartition, np.array([batch.num_rows], dtype=np.int64))
+        self._buffer(_Buffered(rows, np.array([size], dtype=np.int64)))
+
+    def add_ordered(self, rows: OrderedRows) -> None:
+        """Take the rows of consecutive subpartitions at once; spill past the budget."""
+        if not (rows.first >= 0 and rows.first + len(rows.counts) <= self._subpartitions):
+            raise ShuffleError(
+                f"subpartitions {rows.first}..{rows.first + len(rows.counts) - 1} out of range"
+                f" [0, {self._subpartitions}) of partition {self._partition}"
+            )
+        if int(rows.counts.sum()) != rows.batch.num_rows:
+            raise ShuffleError(
+                f"{int(rows.counts.sum())} rows counted for a batch of {rows.batch.num_rows}"
+            )
+        self._check_schema(rows.batch.schema)
+        sizes = group_nbytes(rows.batch, rows.counts)
+        self._arrow_bytes[rows.first : rows.first + len(sizes)] += sizes
+        if int(sizes.sum()) <= self._target_batch_bytes:
+            self._buffer(_Buffered(rows, sizes))
+            return
+        # In parts of about the target size: the budget is looked at after each, as it is
+        # after each batch taken alone.
+        for part, part_sizes in rows.cut(sizes, self._target_batch_bytes):
+            self._buffer(_Buffered(part, part_sizes))
+
+    def _buffer(self, buffered: _Buffered) -> None:
+        self._region.append(buffered)
+        self._buffered_bytes += int(buffered.sizes.sum())
         if self._buffered_bytes >= self._region_bytes:
             self.spill()
 
@@ -188,8 +231,8 @@ class PartitionFileWriter:
         spill is written: one region in flight at most)."""
         if not self._buffered_bytes:
             return
-        region, size = self._buffers, self._buffered_bytes
-        self._buffers = [[] for _ in range(self._subpartitions)]
+        region, size = self._region, self._buffered_bytes
+        self._region = []
         self._buffered_bytes = 0
         self._hand_over(lambda: self._write_region(region), size)
 
@@ -218,16 +261,16 @@ class PartitionFileWriter:
 
     # --- on the spill thread -----------------------------------------------------------------
 
-    def _write_region(self, region: list[list[pa.RecordBatch]]) -> None:
-        """Each subpartition's batches as one run (or a few, see :data:`MAX_RUN_BYTES`) of
+    def _write_region(self, region: list[_Buffered]) -> None:
+        """Each subpartition's rows as one run (or a few, see :data:`MAX_RUN_BYTES`) of
         batches of about the target size: fewer, larger IPC messages to write and to read."""
         target = self._target_batch_bytes
         with storage_errors(self._sink.where):
-            for subpartition, batches in enumerate(region):
-                if len(batches) == 1:  # most subpartitions of a region of many
-                    self._write_run(subpartition, batches)
-                elif batches:
-                    self._write_run(subpartition, coalesce(batches, target))
+            for subpartition, pieces in _pieces_by_subpartition(region):
+                if len(pieces) == 1 and pieces[0][1] <= target:  # most, into many subpartitions
+                    self._write_batch_run(subpartition, pieces[0][0])
+                else:
+                    self._write_run(subpartition, coalesce_sized(_chopped(pieces, target), target))
             self._drain()
         self._regions += 1
 
@@ -238,11 +281,16 @@ class PartitionFileWriter:
         self._regions += 1
 
     def _drain(self) -> None:
-        """A spilled region is on the store when its spill ends: a slow store holds the
-        producer back, and the writer holds its budget, not more."""
-        if self._stream is not None and self._data is not None:
-            self._stream.flush()
-            self._data.drain()
+        """Hash the runs written since the last drain and write them to the store. Once per
+        region at least: a spilled region is on the store when its spill ends, so a slow
+        store holds the producer back, and the writer holds its budget, not more."""
+        if self._stream is None or self._data is None:
+            return
+        self._stream.flush()  # every byte written so far reaches the hashing sink
+        hashed = len(self._checksums)
+        self._checksums += self._data.checksums((run[4], run[5]) for run in self._runs[hashed:])
+        self._data.drain()
+        self._drained = self._data.tell()
 
     def _open(
         self, first_batch: pa.RecordBatch
@@ -261,9 +309,7 @@ class PartitionFileWriter:
         self._ipc.write_batch(
             pa.record_batch([pa.array([], type=field.type) for field in schema], schema=schema)
         )
-        self._stream.flush()
-        self._data.take_checksum()
-        self._run_start = self._data.tell()
+        self._run_start = self._stream.tell()
         self._batches = 1
         return self._stream, self._ipc
 
@@ -286,25 +332,23 @@ class PartitionFileWriter:
         if batches_in_run:
             self._index_run(subpartition, batches_in_run, rows_in_run)
 
+    def _write_batch_run(self, subpartition: int, batch: pa.RecordBatch) -> None:
+        """:meth:`_write_run` of one batch, in fewer steps (thousands a region)."""
+        ipc = self._ipc if self._ipc is not None else self._open(batch)[1]
+        ipc.write_batch(batch)
+        self._index_run(subpartition, 1, batch.num_rows)
+
     def _index_run(self, subpartition: int, batches: int, rows: int) -> None:
-        data, stream = self._data, self._stream
-        assert data is not None and stream is not None
-        stream.flush()  # the run's bytes reach the hashing sink
-        start = self._run_start
-        self._run_start = data.tell()
+        stream = self._stream
+        assert stream is not None
+        start, end = self._run_start, stream.tell()
         self._runs.append(
-            (
-                subpartition,
-                self._regions,
-                self._batches,
-                batches,
-                start,
-                self._run_start - start,
-                rows,
-                data.take_checksum(),
-            )
+            (subpartition, self._regions, self._batches, batches, start, end - start, rows)
         )
+        self._run_start = end
         self._batches += batches
+        if end - self._drained >= _STORE_WRITE_BYTES:
+            self._drain()
 
     # --- commit and abort ----------------------------------------------------------------------
 
@@ -319,13 +363,22 @@ class PartitionFileWriter:
                 self._ipc.close()
                 self._stream.close()  # closes the hashing sink, which writes the rest
                 data_bytes = self._data.tell()
-        rows_by_column = list(zip(*self._runs, strict=True)) or [() for _ in INDEX_SCHEMA]
-        columns = dict(zip(INDEX_SCHEMA.names, map(list, rows_by_column), strict=True))
+        # INDEX_SCHEMA's columns but the last, then the checksums.
+        runs = np.array(self._runs, dtype=np.int64).reshape(len(self._runs), len(INDEX_SCHEMA) - 1)
+        columns = [
+            pa.array(runs[:, position], type=field.type)
+            for position, field in enumerate(INDEX_SCHEMA)
+            if position < len(INDEX_SCHEMA) - 1
+        ]
+        columns.append(pa.array(np.array(self._checksums, dtype=np.uint64)))
         index = pa.BufferOutputStream()
         with pa.ipc.new_file(index, INDEX_SCHEMA) as index_writer:
-            index_writer.write_table(pa.table(columns, schema=INDEX_SCHEMA))
+            index_writer.write_batch(pa.record_batch(columns, schema=INDEX_SCHEMA))
         index_bytes = index.getvalue().to_pybytes()
-        statistics = self._statistics(columns)
+        names = INDEX_SCHEMA.names
+        statistics = self._statistics(
+            *(runs[:, names.index(name)] for name in ("subpartition", "rows", "length"))
+        )
         manifest = PartitionManifest(
             partition=self._partition,
             number_of_subpartitions=self._subpartitions,
@@ -339,23 +392,26 @@ class PartitionFileWriter:
         self._sink.commit(index_bytes, manifest.to_json())
         return statistics
 
-    def _statistics(self, columns: dict[str, list[int]]) -> PartitionStatistics:
-        """Rows, stored bytes and Arrow bytes per subpartition: each subpartition's own plus
-        the broadcast's, which every subpartition's reader gets."""
-        subpartition = np.asarray(columns["subpartition"], dtype=np.int64)
+    def _statistics(
+        self,
+        subpartition: npt.NDArray[np.int64],
+        rows: npt.NDArray[np.int64],
+        length: npt.NDArray[np.int64],
+    ) -> PartitionStatistics:
+        """Rows, stored bytes and Arrow bytes per subpartition (from the runs' columns): each
+        subpartition's own plus the broadcast's, which every subpartition's reader gets."""
         # The broadcast runs' totals in the last place.
         own = np.where(subpartition == BROADCAST, self._subpartitions, subpartition)
-        totals = []
-        for column in (columns["rows"], columns["length"]):
-            sums = np.zeros(self._subpartitions + 1, dtype=np.int64)
-            np.add.at(sums, own, np.asarray(column, dtype=np.int64))
-            totals.append(sums)
-        totals.append(np.asarray(self._arrow_bytes, dtype=np.int64))
+        totals = [
+            np.bincount(own, weights=column, minlength=self._subpartitions + 1).astype(np.int64)
+            for column in (rows, length)
+        ]
+        totals.append(self._arrow_bytes)
         return PartitionStatistics(*(tuple((sums[:-1] + sums[-1]).tolist()) for sums in totals))
 
     def abort(self) -> None:
         """Drop buffers and delete whatever reached the store."""
-        self._buffers = [[] for _ in range(self._subpartitions)]
+        self._region = []
         self._buffered_bytes = 0
         # Whatever the spill in flight did or failed to do is deleted next.
         with contextlib.suppress(Exception):
@@ -366,3 +422,37 @@ class PartitionFileWriter:
             with contextlib.suppress(OSError):
                 self._data.close()
         self._sink.abort()
+
+
+def _pieces_by_subpartition(
+    region: list[_Buffered],
+) -> Iterator[tuple[int, list[tuple[pa.RecordBatch, int]]]]:
+    """Each subpartition with rows in ``region``, in order, and its rows: zero-copy slices
+    in the order they were taken, with their Arrow bytes."""
+    if len(region) == 1:  # one batch in order, the pieces already in subpartition order
+        [buffered] = region
+        sizes = buffered.sizes[buffered.rows.counts > 0].tolist()
+        for (subpartition, piece), size in zip(buffered.rows.slices(), sizes, strict=True):
+            yield subpartition, [(piece, size)]
+        return
+    pieces: dict[int, list[tuple[pa.RecordBatch, int]]] = {}
+    for buffered in region:
+        first = buffered.rows.first
+        for subpartition, piece in buffered.rows.slices():
+            pieces.setdefault(subpartition, []).append(
+                (piece, int(buffered.sizes[subpartition - first]))
+            )
+    for subpartition in sorted(pieces):
+        yield subpartition, pieces[subpartition]
+
+
+def _chopped(
+    pieces: Iterable[tuple[pa.RecordBatch, int]], target: int
+) -> Iterator[tuple[pa.RecordBatch, int]]:
+    """``pieces``, those larger than ``target`` cut into slices of about ``target`` bytes."""
+    for piece, size in pieces:
+        if size <= target or piece.num_rows <= 1:
+            yield piece, size
+            continue
+        for part in chop(piece, target):
+            yield part, size * part.num_rows // piece.num_rows

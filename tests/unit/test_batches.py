@@ -1,8 +1,12 @@
-"""split_by_subpartition, reorder_by_subpartition, chop and coalesce: the vectorized routing
-and sizing writers share; conform, which gives batches their declared schema."""
+"""split_by_subpartition, ordered_parts, reorder_by_subpartition, chop, coalesce and
+group_nbytes: the vectorized routing and sizing writers share; conform, which gives batches
+their declared schema."""
 
 from __future__ import annotations
 
+import datetime
+import decimal
+import itertools
 from collections.abc import Callable
 
 import numpy as np
@@ -11,11 +15,14 @@ import pytest
 
 from shuffle_api import SchemaMismatchError, ShuffleError
 from shuffle_api.batches import (
+    OrderedRows,
     SubpartitionIndexes,
     chop,
     coalesce,
     conform,
     conform_all,
+    group_nbytes,
+    ordered_parts,
     reorder_by_subpartition,
     split_by_subpartition,
 )
@@ -426,3 +433,79 @@ def test_conform_all_gives_one_table_of_the_declared_schema() -> None:
     assert table.schema.equals(declared)
     assert table.column("m").to_pylist() == [[("a", 1)], [("b", None)]]
     assert conform_all(iter([]), declared).num_rows == 0
+
+
+# --- ordered_parts, OrderedRows and group_nbytes ---------------------------------------------
+
+
+def test_ordered_parts_cover_every_subpartition_in_order_as_the_split_does() -> None:
+    rng = np.random.default_rng(3)
+    batch = numbered_batch(30_000)
+    indexes = rng.integers(0, 700, batch.num_rows)
+    parts = list(ordered_parts(batch, indexes, 700))
+    # Together the parts hold every subpartition once, from the first to the last.
+    assert parts[0].first == 0
+    assert sum(len(part.counts) for part in parts) == 700
+    for before, after in itertools.pairwise(parts):
+        assert after.first == before.first + len(before.counts)
+    from_parts = {
+        subpartition: piece.column("row").to_pylist()
+        for part in parts
+        for subpartition, piece in part.slices()
+    }
+    assert from_parts == split(batch, indexes, 700) == expected_split(indexes.tolist())
+
+
+_COLUMNS = {
+    "long": pa.array([1, None, 3, 4] * 25, pa.int64()),
+    "bool": pa.array([True, False, None, True] * 25),
+    "string": pa.array(["a", "bbb", None, "cccccc"] * 25),
+    "large_string": pa.array(["x", None, "yy", "zzz"] * 25, pa.large_string()),
+    "decimal": pa.array([decimal.Decimal("1.5")] * 100, pa.decimal128(10, 2)),
+    "timestamp": pa.array([datetime.datetime(2020, 1, 1)] * 100, pa.timestamp("us")),
+    "list": pa.array([[1, 2], [3], None, []] * 25),
+    "struct": pa.array([{"a": 1, "b": "x"}] * 100),
+    "fixed": pa.array([b"abcd"] * 100, pa.binary(4)),
+    "null": pa.nulls(100),
+}
+
+
+@pytest.mark.parametrize("offset", [0, 3, 8, 13])
+@pytest.mark.parametrize(
+    "counts", [[0, 5, 13, 1, 0, 40, 21], [80], [0, 0, 80, 0], [1] * 80], ids=str
+)
+def test_group_nbytes_counts_each_group_as_pyarrow_counts_its_slice(
+    offset: int, counts: list[int]
+) -> None:
+    batch = pa.record_batch(_COLUMNS).slice(offset, 80)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).tolist()
+    for name in _COLUMNS:
+        column = batch.select([name])
+        assert group_nbytes(column, np.array(counts, dtype=np.int64)).tolist() == [
+            column.slice(start, count).nbytes for start, count in zip(starts, counts, strict=True)
+        ], name
+
+
+def test_ordered_rows_cut_into_parts_of_about_the_target_size() -> None:
+    batch = numbered_batch(2_000)
+    # Subpartition 3 is 1,500 rows: larger than the target alone.
+    counts = np.array([100, 100, 0, 1_500, 200, 100], dtype=np.int64)
+    rows = OrderedRows(batch, 10, counts)
+    sizes = group_nbytes(batch, counts)
+    target = int(sizes[0] + sizes[1])
+    parts = list(rows.cut(sizes, target))
+    got = [(part.first, part.counts.tolist()) for part, _ in parts]
+    assert got[0] == (10, [100, 100, 0])  # neighbours together, up to the target
+    # Subpartitions 13 and 14 (4,400 bytes) alone, in slices of about the target; then 15.
+    assert [first for first, _ in got] == sorted(first for first, _ in got)
+    assert sum(counts[0] for first, counts in got if first == 13) == 1_500
+    assert len([first for first, _ in got if first == 13]) == 8
+    assert got[-1] == (15, [100])
+    assert all(part.batch.nbytes <= 1.1 * target for part, _ in parts)
+    # Every row once, in order.
+    assert pa.Table.from_batches([part.batch for part, _ in parts]).column("row").to_pylist() == (
+        list(range(2_000))
+    )
+    assert sum(int(part_sizes.sum()) for _, part_sizes in parts) == pytest.approx(
+        int(sizes.sum()), rel=0.01
+    )
