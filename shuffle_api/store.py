@@ -9,13 +9,18 @@ fsspec. OSErrors become :class:`StorageError` (:class:`StorageFullError` for a f
 from __future__ import annotations
 
 import abc
+import collections
 import contextlib
 import ctypes
 import errno
 import os
+import resource
 import shutil
 import socket
 import tempfile
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO, Final
 
@@ -137,23 +142,40 @@ def _pread_after(prefix: bytes, fd: int, offset: int, length: int) -> bytes:
 _JOINED_READ_BYTES: Final = 128 << 10
 
 
-class _PositionedRanges(RangeReader):
-    """Positioned reads of a local file: one copy, and a file truncated under the reader gives
-    short reads, never a fault."""
+class _LocalRanges(RangeReader):
+    """Reads of a local file, open for as long as this reader lives (see :class:`_OpenFiles`):
+    zero-copy slices of a memory map (the buffers keep the mapping alive), or positioned
+    reads, one copy each, where another process may truncate the file under the reader (a
+    mapped page past the new end would kill the reader with SIGBUS; a positioned read is
+    short). Stateless between calls: threads may share one."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, mapped: bool) -> None:
         self._path = path
-        # A descriptor, not a file object: half the cost of opening, which a reducer pays
-        # for each map output it reads a small block of.
         self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self._mapped: pa.Buffer | None = None  # the whole file, mapped
+        if mapped and os.fstat(self._fd).st_size:
+            with storage_errors(path):
+                mapping = pa.memory_map(path)
+                self._mapped = mapping.read_buffer(mapping.size())
+        self.used = 0.0
+        """When it was last handed out (its cache's clock)."""
 
     def __del__(self) -> None:
         fd = getattr(self, "_fd", None)  # None where the open failed
         if fd is not None:
             os.close(fd)
 
+    @property
+    def deleted(self) -> bool:
+        """Whether the file has no name left (deleted, or replaced, since it was opened)."""
+        return os.fstat(self._fd).st_nlink == 0
+
     def read_range(self, offset: int, length: int) -> pa.Buffer:
         with storage_errors(self._path):
+            if self._mapped is not None:
+                # A truncated file yields a short buffer, which fails its checksum.
+                start = min(offset, self._mapped.size)
+                return self._mapped.slice(start, max(0, min(length, self._mapped.size - start)))
             return pa.py_buffer(os.pread(self._fd, length, offset))
 
     def size(self) -> int:
@@ -173,28 +195,88 @@ class _PositionedRanges(RangeReader):
             return int(sock.sendfile(file, offset, length))
 
 
-class _MappedRanges(_PositionedRanges):
-    """Zero-copy slices of a memory-mapped local file (the buffers keep the mapping alive), for
-    ranges of at least :data:`_SMALLEST_MAPPED_READ` bytes; smaller ones are read, which costs a
-    third of mapping the file for them (a reducer reads a small range of each of many files)."""
+class _OpenFiles:
+    """The local files this process read lately, kept open (and mapped): a Python worker's
+    reducers, one after another, read a small block of each of the same map outputs, and
+    opening (and mapping) each file cost more than reading its block.
 
-    def __init__(self, path: str) -> None:
-        super().__init__(path)
-        self._mapped: pa.MemoryMappedFile | None = None
+    Only for files that do not change once written (partitions' data files, each attempt
+    under a path of its own). A file deleted meanwhile is seen as gone when next asked for (it
+    has no links left), as an open would see it. One deleted under another process's cache
+    keeps its disk space until that process asks for it, evicts it (least recently used,
+    past ``max_files``), finds it unused for ``max_idle`` seconds (looked for at most once a
+    second, as the cache is used), or ends; a reader still reading keeps it open too."""
 
-    def read_range(self, offset: int, length: int) -> pa.Buffer:
-        if length < _SMALLEST_MAPPED_READ:
-            return super().read_range(offset, length)
-        with storage_errors(self._path):
-            if self._mapped is None:
-                self._mapped = pa.memory_map(self._path)
-            # A truncated file yields a short buffer, which fails its checksum, not an OSError.
-            available = max(0, min(length, self._mapped.size() - offset))
-            self._mapped.seek(min(offset, self._mapped.size()))
-            return self._mapped.read_buffer(available)
+    def __init__(
+        self, max_files: int, max_idle: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._max_files = max_files
+        self._max_idle = max_idle
+        self._clock = clock
+        self._files: collections.OrderedDict[tuple[str, bool], _LocalRanges] = (
+            collections.OrderedDict()
+        )
+        self._lock = threading.Lock()
+        self._next_expiry = 0.0
+
+    def open(self, path: str, *, mapped: bool) -> _LocalRanges:
+        """A reader of ``path``; FileNotFoundError if it is not there (any more)."""
+        key = (path, mapped)
+        now = self._clock()
+        with self._lock:
+            found = self._files.get(key)
+            if found is not None:
+                self._files.move_to_end(key)
+                found.used = now
+            if now >= self._next_expiry:
+                self._expire(now)
+        if found is not None:
+            if not found.deleted:
+                return found
+            with self._lock:  # deleted since: closed once its readers are gone
+                if self._files.get(key) is found:
+                    del self._files[key]
+        opened = _LocalRanges(path, mapped=mapped)
+        opened.used = now
+        with self._lock:
+            self._files[key] = opened
+            self._files.move_to_end(key)
+            while len(self._files) > self._max_files:
+                self._files.popitem(last=False)
+        return opened
+
+    def _expire(self, now: float) -> None:
+        self._next_expiry = now + 1.0
+        while self._files:
+            key, oldest = next(iter(self._files.items()))
+            if now - oldest.used <= self._max_idle:
+                return
+            del self._files[key]
+
+    def forget_under(self, directory: str) -> None:
+        """Let go of the files under ``directory`` (being deleted by this process)."""
+        prefix = directory.rstrip("/") + "/"
+        with self._lock:
+            for key in [key for key in self._files if key[0].startswith(prefix)]:
+                del self._files[key]
+
+    def __len__(self) -> int:
+        return len(self._files)
 
 
-_SMALLEST_MAPPED_READ: Final = 1 << 20
+def _open_files_limit() -> int:
+    """An eighth of the descriptors this process may open (a mapped file holds two), up to
+    4,096 files."""
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return 128
+    return 4096 if soft == resource.RLIM_INFINITY else max(16, min(4096, soft // 8))
+
+
+_OPEN_FILES: Final = _OpenFiles(max_files=_open_files_limit(), max_idle=30.0)
+
+
 _PAST_ANY_END: Final = 1 << 62
 
 
@@ -308,7 +390,7 @@ class Store:
         an object store, its reads do: a request to look first would double a reducer's)."""
         with storage_errors(path):
             if self._local:
-                return _MappedRanges(path) if self._memory_map else _PositionedRanges(path)
+                return _OPEN_FILES.open(path, mapped=self._memory_map)
             return _FsspecRanges(self._fs, path)
 
     def read_bytes(self, path: str) -> bytes:
@@ -364,6 +446,8 @@ class Store:
     def delete_tree(self, path: str, *, empty_parents: int = 0) -> None:
         """Remove ``path`` and everything below it (a missing path is fine), then up to
         ``empty_parents`` of its parent directories that are left empty."""
+        if self._local:
+            _OPEN_FILES.forget_under(path)
         try:
             with storage_errors(path):
                 self._fs.rm(path, recursive=True)
