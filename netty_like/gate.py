@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from netty_like.client import CreditSettings, read_remote
 from netty_like.descriptor import NettyShuffleDescriptor
-from netty_like.partition_manager import EncodedRun, ResultPartitionManager
+from netty_like.partition_manager import ResultPartitionManager
 from shuffle_api import (
     LOCAL_ONLY_PORT,
     InputGateDeploymentDescriptor,
@@ -22,7 +22,6 @@ from shuffle_api import (
     TransportError,
 )
 from shuffle_api.connections import ConnectionPool
-from shuffle_api.format import decode_run
 from shuffle_api.gate import END_OF_PARTITION, Asker, SequentialInputGate
 from shuffle_api.store_reads import StoreReads
 
@@ -225,13 +224,14 @@ class NettyInputGate(SequentialInputGate):
     def _read_local(
         self, partition: ResultPartitionID, pipelined: bool
     ) -> Iterator[pa.RecordBatch]:
-        view = self._manager.create_view(partition, self.subpartitions, pipelined=pipelined)
+        if not pipelined:  # read as any partition on this process's store
+            yield from self._manager.blocking_reader(partition).read(self.subpartitions)
+            return
+        view = self._manager.create_view(partition, self.subpartitions, pipelined=True)
         try:
+            # Batches straight from memory (no timeout: never False).
             while (item := view.poll(None)) is not None:
-                if isinstance(item, EncodedRun):
-                    assert view.schema is not None
-                    yield from decode_run(item.data, view.schema, partition)
-                elif isinstance(item, pa.RecordBatch):
+                if isinstance(item, pa.RecordBatch):
                     yield item
         finally:
             view.release()

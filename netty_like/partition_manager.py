@@ -204,6 +204,18 @@ class ResultPartitionManager:
         self.register_pipelined(created)
         return created
 
+    def blocking_reader(self, partition: ResultPartitionID) -> PartitionFileReader:
+        """A reader of a blocking partition this process produced and still holds."""
+        with self._condition:
+            known = partition in self._blocking
+        if not known:
+            raise PartitionNotFoundError(
+                f"blocking partition {partition} is not held by this process (never"
+                " committed here, or released)",
+                partition,
+            )
+        return PartitionFileReader(self._store, partition, Layouts.READ)
+
     def create_view(
         self,
         partition: ResultPartitionID,
@@ -218,16 +230,7 @@ class ResultPartitionManager:
         ``verify=False`` leaves checksums of stored runs to the receiver (the data port sends
         each run's checksum, and the consumer checks it end to end)."""
         if not pipelined:
-            with self._condition:
-                known = partition in self._blocking
-            if not known:
-                raise PartitionNotFoundError(
-                    f"blocking partition {partition} is not held by this process (never"
-                    " committed here, or released)",
-                    partition,
-                )
-            reader = PartitionFileReader(self._store, partition, Layouts.READ)
-            return _BlockingView(reader, subpartitions, verify)
+            return _BlockingView(self.blocking_reader(partition), subpartitions, verify)
         deadline = time.monotonic() + self._request_timeout
         with self._condition:
             # In slices: a consumer that goes away stops waiting within one.

@@ -11,7 +11,7 @@ import random
 import socket
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
@@ -87,7 +87,7 @@ def make_batch(start: int, rows: int) -> pa.RecordBatch:
     )
 
 
-def keys_of(batches: Iterator[pa.RecordBatch] | list[pa.RecordBatch]) -> list[int]:
+def keys_of(batches: Iterable[pa.RecordBatch]) -> list[int]:
     return [key for batch in batches for key in batch.column("key").to_pylist()]
 
 
