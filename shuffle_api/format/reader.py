@@ -138,6 +138,16 @@ class RunIndex:
             [np.sort(np.concatenate([own[in_range == s], self.broadcast])) for s in subpartitions]
         )
 
+    def only_position(self, subpartitions: SubpartitionRange) -> int | None:
+        """The one run a reader of ``subpartitions`` gets, where it gets one (of one
+        subpartition, no broadcast runs): :meth:`positions` in fewer steps."""
+        if subpartitions.start != subpartitions.end or len(self.broadcast):
+            return None
+        start = self.bounds.item(subpartitions.start)
+        if self.bounds.item(subpartitions.start + 1) - start != 1:
+            return None
+        return int(start if self.order is None else self.order.item(start))
+
     def run(self, position: int) -> Run:
         return Run(
             int(self.subpartition[position]),
@@ -498,12 +508,15 @@ class PartitionFileReader:
     def schema(self) -> pa.Schema | None:
         return self.manifest.schema
 
-    def _positions(self, subpartitions: SubpartitionRange) -> npt.NDArray[np.int64]:
+    def _check_range(self, subpartitions: SubpartitionRange) -> None:
         if subpartitions.end >= self.manifest.number_of_subpartitions:
             raise ShuffleError(
                 f"subpartitions {subpartitions.start}..{subpartitions.end} out of range: partition"
                 f" {self._partition} has {self.manifest.number_of_subpartitions}"
             )
+
+    def _positions(self, subpartitions: SubpartitionRange) -> npt.NDArray[np.int64]:
+        self._check_range(subpartitions)
         return self._index.positions(subpartitions)
 
     def runs(self, subpartitions: SubpartitionRange) -> Iterator[Run]:
@@ -609,9 +622,10 @@ class PartitionFileReader:
         schema = self.manifest.schema
         if schema is None:
             return ()
-        positions = self._positions(subpartitions)
-        if len(positions) == 1:  # a reducer's one run of a map output, mostly: fewest steps
-            return self._read_run_at(int(positions[0]), schema)
+        self._check_range(subpartitions)
+        position = self._index.only_position(subpartitions)
+        if position is not None:  # a reducer's one run of a map output, mostly: fewest steps
+            return self._read_run_at(position, schema)
         return self._read_pieces(subpartitions)
 
     def _read_pieces(self, subpartitions: SubpartitionRange) -> Iterator[pa.RecordBatch]:
