@@ -159,8 +159,6 @@ class _LocalRanges(RangeReader):
                 self._mapped = mapping.read_buffer(mapping.size())
         self.used = 0.0
         """When it was last handed out (its cache's clock)."""
-        self.checked = 0.0
-        """When it was last found to be the file its path names (its cache's clock)."""
 
     def __del__(self) -> None:
         fd = getattr(self, "_fd", None)  # None where the open failed
@@ -233,17 +231,13 @@ class _OpenFiles:
             if now >= self._next_expiry:
                 self._expire(now)
         if found is not None:
-            # Looked at again after a second: a read that soon after a delete still sees
-            # the file, as a reader that opened it before the delete does.
-            if now - found.checked < 1.0 or not found.deleted:
-                if now - found.checked >= 1.0:
-                    found.checked = now
+            if not found.deleted:
                 return found
             with self._lock:  # deleted since: closed once its readers are gone
                 if self._files.get(key) is found:
                     del self._files[key]
         opened = _LocalRanges(path, mapped=mapped)
-        opened.used = opened.checked = now
+        opened.used = now
         with self._lock:
             self._files[key] = opened
             self._files.move_to_end(key)
