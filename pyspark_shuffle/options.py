@@ -20,6 +20,7 @@ from shuffle_api.config import (
 __all__ = [
     "JOIN_BROADCAST_THRESHOLD",
     "KEEP_RESULTS",
+    "MAP_TARGET_SIZE",
     "MAX_RECOVERY_ATTEMPTS",
     "MAX_SUBPARTITIONS",
     "PROGRESS_INTERVAL",
@@ -52,6 +53,16 @@ REDUCER_MIN_COUNT = int_option(
     "The fewest reducers when their number is automatic (when there are that many"
     " subpartitions); 0: Spark's defaultParallelism, so every core gets a reducer, and the"
     " count rounded up to whole waves of it.",
+    minimum=0,
+)
+MAP_TARGET_SIZE = memory_option(
+    "pyspark-shuffle.map.target-size",
+    64 << 20,
+    "Bytes a map task should write (by Spark's estimate of a DataFrame's size, classic"
+    " sessions): a DataFrame of many small partitions is read by fewer map tasks, each"
+    " reading neighbouring partitions, and never fewer than twice Spark's default"
+    " parallelism (a Python task costs the JVM about as much as a few megabytes of"
+    " rows); 0: one map task per partition.",
     minimum=0,
 )
 RANGE_SAMPLE_SIZE = int_option(
@@ -94,6 +105,7 @@ PYSPARK_SHUFFLE_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
     MAX_SUBPARTITIONS,
     REDUCER_TARGET_SIZE,
     REDUCER_MIN_COUNT,
+    MAP_TARGET_SIZE,
     RANGE_SAMPLE_SIZE,
     JOIN_BROADCAST_THRESHOLD,
     KEEP_RESULTS,

@@ -28,6 +28,7 @@ __all__ = [
     "MapOutputBytes",
     "adaptive_plan",
     "codec_neutral_bytes",
+    "map_task_count",
     "one_reducer",
     "one_reducer_per_map_task",
     "one_reducer_per_subpartition",
@@ -51,6 +52,16 @@ def codec_neutral_bytes(
         return stored
     scaled: BytesMatrix = np.ceil(arrow * (stored_total / arrow_total)).astype(np.int64)
     return scaled
+
+
+def map_task_count(partitions: int, estimated_bytes: int, target_bytes: int, cores: int) -> int:
+    """How many map tasks read ``partitions`` partitions of about ``estimated_bytes`` in all:
+    one per ``target_bytes`` (0: one per partition), at least two for each core (every core
+    busy, in two waves), at most one per partition."""
+    if not target_bytes or partitions <= 2 * cores:
+        return partitions
+    wanted = -(-max(0, estimated_bytes) // target_bytes)
+    return min(partitions, max(2 * cores, wanted))
 
 
 class MapOutputBytes(ProducerBytes):

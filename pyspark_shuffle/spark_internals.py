@@ -24,6 +24,11 @@ spark-versions`` recovers a lost partition through it); the driver uses these in
 whether the SparkContext still runs) and no other. The held shuffle is planned with Spark 4.2's
 checksums of rerun map tasks off (public SQL settings, put back after).
 
+Spark's estimate of a DataFrame's size, :func:`estimated_bytes`: its optimized plan's
+statistics (``sizeInBytes``: a Parquet scan's file bytes, a range's rows by their width, an
+upper bound after filters), the same from 3.5 to 4.3; ``None`` under Spark Connect (no Py4J)
+or where the plan will not say.
+
 In a Python worker: the connection a task reads its input from, :func:`task_connection` (the
 ``infile`` of ``pyspark.worker.main``, the same in every release from 3.5 to 4.3; ``None``
 where it is not found, and the caller leaves the connection as Spark made it).
@@ -46,6 +51,7 @@ __all__ = [
     "HeldShuffle",
     "SparkShuffleOutputs",
     "context_running",
+    "estimated_bytes",
     "held_shuffle",
     "task_connection",
 ]
@@ -113,6 +119,18 @@ def _without_rerun_checksums(session: SparkSession) -> Iterator[None]:
     finally:
         for key, value in before.items():
             session.conf.set(key, value)
+
+
+def estimated_bytes(frame: DataFrame) -> int | None:
+    """Spark's estimate of the bytes of ``frame``'s rows (classic sessions), or ``None``."""
+    java_frame = getattr(frame, "_jdf", None)  # a Spark Connect DataFrame has none
+    if java_frame is None:
+        return None
+    try:
+        return int(str(java_frame.queryExecution().optimizedPlan().stats().sizeInBytes()))
+    except Exception as error:  # Py4J's errors, or a plan Spark cannot size
+        _LOG.debug("Spark did not estimate the size of a DataFrame: %s", error)
+        return None
 
 
 def held_shuffle(shuffled: DataFrame) -> HeldShuffle:

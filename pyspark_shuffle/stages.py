@@ -16,16 +16,21 @@ from pyspark_shuffle.exchange import Exchange
 from pyspark_shuffle.fused import FusedInput, collect_arrow, sample_rows
 from pyspark_shuffle.inputs import FrameInput, MapInput, RowTasks
 from pyspark_shuffle.operations import PassThrough, ReduceOperation
-from pyspark_shuffle.options import KEEP_RESULTS, MAX_SUBPARTITIONS, RANGE_SAMPLE_SIZE
+from pyspark_shuffle.options import (
+    KEEP_RESULTS,
+    MAP_TARGET_SIZE,
+    MAX_SUBPARTITIONS,
+    RANGE_SAMPLE_SIZE,
+)
 from pyspark_shuffle.parquet import ParquetInput, ParquetSource
 from pyspark_shuffle.partitioners import HashPartitioner, Partitioner, WholePartitioner
-from pyspark_shuffle.planning import one_reducer_per_map_task
+from pyspark_shuffle.planning import map_task_count, one_reducer_per_map_task
 from pyspark_shuffle.progress import JobLabel
 from pyspark_shuffle.reduce_stage import Driver, plan_reducers, reduce_stage
 from pyspark_shuffle.registry import ResultRegistry
 from pyspark_shuffle.results import Result
 from pyspark_shuffle.schemas import arrow_schema, check_carried, check_keys
-from pyspark_shuffle.spark_internals import SparkShuffleOutputs
+from pyspark_shuffle.spark_internals import SparkShuffleOutputs, estimated_bytes
 from scheduling.skew import ConsumerPlan
 from shuffle_api import (
     Configuration,
@@ -155,7 +160,32 @@ class Stages:
         if source is not None:
             schema = arrow_schema(self.driver.spark, frame.schema)
             return ParquetInput(self.driver.link, source, frame.schema, schema)
-        return FrameInput(frame)
+        return FrameInput(self._in_map_tasks(configuration, frame))
+
+    def _in_map_tasks(self, configuration: Configuration, frame: DataFrame) -> DataFrame:
+        """``frame``, its partitions coalesced into map tasks of about the target size (see
+        ``map_task_count``): a Python task costs the JVM several milliseconds whatever it
+        reads, so many small partitions cost more in tasks than in rows."""
+        target = configuration.get(MAP_TARGET_SIZE)
+        size = estimated_bytes(frame) if target else None
+        if size is None:  # off, or Spark Connect: the partitions as they are
+            return frame
+        partitions = int(frame.rdd.getNumPartitions())
+        tasks = map_task_count(
+            partitions,
+            size,
+            target,
+            self.driver.link.default_parallelism(),
+        )
+        if tasks >= partitions:
+            return frame
+        _LOG.info(
+            "%d partitions of about %d bytes in all are read by %d map tasks",
+            partitions,
+            size,
+            tasks,
+        )
+        return frame.coalesce(tasks)
 
     def sample(
         self, configuration: Configuration, frame: DataFrame, keys: Sequence[str]

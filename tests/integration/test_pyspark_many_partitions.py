@@ -19,7 +19,7 @@ from pyspark_shuffle import SparkShuffle
 from pyspark_shuffle.spark_internals import task_connection
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame, Row, SparkSession
 
     from tests.integration.services import ShuffleService
 
@@ -31,6 +31,18 @@ KEYS = 7_919
 
 def _data(spark: SparkSession) -> DataFrame:
     return spark.range(0, ROWS, 1, MAPS).selectExpr(f"id % {KEYS} as k", "id as v")
+
+
+MAP_TARGET_SIZE = "spark.pyshuffle.pyspark-shuffle.map.target-size"
+
+
+@pytest.fixture(autouse=True)
+def one_map_task_a_partition(spark: SparkSession) -> Iterator[None]:
+    """These tests count map outputs: each partition is a map task of its own (the default
+    reads small partitions in fewer map tasks)."""
+    spark.conf.set(MAP_TARGET_SIZE, "0")
+    yield
+    spark.conf.unset(MAP_TARGET_SIZE)
 
 
 @pytest.fixture(scope="module")
@@ -50,10 +62,7 @@ def test_200_map_tasks_into_1000_reducers_equal_spark(
     # Every row exactly once, as Spark's shuffle delivers them.
     assert Counter((row.k, row.v) for row in placed) == spark_rows
     # Each key in one reducer, and the keys spread over (nearly) all of them.
-    reducers_of_key: dict[int, set[int]] = {}
-    for row in placed:
-        reducers_of_key.setdefault(row.k, set()).add(row.reducer)
-    assert all(len(reducers) == 1 for reducers in reducers_of_key.values())
+    assert all(len(reducers) == 1 for reducers in _reducers_of_keys(placed).values())
     assert len({row.reducer for row in placed}) > 0.95 * REDUCERS
     statistics = shuffle.statistics(result)
     assert (statistics.map_tasks, statistics.reducers) == (MAPS, REDUCERS)
@@ -63,6 +72,32 @@ def test_200_map_tasks_into_1000_reducers_equal_spark(
     # them again to count took longer than it).
     assert result.rdd.getNumPartitions() == REDUCERS
     shuffle.release(result)
+
+
+def test_small_partitions_are_read_by_two_map_tasks_a_core_with_every_row_once(
+    shuffle: SparkShuffle, spark: SparkSession, spark_rows: Counter[tuple[int, int]]
+) -> None:
+    """200 partitions of 150 rows: Spark's estimate of their size is far below a map task's
+    target, so they are read by two map tasks for each of local[2]'s cores, each reading 50
+    neighbouring partitions; the reducers are as asked."""
+    spark.conf.unset(MAP_TARGET_SIZE)
+    data = _data(spark)
+    assert data.rdd.getNumPartitions() == MAPS
+    result = shuffle.repartition(data, "k", num_partitions=64)
+    placed = result.select("k", "v", F.spark_partition_id().alias("reducer")).collect()
+    assert Counter((row.k, row.v) for row in placed) == spark_rows
+    assert all(len(reducers) == 1 for reducers in _reducers_of_keys(placed).values())
+    statistics = shuffle.statistics(result)
+    assert (statistics.map_tasks, statistics.reducers) == (4, 64)
+    assert statistics.rows_written == statistics.rows_read == ROWS
+    shuffle.release(result)
+
+
+def _reducers_of_keys(placed: list[Row]) -> dict[int, set[int]]:
+    reducers_of_key: dict[int, set[int]] = {}
+    for row in placed:
+        reducers_of_key.setdefault(row.k, set()).add(row.reducer)
+    return reducers_of_key
 
 
 def _batches_and_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -24,6 +24,7 @@ from pyspark_shuffle.planning import (
     MapOutputBytes,
     adaptive_plan,
     codec_neutral_bytes,
+    map_task_count,
     one_reducer_per_map_task,
     one_reducer_per_subpartition,
 )
@@ -795,3 +796,20 @@ def test_map_reports_merge_in_place_keeping_every_attempt() -> None:
         total = merge_map_reports(total, update)
     assert total is merged  # in place: M reports cost O(M), not O(M^2)
     assert merged == {(0, "task-1"): first, (0, "task-2"): second, (1, "task-3"): first}
+
+
+@pytest.mark.parametrize(
+    ("partitions", "estimated", "target", "cores", "tasks"),
+    [
+        (1_000, 16 << 20, 64 << 20, 2, 4),  # small partitions: two map tasks a core
+        (1_000, 640 << 20, 64 << 20, 2, 10),  # one per target's bytes
+        (1_000, 1 << 40, 64 << 20, 2, 1_000),  # never more than one a partition
+        (16, 1 << 20, 64 << 20, 8, 16),  # no fewer than two a core: as they are
+        (1_000, 16 << 20, 0, 2, 1_000),  # off
+        (1_000, 0, 64 << 20, 200, 400),
+    ],
+)
+def test_map_tasks_read_about_the_target_size_each_two_a_core_at_least(
+    partitions: int, estimated: int, target: int, cores: int, tasks: int
+) -> None:
+    assert map_task_count(partitions, estimated, target, cores) == tasks
