@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from pyspark_shuffle.ordered_bytes import is_nested, ordered_bytes
 from pyspark_shuffle.sorting import SortKey, sort_indices
 from shuffle_api import InvalidOperationError
-from shuffle_api.batches import chop, coalesce, conform_all, reorder_by_subpartition
+from shuffle_api.batches import chop, coalesce, conform, conform_all, reorder_by_subpartition
 
 __all__ = [
     "JOIN_TYPES",
@@ -110,11 +110,18 @@ class MapBatches(ReduceOperation):
     batches in the reduce task, so they never go back to the JVM in between."""
 
     function: BatchFunction
+    input_schema: pa.Schema | None = None
+    """Where set, ``function`` gets the batches conformed to it: the schema Spark's own
+    ``mapInArrow`` of a result would hand it."""
 
     def apply(
         self, inputs: Sequence[Iterator[pa.RecordBatch]], schemas: Sequence[pa.Schema]
     ) -> Iterator[pa.RecordBatch]:
-        yield from self.function(inputs[0])
+        schema = self.input_schema
+        if schema is None:
+            yield from self.function(inputs[0])
+            return
+        yield from self.function(conform(batch, schema) for batch in inputs[0])
 
 
 @dataclass(frozen=True, slots=True)

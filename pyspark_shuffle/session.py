@@ -96,7 +96,14 @@ class SparkShuffle:
             recomputable=lambda: spark_outputs is not None and spark_outputs.available,
             spark_running=link.running,
         )
-        self._stages = Stages(driver, self._master, self._job, spark_outputs, self._registry)
+        self._stages = Stages(
+            driver,
+            self._master,
+            self._job,
+            spark_outputs,
+            self._registry,
+            configuration=self._config.now,
+        )
         atexit.register(self.close)
 
     @property

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
@@ -15,7 +15,7 @@ from pyspark.sql.types import StructType
 from pyspark_shuffle.exchange import Exchange
 from pyspark_shuffle.fused import FusedInput, collect_arrow, sample_rows
 from pyspark_shuffle.inputs import FrameInput, MapInput, RowTasks
-from pyspark_shuffle.operations import PassThrough, ReduceOperation
+from pyspark_shuffle.operations import BatchFunction, MapBatches, PassThrough, ReduceOperation
 from pyspark_shuffle.options import (
     KEEP_RESULTS,
     MAP_TARGET_SIZE,
@@ -28,8 +28,9 @@ from pyspark_shuffle.planning import map_task_count, one_reducer_per_map_task
 from pyspark_shuffle.progress import JobLabel
 from pyspark_shuffle.reduce_stage import Driver, plan_reducers, reduce_stage
 from pyspark_shuffle.registry import ResultRegistry
+from pyspark_shuffle.result_frames import as_result_frame
 from pyspark_shuffle.results import Result
-from pyspark_shuffle.schemas import arrow_schema, check_carried, check_keys
+from pyspark_shuffle.schemas import arrow_schema, check_carried, check_keys, declared_schema
 from pyspark_shuffle.spark_internals import SparkShuffleOutputs, estimated_bytes
 from scheduling.skew import ConsumerPlan
 from shuffle_api import (
@@ -67,9 +68,14 @@ class Stages:
         job: RecordingJobContext,
         spark_outputs: SparkShuffleOutputs | None,
         registry: ResultRegistry[Result, ParquetSource],
+        *,
+        configuration: Callable[[], Configuration],
     ) -> None:
+        """``configuration``: as an operation starting now reads it (a result's
+        ``mapInArrow`` is one)."""
         self.driver = driver
         self.registry = registry
+        self._configuration = configuration
         self._master = master
         self._job = job
         # Spark's map output tracker: classic sessions only (Connect has no Py4J).
@@ -263,5 +269,27 @@ class Stages:
         frame, result = reduce_stage(
             self.driver, configuration, exchanges, operation, schema, plan=plan
         )
+        frame = as_result_frame(frame, self.map_in_arrow)
         self.registry.remember(frame, result)
         return frame
+
+    def map_in_arrow(
+        self, frame: DataFrame, function: BatchFunction, schema: StructType | str
+    ) -> DataFrame | None:
+        """``frame.mapInArrow(function, schema)`` with ``function`` in the reduce tasks of the
+        result ``frame`` is, where that result hands on its rows as they were shuffled (a
+        repartition, a rebalance, a read), as ``repartition_map`` would: the same reducers,
+        the same batches' types. ``None`` for any other DataFrame (Spark's own then)."""
+        result = self.live_result(frame)
+        if result is None or result.broadcast is not None:
+            return None
+        if not isinstance(result.operation, PassThrough):
+            return None
+        try:
+            declared = declared_schema(schema, "mapInArrow")
+        except InvalidOperationError:  # a type pyshuffle does not carry: Spark's, as asked
+            return None
+        operation = MapBatches(function, arrow_schema(self.driver.spark, result.schema))
+        return self.reduce(
+            self._configuration(), result.exchanges, operation, declared, plan=result.plan
+        )

@@ -17,7 +17,7 @@ from pyspark.sql import functions as F  # noqa: N812 (Spark's own spelling)
 
 from external_shuffle.local_cluster import LocalCluster
 from pyspark_shuffle import SparkShuffle
-from shuffle_api import new_id
+from shuffle_api import InvalidOperationError, new_id
 from tests.integration.services import (
     ShuffleService,
     external_service,
@@ -103,6 +103,40 @@ def test_repartition_rebalance_and_repartition_map(
     assert multiset(shuffle.rebalance(events, "k", num_partitions=3)) == multiset(events)
     mapped = shuffle.repartition_map(events, "k", _doubled, "id long, twice double")
     assert multiset(mapped) == multiset(events.selectExpr("id", "amount * 2 as twice"))
+
+
+def _what_arrived(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """One row a task: the schema its batches came in, and how many rows."""
+    arrived = list(batches)
+    schema = str(arrived[0].schema) if arrived else ""
+    yield pa.record_batch({"schema": [schema], "rows": [sum(b.num_rows for b in arrived)]})
+
+
+ARRIVED = "schema string, rows long"
+
+
+def test_a_repartition_s_map_in_arrow_runs_in_its_reduce_tasks(
+    shuffle: SparkShuffle, events: DataFrame
+) -> None:
+    """As ``repartition_map``: the function gets the batches Spark's own ``mapInArrow`` would
+    hand it, of the same types, in the repartition's reducers; where pyshuffle does not run
+    it (a result the user cached, one that is not the shuffled rows), Spark does."""
+    result = shuffle.repartition(events, "k", num_partitions=2)
+    mapped = result.mapInArrow(_what_arrived, ARRIVED)
+    arrived = mapped.collect()
+    assert shuffle.statistics(mapped).reducers == len(arrived) == 2  # a result of its own
+    assert sum(row.rows for row in arrived) == ROWS
+    spark_own = events.repartition(2, "k").mapInArrow(_what_arrived, ARRIVED).collect()
+    assert {row.schema for row in arrived} == {row.schema for row in spark_own}
+    by_spark = result.cache().mapInArrow(_what_arrived, ARRIVED)  # from Spark's cache
+    assert sum(row.rows for row in by_spark.collect()) == ROWS
+    result.unpersist()
+    grouped = shuffle.group_apply(events, "k", _totals, "k long, total double, n long")
+    for spark_ran in (by_spark, grouped.mapInArrow(_what_arrived, ARRIVED)):
+        with pytest.raises(InvalidOperationError, match="not made by this SparkShuffle"):
+            shuffle.statistics(spark_ran)
+    shuffle.release(mapped)
+    shuffle.release(result)
 
 
 def test_group_apply_both_ways(shuffle: SparkShuffle, events: DataFrame) -> None:
