@@ -48,9 +48,12 @@ def dimension(spark: SparkSession) -> DataFrame:
 @pytest.fixture(scope="module")
 def adaptive(spark: SparkSession, service: ShuffleService) -> Iterator[SparkShuffle]:
     """Reducers of ~100 kB from 16 subpartitions; any subpartition over 4x the median is
-    skewed (no minimum size, so test-sized data can be)."""
+    skewed (no minimum size, so test-sized data can be). A map task a partition: a skewed
+    subpartition is split among the map tasks that wrote it, and coalesced partitions (Spark's
+    estimate of a cached frame is small once it is cached) would leave fewer."""
     config = service.config(
         **{
+            "pyspark-shuffle.map.target-size": "0",
             "pyspark-shuffle.max-subpartitions": "16",
             "pyspark-shuffle.reducer.target-size": "100k",
             "scheduling.skew.threshold": "0",
