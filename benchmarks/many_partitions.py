@@ -13,11 +13,13 @@ counts its rows:
   (``netty_like``) and on the external one (a coordinator and two worker daemons on
   127.0.0.1, reducers reading through the workers).
 
-And a floor, ``python_tasks``: ``maps`` then ``reducers`` Python tasks that do nothing
-(``spark.range`` partitions fed to the counting ``mapInArrow``), started as pyshuffle starts
-its tasks (``pyspark_shuffle.python_worker.task_starts``). pyshuffle runs each map task and
-each reducer as a Python task, where Spark's map tasks stay in the JVM: this floor says how
-close a Python-side shuffle can come.
+And a floor, ``python_tasks``: as many Python tasks as pyshuffle's map stage ran (it reads
+many small partitions in fewer map tasks: ``pyspark-shuffle.map.target-size``), then
+``reducers``, doing nothing (``spark.range`` partitions fed to the counting ``mapInArrow``),
+started as pyshuffle starts its tasks (``pyspark_shuffle.python_worker.task_starts``).
+pyshuffle runs each map task and each reducer as a Python task, where Spark's map tasks stay
+in the JVM: this floor says how close a Python-side shuffle can come. Each cell saves the map
+tasks each pyshuffle run had.
 
 Both must count every row; a cell that fails or passes ``--cell-timeout`` (600 s) is cancelled
 and counts as failed (ratio 0), not skipped. Saved per cell: both times and their ratio
@@ -125,31 +127,42 @@ def pyshuffle_job(shuffle: SparkShuffle, fused: bool) -> Job:
     return job
 
 
+@dataclass(frozen=True)
+class Measured:
+    seconds: float | None
+    """None if a row was missing or extra, the job failed, or it passed the cell's timeout."""
+    map_tasks: int | None = None
+    """The map tasks pyshuffle's map stage ran (None for Spark's own shuffle)."""
+
+
 def measure(
     session: SparkSession, cell: Cell, job: Job, shuffle: SparkShuffle | None, timeout: float
-) -> float | None:
-    """Seconds to run ``job`` on ``cell`` and count every reducer's rows; None if a row is
-    missing or extra, the job failed, or it passed ``timeout`` (then it is cancelled)."""
+) -> Measured:
+    """Run ``job`` on ``cell`` and count every reducer's rows (past ``timeout`` it is
+    cancelled)."""
     data = session.range(0, cell.rows, 1, cell.maps).selectExpr("id as k", "id * 2 as v")
     timer = threading.Timer(timeout, session.sparkContext.cancelAllJobs)
     timer.start()
     started = time.perf_counter()
     result: DataFrame | None = None
+    map_tasks = None
     try:
         counted, result = job(data, cell)
         rows = sum(row.rows for row in counted.collect())
         seconds = time.perf_counter() - started
+        if shuffle is not None and result is not None:
+            map_tasks = shuffle.statistics(result).map_tasks
     except Exception as error:  # a failed or cancelled cell is a figure, not a crash
         print(f"    failed after {time.perf_counter() - started:.1f} s: {str(error)[:300]}")
-        return None
+        return Measured(None)
     finally:
         timer.cancel()
         if shuffle is not None and result is not None:
             shuffle.release(result)
     if rows != cell.rows:
         print(f"    {rows} rows arrived of {cell.rows}")
-        return None
-    return seconds
+        return Measured(None, map_tasks)
+    return Measured(seconds, map_tasks)
 
 
 def count_rows_as_pyshuffle_starts(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -157,10 +170,10 @@ def count_rows_as_pyshuffle_starts(batches: Iterator[pa.RecordBatch]) -> Iterato
     return count_rows(batches)
 
 
-def python_tasks_floor(session: SparkSession, cell: Cell) -> float:
-    """Seconds of ``cell.maps`` then ``cell.reducers`` Python tasks that count nothing."""
+def python_tasks_floor(session: SparkSession, cell: Cell, map_tasks: int) -> float:
+    """Seconds of ``map_tasks`` then ``cell.reducers`` Python tasks that count nothing."""
     started = time.perf_counter()
-    for tasks in (cell.maps, cell.reducers):
+    for tasks in (map_tasks, cell.reducers):
         frame = session.range(0, tasks, 1, tasks)
         frame.mapInArrow(count_rows_as_pyshuffle_starts, COUNT_SCHEMA).collect()
     return time.perf_counter() - started
@@ -238,6 +251,7 @@ def main() -> None:
             jobs[service + FUSED] = (pyshuffle_job(opened, fused=True), opened)
         runs = [name for name in jobs if name != SPARK]
         times: dict[str, dict[str, float | None]] = {name: {} for name in [*jobs, FLOOR]}
+        map_tasks: dict[str, dict[str, int | None]] = {name: {} for name in runs}
         # Untimed: Python workers, the JVM's Arrow path, the daemons' first streams.
         for job, shuffle in jobs.values():
             measure(session, Cell(4, 8, 10_000), job, shuffle, args.cell_timeout)
@@ -247,8 +261,12 @@ def main() -> None:
         )
         for cell in cells:
             for name, (job, shuffle) in jobs.items():
-                times[name][cell.name] = measure(session, cell, job, shuffle, args.cell_timeout)
-            times[FLOOR][cell.name] = python_tasks_floor(session, cell)
+                measured = measure(session, cell, job, shuffle, args.cell_timeout)
+                times[name][cell.name] = measured.seconds
+                if name in map_tasks:
+                    map_tasks[name][cell.name] = measured.map_tasks
+            ran = [tasks for run in map_tasks.values() if (tasks := run[cell.name])]
+            times[FLOOR][cell.name] = python_tasks_floor(session, cell, min(ran, default=cell.maps))
             print(_row(cell, times, runs), flush=True)
 
     summary = summarize(times, cells, runs)
@@ -277,6 +295,7 @@ def main() -> None:
                         run: {
                             "seconds": times[run][cell.name],
                             "speedup": _speedup(times[SPARK][cell.name], times[run][cell.name]),
+                            "map_tasks": map_tasks[run][cell.name],
                         }
                         for run in runs
                     },
