@@ -14,7 +14,7 @@ tasks than Spark's own shuffle does (its map tasks too):
   small task is ~10 ms. Setting ``TCP_QUICKACK`` as the task starts sends it at once. Not
   permanent (the kernel goes back to delaying once the worker answers), so every task sets
   it again. Spark's Unix domain sockets (``spark.python.unix.domain.socket.enabled``) have
-  neither wait.
+  no such wait.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pyspark import TaskContext
 
 from pyspark_shuffle.spark_internals import task_connection
 
-__all__ = ["task_starts"]
+__all__ = ["acknowledge_at_once", "task_starts"]
 
 _LOG = logging.getLogger(__name__)
 

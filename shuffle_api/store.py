@@ -144,19 +144,18 @@ _JOINED_READ_BYTES: Final = 128 << 10
 
 class _LocalRanges(RangeReader):
     """Reads of a local file, open for as long as this reader lives (see :class:`_OpenFiles`):
-    zero-copy slices of a memory map (the buffers keep the mapping alive), or positioned
-    reads, one copy each, where another process may truncate the file under the reader (a
-    mapped page past the new end would kill the reader with SIGBUS; a positioned read is
-    short). Stateless between calls: threads may share one."""
+    positioned reads, one copy each, and with ``mapped`` zero-copy slices of a memory map for
+    ranges of at least :data:`_SMALLEST_MAPPED_READ` bytes (the buffers keep the mapping
+    alive; mapped once, when the first is read). A file truncated under the reader gives short
+    reads; a mapped page past its new end would kill the reader with SIGBUS, so small reads,
+    most of a reducer's, never map, and a store whose files another process may truncate maps
+    nothing. Stateless between calls: threads may share one."""
 
     def __init__(self, path: str, *, mapped: bool) -> None:
         self._path = path
         self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        self._mapped: pa.Buffer | None = None  # the whole file, mapped
-        if mapped and os.fstat(self._fd).st_size:
-            with storage_errors(path):
-                mapping = pa.memory_map(path)
-                self._mapped = mapping.read_buffer(mapping.size())
+        self._mappable = mapped
+        self._mapped: pa.Buffer | None = None  # the whole file, once a large range is read
         self.used = 0.0
         """When it was last handed out (its cache's clock)."""
 
@@ -172,11 +171,15 @@ class _LocalRanges(RangeReader):
 
     def read_range(self, offset: int, length: int) -> pa.Buffer:
         with storage_errors(self._path):
-            if self._mapped is not None:
-                # A truncated file yields a short buffer, which fails its checksum.
-                start = min(offset, self._mapped.size)
-                return self._mapped.slice(start, max(0, min(length, self._mapped.size - start)))
-            return pa.py_buffer(os.pread(self._fd, length, offset))
+            if length < _SMALLEST_MAPPED_READ or not self._mappable:
+                return pa.py_buffer(os.pread(self._fd, length, offset))
+            mapped = self._mapped
+            if mapped is None:
+                mapping = pa.memory_map(self._path)
+                mapped = self._mapped = mapping.read_buffer(mapping.size())
+            # A truncated file yields a short buffer, which fails its checksum.
+            start = min(offset, mapped.size)
+            return mapped.slice(start, max(0, min(length, mapped.size - start)))
 
     def size(self) -> int:
         with storage_errors(self._path):
@@ -277,6 +280,9 @@ def _open_files_limit() -> int:
 _OPEN_FILES: Final = _OpenFiles(max_files=_open_files_limit(), max_idle=30.0)
 
 
+_SMALLEST_MAPPED_READ: Final = 1 << 20
+"""Smaller ranges (most of a reducer's) are read: a read of a file truncated under its
+reader is short, where a mapped page past the new end would kill the reader (SIGBUS)."""
 _PAST_ANY_END: Final = 1 << 62
 
 

@@ -96,3 +96,17 @@ def test_what_this_process_deletes_is_let_go_at_once(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         store.open_ranges(deleted)
     assert store.open_ranges(kept) is reader
+
+
+def test_a_file_truncated_in_place_under_a_reader_reads_short(tmp_path: Path) -> None:
+    """A reducer's reads are small and never mapped: a page mapped past the new end would
+    kill this process (SIGBUS), where a read is short and fails its checksum."""
+    store = Store(str(tmp_path))  # a store whose large reads are mapped
+    path = store.path("data")
+    store.put_atomic(path, b"x" * 10_000)
+    ranges = store.open_ranges(path)
+    assert ranges.read_range(8_000, 100).size == 100
+    os.truncate(path, 50)
+    assert store.open_ranges(path) is ranges  # the same file, shorter
+    assert ranges.read_range(0, 100).to_pybytes() == b"x" * 50
+    assert ranges.read_range(8_000, 100).size == 0
