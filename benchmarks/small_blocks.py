@@ -1,0 +1,269 @@
+"""What a block costs the default service's format, in one process: ``--maps`` map outputs,
+each of ``--rows-per-block`` rows for each of ``--reducers`` subpartitions, written, then read
+reducer by reducer (each reads its subpartition of every map output), beside a minimal
+hand-written pyarrow shuffle of the same blocks, in one run.
+
+- **service**: one environment of the default service (``netty_like``, a local store): each
+  map output written by a ``ResultPartitionWriter`` (``writer.write(batch, indexes)``), each
+  reducer an input gate over every map output, as a reduce task reads them (the partitions
+  are this process's own: read from its store, no data port).
+- **minimal**: per map output, the rows gathered by subpartition (a stable argsort and a
+  ``take``), one IPC file of one batch per subpartition (``pa.ipc.new_file``), the byte range
+  of each batch kept in memory; each reducer memory-maps every file (once: the maps are kept,
+  as the service keeps its files open) and decodes its batch from it. No checksums, index,
+  manifest or commit: the floor of this layout in Python.
+
+Spark, tasks and the network are left out (``many_partitions.py`` has them): these are the
+format's costs per block, which a map task and a reducer pay for each map output x reducer.
+Every figure is the best of ``--repeat`` runs; the rows read are counted and checked.
+
+    python benchmarks/small_blocks.py
+    python benchmarks/small_blocks.py --maps 1000 --reducers 4000
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from common import machine, positive, save_results
+
+from shuffle_api import (
+    Configuration,
+    InputGateDeploymentDescriptor,
+    IntermediateResultPartitionID,
+    PartitionDescriptor,
+    ResultPartitionDeploymentDescriptor,
+    ResultPartitionType,
+    ShuffleDescriptor,
+    ShuffleEnvironment,
+    ShuffleEnvironmentContext,
+    ShuffleIOOwner,
+    ShuffleMaster,
+    ShuffleMasterContext,
+    SubpartitionRange,
+    load_shuffle_service_factory,
+    new_id,
+)
+from shuffle_api.testing import RecordingJobContext
+
+DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "small_blocks.json"
+
+
+def map_output(map_index: int, rows: int, reducers: int) -> tuple[pa.RecordBatch, np.ndarray]:
+    """Map output ``map_index``: ``rows`` rows of two longs, row ``i`` for subpartition
+    ``i % reducers`` (so every block holds the same number of rows)."""
+    keys = np.arange(map_index * rows, (map_index + 1) * rows, dtype=np.int64)
+    return pa.record_batch({"k": keys, "v": keys * 2}), (keys % reducers).astype(np.int32)
+
+
+class Service:
+    """The default service in this process: a master and one environment on a local store."""
+
+    def __init__(self, store_url: str) -> None:
+        config = Configuration.load({"netty-like.storage.url": store_url}, environ={})
+        factory = load_shuffle_service_factory(config)
+        context = ShuffleMasterContext(config)
+        self.master: ShuffleMaster = factory.create_shuffle_master(context)
+        self.master.start()
+        self.job = RecordingJobContext(f"bench-{new_id()}")
+        self.master.register_job(self.job)
+        self.environment: ShuffleEnvironment = factory.create_shuffle_environment(
+            ShuffleEnvironmentContext(config, resource_id="bench", secret=context.secret)
+        )
+        self.environment.start()
+
+    def close(self) -> None:
+        self.environment.close()
+        self.master.close()
+
+    def write(self, maps: int, rows: int, reducers: int) -> tuple[str, list[ShuffleDescriptor]]:
+        result_id = f"result-{new_id()}"
+        descriptors = []
+        for map_index in range(maps):
+            batch, indexes = map_output(map_index, rows, reducers)
+            attempt = new_id()
+            partition = PartitionDescriptor(
+                result_id,
+                maps,
+                IntermediateResultPartitionID(result_id, map_index),
+                ResultPartitionType.BLOCKING,
+                reducers,
+            )
+            descriptor = self.master.register_partition_with_producer(
+                self.job.job_id, partition, self.environment.producer_descriptor(attempt)
+            ).result()
+            descriptors.append(descriptor)
+            [writer] = self.environment.create_result_partition_writers(
+                ShuffleIOOwner(f"map-{map_index}", attempt),
+                [ResultPartitionDeploymentDescriptor(partition, descriptor)],
+            )
+            writer.write(batch, indexes)
+            writer.finish()
+        return result_id, descriptors
+
+    def read(self, result_id: str, descriptors: list[ShuffleDescriptor], reducers: int) -> int:
+        rows = 0
+        for reducer in range(reducers):
+            gate_descriptor = InputGateDeploymentDescriptor(
+                result_id,
+                ResultPartitionType.BLOCKING,
+                SubpartitionRange(reducer, reducer),
+                tuple(descriptors),
+            )
+            [gate] = self.environment.create_input_gates(
+                ShuffleIOOwner(f"reduce-{reducer}", new_id()), [gate_descriptor]
+            )
+            with gate:
+                rows += sum(batch.num_rows for batch in gate)
+        return rows
+
+    def release(self, descriptors: list[ShuffleDescriptor]) -> None:
+        for descriptor in descriptors:
+            self.master.release_partition_externally(descriptor)
+        self.environment.release_partitions_locally(
+            [descriptor.result_partition_id for descriptor in descriptors]
+        )
+
+
+class Minimal:
+    """A hand-written shuffle of the same blocks: a file per map output, a batch per block."""
+
+    def __init__(self, directory: Path) -> None:
+        self._directory = directory
+        self._ranges: list[list[tuple[int, int]]] = []
+        self._schema: pa.Schema | None = None
+
+    def write(self, maps: int, rows: int, reducers: int) -> None:
+        self._ranges = []
+        for map_index in range(maps):
+            batch, indexes = map_output(map_index, rows, reducers)
+            self._schema = batch.schema
+            order = np.argsort(indexes, kind="stable")
+            ordered = batch.take(pa.array(order.astype(np.int32)))
+            bounds = np.zeros(reducers + 1, dtype=np.int64)
+            np.cumsum(np.bincount(indexes, minlength=reducers), out=bounds[1:])
+            sink = pa.OSFile(str(self._directory / f"map-{map_index}.arrow"), "wb")
+            ranges = []
+            with pa.ipc.new_file(sink, batch.schema) as writer:
+                writer.write_batch(batch.slice(0, 0))  # the schema goes out with the first
+                for start, end in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+                    before = sink.tell()
+                    writer.write_batch(ordered.slice(start, end - start))
+                    ranges.append((before, sink.tell() - before))
+            self._ranges.append(ranges)
+
+    def read(self, maps: int, reducers: int) -> int:
+        files = [
+            pa.memory_map(str(self._directory / f"map-{map_index}.arrow"))
+            for map_index in range(maps)
+        ]
+        mapped = [file.read_buffer(file.size()) for file in files]
+        schema = self._schema
+        assert schema is not None
+        rows = 0
+        for reducer in range(reducers):
+            for whole, ranges in zip(mapped, self._ranges, strict=True):
+                offset, length = ranges[reducer]
+                rows += pa.ipc.read_record_batch(whole.slice(offset, length), schema).num_rows
+        return rows
+
+
+def best_of(repeat: int, run: Callable[[], Any]) -> tuple[float, Any]:
+    """The fastest of ``repeat`` runs, and what the last one returned."""
+    best, returned = float("inf"), None
+    for _ in range(repeat):
+        started = time.perf_counter()
+        returned = run()
+        best = min(best, time.perf_counter() - started)
+    return best, returned
+
+
+@contextlib.contextmanager
+def service_on(directory: Path) -> Iterator[Service]:
+    service = Service(str(directory))
+    try:
+        yield service
+    finally:
+        service.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--maps", type=positive, default=200)
+    parser.add_argument("--reducers", type=positive, default=1000)
+    parser.add_argument("--rows-per-block", type=positive, default=5)
+    parser.add_argument("--repeat", type=positive, default=3)
+    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
+    args = parser.parse_args()
+    maps, reducers = args.maps, args.reducers
+    rows = args.rows_per_block * reducers
+    blocks = maps * reducers
+    figures: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="small-blocks-") as directory:
+        root = Path(directory)
+        (root / "minimal").mkdir()
+        minimal = Minimal(root / "minimal")
+        figures["minimal_write_s"], _ = best_of(
+            args.repeat, lambda: minimal.write(maps, rows, reducers)
+        )
+        figures["minimal_read_s"], read = best_of(args.repeat, lambda: minimal.read(maps, reducers))
+        if read != maps * rows:
+            sys.exit(f"the minimal shuffle read {read} rows of {maps * rows}")
+        with service_on(root / "service") as service:
+            written: list[tuple[str, list[ShuffleDescriptor]]] = []
+            figures["service_write_s"], _ = best_of(
+                args.repeat, lambda: written.append(service.write(maps, rows, reducers))
+            )
+            result_id, descriptors = written[-1]
+            for _, earlier in written[:-1]:
+                service.release(earlier)
+            figures["service_read_s"], read = best_of(
+                args.repeat, lambda: service.read(result_id, descriptors, reducers)
+            )
+            if read != maps * rows:
+                sys.exit(f"the service read {read} rows of {maps * rows}")
+    per_block = {
+        f"{side}_{phase}_us": 1e6 * figures[f"{side}_{phase}_s"] / blocks
+        for side in ("service", "minimal")
+        for phase in ("write", "read")
+    }
+    ratios = {
+        f"{phase}_vs_minimal": per_block[f"service_{phase}_us"] / per_block[f"minimal_{phase}_us"]
+        for phase in ("write", "read")
+    }
+    print(f"{maps} map outputs x {reducers} reducers, {args.rows_per_block} rows a block")
+    print(f"{'':10}{'service':>12}{'minimal':>12}{'service/minimal':>18}")
+    for phase in ("write", "read"):
+        print(
+            f"{phase:10}{per_block[f'service_{phase}_us']:>9.1f} us"
+            f"{per_block[f'minimal_{phase}_us']:>9.1f} us{ratios[f'{phase}_vs_minimal']:>17.2f}x"
+        )
+    save_results(
+        args.output,
+        {
+            "benchmark": "small_blocks",
+            "machine": machine(pyarrow=pa.__version__),
+            "parameters": {
+                "maps": maps,
+                "reducers": reducers,
+                "rows_per_block": args.rows_per_block,
+                "repeat": args.repeat,
+            },
+            **figures,
+            "per_block": per_block,
+            **ratios,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()
