@@ -52,6 +52,7 @@ from shuffle_api import (
     deserialize,
     new_id,
 )
+from shuffle_api.ndarrays import bytes_array
 
 __all__ = ["Exchange", "MapOutput", "stage_failure"]
 
@@ -211,7 +212,7 @@ class Exchange(RegisteredExchange):
                     ("sizes", report.sizes),
                     ("arrow_schema", report.arrow_schema),
                 ):
-                    row = row.append_column(name, pa.array([value], pa.binary()))
+                    row = row.append_column(name, bytes_array([value]))
             yield row
 
         schema = MAP_OUTPUT_SCHEMA if self._reports is not None else _REPORTED_SCHEMA

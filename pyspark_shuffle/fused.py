@@ -20,6 +20,7 @@ from pyspark_shuffle.progress import JobLabel
 from pyspark_shuffle.tasks import task_attempt_id
 from shuffle_api import InvalidOperationError
 from shuffle_api.batches import conform_all
+from shuffle_api.ndarrays import arrow_array, bytes_array
 
 __all__ = ["FusedInput", "collect_arrow", "sample_rows", "write_parquet"]
 
@@ -42,7 +43,10 @@ def collect_arrow(tasks: RowTasks, schema: pa.Schema) -> pa.Table:
         for batch in produce(batches):
             if batch.num_rows:
                 yield pa.record_batch(
-                    {"task": pa.array([task], pa.int64()), "chunk": [to_ipc_stream(batch)]}
+                    {
+                        "task": arrow_array(np.array([task], dtype=np.int64)),
+                        "chunk": bytes_array([to_ipc_stream(batch)]),
+                    }
                 )
 
     with JobLabel(tasks.frame.sparkSession, f"{tasks.description} to Arrow"):
@@ -139,12 +143,12 @@ def sample_rows(tasks: RowTasks, schema: pa.Schema, wanted: int) -> pa.Table:
         chunk = b""
         if table is not None:
             chosen = np.random.default_rng(task).choice(rows, min(rows, share), replace=False)
-            chunk = to_ipc_stream(table.take(pa.array(chosen)))
+            chunk = to_ipc_stream(table.take(arrow_array(chosen)))
         yield pa.record_batch(
             {
-                "task": pa.array([task], pa.int64()),
-                "rows": pa.array([rows], pa.int64()),
-                "chunk": [chunk],
+                "task": arrow_array(np.array([task], dtype=np.int64)),
+                "rows": arrow_array(np.array([rows], dtype=np.int64)),
+                "chunk": bytes_array([chunk]),
             }
         )
 

@@ -10,6 +10,7 @@ hashes to one fixed value, so nulls group together.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -18,6 +19,7 @@ import pyarrow.compute as pc
 
 from pyspark_shuffle.ordered_bytes import is_nested
 from shuffle_api import InvalidOperationError
+from shuffle_api.ndarrays import numpy_values, validity
 
 __all__ = ["hash_keys", "hashable_key_type"]
 
@@ -76,16 +78,9 @@ def _as_int64(column: pa.Array) -> npt.NDArray[np.int64]:
     if pa.types.is_temporal(column.type):
         width = column.type.bit_width
         column = column.view(pa.int64() if width == 64 else pa.int32())
-    values: npt.NDArray[np.int64] = _without_nulls(pc.cast(column, pa.int64()), 0).to_numpy(
-        zero_copy_only=False
-    )
+    # Nulls as 0: their hash is set apart later.
+    values: npt.NDArray[Any] = numpy_values(pc.cast(column, pa.int64()))
     return values
-
-
-def _without_nulls(column: pa.Array, fill: float) -> pa.Array:
-    """``column`` with nulls as ``fill`` (their hash is set apart later); copied only if it
-    has any."""
-    return column.fill_null(fill) if column.null_count else column
 
 
 def _hash_values(column: pa.Array) -> Hashes:
@@ -97,7 +92,7 @@ def _hash_values(column: pa.Array) -> Hashes:
     if kind == pa.int64():
         return _as_int64(column).view(np.uint64)
     if kind == pa.float64():
-        floats = _without_nulls(pc.cast(column, pa.float64()), 0.0).to_numpy(zero_copy_only=False)
+        floats = numpy_values(pc.cast(column, pa.float64()))
         floats = np.where(floats == 0.0, 0.0, floats)  # -0.0 == 0.0
         floats = np.where(np.isnan(floats), np.nan, floats)  # one NaN bit pattern
         return np.ascontiguousarray(floats).view(np.uint64)
@@ -115,7 +110,7 @@ def _hash_values(column: pa.Array) -> Hashes:
 def _hash_or_null(column: pa.Array) -> Hashes:
     values = _hash_values(column)
     if column.null_count:
-        return np.where(column.is_valid().to_numpy(zero_copy_only=False), values, _NULL_HASH)
+        return np.where(validity(column), values, _NULL_HASH)
     return values
 
 
@@ -129,7 +124,7 @@ def _hash_struct(column: pa.Array) -> Hashes:
 def _hash_list(column: pa.Array) -> Hashes:
     """Each list: the sum of its elements' hashes, each mixed with its position (so order
     counts), and its length."""
-    offsets = column.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
+    offsets = numpy_values(column.offsets).astype(np.int64)
     first, last = int(offsets[0]), int(offsets[-1])
     elements = column.values.slice(first, last - first)
     owner = np.repeat(np.arange(len(column)), np.diff(offsets))
@@ -182,7 +177,7 @@ def hash_keys(columns: Sequence[pa.Array | pa.ChunkedArray]) -> Hashes:
         array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
         values = _hash_values(array)
         if array.null_count:
-            values = np.where(array.is_valid().to_numpy(zero_copy_only=False), values, _NULL_HASH)
+            values = np.where(validity(array), values, _NULL_HASH)
         combined = values if combined is None else (combined * _COMBINE) ^ _finalize(values)
     if combined is None:
         raise InvalidOperationError("a shuffle needs at least one key column")

@@ -8,7 +8,7 @@ import abc
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -19,6 +19,7 @@ from pyspark_shuffle.ordered_bytes import is_nested, ordered_bytes
 from pyspark_shuffle.sorting import SortKey, sort_indices
 from shuffle_api import InvalidOperationError
 from shuffle_api.batches import chop, coalesce, conform, conform_all, reorder_by_subpartition
+from shuffle_api.ndarrays import arrow_array, number_scalar, numpy_values
 
 __all__ = [
     "JOIN_TYPES",
@@ -147,10 +148,11 @@ def _value_codes(column: pa.ChunkedArray) -> tuple[npt.NDArray[np.int32], int]:
         values = ordered_bytes(values)
     elif pa.types.is_floating(values.type):
         # Arrow's hashing tells NaN payloads and the sign of zero apart; Spark does not.
-        values = pc.if_else(pc.is_nan(values), pa.scalar(math.nan, values.type), values)
-        values = pc.if_else(pc.equal(values, 0), pa.scalar(0, values.type), values)
+        zero = number_scalar(0, values.type)
+        values = pc.if_else(pc.is_nan(values), number_scalar(math.nan, values.type), values)
+        values = pc.if_else(pc.equal(values, zero), zero, values)
     encoded = pc.dictionary_encode(values, null_encoding="encode")
-    codes: npt.NDArray[np.int32] = encoded.indices.to_numpy()
+    codes: npt.NDArray[Any] = numpy_values(encoded.indices)
     return codes, len(encoded.dictionary)
 
 
@@ -164,8 +166,8 @@ def group_ids(table: pa.Table, keys: Sequence[str]) -> tuple[npt.NDArray[np.int6
             ids, groups = codes.astype(np.int64), count
             continue
         # Below rows * rows < 2**63; numbered again so that the next key cannot overflow it.
-        pairs = pc.dictionary_encode(pa.array(ids * count + codes))
-        ids, groups = pairs.indices.to_numpy().astype(np.int64), len(pairs.dictionary)
+        pairs = pc.dictionary_encode(arrow_array(ids * count + codes))
+        ids, groups = numpy_values(pairs.indices).astype(np.int64), len(pairs.dictionary)
     return ids, groups
 
 
@@ -232,7 +234,8 @@ def _join_keys(table: pa.Table, keys: Sequence[str]) -> pa.Table:
         elif is_nested(column.type):
             column = ordered_bytes(column)
         elif pa.types.is_floating(column.type):
-            column = pc.if_else(pc.equal(column, 0.0), pa.scalar(0.0, column.type), column)
+            zero = number_scalar(0, column.type)
+            column = pc.if_else(pc.equal(column, zero), zero, column)
         columns.append(column)
     return pa.Table.from_arrays(columns, names=list(keys))
 
@@ -269,10 +272,10 @@ class Join(ReduceOperation):
         left_row, right_row = "__pyshuffle_left_row", "__pyshuffle_right_row"
         matches = (
             _join_keys(left, keys)
-            .append_column(left_row, pa.array(np.arange(left.num_rows, dtype=np.int64)))
+            .append_column(left_row, arrow_array(np.arange(left.num_rows, dtype=np.int64)))
             .join(
                 _join_keys(right, keys).append_column(
-                    right_row, pa.array(np.arange(right.num_rows, dtype=np.int64))
+                    right_row, arrow_array(np.arange(right.num_rows, dtype=np.int64))
                 ),
                 keys,
                 join_type=JOIN_TYPES[self.how],

@@ -18,8 +18,6 @@ no Python loop over rows.
 
 from __future__ import annotations
 
-from typing import Final
-
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
@@ -29,11 +27,9 @@ from shuffle_api import InvalidOperationError
 
 __all__ = ["is_nested", "ordered_bytes"]
 
-_EMPTY: Final = pa.scalar(b"", pa.large_binary())
-_NULL: Final = pa.scalar(None, pa.large_binary())
 
-
-def _constant(value: bytes) -> pa.Scalar:
+def _constant(value: bytes | None) -> pa.Scalar:
+    # Made when a nested key is encoded, not at import: pyarrow imports pandas to make one.
     return pa.scalar(value, pa.large_binary())
 
 
@@ -48,14 +44,14 @@ def is_nested(data_type: pa.DataType) -> bool:
 
 def _joined(*parts: pa.Array | pa.Scalar) -> pa.Array:
     """Per value, the bytes of ``parts`` one after the other (null if any is null)."""
-    joined: pa.Array = pc.binary_join_element_wise(*parts, _EMPTY)
+    joined: pa.Array = pc.binary_join_element_wise(*parts, _constant(b""))
     return joined
 
 
 def _with_nulls_of(column: pa.Array, encoded: pa.Array) -> pa.Array:
     if not column.null_count:
         return encoded
-    masked: pa.Array = pc.if_else(column.is_valid(), encoded, _NULL)
+    masked: pa.Array = pc.if_else(column.is_valid(), encoded, _constant(None))
     return masked
 
 
@@ -123,7 +119,7 @@ def _encode_struct(column: pa.Array) -> pa.Array:
         pc.coalesce(_joined(_constant(b"\x01"), _encode(column.field(index))), _constant(b"\x00"))
         for index in range(column.type.num_fields)
     ]
-    encoded = _joined(*parts) if parts else pa.repeat(_EMPTY, len(column))
+    encoded = _joined(*parts) if parts else pa.repeat(_constant(b""), len(column))
     return _with_nulls_of(column, encoded)
 
 
@@ -131,7 +127,8 @@ def _encode_list(column: pa.Array) -> pa.Array:
     # Per element: 0x01 for null, else 0x02 and its bytes; then 0x00.
     elements = pc.coalesce(_joined(_constant(b"\x02"), _encode(column.values)), _constant(b"\x01"))
     lists = type(column).from_arrays(column.offsets, elements)
-    return _with_nulls_of(column, _joined(pc.binary_join(lists, _EMPTY), _constant(b"\x00")))
+    joined = _joined(pc.binary_join(lists, _constant(b"")), _constant(b"\x00"))
+    return _with_nulls_of(column, joined)
 
 
 def _encode(column: pa.Array) -> pa.Array:

@@ -14,11 +14,10 @@ import pickle
 import posixpath
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import fsspec
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
@@ -30,6 +29,11 @@ from pyspark_shuffle.inputs import MapInput, RowTasks
 from pyspark_shuffle.spark_link import SparkLink
 from shuffle_api import InvalidOperationError
 from shuffle_api.batches import conform, nullable_inside
+
+if TYPE_CHECKING:
+    # Imported where a parquet job runs, not with pyshuffle: pyarrow.dataset imports pandas
+    # (some 27 MiB in every Python worker that has no use for it).
+    import pyarrow.dataset as ds
 
 __all__ = ["WRITE_MODES", "ParquetFilter", "ParquetInput", "ParquetSink", "ParquetSource"]
 
@@ -86,6 +90,8 @@ def _combine(terms: Sequence[Any], join: Callable[[Any, Any], Any]) -> Any:
 
 
 def _arrow_predicate(name: str, op: str, value: Any) -> ds.Expression:
+    import pyarrow.dataset as ds  # noqa: PLC0415 (see above)
+
     field = ds.field(name)
     if op == "in":
         return field.isin(value)
@@ -168,6 +174,8 @@ class ParquetSource:
         return condition
 
     def dataset(self) -> ds.Dataset:
+        import pyarrow.dataset as ds  # noqa: PLC0415 (see above)
+
         systems = [_arrow_filesystem(path) for path in self.paths]
         filesystem = systems[0][0]
         # Spark writes timestamps as INT96 by default: read them as microseconds, as Spark
@@ -253,6 +261,8 @@ class _FragmentReader:
     def read_fragments(
         self, fragments: Sequence[ds.ParquetFileFragment]
     ) -> Iterator[pa.RecordBatch]:
+        import pyarrow.dataset as ds  # noqa: PLC0415 (see above)
+
         for fragment in fragments:
             scanner = ds.Scanner.from_fragment(
                 fragment,
@@ -377,6 +387,8 @@ class ParquetSink:
         self, task: int, attempt: str, batches: Iterator[pa.RecordBatch]
     ) -> pa.RecordBatch:
         """Inside a task: stage ``batches`` under this attempt's own directory; the report."""
+        import pyarrow.dataset as ds  # noqa: PLC0415 (see above)
+
         filesystem, root = _arrow_filesystem(f"{self.staging_url}/{attempt}")
         staged: list[str] = []
         rows = 0

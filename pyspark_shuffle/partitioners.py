@@ -14,6 +14,7 @@ from pyspark_shuffle.hashing import hash_keys
 from pyspark_shuffle.sorting import SortKey, sort_indices
 from shuffle_api import InvalidOperationError
 from shuffle_api.batches import conform_all
+from shuffle_api.ndarrays import arrow_array, numpy_values
 
 __all__ = ["HashPartitioner", "Partitioner", "RangePartitioner", "choose_boundaries"]
 
@@ -89,7 +90,7 @@ class RangePartitioner(Partitioner):
         rows = pa.Table.from_arrays(_key_columns(batch, names), names=names)
         boundaries = conform_all(self.boundaries.to_batches(), rows.schema)
         # Sort boundaries and rows together; stable, so a row equal to a boundary follows it.
-        order = sort_indices(pa.concat_tables([boundaries, rows]), self.keys).to_numpy()
+        order = numpy_values(sort_indices(pa.concat_tables([boundaries, rows]), self.keys))
         is_boundary = order < boundaries.num_rows
         boundaries_before = np.cumsum(is_boundary)
         indexes = np.empty(rows.num_rows, dtype=np.int64)
@@ -107,11 +108,11 @@ def choose_boundaries(sample: pa.Table, keys: Sequence[SortKey], subpartitions: 
             0, ordered.num_rows - 1
         )
     )
-    chosen = ordered.take(pa.array(picks))
+    chosen = ordered.take(arrow_array(picks))
     # Equal boundaries would leave empty subpartitions between them: keep the first of each.
     distinct = [0] + [
         row
         for row in range(1, chosen.num_rows)
         if chosen.slice(row, 1).to_pylist() != chosen.slice(row - 1, 1).to_pylist()
     ]
-    return chosen.take(pa.array(distinct, pa.int64()))
+    return chosen.take(arrow_array(np.array(distinct, dtype=np.int64)))

@@ -11,6 +11,7 @@ import pyarrow.compute as pc
 
 from pyspark_shuffle.ordered_bytes import is_nested, ordered_bytes
 from shuffle_api import InvalidOperationError
+from shuffle_api.ndarrays import arrow_array, numpy_values
 
 __all__ = ["SortKey", "sort_indices", "sort_keys_of"]
 
@@ -54,8 +55,8 @@ def sort_indices(table: pa.Table, keys: Sequence[SortKey]) -> pa.Array:
             pa.types.is_integer(values.type) or pa.types.is_temporal(values.type)
         ):
             # numpy's stable sort of integers is a radix sort: several times Arrow's.
-            numbers = values.to_numpy() if values.num_chunks else np.empty(0, np.int64)
-            return pa.array(np.argsort(numbers, kind="stable"))
+            numbers = numpy_values(values.combine_chunks())
+            return arrow_array(np.argsort(numbers, kind="stable"))
     columns: dict[str, pa.ChunkedArray] = {}
     order: list[tuple[str, str]] = []
     for number, key in enumerate(keys):
@@ -66,7 +67,7 @@ def sort_indices(table: pa.Table, keys: Sequence[SortKey]) -> pa.Array:
             order.append((f"valid{number}", direction))
         if pa.types.is_floating(values.type):
             # Spark orders NaN above every other value; Arrow puts NaN last in both directions.
-            columns[f"nan{number}"] = pc.fill_null(pc.is_nan(values), False)
+            columns[f"nan{number}"] = pc.and_kleene(pc.is_nan(values), pc.is_valid(values))
             order.append((f"nan{number}", direction))
         # Structs and arrays: as bytes in Spark's order (nulls inside first, ascending).
         columns[f"value{number}"] = ordered_bytes(values) if is_nested(values.type) else values

@@ -5,13 +5,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
 from shuffle_api.errors import SchemaMismatchError, ShuffleError
+from shuffle_api.ndarrays import arrow_array, numpy_values
 
 __all__ = [
     "OrderedRows",
@@ -39,7 +40,9 @@ def _as_indexes(
     if isinstance(indexes, pa.Array):
         if indexes.null_count:
             raise ShuffleError("subpartition indexes contain nulls")
-        array = indexes.to_numpy(zero_copy_only=False)
+        if not pa.types.is_integer(indexes.type):
+            raise ShuffleError(f"subpartition indexes must be integers, got {indexes.type}")
+        array: npt.NDArray[Any] = numpy_values(indexes)
     else:
         array = np.asarray(indexes)
     if array.ndim != 1 or len(array) != rows:
@@ -77,7 +80,7 @@ def _stable_order(indexes: npt.NDArray[np.int64], subpartitions: int) -> pa.Arra
     key = indexes.astype(key_type) if subpartitions <= 1 << 16 else indexes
     order = np.argsort(key, kind="stable")
     # Gathering strings with 32-bit row numbers is about twice as fast as with 64-bit ones.
-    return pa.array(order.astype(np.int32) if len(order) < 1 << 31 else order)
+    return arrow_array(order.astype(np.int32) if len(order) < 1 << 31 else order)
 
 
 def split_by_subpartition(
@@ -194,7 +197,7 @@ def _reorder(
     # Run r: subpartitions [ceil(r * subpartitions / runs), ceil((r + 1) * subpartitions / runs)).
     run_of = array * runs // subpartitions
     order = _stable_order(run_of, runs)
-    ordered, array = batch.take(order), array[order.to_numpy()]
+    ordered, array = batch.take(order), array[numpy_values(order)]
     reordered: list[pa.RecordBatch] = []
     offset = 0
     for run, count in enumerate(np.bincount(run_of, minlength=runs).tolist()):

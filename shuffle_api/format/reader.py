@@ -8,7 +8,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -33,6 +33,7 @@ from shuffle_api.format.manifest import (
 )
 from shuffle_api.ids import ResultPartitionID
 from shuffle_api.io import BROADCAST
+from shuffle_api.ndarrays import numpy_values
 from shuffle_api.store import RangeReader, Store
 
 __all__ = [
@@ -171,6 +172,12 @@ _INDEX_COLUMNS: Final = (
 _INDEX_TYPES: Final = (np.int32, np.int32, np.int32, np.int64, np.int64, np.int64, np.uint64)
 
 
+def _index_column(column: pa.Array, kind: npt.DTypeLike) -> npt.NDArray[Any]:
+    if column.null_count:
+        raise ValueError(f"a null in index column of {column.type}")
+    return numpy_values(column).astype(kind, copy=False)
+
+
 def _decode_index(index: pa.Buffer | bytes, manifest: PartitionManifest) -> RunIndex:
     """The index's runs, each checked to lie in the data file and name a subpartition the
     manifest has: a reader never reads (or allocates) past what was written."""
@@ -178,7 +185,7 @@ def _decode_index(index: pa.Buffer | bytes, manifest: PartitionManifest) -> RunI
     try:
         table = pa.ipc.open_file(pa.py_buffer(index)).read_all().combine_chunks()
         columns = [
-            np.asarray(table.column(name).to_numpy(), dtype=kind)
+            _index_column(table.column(name).combine_chunks(), kind)
             for name, kind in zip(_INDEX_COLUMNS, _INDEX_TYPES, strict=True)
         ]
     except (pa.ArrowException, KeyError, ValueError, TypeError) as error:

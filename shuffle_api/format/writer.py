@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 import xxhash
 
 from shuffle_api.batches import OrderedRows, chop, coalesce_sized, group_nbytes
@@ -29,6 +30,7 @@ from shuffle_api.format.codec_choice import AUTO, choose_codec, ipc_write_option
 from shuffle_api.format.manifest import INDEX_SCHEMA, MAX_SUBPARTITIONS, PartitionManifest
 from shuffle_api.format.sink import DataStream, PartitionSink, write_all
 from shuffle_api.io import BROADCAST, PartitionStatistics
+from shuffle_api.ndarrays import arrow_array
 from shuffle_api.options import COMPRESSION_AUTO_BANDWIDTH, TARGET_BATCH_SIZE
 from shuffle_api.store import storage_errors
 
@@ -307,7 +309,7 @@ class PartitionFileWriter:
         self._ipc = pa.ipc.new_file(self._stream, schema, options=ipc_write_options(self._codec))
         # Forces the header and schema out now, so every run's range holds only batches.
         self._ipc.write_batch(
-            pa.record_batch([pa.array([], type=field.type) for field in schema], schema=schema)
+            pa.record_batch([pa.nulls(0, field.type) for field in schema], schema=schema)
         )
         self._run_start = self._stream.tell()
         self._batches = 1
@@ -366,11 +368,11 @@ class PartitionFileWriter:
         # INDEX_SCHEMA's columns but the last, then the checksums.
         runs = np.array(self._runs, dtype=np.int64).reshape(len(self._runs), len(INDEX_SCHEMA) - 1)
         columns = [
-            pa.array(runs[:, position], type=field.type)
+            pc.cast(arrow_array(runs[:, position]), field.type)
             for position, field in enumerate(INDEX_SCHEMA)
             if position < len(INDEX_SCHEMA) - 1
         ]
-        columns.append(pa.array(np.array(self._checksums, dtype=np.uint64)))
+        columns.append(arrow_array(np.array(self._checksums, dtype=np.uint64)))
         index = pa.BufferOutputStream()
         with pa.ipc.new_file(index, INDEX_SCHEMA) as index_writer:
             index_writer.write_batch(pa.record_batch(columns, schema=INDEX_SCHEMA))
