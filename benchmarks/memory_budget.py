@@ -30,13 +30,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
-from common import machine, positive, save_results
+from common import key_value, machine, positive, save_results
 from pyspark.sql import DataFrame, SparkSession
 
 from external_shuffle.local_cluster import LocalCluster
 from pyspark_shuffle import SparkShuffle
 from pyspark_shuffle.local_spark import local_spark_session
+from shuffle_api.ndarrays import arrow_array
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "memory_budget.json"
 MIB = 1 << 20
@@ -55,7 +57,8 @@ def count_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     rows = 0
     for batch in batches:
         rows += batch.num_rows
-    yield pa.RecordBatch.from_pydict({"rows": [rows]})
+    # Through buffers: pyarrow would import pandas to convert a list (27 MiB in the worker).
+    yield pa.record_batch({"rows": arrow_array(np.array([rows], dtype=np.int64))})
 
 
 def python_workers() -> list[int]:
@@ -151,7 +154,11 @@ def measure(
 
 
 def open_shuffle(
-    stack: contextlib.ExitStack, session: SparkSession, service: str, budget: int
+    stack: contextlib.ExitStack,
+    session: SparkSession,
+    service: str,
+    budget: int,
+    settings: list[tuple[str, str]],
 ) -> SparkShuffle:
     directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"memory-{service}-")))
     options: dict[str, Any] = {BUDGET_KEYS[service]: budget}
@@ -160,6 +167,7 @@ def open_shuffle(
     else:
         cluster = stack.enter_context(LocalCluster(directory, workers=1))
         options.update(cluster.client_config())
+    options.update(settings)
     return stack.enter_context(SparkShuffle(session, options))
 
 
@@ -169,6 +177,10 @@ def main() -> None:
     parser.add_argument("--budget", type=positive, default=64, help="write budget, MiB")
     parser.add_argument("--maps", type=positive, default=16)
     parser.add_argument("--reducers", type=positive, default=16)
+    parser.add_argument("--services", default=",".join(SERVICES), help="comma-separated")
+    parser.add_argument(
+        "--conf", type=key_value, action="append", default=[], help="KEY=VALUE, a pyshuffle option"
+    )
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     args = parser.parse_args()
 
@@ -177,7 +189,7 @@ def main() -> None:
     goal_mib = args.budget + HEADROOM_MIB
     results: dict[str, Any] = {}
     with PeakSampler() as sampler:
-        for service in SERVICES:
+        for service in args.services.split(","):
             # A session of its own: Python workers that no other service's run has grown.
             session = local_spark_session(
                 f"memory-budget-{service}",
@@ -191,7 +203,7 @@ def main() -> None:
             )
             with contextlib.ExitStack() as stack:
                 stack.callback(session.stop)
-                shuffle = open_shuffle(stack, session, service, budget)
+                shuffle = open_shuffle(stack, session, service, budget, args.conf)
                 # What a task of almost no rows peaks at (pyarrow, pyshuffle imported).
                 idle = measure(shuffle, wide_rows(session, 10_000, 2), 10_000, 2, sampler)
 
