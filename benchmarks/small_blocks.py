@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import sys
 import tempfile
 import time
@@ -39,21 +40,13 @@ from common import machine, positive, save_results
 from shuffle_api import (
     Configuration,
     InputGateDeploymentDescriptor,
-    IntermediateResultPartitionID,
-    PartitionDescriptor,
-    ResultPartitionDeploymentDescriptor,
     ResultPartitionType,
     ShuffleDescriptor,
-    ShuffleEnvironment,
-    ShuffleEnvironmentContext,
     ShuffleIOOwner,
-    ShuffleMaster,
-    ShuffleMasterContext,
     SubpartitionRange,
-    load_shuffle_service_factory,
     new_id,
 )
-from shuffle_api.testing import RecordingJobContext
+from shuffle_api.testing import ConformanceHarness, ShuffleScenario
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "small_blocks.json"
 
@@ -66,49 +59,25 @@ def map_output(map_index: int, rows: int, reducers: int) -> tuple[pa.RecordBatch
 
 
 class Service:
-    """The default service in this process: a master and one environment on a local store."""
+    """The default service in this process: one environment (the scenario's producer) on a
+    local store writes every map output and reads every reducer."""
 
-    def __init__(self, store_url: str) -> None:
-        config = Configuration.load({"netty-like.storage.url": store_url}, environ={})
-        factory = load_shuffle_service_factory(config)
-        context = ShuffleMasterContext(config)
-        self.master: ShuffleMaster = factory.create_shuffle_master(context)
-        self.master.start()
-        self.job = RecordingJobContext(f"bench-{new_id()}")
-        self.master.register_job(self.job)
-        self.environment: ShuffleEnvironment = factory.create_shuffle_environment(
-            ShuffleEnvironmentContext(config, resource_id="bench", secret=context.secret)
-        )
-        self.environment.start()
-
-    def close(self) -> None:
-        self.environment.close()
-        self.master.close()
+    def __init__(self, scenario: ShuffleScenario) -> None:
+        self.scenario = scenario
 
     def write(self, maps: int, rows: int, reducers: int) -> tuple[str, list[ShuffleDescriptor]]:
-        result_id = f"result-{new_id()}"
+        scenario = dataclasses.replace(self.scenario, result_id=f"result-{new_id()}")
         descriptors = []
         for map_index in range(maps):
             batch, indexes = map_output(map_index, rows, reducers)
-            attempt = new_id()
-            partition = PartitionDescriptor(
-                result_id,
-                maps,
-                IntermediateResultPartitionID(result_id, map_index),
-                ResultPartitionType.BLOCKING,
-                reducers,
+            partition = scenario.partition_descriptor(
+                map_index, partitions=maps, subpartitions=reducers
             )
-            descriptor = self.master.register_partition_with_producer(
-                self.job.job_id, partition, self.environment.producer_descriptor(attempt)
-            ).result()
+            descriptor, writer = scenario.new_writer(partition)
             descriptors.append(descriptor)
-            [writer] = self.environment.create_result_partition_writers(
-                ShuffleIOOwner(f"map-{map_index}", attempt),
-                [ResultPartitionDeploymentDescriptor(partition, descriptor)],
-            )
             writer.write(batch, indexes)
             writer.finish()
-        return result_id, descriptors
+        return scenario.result_id, descriptors
 
     def read(self, result_id: str, descriptors: list[ShuffleDescriptor], reducers: int) -> int:
         rows = 0
@@ -119,7 +88,7 @@ class Service:
                 SubpartitionRange(reducer, reducer),
                 tuple(descriptors),
             )
-            [gate] = self.environment.create_input_gates(
+            [gate] = self.scenario.producer.create_input_gates(
                 ShuffleIOOwner(f"reduce-{reducer}", new_id()), [gate_descriptor]
             )
             with gate:
@@ -128,8 +97,8 @@ class Service:
 
     def release(self, descriptors: list[ShuffleDescriptor]) -> None:
         for descriptor in descriptors:
-            self.master.release_partition_externally(descriptor)
-        self.environment.release_partitions_locally(
+            self.scenario.master.release_partition_externally(descriptor)
+        self.scenario.producer.release_partitions_locally(
             [descriptor.result_partition_id for descriptor in descriptors]
         )
 
@@ -189,11 +158,9 @@ def best_of(repeat: int, run: Callable[[], Any]) -> tuple[float, Any]:
 
 @contextlib.contextmanager
 def service_on(directory: Path) -> Iterator[Service]:
-    service = Service(str(directory))
-    try:
-        yield service
-    finally:
-        service.close()
+    configuration = Configuration.load({"netty-like.storage.url": str(directory)}, environ={})
+    with ShuffleScenario.open(ConformanceHarness(configuration)) as scenario:
+        yield Service(scenario)
 
 
 def main() -> None:
