@@ -13,6 +13,7 @@ import collections
 import contextlib
 import ctypes
 import errno
+import mmap
 import os
 import resource
 import shutil
@@ -149,7 +150,7 @@ class _LocalRanges(RangeReader):
     alive; mapped once, when the first is read). A file truncated under the reader gives short
     reads; a mapped page past its new end would kill the reader with SIGBUS, so small reads,
     most of a reducer's, never map, and a store whose files another process may truncate maps
-    nothing. Stateless between calls: threads may share one."""
+    nothing. Threads may share one (two that map it at once each map it; one map is kept)."""
 
     def __init__(self, path: str, *, mapped: bool) -> None:
         self._path = path
@@ -175,8 +176,10 @@ class _LocalRanges(RangeReader):
                 return pa.py_buffer(os.pread(self._fd, length, offset))
             mapped = self._mapped
             if mapped is None:
-                mapping = pa.memory_map(self._path)
-                mapped = self._mapped = mapping.read_buffer(mapping.size())
+                # The open file, not its path: a file renamed over the path since is not it.
+                size = os.fstat(self._fd).st_size
+                mapping = mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ) if size else b""
+                mapped = self._mapped = pa.py_buffer(mapping)
             # A truncated file yields a short buffer, which fails its checksum.
             start = min(offset, mapped.size)
             return mapped.slice(start, max(0, min(length, mapped.size - start)))

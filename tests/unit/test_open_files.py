@@ -54,6 +54,18 @@ def test_a_file_deleted_elsewhere_is_gone_and_one_replaced_is_read_anew(
     assert len(files) == 0
 
 
+def test_a_large_read_maps_the_file_the_reader_opened_not_its_path_now(tmp_path: Path) -> None:
+    """Large ranges are mapped when first read: the file opened, though another has been
+    renamed over its path since."""
+    files = _OpenFiles(max_files=8, max_idle=60.0)
+    size = 2 << 20
+    path = _file(tmp_path, "data", b"o" * size)
+    before = files.open(path, mapped=True)
+    os.replace(_file(tmp_path, "new", b"n" * size), path)
+    assert before.read_range(0, size).to_pybytes() == b"o" * size
+    assert files.open(path, mapped=True).read_range(0, size).to_pybytes() == b"n" * size
+
+
 def test_past_the_bound_the_least_recently_used_goes_and_a_reader_keeps_its_file(
     tmp_path: Path,
 ) -> None:
