@@ -30,7 +30,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 from common import key_value, machine, positive, save_results
 from pyspark.sql import DataFrame, SparkSession
@@ -38,7 +37,7 @@ from pyspark.sql import DataFrame, SparkSession
 from external_shuffle.local_cluster import LocalCluster
 from pyspark_shuffle import SparkShuffle
 from pyspark_shuffle.local_spark import local_spark_session
-from shuffle_api.ndarrays import arrow_array
+from shuffle_api.ndarrays import longs
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "memory_budget.json"
 MIB = 1 << 20
@@ -58,7 +57,7 @@ def count_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     for batch in batches:
         rows += batch.num_rows
     # Through buffers: pyarrow would import pandas to convert a list (27 MiB in the worker).
-    yield pa.record_batch({"rows": arrow_array(np.array([rows], dtype=np.int64))})
+    yield pa.record_batch({"rows": longs([rows])})
 
 
 def python_workers() -> list[int]:

@@ -20,7 +20,7 @@ from pyspark_shuffle.progress import JobLabel
 from pyspark_shuffle.tasks import task_attempt_id
 from shuffle_api import InvalidOperationError
 from shuffle_api.batches import conform_all
-from shuffle_api.ndarrays import arrow_array, bytes_array
+from shuffle_api.ndarrays import arrow_array, bytes_array, longs
 
 __all__ = ["FusedInput", "collect_arrow", "sample_rows", "write_parquet"]
 
@@ -44,7 +44,7 @@ def collect_arrow(tasks: RowTasks, schema: pa.Schema) -> pa.Table:
             if batch.num_rows:
                 yield pa.record_batch(
                     {
-                        "task": arrow_array(np.array([task], dtype=np.int64)),
+                        "task": longs([task]),
                         "chunk": bytes_array([to_ipc_stream(batch)]),
                     }
                 )
@@ -146,8 +146,8 @@ def sample_rows(tasks: RowTasks, schema: pa.Schema, wanted: int) -> pa.Table:
             chunk = to_ipc_stream(table.take(arrow_array(chosen)))
         yield pa.record_batch(
             {
-                "task": arrow_array(np.array([task], dtype=np.int64)),
-                "rows": arrow_array(np.array([rows], dtype=np.int64)),
+                "task": longs([task]),
+                "rows": longs([rows]),
                 "chunk": bytes_array([chunk]),
             }
         )

@@ -75,10 +75,10 @@ def hashable_key_type(data_type: pa.DataType) -> pa.DataType:
 
 
 def _as_int64(column: pa.Array) -> npt.NDArray[np.int64]:
+    # Dates, times and timestamps as their counts; nulls as 0 (their hash is set apart later).
     if pa.types.is_temporal(column.type):
-        width = column.type.bit_width
-        column = column.view(pa.int64() if width == 64 else pa.int32())
-    # Nulls as 0: their hash is set apart later.
+        counts: npt.NDArray[Any] = numpy_values(column).astype(np.int64, copy=False)
+        return counts
     values: npt.NDArray[Any] = numpy_values(pc.cast(column, pa.int64()))
     return values
 

@@ -14,7 +14,6 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
-import numpy as np
 import pyarrow as pa
 from pyspark import TaskContext
 
@@ -49,7 +48,7 @@ from shuffle_api import (
     serialize,
 )
 from shuffle_api.batches import coalesce
-from shuffle_api.ndarrays import arrow_array, bytes_array
+from shuffle_api.ndarrays import bytes_array, longs
 from shuffle_api.options import CORE_OPTIONS, TARGET_BATCH_SIZE
 
 if TYPE_CHECKING:
@@ -230,7 +229,7 @@ def run_map_task(
         statistics = writer.finish()
     row = pa.record_batch(
         {
-            "map_index": arrow_array(np.array([map_index], dtype=np.int64)),
+            "map_index": longs([map_index]),
             "attempt": bytes_array([attempt.encode()], pa.string()),
             "producer": bytes_array([serialize(environment.producer_descriptor(attempt))]),
         }

@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-__all__ = ["arrow_array", "bytes_array", "number_scalar", "numpy_values", "validity"]
+__all__ = ["arrow_array", "bytes_array", "longs", "number_scalar", "numpy_values", "validity"]
 
 _KINDS: Final = (
     ("i", pa.types.is_signed_integer),
@@ -81,6 +81,11 @@ def arrow_array(values: npt.NDArray[np.generic]) -> pa.Array:
     contiguous = np.ascontiguousarray(values)
     data_type = pa.from_numpy_dtype(contiguous.dtype)
     return pa.Array.from_buffers(data_type, len(contiguous), [None, pa.py_buffer(contiguous)])
+
+
+def longs(values: Sequence[int]) -> pa.Array:
+    """An Arrow ``int64`` array of ``values`` (a task's report row, mostly)."""
+    return arrow_array(np.array(values, dtype=np.int64))
 
 
 def bytes_array(values: Sequence[bytes | None], data_type: pa.DataType = _BINARY) -> pa.Array:

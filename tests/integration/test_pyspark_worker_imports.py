@@ -17,17 +17,16 @@ pytestmark = pytest.mark.slow
 _JOB = textwrap.dedent(
     """
     import json, os, sys
-    import numpy as np
     import pyarrow as pa
     from pyspark_shuffle import SparkShuffle
     from pyspark_shuffle.local_spark import local_spark_session
-    from shuffle_api.ndarrays import arrow_array
+    from shuffle_api.ndarrays import longs
 
     def report(batches):
         rows = sum(batch.num_rows for batch in batches)
         flags = [rows, int("pandas" in sys.modules), os.getpid()]
         yield pa.record_batch(
-            [arrow_array(np.array([flag], dtype=np.int64)) for flag in flags],
+            [longs([flag]) for flag in flags],
             names=["rows", "pandas", "pid"],
         )
 

@@ -9,7 +9,14 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from shuffle_api.ndarrays import arrow_array, bytes_array, number_scalar, numpy_values, validity
+from shuffle_api.ndarrays import (
+    arrow_array,
+    bytes_array,
+    longs,
+    number_scalar,
+    numpy_values,
+    validity,
+)
 
 TYPES = [pa.int8(), pa.int32(), pa.int64(), pa.uint16(), pa.uint64(), pa.float32(), pa.float64()]
 
@@ -57,6 +64,10 @@ def test_temporal_values_are_their_counts(data_type: pa.DataType) -> None:
         .view(data_type)
     )
     assert numpy_values(array).tolist() == [3, 0, 5]
+
+
+def test_longs_are_int64() -> None:
+    assert longs([3, -1 << 40]) == pa.array([3, -1 << 40], pa.int64())
 
 
 def test_a_number_scalar_is_of_its_type() -> None:
