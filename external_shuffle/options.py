@@ -126,14 +126,14 @@ MIN_CHUNK_SIZE: Final = 4 << 10
 """The smallest chunk of data a message carries (pushed, or fetched when a client asks)."""
 PUSH_CHUNK_SIZE = memory_option(
     "external-shuffle.client.chunk-size",
-    4 << 20,
+    1 << 20,
     "Bytes per pushed message (kept below max-message-size). A fetch sends each run in one"
     " message when it fits below max-message-size, and longer runs in chunks of that size.",
     minimum=MIN_CHUNK_SIZE,
 )
 MAX_IN_FLIGHT = memory_option(
     "external-shuffle.client.max-in-flight",
-    32 << 20,
+    8 << 20,
     "Pushed bytes a writer lets wait for a worker before it blocks (backpressure).",
     minimum=4 << 10,
 )

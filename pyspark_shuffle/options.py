@@ -12,6 +12,7 @@ from scheduling.options import SCHEDULING_OPTIONS
 from shuffle_api.config import (
     ConfigOption,
     bool_option,
+    choice_option,
     float_option,
     int_option,
     memory_option,
@@ -29,6 +30,7 @@ __all__ = [
     "REDUCER_MIN_COUNT",
     "REDUCER_TARGET_SIZE",
     "SPARK_CONF_PREFIX",
+    "WORKER_MEMORY_POOL",
 ]
 
 SPARK_CONF_PREFIX: Final = "spark.pyshuffle."
@@ -100,6 +102,15 @@ MAX_RECOVERY_ATTEMPTS = int_option(
     "Times the driver reruns the producers of lost partitions before it gives up.",
     minimum=0,
 )
+WORKER_MEMORY_POOL = choice_option(
+    "pyspark-shuffle.worker.memory-pool",
+    "jemalloc",
+    "Arrow memory pool of a Python worker from its first pyshuffle task on: jemalloc gives"
+    " what is freed back to the system within a second, where pyarrow's default (mimalloc)"
+    " keeps tens of megabytes a writer freed; system (malloc), mimalloc, or default"
+    " (pyarrow's, untouched). A pool this pyarrow lacks falls back to system.",
+    ("jemalloc", "mimalloc", "system", "default"),
+)
 
 PYSPARK_SHUFFLE_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
     MAX_SUBPARTITIONS,
@@ -111,6 +122,7 @@ PYSPARK_SHUFFLE_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
     KEEP_RESULTS,
     PROGRESS_INTERVAL,
     MAX_RECOVERY_ATTEMPTS,
+    WORKER_MEMORY_POOL,
     *SCHEDULING_OPTIONS,
     *BLOB_OPTIONS,
 )

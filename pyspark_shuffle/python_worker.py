@@ -15,6 +15,9 @@ tasks than Spark's own shuffle does (its map tasks too):
   permanent (the kernel goes back to delaying once the worker answers), so every task sets
   it again. Spark's Unix domain sockets (``spark.python.unix.domain.socket.enabled``) have
   no such wait.
+
+And one choice of the worker's that pyarrow otherwise makes: its memory pool
+(:func:`use_memory_pool`, ``pyspark-shuffle.worker.memory-pool``).
 """
 
 from __future__ import annotations
@@ -22,13 +25,15 @@ from __future__ import annotations
 import gc
 import logging
 import socket
+from collections.abc import Callable
 from typing import Final
 
+import pyarrow as pa
 from pyspark import TaskContext
 
 from pyspark_shuffle.spark_internals import task_connection
 
-__all__ = ["acknowledge_at_once", "task_starts"]
+__all__ = ["acknowledge_at_once", "task_starts", "use_memory_pool"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -77,6 +82,29 @@ def acknowledge_at_once(descriptor: int) -> bool:
         return False
     finally:
         connection.detach()
+
+
+_MEMORY_POOLS: Final[dict[str, Callable[[], pa.MemoryPool]]] = {
+    "jemalloc": pa.jemalloc_memory_pool,
+    "mimalloc": pa.mimalloc_memory_pool,
+    "system": pa.system_memory_pool,
+}
+
+
+def use_memory_pool(name: str) -> str:
+    """Make the Arrow memory pool ``name`` (a ``pyspark-shuffle.worker.memory-pool`` choice)
+    this process's default, for what is allocated from now on; the system's where this
+    pyarrow is built without it. Returns the backend in use."""
+    make = _MEMORY_POOLS.get(name)
+    if make is None:  # "default": pyarrow's own choice
+        return str(pa.default_memory_pool().backend_name)
+    try:
+        pool = make()
+    except NotImplementedError:
+        _LOG.info("this pyarrow has no %s memory pool; using the system's", name)
+        pool = pa.system_memory_pool()
+    pa.set_memory_pool(pool)
+    return str(pool.backend_name)
 
 
 class _TaskStarts:

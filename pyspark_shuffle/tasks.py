@@ -20,8 +20,9 @@ from pyspark import TaskContext
 from blob import BLOB_CACHE_MAX_SIZE
 from pyspark_shuffle.executor import this_executor
 from pyspark_shuffle.operations import ReduceOperation
-from pyspark_shuffle.options import PYSPARK_SHUFFLE_OPTIONS
+from pyspark_shuffle.options import PYSPARK_SHUFFLE_OPTIONS, WORKER_MEMORY_POOL
 from pyspark_shuffle.partitioners import Partitioner
+from pyspark_shuffle.python_worker import use_memory_pool
 from scheduling.deployment import (
     ConsumerDeploymentDescriptor,
     resolve_gate,
@@ -87,7 +88,8 @@ def task_environment(configuration: Configuration, secret: bytes) -> ShuffleEnvi
     ``secret`` (created on first use), hosted by this Python worker's executor.
 
     Host-local options are read from this executor's own environment. Keyed by process id
-    too: Spark forks Python workers, and a child must not reuse its parent's.
+    too: Spark forks Python workers, and a child must not reuse its parent's. The first one
+    also sets the process's Arrow memory pool (``pyspark-shuffle.worker.memory-pool``).
     """
     key = (
         os.getpid(),
@@ -97,6 +99,7 @@ def task_environment(configuration: Configuration, secret: bytes) -> ShuffleEnvi
     with _ENVIRONMENTS_LOCK:
         environment = _ENVIRONMENTS.get(key)
         if environment is None:
+            use_memory_pool(configuration.get(WORKER_MEMORY_POOL))
             factory = load_shuffle_service_factory(
                 configuration, extra_options=PYSPARK_SHUFFLE_OPTIONS
             )

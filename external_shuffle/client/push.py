@@ -135,9 +135,10 @@ class _ReplicaPush:
 class _DataStream:
     """The data file as the partition writer sees it: a write-only stream, cut into chunks.
 
-    A chunk is a list of views of what was written, framed (copied) once when it is full:
-    pyarrow hands its writes over as bytes or Arrow buffers, which never change, so they are
-    kept as they are; anything else is copied first, as its owner may reuse it.
+    A chunk is framed (copied) once, from views of the writes that fill it. The end of a write
+    that starts the next chunk is kept until that chunk is full: as it is if pyarrow handed it
+    over as bytes or an Arrow buffer (which never change), else as a copy, as its owner may
+    reuse it. So the stream holds less than a chunk besides the messages it framed.
     """
 
     def __init__(self, sink: PushSink) -> None:
@@ -146,19 +147,21 @@ class _DataStream:
         self._pending_bytes = 0
         self.closed = False
 
-    def write(self, data: bytes | memoryview) -> int:
+    def write(self, data: bytes | bytearray | memoryview) -> int:
         view = memoryview(data).cast("B")
         size = len(view)
-        if not (view.readonly and isinstance(view.obj, bytes | pa.Buffer)):
-            view = memoryview(bytes(view))
         chunk = self._sink.settings.chunk_size
-        while view:
-            taken = view[: chunk - self._pending_bytes]
-            self._pending.append(taken)
-            self._pending_bytes += len(taken)
-            view = view[len(taken) :]
-            if self._pending_bytes == chunk:
-                self._send_pending()
+        while self._pending_bytes + len(view) >= chunk:
+            taken = chunk - self._pending_bytes
+            self._pending.append(view[:taken])
+            self._pending_bytes = chunk
+            self._send_pending()
+            view = view[taken:]
+        if view:
+            if not (view.readonly and isinstance(view.obj, bytes | pa.Buffer)):
+                view = memoryview(bytes(view))
+            self._pending.append(view)
+            self._pending_bytes += len(view)
         return size
 
     def _send_pending(self) -> None:

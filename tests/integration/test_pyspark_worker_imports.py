@@ -1,5 +1,6 @@
 """What pyshuffle's tasks load into a Python worker: not pandas, which Spark's own
-``mapInArrow`` workers never import (some 27 MiB of anonymous memory and 0.2 s each)."""
+``mapInArrow`` workers never import (some 27 MiB of anonymous memory and 0.2 s each); and the
+Arrow memory pool they allocate from (``pyspark-shuffle.worker.memory-pool``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 
+import pyarrow as pa
 import pytest
 
 pytestmark = pytest.mark.slow
@@ -24,13 +26,15 @@ _JOB = textwrap.dedent(
 
     def report(batches):
         rows = sum(batch.num_rows for batch in batches)
-        flags = [rows, int("pandas" in sys.modules), os.getpid()]
+        pool = pa.default_memory_pool().backend_name
+        flags = [rows, int("pandas" in sys.modules), os.getpid(), POOLS.index(pool)]
         yield pa.record_batch(
             [longs([flag]) for flag in flags],
-            names=["rows", "pandas", "pid"],
+            names=["rows", "pandas", "pid", "pool"],
         )
 
-    schema = "rows long, pandas long, pid long"
+    POOLS = ["jemalloc", "mimalloc", "system"]
+    schema = "rows long, pandas long, pid long, pool long"
     with local_spark_session("worker-imports", cores=1) as spark:
         data = spark.range(0, 20_000, 1, 3).selectExpr("id % 101 as k", "id * 0.5 as v")
         with SparkShuffle(spark) as shuffle:
@@ -46,11 +50,31 @@ _JOB = textwrap.dedent(
 )
 
 
-def test_a_pyshuffle_task_does_not_import_pandas() -> None:
+_POOLS = ["jemalloc", "mimalloc", "system"]
+
+
+@pytest.fixture(scope="module")
+def reports() -> dict[str, list[dict[str, int]]]:
+    """Per result, what each of its tasks' workers reported."""
     done = subprocess.run(
         [sys.executable, "-c", _JOB], capture_output=True, text=True, timeout=300, check=True
     )
-    reports = json.loads(done.stdout.strip().splitlines()[-1])
+    reported: dict[str, list[dict[str, int]]] = json.loads(done.stdout.strip().splitlines()[-1])
+    return reported
+
+
+def test_a_pyshuffle_task_does_not_import_pandas(reports: dict[str, list[dict[str, int]]]) -> None:
     for name, rows in reports.items():
         assert sum(row["rows"] for row in rows) == 20_000, name
         assert [row["pandas"] for row in rows] == [0] * len(rows), (name, rows)
+
+
+def test_a_pyshuffle_task_allocates_from_jemalloc(reports: dict[str, list[dict[str, int]]]) -> None:
+    """The default pool, where this pyarrow has it (pyarrow's own default is mimalloc). The
+    repartition's ``mapInArrow`` runs inside its reducers (fused): in the worker of a pyshuffle
+    task (the sort's runs in a worker of its own, which may not have run one)."""
+    try:
+        expected = pa.jemalloc_memory_pool().backend_name
+    except NotImplementedError:
+        expected = "system"
+    assert {_POOLS[row["pool"]] for row in reports["repartition"]} == {expected}

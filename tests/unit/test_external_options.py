@@ -19,7 +19,7 @@ def test_a_chunk_is_kept_below_the_message_limit_and_never_empty() -> None:
     smallest = Configuration.load({"external-shuffle.max-message-size": "128k"})
     assert message_chunk_size(smallest) == message_data_limit(smallest) == 64 << 10
     default = Configuration.load({})
-    assert message_chunk_size(default) == 4 << 20
+    assert message_chunk_size(default) == 1 << 20
     assert message_data_limit(default) == (16 << 20) - (64 << 10)
     with pytest.raises(ConfigError, match="max-message-size"):
         Configuration.load({"external-shuffle.max-message-size": "64k"}).get(MAX_MESSAGE_SIZE)

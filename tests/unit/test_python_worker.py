@@ -1,15 +1,19 @@
-"""What a pyshuffle task does to its Python worker's connection as it starts (the Spark side:
-tests/integration/test_pyspark_many_partitions.py)."""
+"""What a pyshuffle task does to its Python worker as it starts: its connection, its memory
+pool (the Spark side: tests/integration/test_pyspark_many_partitions.py,
+tests/integration/test_pyspark_worker_imports.py)."""
 
 from __future__ import annotations
 
 import os
 import socket
 import struct
+from collections.abc import Iterator
 
+import pyarrow as pa
 import pytest
 
-from pyspark_shuffle.python_worker import acknowledge_at_once, task_starts
+from pyspark_shuffle import python_worker
+from pyspark_shuffle.python_worker import acknowledge_at_once, task_starts, use_memory_pool
 from pyspark_shuffle.spark_internals import task_connection
 
 _TCP_QUICKACK = getattr(socket, "TCP_QUICKACK", None)
@@ -71,3 +75,43 @@ def test_what_is_no_tcp_connection_is_left_as_it_is() -> None:
 def test_outside_a_spark_task_there_is_no_task_connection_to_change() -> None:
     assert task_connection() is None
     task_starts()  # nothing to do, and no error
+
+
+@pytest.fixture
+def restored_memory_pool() -> Iterator[None]:
+    before = pa.default_memory_pool()
+    yield
+    pa.set_memory_pool(before)
+
+
+@pytest.mark.usefixtures("restored_memory_pool")
+@pytest.mark.parametrize("name", ["system", "jemalloc", "mimalloc"])
+def test_the_memory_pool_named_allocates_from_then_on(name: str) -> None:
+    try:
+        pool = getattr(pa, f"{name}_memory_pool")()
+    except NotImplementedError:  # not in this pyarrow build
+        pool = pa.system_memory_pool()
+    assert use_memory_pool(name) == pool.backend_name
+    assert pa.default_memory_pool().backend_name == pool.backend_name
+    before = pool.bytes_allocated()
+    allocated = pa.allocate_buffer(1 << 20)
+    assert pool.bytes_allocated() - before >= allocated.size
+
+
+@pytest.mark.usefixtures("restored_memory_pool")
+def test_default_leaves_the_pool_as_it_is() -> None:
+    pa.set_memory_pool(pa.system_memory_pool())
+    assert use_memory_pool("default") == "system"
+    assert pa.default_memory_pool().backend_name == "system"
+
+
+@pytest.mark.usefixtures("restored_memory_pool")
+def test_a_pool_this_pyarrow_lacks_falls_back_to_the_systems(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def missing() -> pa.MemoryPool:
+        raise NotImplementedError("This Arrow build does not enable jemalloc")
+
+    monkeypatch.setitem(python_worker._MEMORY_POOLS, "jemalloc", missing)
+    assert use_memory_pool("jemalloc") == "system"
+    assert pa.default_memory_pool().backend_name == "system"

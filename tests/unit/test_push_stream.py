@@ -1,0 +1,72 @@
+"""The data file a writer pushes, as the push sink cuts it into chunks (the pushes themselves:
+tests/conformance/test_external_shuffle_conformance.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pyarrow as pa
+import pytest
+
+from external_shuffle.client.push import PushSettings, _DataStream
+
+CHUNK = 1000
+
+
+class _RecordingSink:
+    """What a push sink is to its data stream: chunks sent, then the end."""
+
+    def __init__(self) -> None:
+        self.settings = PushSettings(chunk_size=CHUNK, max_in_flight=4 * CHUNK, timeout=5.0)
+        self.chunks: list[bytes] = []
+        self.finished = False
+
+    @property
+    def sent(self) -> int:
+        return sum(len(chunk) for chunk in self.chunks)
+
+    def send(self, parts: Sequence[memoryview], size: int) -> None:
+        chunk = b"".join(parts)
+        assert len(chunk) == size
+        self.chunks.append(chunk)
+
+    def finish_pushes(self) -> None:
+        self.finished = True
+
+
+@pytest.mark.parametrize("sizes", [[1], [CHUNK], [999, 1, 1000, 2500, 3, 7000], [4321] * 5])
+def test_chunks_are_whole_but_the_last_and_hold_what_was_written(sizes: list[int]) -> None:
+    sink = _RecordingSink()
+    stream = _DataStream(sink)  # type: ignore[arg-type]
+    reused = bytearray()
+    expected = bytearray()
+    for number, size in enumerate(sizes):
+        data = bytes((number + position) % 251 for position in range(size))
+        expected += data
+        # The three kinds a writer hands over: a buffer it reuses, bytes, an Arrow buffer.
+        if number % 3 == 0:
+            reused[:] = data
+            assert stream.write(reused) == size
+            reused[:] = b"\xff" * size  # reused at once: what was written must not change
+        elif number % 3 == 1:
+            assert stream.write(data) == size
+        else:
+            assert stream.write(memoryview(pa.py_buffer(data))) == size
+        # What is not sent yet is less than a chunk: the stream keeps no more.
+        assert 0 <= len(expected) - sink.sent < CHUNK
+    stream.close()
+    assert sink.finished
+    assert b"".join(sink.chunks) == expected
+    assert all(len(chunk) == CHUNK for chunk in sink.chunks[:-1])
+    assert 0 < len(sink.chunks[-1]) <= CHUNK
+
+
+def test_closing_twice_ends_the_pushes_once() -> None:
+    sink = _RecordingSink()
+    stream = _DataStream(sink)  # type: ignore[arg-type]
+    stream.write(b"x" * 10)
+    stream.close()
+    sink.finished = False
+    stream.close()
+    assert not sink.finished
+    assert sink.chunks == [b"x" * 10]
