@@ -6,7 +6,9 @@ hand-written pyarrow shuffle of the same blocks, in one run.
 - **service**: one environment of the default service (``netty_like``, a local store): each
   map output written by a ``ResultPartitionWriter`` (``writer.write(batch, indexes)``), each
   reducer an input gate over every map output, as a reduce task reads them (the partitions
-  are this process's own: read from its store, no data port).
+  are this process's own: read from its store, no data port). With ``--service
+  external_shuffle``: pushed to one worker daemon, each reducer reading over its data port
+  (``store_shared=False``, as from another host).
 - **minimal**: per map output, the rows gathered by subpartition (a stable argsort and a
   ``take``), one IPC file of one batch per subpartition (``pa.ipc.new_file``), the byte range
   of each batch kept in memory; each reducer memory-maps every file (once: the maps are kept,
@@ -19,6 +21,7 @@ Every figure is the best of ``--repeat`` runs; the rows read are counted and che
 
     python benchmarks/small_blocks.py
     python benchmarks/small_blocks.py --maps 1000 --reducers 4000
+    python benchmarks/small_blocks.py --service external_shuffle
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import numpy as np
 import pyarrow as pa
 from common import machine, positive, save_results
 
+from external_shuffle.local_cluster import LocalCluster
 from shuffle_api import (
     Configuration,
     InputGateDeploymentDescriptor,
@@ -49,6 +53,7 @@ from shuffle_api import (
 from shuffle_api.testing import ConformanceHarness, ShuffleScenario
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "small_blocks.json"
+SERVICES = ("netty_like", "external_shuffle")
 
 
 def map_output(map_index: int, rows: int, reducers: int) -> tuple[pa.RecordBatch, np.ndarray]:
@@ -157,9 +162,16 @@ def best_of(repeat: int, run: Callable[[], Any]) -> tuple[float, Any]:
 
 
 @contextlib.contextmanager
-def service_on(directory: Path) -> Iterator[Service]:
-    configuration = Configuration.load({"netty-like.storage.url": str(directory)}, environ={})
-    with ShuffleScenario.open(ConformanceHarness(configuration)) as scenario:
+def service_on(directory: Path, service: str) -> Iterator[Service]:
+    with contextlib.ExitStack() as stack:
+        if service == "netty_like":
+            options: dict[str, object] = {"netty-like.storage.url": str(directory)}
+        else:
+            # Every read over the worker's data port, as on hosts that do not share its disk.
+            cluster = stack.enter_context(LocalCluster(directory, workers=1, store_shared=False))
+            options = cluster.client_config()
+        configuration = Configuration.load(options, environ={})
+        scenario = stack.enter_context(ShuffleScenario.open(ConformanceHarness(configuration)))
         yield Service(scenario)
 
 
@@ -169,6 +181,7 @@ def main() -> None:
     parser.add_argument("--reducers", type=positive, default=1000)
     parser.add_argument("--rows-per-block", type=positive, default=5)
     parser.add_argument("--repeat", type=positive, default=3)
+    parser.add_argument("--service", choices=SERVICES, default=SERVICES[0])
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     args = parser.parse_args()
     maps, reducers = args.maps, args.reducers
@@ -185,7 +198,7 @@ def main() -> None:
         figures["minimal_read_s"], read = best_of(args.repeat, lambda: minimal.read(maps, reducers))
         if read != maps * rows:
             sys.exit(f"the minimal shuffle read {read} rows of {maps * rows}")
-        with service_on(root / "service") as service:
+        with service_on(root / "service", args.service) as service:
             written: list[tuple[str, list[ShuffleDescriptor]]] = []
             figures["service_write_s"], _ = best_of(
                 args.repeat, lambda: written.append(service.write(maps, rows, reducers))
@@ -224,6 +237,7 @@ def main() -> None:
                 "reducers": reducers,
                 "rows_per_block": args.rows_per_block,
                 "repeat": args.repeat,
+                "service": args.service,
             },
             **figures,
             "per_block": per_block,

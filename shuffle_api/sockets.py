@@ -61,6 +61,7 @@ __all__ = [
     "MAX_BATCH",
     "REFUSED",
     "AuthenticatedListener",
+    "FrameReader",
     "accept_handshake",
     "frame_bytes",
     "open_connection",
@@ -188,6 +189,81 @@ def read_frame(
     if body is None:
         raise TransportError("connection closed in the middle of a frame")
     return frame_type, memoryview(body)
+
+
+class FrameReader:
+    """Frames read from ``sock`` through a buffer of ``buffer_size`` bytes: the frames of many
+    small blocks arrive in one receive, where :func:`read_frame` makes two each (a reducer's
+    fetch of a thousand map outputs is thousands of frames). Bytes that follow a frame
+    (:meth:`receive_into`) come from the buffer first, then straight from the socket.
+
+    For one answer at a time: the peer sends nothing unasked, so the buffer never holds the
+    start of another answer, and :meth:`check_drained` says the answer ended where it should.
+    """
+
+    def __init__(self, sock: socket.socket, buffer_size: int = 64 << 10) -> None:
+        self._sock = sock
+        self._buffer = bytearray(buffer_size)
+        self._view = memoryview(self._buffer)
+        self._start = self._end = 0
+
+    @property
+    def _buffered(self) -> int:
+        return self._end - self._start
+
+    def _fill(self, size: int) -> bool:
+        """At least ``size`` (<= the buffer's size) bytes buffered; False if the peer closed
+        before the first of them."""
+        if self._buffered >= size:
+            return True
+        if self._start:  # what is left moves to the front, making room
+            self._view[: self._buffered] = self._view[self._start : self._end]
+            self._end -= self._start
+            self._start = 0
+        first = self._end
+        while self._end < size:
+            count = self._sock.recv_into(self._view[self._end :])
+            if count == 0:
+                if self._end == first == 0:
+                    return False
+                raise TransportError("connection closed in the middle of a frame")
+            self._end += count
+        return True
+
+    def _take(self, size: int) -> memoryview:
+        taken = self._view[self._start : self._start + size]
+        self._start += size
+        return taken
+
+    def read_frame(self, max_frame_size: int) -> tuple[int, bytes] | None:
+        """As :func:`read_frame` (its body as bytes of its own), the socket's timeout for each
+        receive."""
+        if not self._fill(FRAME_PREFIX.size):
+            return None
+        size, frame_type = FRAME_PREFIX.unpack(self._take(FRAME_PREFIX.size))
+        if size > max_frame_size:
+            raise DataTooLargeError(
+                f"a frame of {size} bytes exceeds the limit of {max_frame_size} bytes here"
+            )
+        if size <= len(self._buffer):
+            if not self._fill(size):
+                raise TransportError("connection closed in the middle of a frame")
+            return frame_type, bytes(self._take(size))
+        body = pa.allocate_buffer(size)
+        self.receive_into(memoryview(body))
+        return frame_type, memoryview(body).tobytes()
+
+    def receive_into(self, buffer: memoryview) -> None:
+        """Fill ``buffer``: bytes that follow a frame, of a size the frame gave."""
+        target = buffer.cast("B")
+        buffered = min(self._buffered, len(target))
+        target[:buffered] = self._take(buffered)
+        receive_into(self._sock, target[buffered:])
+
+    def check_drained(self) -> None:
+        """TransportError if the peer sent more than its answer."""
+        if self._buffered:
+            raise TransportError(f"{self._buffered} bytes arrived after the end of the answer")
 
 
 def refuse(sock: socket.socket, error: ShuffleError) -> None:

@@ -13,17 +13,17 @@ import collections
 import contextlib
 import ctypes
 import errno
+import io
 import mmap
 import os
 import resource
 import shutil
-import socket
 import tempfile
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO, Final
+from typing import BinaryIO, Final, Protocol
 
 import fsspec
 import pyarrow as pa
@@ -32,7 +32,7 @@ from fsspec.implementations.local import LocalFileSystem
 from shuffle_api.errors import StorageError, StorageFullError
 from shuffle_api.ids import new_id, validate_id
 
-__all__ = ["RangeReader", "Store", "default_store_url", "storage_errors"]
+__all__ = ["RangeReader", "Sender", "Store", "default_store_url", "storage_errors"]
 
 
 def default_store_url() -> str:
@@ -73,6 +73,15 @@ class _StorageErrors:
         raise StorageError(f"store operation on {self._path} failed: {error}") from error
 
 
+class Sender(Protocol):
+    """Where a range is sent: a socket, or what gathers small sends for one (the same
+    calls)."""
+
+    def sendall(self, data: bytes | memoryview, /) -> None: ...
+
+    def sendfile(self, file: io.FileIO, offset: int = 0, count: int | None = None) -> int: ...
+
+
 class RangeReader(abc.ABC):
     """Reads byte ranges of one file."""
 
@@ -89,7 +98,7 @@ class RangeReader(abc.ABC):
         comes before its data); shorter if the file ends first."""
         return b"".join((prefix, self.read_range(offset, length)))
 
-    def send_range(self, sock: socket.socket, offset: int, length: int) -> int:
+    def send_range(self, sock: Sender, offset: int, length: int) -> int:
         """Send the range to ``sock`` (within the socket's timeout); returns the bytes sent,
         fewer if the file ends first. Socket errors stay OSErrors: they are not the store's."""
         data = self.read_range(offset, length)
@@ -192,7 +201,7 @@ class _LocalRanges(RangeReader):
         with storage_errors(self._path):
             return _pread_after(prefix, self._fd, offset, length)
 
-    def send_range(self, sock: socket.socket, offset: int, length: int) -> int:
+    def send_range(self, sock: Sender, offset: int, length: int) -> int:
         if not length:
             return 0  # sendfile takes no empty range
         # sendfile(2): from the page cache to the socket, no copy in this process (through

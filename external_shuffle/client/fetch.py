@@ -5,7 +5,6 @@ decodes."""
 from __future__ import annotations
 
 import functools
-import socket
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -31,7 +30,7 @@ from shuffle_api import ResultPartitionID, ShuffleError, TransportError
 from shuffle_api.connections import Connection, ConnectionPool, StaleConnectionError
 from shuffle_api.format import PartitionManifest
 from shuffle_api.gate import END_OF_PARTITION
-from shuffle_api.sockets import read_frame, receive_into, write_frame
+from shuffle_api.sockets import FrameReader, write_frame
 
 __all__ = [
     "DataPortUnreachableError",
@@ -107,10 +106,12 @@ def fetch_over_data_port(
         try:
             sock.settimeout(timeout)
             write_frame(sock, frame_type, body)
+            frames = FrameReader(sock)
             for _, partition in fetches:
                 reading = f"fetch of {partition} from worker {worker.target}"
-                yield from _receive(sock, max_frame_size, reading, partition)
+                yield from _receive(frames, max_frame_size, reading, partition)
                 yield END_OF_PARTITION
+            frames.check_drained()
         except ShuffleError:
             raise  # some are OSErrors too (an AuthenticationError is a PermissionError)
         except OSError as error:
@@ -138,18 +139,18 @@ def fetch_over_data_port(
 
 
 def _receive(
-    sock: socket.socket, max_frame_size: int, what: str, partition: ResultPartitionID
+    frames: FrameReader, max_frame_size: int, what: str, partition: ResultPartitionID
 ) -> Iterator[Received]:
     manifest: PartitionManifest | None = None
     while True:
-        frame = read_frame(sock, max_frame_size)
+        frame = frames.read_frame(max_frame_size)
         if frame is None and manifest is None:
             raise StaleConnectionError(f"{what}: the worker hung up before answering")
         if frame is None:
             raise TransportError(f"{what}: the worker hung up before the end")
         frame_type, body = frame
         if frame_type == MANIFEST and manifest is None:
-            manifest = _manifest(bytes(body), what, partition)
+            manifest = _manifest(body, what, partition)
             yield manifest
         elif frame_type == RUN and manifest is not None and len(body) == RUN_HEADER.size:
             length, checksum = RUN_HEADER.unpack(body)
@@ -159,13 +160,13 @@ def _receive(
                     " of data"
                 )
             data = pa.allocate_buffer(length)
-            receive_into(sock, memoryview(data))
+            frames.receive_into(memoryview(data))
             yield FetchedRun(data, checksum)
         elif frame_type == END and manifest is not None:
             return
         elif frame_type == FAILED:
             try:
-                reported = pb.DataPortError.FromString(bytes(body))
+                reported = pb.DataPortError.FromString(body)
             except DecodeError as error:
                 raise TransportError(f"{what}: an error report does not decode: {error}") from None
             raise error_from_pb(reported, what, partition)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import collections
 import enum
-import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -34,7 +33,7 @@ from shuffle_api.format.manifest import (
 from shuffle_api.ids import ResultPartitionID
 from shuffle_api.io import BROADCAST
 from shuffle_api.ndarrays import numpy_values
-from shuffle_api.store import RangeReader, Store
+from shuffle_api.store import RangeReader, Sender, Store
 
 __all__ = [
     "MAX_SUBPARTITIONS",
@@ -596,7 +595,7 @@ class PartitionFileReader:
 
     def send_run(
         self,
-        sock: socket.socket,
+        sock: Sender,
         header: bytes,
         run: Run,
         *,

@@ -11,11 +11,13 @@ from contextlib import contextmanager
 
 import pytest
 
-from shuffle_api import AuthenticationError
+from shuffle_api import AuthenticationError, DataTooLargeError, TransportError
 from shuffle_api.sockets import (
     CHALLENGE,
     REFUSED,
     AuthenticatedListener,
+    FrameReader,
+    frame_bytes,
     open_connection,
     open_handshake,
     read_frame,
@@ -184,3 +186,50 @@ def test_a_client_named_identity_is_proved_with_the_key_the_listener_gives_it() 
         pytest.raises(AuthenticationError, match="takes no identity"),
     ):
         open_connection("127.0.0.1", port, secret=SECRET, timeout=5, identity=b"alice")
+
+
+def test_a_frame_reader_reads_frames_that_span_receives_and_its_buffer() -> None:
+    """Many small frames in one send, one split across sends, a body larger than the buffer,
+    and bytes after a frame partly buffered."""
+    small = [frame_bytes(3, bytes([number]) * number) for number in range(1, 40)]
+    large = bytes(range(256)) * 10  # 2,560 bytes: more than the 1 KiB buffer
+    payload = bytes(range(200)) * 20
+    wire = b"".join(small) + frame_bytes(4, large) + frame_bytes(5, b"hdr") + payload
+    first, second = socket.socketpair()
+    with first, second:
+        # Sent in pieces that cut frames at odd places.
+        for start in range(0, len(wire), 777):
+            first.sendall(wire[start : start + 777])
+        first.close()
+        frames = FrameReader(second, buffer_size=1024)
+        for number in range(1, 40):
+            assert frames.read_frame(1 << 20) == (3, bytes([number]) * number)
+        assert frames.read_frame(1 << 20) == (4, large)
+        assert frames.read_frame(1 << 20) == (5, b"hdr")
+        received = bytearray(len(payload))
+        frames.receive_into(memoryview(received))
+        assert bytes(received) == payload
+        frames.check_drained()
+        assert frames.read_frame(1 << 20) is None  # the peer closed between frames
+
+
+def test_a_frame_reader_refuses_a_large_frame_a_cut_frame_and_bytes_after_the_answer() -> None:
+    first, second = socket.socketpair()
+    with first, second:
+        first.sendall(frame_bytes(3, b"x" * 100))
+        with pytest.raises(DataTooLargeError):
+            FrameReader(second).read_frame(99)
+    for cut in (50, 5):  # inside the body; right after the prefix
+        first, second = socket.socketpair()
+        with first, second:
+            first.sendall(frame_bytes(3, b"x" * 100)[:cut])
+            first.close()
+            with pytest.raises(TransportError, match="middle of a frame"):
+                FrameReader(second).read_frame(1 << 20)
+    first, second = socket.socketpair()
+    with first, second:
+        first.sendall(frame_bytes(3, b"answer") + b"more")
+        frames = FrameReader(second)
+        assert frames.read_frame(1 << 20) == (3, b"answer")
+        with pytest.raises(TransportError, match="4 bytes arrived after"):
+            frames.check_drained()

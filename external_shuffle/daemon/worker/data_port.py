@@ -14,6 +14,7 @@ then read by the worker's process to be encrypted (no sendfile).
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import socket
 import ssl
@@ -55,6 +56,8 @@ __all__ = ["DataPortLimits", "WorkerDataPort"]
 
 logger = logging.getLogger(__name__)
 
+# Bytes of small sends gathered into one (see _GatheredSends).
+_GATHERED_BYTES: Final = 16 << 10
 # The metric label of errors reported on the data port.
 _METHOD: Final = "DataPort.Fetch"
 # Connections beyond the worker's stream cap, so that a client over it hears
@@ -136,7 +139,9 @@ class WorkerDataPort:
     def _serve(self, sock: socket.socket, peer: str) -> None:
         """Fetch after fetch, until the client hangs up or idles."""
         self._metrics.data_port_connections.inc()
-        running = _Running(self._credentials.data_port_caller(self._listener.identity_of(sock)))
+        running = _Running(
+            self._credentials.data_port_caller(self._listener.identity_of(sock)), _grpc_peer(sock)
+        )
         try:
             first = True
             while (frame := self._next_request(sock, peer, first=first)) is not None:
@@ -190,36 +195,72 @@ class WorkerDataPort:
             raise SerializationError(
                 f"{_METHOD}: a batch of {len(requests)} fetches, outside 1..{MAX_BATCH}"
             )
-        for request in requests:
-            self._fetch_one(sock, request, running)
+        sends = _GatheredSends(sock)
+        try:
+            for request in requests:
+                self._fetch_one(sends, _hang_up(sock), request, running)
+        except ShuffleError:
+            if not running.mid_run:
+                with contextlib.suppress(OSError):
+                    sends.flush()  # what was served goes before the error
+            raise
+        sends.flush()
 
     def _fetch_one(
-        self, sock: socket.socket, request: pb.FetchDataRequest, running: _Running
+        self,
+        sends: _GatheredSends,
+        cancel: Callable[[], None],
+        request: pb.FetchDataRequest,
+        running: _Running,
     ) -> None:
         assert self._worker is not None, "started with its worker"
-        # An idle fetch (a client that stopped reading) is ended by the worker's reaper. The
-        # peer is named as gRPC names it, so a client's streams count once per host.
-        cancel = _hang_up(sock)
-        with self._worker.open_fetch(request, _grpc_peer(sock), cancel, running.caller) as fetch:
+        # An idle fetch (a client that stopped reading) is ended by the worker's reaper.
+        with self._worker.open_fetch(request, running.peer, cancel, running.caller) as fetch:
             reader = fetch.reader
             reader.check_data_file()
-            # Small frames go out with what follows them: a partition of one small run is one
-            # send, where it was four.
-            pending = frame_bytes(MANIFEST, reader.manifest_bytes)
+            sends.sendall(frame_bytes(MANIFEST, reader.manifest_bytes))
             for run in reader.runs(fetch.subpartitions):
-                header = pending + frame_bytes(RUN, RUN_HEADER.pack(run.length, run.checksum))
-                pending = b""
+                header = frame_bytes(RUN, RUN_HEADER.pack(run.length, run.checksum))
                 running.mid_run = True
                 reader.send_run(
-                    sock, header, run, piece_size=self._limits.piece_size, sent=fetch.sent
+                    sends, header, run, piece_size=self._limits.piece_size, sent=fetch.sent
                 )
                 running.mid_run = False
-            sock.sendall(pending + frame_bytes(END, b""))
+            sends.sendall(frame_bytes(END, b""))
+
+
+class _GatheredSends:
+    """A connection as a batch of fetches sends on it: small sends are gathered and made as
+    one once they reach :data:`_GATHERED_BYTES`, before a send from a file, and at the end. A
+    reducer's batch of a thousand small blocks took two sends a block."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._pending: list[bytes | memoryview] = []
+        self._pending_bytes = 0
+
+    def sendall(self, data: bytes | memoryview, /) -> None:
+        self._pending.append(data)
+        self._pending_bytes += len(data)
+        if self._pending_bytes >= _GATHERED_BYTES:
+            self.flush()
+
+    def sendfile(self, file: io.FileIO, offset: int = 0, count: int | None = None) -> int:
+        self.flush()
+        return self._sock.sendfile(file, offset, count)
+
+    def flush(self) -> None:
+        if self._pending:
+            pending = self._pending
+            self._pending, self._pending_bytes = [], 0
+            self._sock.sendall(pending[0] if len(pending) == 1 else b"".join(pending))
 
 
 @dataclass
 class _Running:
     caller: Credential  # who the connection's client proved to be
+    peer: str
+    """As gRPC names it (:func:`_grpc_peer`), so a client's streams count once per host."""
     mid_run: bool = False
 
 
