@@ -17,7 +17,8 @@ hand-written pyarrow shuffle of the same blocks, in one run.
 
 Spark, tasks and the network are left out (``many_partitions.py`` has them): these are the
 format's costs per block, which a map task and a reducer pay for each map output x reducer.
-Every figure is the best of ``--repeat`` runs; the rows read are counted and checked.
+Every time is the best of ``--repeat`` runs (CPU a block read: over all of them, this
+process's and, on the external service, the worker's); the rows read are counted and checked.
 
     python benchmarks/small_blocks.py
     python benchmarks/small_blocks.py --maps 1000 --reducers 4000
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import os
 import sys
 import tempfile
 import time
@@ -67,8 +69,10 @@ class Service:
     """The default service in this process: one environment (the scenario's producer) on a
     local store writes every map output and reads every reducer."""
 
-    def __init__(self, scenario: ShuffleScenario) -> None:
+    def __init__(self, scenario: ShuffleScenario, daemon_pids: tuple[int, ...] = ()) -> None:
         self.scenario = scenario
+        self.daemon_pids = daemon_pids
+        """The worker daemons it reads from (none for the default service)."""
 
     def write(self, maps: int, rows: int, reducers: int) -> tuple[str, list[ShuffleDescriptor]]:
         scenario = dataclasses.replace(self.scenario, result_id=f"result-{new_id()}")
@@ -151,6 +155,15 @@ class Minimal:
         return rows
 
 
+def cpu_seconds(pids: tuple[int, ...]) -> float:
+    """User and system CPU time of processes ``pids`` so far (``/proc/<pid>/stat``)."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def best_of(repeat: int, run: Callable[[], Any]) -> tuple[float, Any]:
     """The fastest of ``repeat`` runs, and what the last one returned."""
     best, returned = float("inf"), None
@@ -170,9 +183,10 @@ def service_on(directory: Path, service: str) -> Iterator[Service]:
             # Every read over the worker's data port, as on hosts that do not share its disk.
             cluster = stack.enter_context(LocalCluster(directory, workers=1, store_shared=False))
             options = cluster.client_config()
+            daemons = (cluster.worker_pid(0),)
         configuration = Configuration.load(options, environ={})
         scenario = stack.enter_context(ShuffleScenario.open(ConformanceHarness(configuration)))
-        yield Service(scenario)
+        yield Service(scenario, daemons if service != "netty_like" else ())
 
 
 def main() -> None:
@@ -206,9 +220,16 @@ def main() -> None:
             result_id, descriptors = written[-1]
             for _, earlier in written[:-1]:
                 service.release(earlier)
+            daemon_cpu, own_cpu = cpu_seconds(service.daemon_pids), time.process_time()
             figures["service_read_s"], read = best_of(
                 args.repeat, lambda: service.read(result_id, descriptors, reducers)
             )
+            # CPU a block read, over every repetition: this process's and the worker's.
+            figures["read_cpu_us"] = 1e6 * (time.process_time() - own_cpu) / (args.repeat * blocks)
+            if service.daemon_pids:
+                figures["worker_read_cpu_us"] = (
+                    1e6 * (cpu_seconds(service.daemon_pids) - daemon_cpu) / (args.repeat * blocks)
+                )
             if read != maps * rows:
                 sys.exit(f"the service read {read} rows of {maps * rows}")
     per_block = {
@@ -227,6 +248,11 @@ def main() -> None:
             f"{phase:10}{per_block[f'service_{phase}_us']:>9.1f} us"
             f"{per_block[f'minimal_{phase}_us']:>9.1f} us{ratios[f'{phase}_vs_minimal']:>17.2f}x"
         )
+    worker = figures.get("worker_read_cpu_us")
+    print(
+        f"CPU a block read: {figures['read_cpu_us']:.1f} us here"
+        + ("" if worker is None else f", {worker:.1f} us in the worker")
+    )
     save_results(
         args.output,
         {
