@@ -60,11 +60,11 @@ REDUCER_MIN_COUNT = int_option(
 MAP_TARGET_SIZE = memory_option(
     "pyspark-shuffle.map.target-size",
     64 << 20,
-    "Bytes a map task should write (by Spark's estimate of a DataFrame's size, classic"
-    " sessions): a DataFrame of many small partitions is read by fewer map tasks, each"
-    " reading neighbouring partitions, and never fewer than twice Spark's default"
-    " parallelism (a Python task costs the JVM about as much as a few megabytes of"
-    " rows); 0: one map task per partition.",
+    "Bytes a map task should write (by Spark's estimate of a DataFrame's size; under Spark"
+    " Connect, as its explain prints it): a DataFrame of many small partitions is read by"
+    " fewer map tasks, each reading neighbouring partitions, and never fewer than twice"
+    " Spark's default parallelism (a Python task costs the JVM about as much as a few"
+    " megabytes of rows); 0: one map task per partition.",
     minimum=0,
 )
 RANGE_SAMPLE_SIZE = int_option(

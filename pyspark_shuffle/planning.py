@@ -54,14 +54,17 @@ def codec_neutral_bytes(
     return scaled
 
 
-def map_task_count(partitions: int, estimated_bytes: int, target_bytes: int, cores: int) -> int:
+def map_task_count(
+    partitions: int | None, estimated_bytes: int, target_bytes: int, cores: int
+) -> int | None:
     """How many map tasks read ``partitions`` partitions of about ``estimated_bytes`` in all:
     one per ``target_bytes`` (0: one per partition), at least two for each core (every core
-    busy, in two waves), at most one per partition."""
-    if not target_bytes or partitions <= 2 * cores:
+    busy, in two waves), at most one per partition. ``partitions`` None: not known (a Spark
+    Connect DataFrame), nor is the cap: coalescing never makes more partitions."""
+    if not target_bytes or (partitions is not None and partitions <= 2 * cores):
         return partitions
-    wanted = -(-max(0, estimated_bytes) // target_bytes)
-    return min(partitions, max(2 * cores, wanted))
+    wanted = max(2 * cores, -(-max(0, estimated_bytes) // target_bytes))
+    return wanted if partitions is None else min(partitions, wanted)
 
 
 class MapOutputBytes(ProducerBytes):

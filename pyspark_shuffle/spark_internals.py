@@ -26,8 +26,10 @@ checksums of rerun map tasks off (public SQL settings, put back after).
 
 Spark's estimate of a DataFrame's size, :func:`estimated_bytes`: its optimized plan's
 statistics (``sizeInBytes``: a Parquet scan's file bytes, a range's rows by their width, an
-upper bound after filters), the same from 3.5 to 4.3; ``None`` under Spark Connect (no Py4J)
-or where the plan will not say.
+upper bound after filters), the same from 3.5 to 4.3; under Spark Connect (no Py4J), the same
+statistics as the client's ``explain(mode="cost")`` prints them (``_explain_string``, in
+every Connect client from 3.5 to 4.3: the one size the protocol gives); ``None`` where the
+plan will not say.
 
 In a Python worker: the connection a task reads its input from, :func:`task_connection` (the
 ``infile`` of ``pyspark.worker.main``, the same in every release from 3.5 to 4.3; ``None``
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -122,15 +125,40 @@ def _without_rerun_checksums(session: SparkSession) -> Iterator[None]:
 
 
 def estimated_bytes(frame: DataFrame) -> int | None:
-    """Spark's estimate of the bytes of ``frame``'s rows (classic sessions), or ``None``."""
+    """Spark's estimate of the bytes of ``frame``'s rows, or ``None``."""
     java_frame = getattr(frame, "_jdf", None)  # a Spark Connect DataFrame has none
-    if java_frame is None:
-        return None
     try:
+        if java_frame is None:
+            return _printed_estimate(frame)
         return int(str(java_frame.queryExecution().optimizedPlan().stats().sizeInBytes()))
-    except Exception as error:  # Py4J's errors, or a plan Spark cannot size
+    except Exception as error:  # Py4J's or Connect's errors, or a plan Spark cannot size
         _LOG.debug("Spark did not estimate the size of a DataFrame: %s", error)
         return None
+
+
+_OPTIMIZED_PLAN = "== Optimized Logical Plan =="
+# As Spark prints sizes (Utils.bytesToString): "78.1 KiB", "8.0 EiB" for an unknown size.
+_PRINTED_SIZE = re.compile(
+    r"Statistics\(sizeInBytes=([0-9]+(?:\.[0-9]+)?) ?(B|KiB|MiB|GiB|TiB|PiB|EiB)\b"
+)
+_UNIT_BYTES = {
+    unit: 1 << (10 * power)
+    for power, unit in enumerate(("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"))
+}
+
+
+def _printed_estimate(frame: DataFrame) -> int | None:
+    """The size of the root of ``frame``'s optimized plan, as a Spark Connect client's
+    ``explain(mode="cost")`` prints it (to a tenth of its unit)."""
+    explain = getattr(frame, "_explain_string", None)
+    if explain is None:
+        return None
+    text = str(explain(mode="cost"))
+    _, found, optimized = text.partition(_OPTIMIZED_PLAN)
+    match = _PRINTED_SIZE.search(optimized) if found else None
+    if match is None:
+        return None
+    return int(float(match[1]) * _UNIT_BYTES[match[2]])
 
 
 def held_shuffle(shuffled: DataFrame) -> HeldShuffle:

@@ -174,20 +174,16 @@ class Stages:
         reads, so many small partitions cost more in tasks than in rows."""
         target = configuration.get(MAP_TARGET_SIZE)
         size = estimated_bytes(frame) if target else None
-        if size is None:  # off, or Spark Connect: the partitions as they are
+        if size is None:  # off, or no estimate: the partitions as they are
             return frame
-        partitions = int(frame.rdd.getNumPartitions())
-        tasks = map_task_count(
-            partitions,
-            size,
-            target,
-            self.driver.link.default_parallelism(),
-        )
-        if tasks >= partitions:
+        # A Spark Connect DataFrame does not say how many it has.
+        partitions = None if self.driver.link.connect else int(frame.rdd.getNumPartitions())
+        tasks = map_task_count(partitions, size, target, self.driver.link.default_parallelism())
+        if tasks is None or (partitions is not None and tasks >= partitions):
             return frame
         _LOG.info(
-            "%d partitions of about %d bytes in all are read by %d map tasks",
-            partitions,
+            "%s partitions of about %d bytes in all are read by at most %d map tasks",
+            "some" if partitions is None else partitions,
             size,
             tasks,
         )

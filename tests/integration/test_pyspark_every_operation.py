@@ -91,6 +91,17 @@ def _doubled(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         yield pa.record_batch([batch["id"], pc.multiply(batch["amount"], 2)], ["id", "twice"])
 
 
+def test_many_small_partitions_are_read_in_two_map_tasks_a_core(
+    shuffle: SparkShuffle, spark: SparkSession
+) -> None:
+    """By Spark's estimate of the input's size (a Connect client's, as its explain prints it):
+    40 partitions of some 100 KiB in all are read by two map tasks for each of the 2 cores."""
+    data = spark.range(0, ROWS, 1, 40).selectExpr("id % 13 as k", "id")
+    result = shuffle.repartition(data, "k", num_partitions=3)
+    assert multiset(result) == multiset(data)
+    assert shuffle.statistics(result).map_tasks == 4
+
+
 def test_repartition_rebalance_and_repartition_map(
     shuffle: SparkShuffle, events: DataFrame
 ) -> None:

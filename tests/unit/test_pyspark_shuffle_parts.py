@@ -29,6 +29,7 @@ from pyspark_shuffle.planning import (
     one_reducer_per_subpartition,
 )
 from pyspark_shuffle.sorting import SortKey, sort_indices, sort_keys_of
+from pyspark_shuffle.spark_internals import estimated_bytes
 from pyspark_shuffle.tasks import MapReport, merge_map_reports
 from scheduling.map_sizes import MapSizes
 from scheduling.skew import ConsumerTask, InputSlice, ProducerRange
@@ -807,9 +808,55 @@ def test_map_reports_merge_in_place_keeping_every_attempt() -> None:
         (16, 1 << 20, 64 << 20, 8, 16),  # no fewer than two a core: as they are
         (1_000, 16 << 20, 0, 2, 1_000),  # off
         (1_000, 0, 64 << 20, 200, 400),
+        # Partitions not known (Spark Connect): as many as the bytes say, two a core at least.
+        (None, 16 << 20, 64 << 20, 2, 4),
+        (None, 640 << 20, 64 << 20, 2, 10),
+        (None, 16 << 20, 0, 2, None),
     ],
 )
 def test_map_tasks_read_about_the_target_size_each_two_a_core_at_least(
-    partitions: int, estimated: int, target: int, cores: int, tasks: int
+    partitions: int | None, estimated: int, target: int, cores: int, tasks: int | None
 ) -> None:
     assert map_task_count(partitions, estimated, target, cores) == tasks
+
+
+class _PrintedPlan:
+    """A Spark Connect DataFrame as the estimate sees it: what ``explain(mode="cost")`` prints."""
+
+    def __init__(self, text: str) -> None:
+        self._text = text
+
+    def _explain_string(self, *, mode: str) -> str:
+        assert mode == "cost"
+        return self._text
+
+
+_COST_PLAN = """== Optimized Logical Plan ==
+Project [(id#0L % 7) AS k#2L, id#0L], Statistics(sizeInBytes={root})
++- Range (0, 4000, step=1, splits=Some(40)), Statistics(sizeInBytes=31.3 KiB, rowCount=4.00E+3)
+
+== Physical Plan ==
+*(1) Project [(id#0L % 7) AS k#2L, id#0L]
++- *(1) Range (0, 4000, step=1, splits=40)
+"""
+
+
+@pytest.mark.parametrize(
+    ("root", "estimated"),
+    [
+        ("62.5 KiB", 64_000),
+        ("1024.0 B", 1024),
+        ("3.0 MiB, rowCount=1.00E+5", 3 << 20),
+        ("8.0 EiB", 8 << 60),  # what Spark prints for a size it does not know
+    ],
+)
+def test_a_connect_frame_is_sized_by_its_optimized_plans_root(root: str, estimated: int) -> None:
+    frame = _PrintedPlan(_COST_PLAN.format(root=root))
+    assert estimated_bytes(frame) == estimated  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "text", ["", "== Physical Plan ==\nRange (0, 10)", "== Optimized Logical Plan ==\nRange (0, 1)"]
+)
+def test_a_plan_printed_without_statistics_gives_no_estimate(text: str) -> None:
+    assert estimated_bytes(_PrintedPlan(text)) is None  # type: ignore[arg-type]
