@@ -166,6 +166,17 @@ def receive_into(sock: socket.socket, buffer: memoryview) -> None:
         received += count
 
 
+def _frame_prefix(prefix: memoryview, max_frame_size: int) -> tuple[int, int]:
+    """A frame's body size and type; DataTooLargeError past ``max_frame_size``, before the
+    body is read."""
+    size, frame_type = FRAME_PREFIX.unpack(prefix)
+    if size > max_frame_size:
+        raise DataTooLargeError(
+            f"a frame of {size} bytes exceeds the limit of {max_frame_size} bytes here"
+        )
+    return size, frame_type
+
+
 def read_frame(
     sock: socket.socket, max_frame_size: int, deadline: float | None = None
 ) -> tuple[int, memoryview] | None:
@@ -175,11 +186,7 @@ def read_frame(
     prefix = _read_exactly(sock, FRAME_PREFIX.size, deadline)
     if prefix is None:
         return None
-    size, frame_type = FRAME_PREFIX.unpack(memoryview(prefix))
-    if size > max_frame_size:
-        raise DataTooLargeError(
-            f"a frame of {size} bytes exceeds the limit of {max_frame_size} bytes here"
-        )
+    size, frame_type = _frame_prefix(memoryview(prefix), max_frame_size)
     if size == 0:
         return frame_type, memoryview(b"")
     try:
@@ -240,18 +247,14 @@ class FrameReader:
         receive."""
         if not self._fill(FRAME_PREFIX.size):
             return None
-        size, frame_type = FRAME_PREFIX.unpack(self._take(FRAME_PREFIX.size))
-        if size > max_frame_size:
-            raise DataTooLargeError(
-                f"a frame of {size} bytes exceeds the limit of {max_frame_size} bytes here"
-            )
-        if size <= len(self._buffer):
-            if not self._fill(size):
-                raise TransportError("connection closed in the middle of a frame")
-            return frame_type, bytes(self._take(size))
-        body = pa.allocate_buffer(size)
-        self.receive_into(memoryview(body))
-        return frame_type, memoryview(body).tobytes()
+        size, frame_type = _frame_prefix(self._take(FRAME_PREFIX.size), max_frame_size)
+        if size > len(self._buffer):  # rare (a large manifest): straight into its own bytes
+            body = bytearray(size)
+            self.receive_into(memoryview(body))
+            return frame_type, bytes(body)
+        if not self._fill(size):
+            raise TransportError("connection closed in the middle of a frame")
+        return frame_type, bytes(self._take(size))
 
     def receive_into(self, buffer: memoryview) -> None:
         """Fill ``buffer``: bytes that follow a frame, of a size the frame gave."""

@@ -195,10 +195,10 @@ class WorkerDataPort:
             raise SerializationError(
                 f"{_METHOD}: a batch of {len(requests)} fetches, outside 1..{MAX_BATCH}"
             )
-        sends = _GatheredSends(sock)
+        sends, cancel = _GatheredSends(sock), _hang_up(sock)
         try:
             for request in requests:
-                self._fetch_one(sends, _hang_up(sock), request, running)
+                self._fetch_one(sends, cancel, request, running)
         except ShuffleError:
             if not running.mid_run:
                 with contextlib.suppress(OSError):
