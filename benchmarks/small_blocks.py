@@ -66,8 +66,9 @@ def map_output(map_index: int, rows: int, reducers: int) -> tuple[pa.RecordBatch
 
 
 class Service:
-    """The default service in this process: one environment (the scenario's producer) on a
-    local store writes every map output and reads every reducer."""
+    """A service's environment in this process (the scenario's producer) writes every map
+    output and reads every reducer: on a local store (the default service), or pushing to and
+    fetching from worker daemons (the external one)."""
 
     def __init__(self, scenario: ShuffleScenario, daemon_pids: tuple[int, ...] = ()) -> None:
         self.scenario = scenario
@@ -177,6 +178,7 @@ def best_of(repeat: int, run: Callable[[], Any]) -> tuple[float, Any]:
 @contextlib.contextmanager
 def service_on(directory: Path, service: str) -> Iterator[Service]:
     with contextlib.ExitStack() as stack:
+        daemons: tuple[int, ...] = ()
         if service == "netty_like":
             options: dict[str, object] = {"netty-like.storage.url": str(directory)}
         else:
@@ -186,7 +188,7 @@ def service_on(directory: Path, service: str) -> Iterator[Service]:
             daemons = (cluster.worker_pid(0),)
         configuration = Configuration.load(options, environ={})
         scenario = stack.enter_context(ShuffleScenario.open(ConformanceHarness(configuration)))
-        yield Service(scenario, daemons if service != "netty_like" else ())
+        yield Service(scenario, daemons)
 
 
 def main() -> None:
