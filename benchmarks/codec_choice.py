@@ -1,8 +1,9 @@
 """What the ``auto`` codec sees on this machine: per kind of data, the bytes each codec keeps,
 its CPU cost, the bandwidth at which it breaks even, and what ``auto`` chooses.
 
-Each figure is the median of ``--repeat`` trials of ``shuffle_api.format.codec_choice.try_codecs``
-on a 4 MiB batch (the writer's target batch size), sampled as the writer samples it. The
+Each figure is the median of ``--repeat`` trials of
+``shuffle_runtime.format.codec_choice.try_codecs`` on a 4 MiB batch (the writer's target batch
+size), sampled as the writer samples it. The
 break-even bandwidth is where ``2 * (plain - compressed) / B`` equals the cost: below it the
 codec pays. Run from the repository root::
 
@@ -22,8 +23,8 @@ import numpy as np
 import pyarrow as pa
 from common import MB, format_rows, machine, positive, random_batches, save_results
 
-from shuffle_api.format.codec_choice import AUTO, AUTO_CANDIDATES, choose_codec, try_codecs
 from shuffle_api.options import COMPRESSION_AUTO_BANDWIDTH, TARGET_BATCH_SIZE
+from shuffle_runtime.format.codec_choice import AUTO, AUTO_CANDIDATES, choose_codec, try_codecs
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "codec_choice.json"
 SEED = 20261126

@@ -59,7 +59,7 @@ from shuffle_api import (
     SubpartitionRange,
 )
 from shuffle_api.testing import ConformanceHarness, ShuffleScenario
-from shuffle_api.tls import TlsFiles
+from shuffle_runtime.tls import TlsFiles
 from tests.tls_files import write_tls_files
 
 RESULTS = Path(__file__).resolve().parent / "results" / "data_port_tls.json"

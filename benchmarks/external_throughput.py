@@ -162,15 +162,15 @@ from shuffle_api import (
     load_shuffle_service_factory,
     new_id,
 )
-from shuffle_api.format import (
+from shuffle_api.options import COMPRESSION_AUTO_BANDWIDTH, COMPRESSION_CODEC, TARGET_BATCH_SIZE
+from shuffle_api.serialization import deserialize, serialize
+from shuffle_runtime.format import (
     PartitionFileReader,
     PartitionSink,
     SortMergePartitionWriter,
     write_all,
 )
-from shuffle_api.options import COMPRESSION_AUTO_BANDWIDTH, COMPRESSION_CODEC, TARGET_BATCH_SIZE
-from shuffle_api.serialization import deserialize, serialize
-from shuffle_api.store import Store
+from shuffle_runtime.store import Store
 
 SEED = 20240607
 # The goals, for 1 and 2 writers: the fetch over raw grpcio's fetch, and the encoded

@@ -37,7 +37,7 @@ from pyspark.sql import DataFrame, SparkSession
 from external_shuffle.local_cluster import LocalCluster
 from pyspark_shuffle import SparkShuffle
 from pyspark_shuffle.local_spark import local_spark_session
-from shuffle_api.ndarrays import longs
+from shuffle_runtime.ndarrays import longs
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "memory_budget.json"
 MIB = 1 << 20

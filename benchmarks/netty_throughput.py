@@ -107,9 +107,9 @@ from shuffle_api import (
     load_shuffle_service_factory,
     new_id,
 )
-from shuffle_api.batches import reorder_by_subpartition
-from shuffle_api.format import PartitionFileReader, ipc_write_options
-from shuffle_api.store import Store
+from shuffle_runtime.batches import reorder_by_subpartition
+from shuffle_runtime.format import PartitionFileReader, ipc_write_options
+from shuffle_runtime.store import Store
 
 SEED = 20240531
 GOAL_RATIO_VS_MINIMAL = 1.0

@@ -52,8 +52,8 @@ from pyspark_shuffle import SparkShuffle
 from pyspark_shuffle.local_spark import local_spark_session
 from pyspark_shuffle.operations import group_ids
 from pyspark_shuffle.partitioners import HashPartitioner
-from shuffle_api.batches import chop, reorder_by_subpartition
 from shuffle_api.options import TARGET_BATCH_SIZE
+from shuffle_runtime.batches import chop, reorder_by_subpartition
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "pyspark_vs_spark.json"
 SUMMARY_SCHEMA = "key long, total double, rows long"

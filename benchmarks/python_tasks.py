@@ -27,7 +27,7 @@ from pyspark.sql import SparkSession
 
 from pyspark_shuffle.local_spark import local_spark_session
 from pyspark_shuffle.python_worker import task_starts
-from shuffle_api.ndarrays import longs
+from shuffle_runtime.ndarrays import longs
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "python_tasks.json"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from shuffle_api.config import ConfigOption, Configuration, memory_option, str_option
-from shuffle_api.store import default_store_url
+from shuffle_runtime.store import default_store_url
 
 __all__ = [
     "BLOB_CACHE_MAX_SIZE",

@@ -12,7 +12,7 @@ import re
 
 from blob.options import default_blob_store_url
 from shuffle_api.errors import BlobCorruptedError, BlobNotFoundError, InvalidIdentifierError
-from shuffle_api.store import Store
+from shuffle_runtime.store import Store
 
 __all__ = ["BlobStore", "blob_key", "validate_blob_key"]
 

@@ -29,10 +29,10 @@ from shuffle_api import (
     SubpartitionRange,
     TransportError,
 )
-from shuffle_api.connections import Connection, ConnectionPool, StaleConnectionError
-from shuffle_api.format import decode_run, verify_checksum
-from shuffle_api.gate import END_OF_PARTITION
-from shuffle_api.sockets import write_frame
+from shuffle_runtime.connections import Connection, ConnectionPool, StaleConnectionError
+from shuffle_runtime.format import decode_run, verify_checksum
+from shuffle_runtime.gate import END_OF_PARTITION
+from shuffle_runtime.sockets import write_frame
 
 __all__ = ["CreditSettings", "read_remote"]
 

@@ -25,7 +25,7 @@ from shuffle_api import (
     ShuffleError,
     TransportError,
 )
-from shuffle_api.sockets import open_connection, write_frame
+from shuffle_runtime.sockets import open_connection, write_frame
 
 __all__ = ["ControlConnection"]
 
@@ -38,7 +38,7 @@ T = TypeVar("T")
 
 class ControlConnection:
     """One authenticated connection for control requests, answered in order (thread-safe);
-    ``tls``, ``server_name``: as :func:`shuffle_api.sockets.open_connection` takes them."""
+    ``tls``, ``server_name``: as :func:`shuffle_runtime.sockets.open_connection` takes them."""
 
     def __init__(
         self,

@@ -53,9 +53,6 @@ from shuffle_api import (
     ShuffleIOOwner,
     ShuffleServiceClosedError,
 )
-from shuffle_api.connections import ConnectionPool
-from shuffle_api.format import SortMergePartitionWriter, StoreSink
-from shuffle_api.gate import OpenGates
 from shuffle_api.options import (
     COMPRESSION_AUTO_BANDWIDTH,
     COMPRESSION_CODEC,
@@ -64,8 +61,11 @@ from shuffle_api.options import (
     READ_STORE_THREADS,
     TARGET_BATCH_SIZE,
 )
-from shuffle_api.store import Store
-from shuffle_api.store_reads import StoreReads
+from shuffle_runtime.connections import ConnectionPool
+from shuffle_runtime.format import SortMergePartitionWriter, StoreSink
+from shuffle_runtime.gate import OpenGates
+from shuffle_runtime.store import Store
+from shuffle_runtime.store_reads import StoreReads
 
 __all__ = ["NettyShuffleEnvironment"]
 

@@ -21,9 +21,9 @@ from shuffle_api import (
     ShuffleError,
     TransportError,
 )
-from shuffle_api.connections import ConnectionPool
-from shuffle_api.gate import END_OF_PARTITION, Asker, SequentialInputGate
-from shuffle_api.store_reads import StoreReads
+from shuffle_runtime.connections import ConnectionPool
+from shuffle_runtime.gate import END_OF_PARTITION, Asker, SequentialInputGate
+from shuffle_runtime.store_reads import StoreReads
 
 __all__ = ["GateSettings", "NettyInputGate"]
 

@@ -27,8 +27,8 @@ from typing import Any
 
 from netty_like.partition_manager import ResultPartitionManager
 from netty_like.server import DataServer, ServerLimits
-from shuffle_api.store import Store
-from shuffle_api.tls import TlsFiles
+from shuffle_runtime.store import Store
+from shuffle_runtime.tls import TlsFiles
 
 __all__ = ["HostLaunch", "HostReady", "process_start_time", "serve_host"]
 

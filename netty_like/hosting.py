@@ -27,7 +27,7 @@ from netty_like.control import ControlConnection
 from netty_like.host import HostLaunch, HostReady, process_start_time
 from netty_like.protocol import HostedState
 from shuffle_api import ResultPartitionID, ShuffleError, TransportError
-from shuffle_api.tls import TlsFiles
+from shuffle_runtime.tls import TlsFiles
 
 __all__ = ["ExecutorHost", "HostSettings"]
 

@@ -39,14 +39,14 @@ from shuffle_api import (
     ShuffleMasterContext,
     ShuffleServiceClosedError,
 )
-from shuffle_api.format import (
+from shuffle_api.master import completed
+from shuffle_runtime.format import (
     PartitionFileReader,
     is_readable,
     partition_directory,
     result_directories,
 )
-from shuffle_api.master import completed
-from shuffle_api.store import Store
+from shuffle_runtime.store import Store
 
 __all__ = ["NettyShuffleMaster"]
 

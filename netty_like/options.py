@@ -15,7 +15,7 @@ from shuffle_api.config import (
     str_option,
 )
 from shuffle_api.errors import ConfigError
-from shuffle_api.tls import TlsFiles
+from shuffle_runtime.tls import TlsFiles
 
 __all__ = [
     "DATA_PORT_ENABLED",

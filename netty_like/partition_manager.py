@@ -27,8 +27,8 @@ from shuffle_api import (
     ResultPartitionID,
     SubpartitionRange,
 )
-from shuffle_api.format import Layouts, PartitionFileReader, is_readable, partition_directory
-from shuffle_api.store import Store
+from shuffle_runtime.format import Layouts, PartitionFileReader, is_readable, partition_directory
+from shuffle_runtime.store import Store
 
 __all__ = ["EncodedRun", "ResultPartitionManager", "SubpartitionView"]
 

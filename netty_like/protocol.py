@@ -1,6 +1,6 @@
 """Frames of the data port (credit-based flow control after Flink's netty shuffle).
 
-Frames and the handshake that opens a connection are :mod:`shuffle_api.sockets`'; each frame
+Frames and the handshake that opens a connection are :mod:`shuffle_runtime.sockets`'; each frame
 here is a fixed header for its type, then a payload. After the handshake:
 Consumer -> producer: REQUEST (with initial credit), CREDIT, CANCEL. REQUEST_BATCH asks on
 one channel for several blocking partitions, served one after another.
@@ -28,10 +28,10 @@ from shuffle_api import (
     ShuffleError,
     SubpartitionRange,
     TransportError,
-    sockets,
 )
-from shuffle_api.sockets import MAX_BATCH
-from shuffle_api.wire_errors import error_code, error_named, new_error
+from shuffle_runtime import sockets
+from shuffle_runtime.sockets import MAX_BATCH
+from shuffle_runtime.wire_errors import error_code, error_named, new_error
 
 __all__ = [
     "BUFFER_HEADER_SIZE",
@@ -93,7 +93,7 @@ class HostedState(enum.IntEnum):
 
 
 def error_from_code(code: int, message: str, partition: ResultPartitionID | None) -> ShuffleError:
-    """The error an ERROR frame reports (its code as in ``shuffle_api.wire_errors``)."""
+    """The error an ERROR frame reports (its code as in ``shuffle_runtime.wire_errors``)."""
     return new_error(error_named(code) or ShuffleError, message, partition)
 
 

@@ -5,7 +5,7 @@ One thread accepts; one thread per connection reads control frames; one thread p
 channel sends, one BUFFER per credit. A consumer that disconnects releases its view, which frees
 the producer's queued buffers.
 
-Every connection first proves it holds the application's secret (:mod:`shuffle_api.sockets`).
+Every connection first proves it holds the application's secret (:mod:`shuffle_runtime.sockets`).
 Everything a peer can make this process hold is bounded: connections, channels per connection
 and in all, the size of a frame read (allocated only as its bytes arrive), and time: the
 handshake, an idle connection and a half-sent frame each time out.
@@ -48,8 +48,8 @@ from shuffle_api import (
     ShuffleError,
     TransportError,
 )
-from shuffle_api.connections import SERVER_KEEP_ALIVE_SECONDS
-from shuffle_api.sockets import AuthenticatedListener, wait_readable, write_frame
+from shuffle_runtime.connections import SERVER_KEEP_ALIVE_SECONDS
+from shuffle_runtime.sockets import AuthenticatedListener, wait_readable, write_frame
 
 __all__ = ["DataServer", "ServerLimits"]
 
@@ -120,7 +120,7 @@ class _Connection:
     def _wait_for_frame(self) -> bool:
         """Until the peer sends something (True), or idles with no channel open (False): for
         the idle timeout, or, between the requests of a reader's connection, a short while:
-        clients keep such a connection idle for less (see shuffle_api.connections), and each
+        clients keep such a connection idle for less (see shuffle_runtime.connections), and each
         one held counts against ``max_connections``. A consumer waiting for data may say
         nothing for as long as it waits."""
         idle_since = time.monotonic()

@@ -1,5 +1,5 @@
 """netty_like's writer of pipelined partitions: bounded queues (blocking partitions are written
-by :class:`shuffle_api.format.SortMergePartitionWriter`)."""
+by :class:`shuffle_runtime.format.SortMergePartitionWriter`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from netty_like.pipelined import PipelinedPartition
 from shuffle_api import BROADCAST, PartitionStatistics, ResultPartitionID
-from shuffle_api.io import SplittingPartitionWriter
+from shuffle_runtime.splitting_writer import SplittingPartitionWriter
 
 __all__ = ["PipelinedPartitionWriter"]
 

@@ -18,7 +18,7 @@ from pyspark_shuffle.ordered_bytes import is_nested
 from pyspark_shuffle.python_worker import task_starts
 from pyspark_shuffle.spark_link import Shared, Tally
 from shuffle_api import InvalidOperationError
-from shuffle_api.batches import conform
+from shuffle_runtime.batches import conform
 
 __all__ = ["BROADCAST_CHOICES", "BroadcastSide", "broadcast_join", "broadcast_side"]
 

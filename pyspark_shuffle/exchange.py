@@ -52,7 +52,7 @@ from shuffle_api import (
     deserialize,
     new_id,
 )
-from shuffle_api.ndarrays import bytes_array
+from shuffle_runtime.ndarrays import bytes_array
 
 __all__ = ["Exchange", "MapOutput", "stage_failure"]
 

@@ -19,8 +19,8 @@ from pyspark_shuffle.parquet import WRITE_MODES, WRITE_REPORT_SCHEMA, ParquetSin
 from pyspark_shuffle.progress import JobLabel
 from pyspark_shuffle.tasks import task_attempt_id
 from shuffle_api import InvalidOperationError
-from shuffle_api.batches import conform_all
-from shuffle_api.ndarrays import arrow_array, bytes_array, longs
+from shuffle_runtime.batches import conform_all
+from shuffle_runtime.ndarrays import arrow_array, bytes_array, longs
 
 __all__ = ["FusedInput", "collect_arrow", "sample_rows", "write_parquet"]
 

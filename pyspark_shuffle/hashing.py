@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from pyspark_shuffle.ordered_bytes import is_nested
 from shuffle_api import InvalidOperationError
-from shuffle_api.ndarrays import numpy_values, validity
+from shuffle_runtime.ndarrays import numpy_values, validity
 
 __all__ = ["hash_keys", "hashable_key_type"]
 

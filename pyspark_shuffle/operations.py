@@ -18,8 +18,8 @@ import pyarrow.compute as pc
 from pyspark_shuffle.ordered_bytes import is_nested, ordered_bytes
 from pyspark_shuffle.sorting import SortKey, sort_indices
 from shuffle_api import InvalidOperationError
-from shuffle_api.batches import chop, coalesce, conform, conform_all, reorder_by_subpartition
-from shuffle_api.ndarrays import arrow_array, number_scalar, numpy_values
+from shuffle_runtime.batches import chop, coalesce, conform, conform_all, reorder_by_subpartition
+from shuffle_runtime.ndarrays import arrow_array, number_scalar, numpy_values
 
 __all__ = [
     "JOIN_TYPES",

@@ -28,7 +28,7 @@ from pyspark.sql.types import StructType
 from pyspark_shuffle.inputs import MapInput, RowTasks
 from pyspark_shuffle.spark_link import SparkLink
 from shuffle_api import InvalidOperationError
-from shuffle_api.batches import conform, nullable_inside
+from shuffle_runtime.batches import conform, nullable_inside
 
 if TYPE_CHECKING:
     # Imported where a parquet job runs, not with pyshuffle: pyarrow.dataset imports pandas

@@ -13,8 +13,8 @@ import pyarrow as pa
 from pyspark_shuffle.hashing import hash_keys
 from pyspark_shuffle.sorting import SortKey, sort_indices
 from shuffle_api import InvalidOperationError
-from shuffle_api.batches import conform_all
-from shuffle_api.ndarrays import arrow_array, numpy_values
+from shuffle_runtime.batches import conform_all
+from shuffle_runtime.ndarrays import arrow_array, numpy_values
 
 __all__ = ["HashPartitioner", "Partitioner", "RangePartitioner", "choose_boundaries"]
 

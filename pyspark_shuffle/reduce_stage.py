@@ -34,7 +34,7 @@ from scheduling.graph import Stage, StageExchange, StageGraph
 from scheduling.groups import ConsumedPartitionGroup, build_groups
 from scheduling.skew import ConsumerPlan
 from shuffle_api import Configuration, ShuffleDescriptor
-from shuffle_api.batches import conform
+from shuffle_runtime.batches import conform
 
 __all__ = ["Driver", "plan_reducers", "reduce_stage"]
 

@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 
 from pyspark_shuffle.ordered_bytes import is_nested, ordered_bytes
 from shuffle_api import InvalidOperationError
-from shuffle_api.ndarrays import arrow_array, numpy_values
+from shuffle_runtime.ndarrays import arrow_array, numpy_values
 
 __all__ = ["SortKey", "sort_indices", "sort_keys_of"]
 

@@ -38,7 +38,7 @@ from shuffle_api import (
     new_id,
 )
 from shuffle_api.config import parse_memory_size
-from shuffle_api.store import Store
+from shuffle_runtime.store import Store
 
 if TYPE_CHECKING:
     from pyspark import Broadcast

@@ -48,9 +48,9 @@ from shuffle_api import (
     new_id,
     serialize,
 )
-from shuffle_api.batches import coalesce
-from shuffle_api.ndarrays import bytes_array, longs
 from shuffle_api.options import CORE_OPTIONS, TARGET_BATCH_SIZE
+from shuffle_runtime.batches import coalesce
+from shuffle_runtime.ndarrays import bytes_array, longs
 
 if TYPE_CHECKING:
     from pyspark_shuffle.spark_link import Shared, Tally

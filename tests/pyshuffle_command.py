@@ -11,7 +11,7 @@ from shuffle_api.config import ENV_PREFIX
 
 __all__ = ["WITHOUT_PYSHUFFLE_VARIABLES", "pyshuffle"]
 
-_MAIN = "import sys; from shuffle_api.cli import main; sys.exit(main())"
+_MAIN = "import sys; from shuffle_runtime.cli import main; sys.exit(main())"
 
 WITHOUT_PYSHUFFLE_VARIABLES: Mapping[str, str | None] = dict.fromkeys(
     (name for name in os.environ if name.startswith(ENV_PREFIX)), None

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import trustme
 
-from shuffle_api.tls import TlsFiles
+from shuffle_runtime.tls import TlsFiles
 
 __all__ = ["write_tls_files"]
 

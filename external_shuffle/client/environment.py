@@ -47,15 +47,15 @@ from shuffle_api import (
     ShuffleIOOwner,
     ShuffleServiceClosedError,
 )
-from shuffle_api.connections import ConnectionPool
-from shuffle_api.format import SortMergePartitionWriter
-from shuffle_api.gate import OpenGates
 from shuffle_api.options import (
     COMPRESSION_AUTO_BANDWIDTH,
     COMPRESSION_CODEC,
     READ_SOURCES_IN_FLIGHT,
     TARGET_BATCH_SIZE,
 )
+from shuffle_runtime.connections import ConnectionPool
+from shuffle_runtime.format import SortMergePartitionWriter
+from shuffle_runtime.gate import OpenGates
 
 __all__ = ["SUPPORTED_PARTITION_TYPES", "ExternalShuffleEnvironment"]
 

@@ -27,10 +27,10 @@ from external_shuffle.wire.errors import error_from_pb
 from external_shuffle.wire.framing import fetch_data_call
 from external_shuffle.wire.messages import WorkerAddress
 from shuffle_api import ResultPartitionID, ShuffleError, TransportError
-from shuffle_api.connections import Connection, ConnectionPool, StaleConnectionError
-from shuffle_api.format import PartitionManifest
-from shuffle_api.gate import END_OF_PARTITION
-from shuffle_api.sockets import FrameReader, write_frame
+from shuffle_runtime.connections import Connection, ConnectionPool, StaleConnectionError
+from shuffle_runtime.format import PartitionManifest
+from shuffle_runtime.gate import END_OF_PARTITION
+from shuffle_runtime.sockets import FrameReader, write_frame
 
 __all__ = [
     "DataPortUnreachableError",

@@ -2,7 +2,7 @@
 else fetched from its replicas in order, over a replica's data port or else over gRPC (a failed
 replica's successor resumes after the runs already read: replicas hold the same bytes, so their
 runs match one for one). Over data ports, each worker is asked once for the partitions read
-from it one after another (see ``shuffle_api.gate``). A partition no replica serves is read
+from it one after another (see ``shuffle_runtime.gate``). A partition no replica serves is read
 from a replica's tier store, where its worker may have moved it before it was lost."""
 
 from __future__ import annotations
@@ -32,15 +32,15 @@ from shuffle_api import (
     ShuffleError,
     TransportError,
 )
-from shuffle_api.connections import ConnectionPool
-from shuffle_api.format import (
+from shuffle_runtime.connections import ConnectionPool
+from shuffle_runtime.format import (
     Layouts,
     PartitionFileReader,
     PartitionManifest,
     decode_run,
     verify_checksum,
 )
-from shuffle_api.gate import Asker, SequentialInputGate
+from shuffle_runtime.gate import Asker, SequentialInputGate
 
 __all__ = ["ExternalInputGate", "GateSettings"]
 

@@ -25,7 +25,7 @@ from external_shuffle.wire.channels import ChannelPool, translate_rpc_error
 from external_shuffle.wire.framing import frame_push, push_data_call
 from external_shuffle.wire.messages import WorkerAddress, key_of
 from shuffle_api import ResultPartitionID, ShuffleError, TransportError
-from shuffle_api.format import PartitionSink
+from shuffle_runtime.format import PartitionSink
 
 __all__ = ["PushSettings", "PushSink"]
 

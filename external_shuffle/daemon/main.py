@@ -80,7 +80,7 @@ from external_shuffle.wire.framing import worker_rpc_handler
 from scheduling.placement import new_placement_strategy
 from shuffle_api import ConfigError, Configuration, ShuffleError
 from shuffle_api.options import CORE_OPTIONS
-from shuffle_api.store import Store
+from shuffle_runtime.store import Store
 
 __all__ = ["ROLES", "Daemon", "load_configuration", "main"]
 

@@ -24,7 +24,7 @@ from external_shuffle.options import (
     TLS_KEY_FILE,
 )
 from shuffle_api import ConfigError, Configuration
-from shuffle_api.tls import TlsFiles
+from shuffle_runtime.tls import TlsFiles
 
 __all__ = [
     "AUTHORIZATION",

@@ -1,6 +1,6 @@
 """Errors on the external service's wires, read in both directions: the daemon reports a
 ShuffleError with its gRPC status and, in trailing metadata, its class (by its name in
-``shuffle_api.wire_errors``, the table both services share) and partition; the client raises
+``shuffle_runtime.wire_errors``, the table both services share) and partition; the client raises
 the same class with the same partition. A peer that sends no metadata (or names a class outside
 the table) gets the class its status code stands for."""
 
@@ -24,7 +24,7 @@ from shuffle_api.errors import (
     UnavailableError,
 )
 from shuffle_api.ids import ResultPartitionID
-from shuffle_api.wire_errors import WIRE_ERRORS, error_named, new_error, wire_class, wire_name
+from shuffle_runtime.wire_errors import WIRE_ERRORS, error_named, new_error, wire_class, wire_name
 
 __all__ = [
     "STATUS_CODES",

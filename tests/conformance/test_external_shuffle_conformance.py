@@ -10,9 +10,9 @@ import pytest
 from external_shuffle.client.environment import SUPPORTED_PARTITION_TYPES
 from external_shuffle.local_cluster import LocalCluster
 from shuffle_api import Configuration, ShuffleDescriptor
-from shuffle_api.format import partition_directory
-from shuffle_api.store import Store
 from shuffle_api.testing import ConformanceHarness, ShuffleScenario, ShuffleServiceConformance
+from shuffle_runtime.format import partition_directory
+from shuffle_runtime.store import Store
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ from external_shuffle import ExternalShuffleDescriptor
 from external_shuffle.local_cluster import LocalCluster
 from netty_like.descriptor import NettyShuffleDescriptor
 from shuffle_api import ShuffleDescriptor
-from shuffle_api.format import partition_directory
-from shuffle_api.store import Store
+from shuffle_runtime.format import partition_directory
+from shuffle_runtime.store import Store
 
 __all__ = [
     "DEFAULT_SERVICE_ONLY",

@@ -159,7 +159,7 @@ def _pyshuffle_without(module: str, *args: str) -> subprocess.CompletedProcess[s
     """``pyshuffle ARGS`` where ``module`` does not import, as without the extra that has it."""
     main = (
         f"import sys; sys.modules[{module!r}] = None;"
-        " from shuffle_api.cli import main; sys.exit(main())"
+        " from shuffle_runtime.cli import main; sys.exit(main())"
     )
     return subprocess.run(
         [sys.executable, "-c", main, *args],

@@ -28,9 +28,9 @@ from shuffle_api import (
     SubpartitionRange,
     new_id,
 )
-from shuffle_api.format import partition_directory
-from shuffle_api.store import Store
 from shuffle_api.testing import ConformanceHarness, ShuffleScenario, make_batches
+from shuffle_runtime.format import partition_directory
+from shuffle_runtime.store import Store
 from tests.integration.cluster_applications import run_application, step
 from tests.s3_stand_in import S3StandIn, objects_under
 

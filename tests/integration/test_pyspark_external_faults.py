@@ -18,7 +18,7 @@ from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle.local_cluster import LocalCluster
 from external_shuffle.wire.credentials import Role, operator_token
 from pyspark_shuffle import SparkShuffle
-from shuffle_api.format.manifest import MANIFEST_FILE
+from shuffle_runtime.format.manifest import MANIFEST_FILE
 from tests.integration.pausing import WAIT, paused, pausing, wait_for
 from tests.integration.services import ShuffleService, external_service
 from tests.integration.spark_rows import multiset

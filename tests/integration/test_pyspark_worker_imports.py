@@ -23,7 +23,7 @@ _JOB = textwrap.dedent(
     import pyarrow as pa
     from pyspark_shuffle import SparkShuffle
     from pyspark_shuffle.local_spark import local_spark_session
-    from shuffle_api.ndarrays import bytes_array, longs
+    from shuffle_runtime.ndarrays import bytes_array, longs
 
     def report(batches):
         rows = sum(batch.num_rows for batch in batches)

@@ -25,9 +25,9 @@ from shuffle_api import (
     ShuffleMaster,
     SubpartitionRange,
 )
-from shuffle_api.format import partition_directory
-from shuffle_api.store import Store
 from shuffle_api.testing import ConformanceHarness, ShuffleScenario, make_batches
+from shuffle_runtime.format import partition_directory
+from shuffle_runtime.store import Store
 
 ROWS = 4_000
 PARTITIONS = 4

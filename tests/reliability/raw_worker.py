@@ -18,10 +18,10 @@ from shuffle_api import (
     PartitionStatistics,
     ResultPartitionID,
 )
-from shuffle_api.format import PartitionFileWriter, PartitionSink, partition_directory
 from shuffle_api.ids import new_id
-from shuffle_api.store import Store
 from shuffle_api.testing import make_batches
+from shuffle_runtime.format import PartitionFileWriter, PartitionSink, partition_directory
+from shuffle_runtime.store import Store
 
 SUBPARTITIONS = 4
 CHUNK = 16 << 10

@@ -41,11 +41,11 @@ from shuffle_api import (
     ShuffleError,
     TransportError,
 )
-from shuffle_api.connections import ConnectionPool
-from shuffle_api.format import PartitionManifest, partition_directory
-from shuffle_api.format.manifest import DATA_FILE
-from shuffle_api.gate import END_OF_PARTITION
-from shuffle_api.sockets import (
+from shuffle_runtime.connections import ConnectionPool
+from shuffle_runtime.format import PartitionManifest, partition_directory
+from shuffle_runtime.format.manifest import DATA_FILE
+from shuffle_runtime.gate import END_OF_PARTITION
+from shuffle_runtime.sockets import (
     CHALLENGE,
     MAX_BATCH,
     REFUSED,
@@ -53,7 +53,7 @@ from shuffle_api.sockets import (
     read_frame,
     write_frame,
 )
-from shuffle_api.store import Store
+from shuffle_runtime.store import Store
 from tests.reliability.external_cluster import (
     ALL,
     batches,
@@ -363,7 +363,7 @@ def test_a_batch_cut_while_its_reader_paused_is_asked_again(
     with scenario_on(cluster) as scenario:
         descriptors, _ = scenario.produce(data, partitions=4, subpartitions=2)
         with (
-            caplog.at_level(logging.INFO, logger="shuffle_api.gate"),
+            caplog.at_level(logging.INFO, logger="shuffle_runtime.gate"),
             scenario.gate(scenario.consumer, descriptors, ALL) as gate,
         ):
             reading = iter(gate)

@@ -19,15 +19,15 @@ from shuffle_api import (
     PartitionStatistics,
     ResultPartitionType,
 )
-from shuffle_api.format import partition_directory
-from shuffle_api.format.manifest import DATA_FILE
 from shuffle_api.ids import new_id
-from shuffle_api.store import Store
 from shuffle_api.testing import (
     RecordingJobContext,
     ShuffleScenario,
 )
 from shuffle_api.testing.harness import in_background, route
+from shuffle_runtime.format import partition_directory
+from shuffle_runtime.format.manifest import DATA_FILE
+from shuffle_runtime.store import Store
 from tests.eventually import eventually
 from tests.reliability.external_cluster import (
     ALL,

@@ -18,11 +18,11 @@ from shuffle_api import (
     QuotaExceededError,
     SubpartitionRange,
 )
-from shuffle_api.format import partition_directory
-from shuffle_api.format.manifest import DATA_FILE
-from shuffle_api.store import Store
 from shuffle_api.testing import ConformanceHarness, ShuffleScenario, make_batches
 from shuffle_api.testing.harness import route
+from shuffle_runtime.format import partition_directory
+from shuffle_runtime.format.manifest import DATA_FILE
+from shuffle_runtime.store import Store
 
 QUOTA = 1 << 20
 

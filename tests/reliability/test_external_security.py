@@ -34,16 +34,16 @@ from shuffle_api import (
     Configuration,
     SubpartitionRange,
 )
-from shuffle_api.format import (
+from shuffle_api.testing import ConformanceHarness, ShuffleScenario, make_batches
+from shuffle_runtime.format import (
     PartitionManifest,
     decode_run,
     partition_directory,
 )
-from shuffle_api.format.manifest import DATA_FILE
-from shuffle_api.sockets import open_connection
-from shuffle_api.store import Store
-from shuffle_api.testing import ConformanceHarness, ShuffleScenario, make_batches
-from shuffle_api.tls import TlsFiles
+from shuffle_runtime.format.manifest import DATA_FILE
+from shuffle_runtime.sockets import open_connection
+from shuffle_runtime.store import Store
+from shuffle_runtime.tls import TlsFiles
 from tests.reliability.external_cluster import scrape
 from tests.reliability.raw_worker import (
     BIG_CHANNEL,

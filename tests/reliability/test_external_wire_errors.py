@@ -28,9 +28,9 @@ from shuffle_api import (
     SerializationError,
     ShuffleError,
 )
-from shuffle_api.format import partition_directory
-from shuffle_api.format.manifest import DATA_FILE
-from shuffle_api.store import Store
+from shuffle_runtime.format import partition_directory
+from shuffle_runtime.format.manifest import DATA_FILE
+from shuffle_runtime.store import Store
 from tests.reliability.external_cluster import (
     ALL,
     PARTITIONS,

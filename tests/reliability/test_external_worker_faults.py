@@ -38,10 +38,10 @@ from shuffle_api import (
     PartitionStatistics,
     StorageFullError,
 )
-from shuffle_api.format import partition_directory
-from shuffle_api.format.manifest import DATA_FILE, MANIFEST_FILE
-from shuffle_api.format.reader import MAX_SUBPARTITIONS
-from shuffle_api.store import Store
+from shuffle_runtime.format import partition_directory
+from shuffle_runtime.format.manifest import DATA_FILE, MANIFEST_FILE
+from shuffle_runtime.format.reader import MAX_SUBPARTITIONS
+from shuffle_runtime.store import Store
 from tests.reliability.external_cluster import partition_files
 from tests.reliability.raw_worker import (
     BIG_CHANNEL,

@@ -41,12 +41,12 @@ from shuffle_api import (
     SubpartitionRange,
     TransportError,
 )
-from shuffle_api.connections import ConnectionPool
-from shuffle_api.format import partition_directory
-from shuffle_api.sockets import open_handshake, write_frame
-from shuffle_api.store import Store
 from shuffle_api.testing import ConformanceHarness, ShuffleScenario, make_batches
 from shuffle_api.testing.harness import route
+from shuffle_runtime.connections import ConnectionPool
+from shuffle_runtime.format import partition_directory
+from shuffle_runtime.sockets import open_handshake, write_frame
+from shuffle_runtime.store import Store
 from tests.tls_files import write_tls_files
 
 MAX_FRAME = 1 << 20

@@ -14,9 +14,9 @@ import pyarrow as pa
 import pytest
 
 from shuffle_api import SchemaMismatchError, ShuffleError
-from shuffle_api.batches import (
+from shuffle_api.io import SubpartitionIndexes
+from shuffle_runtime.batches import (
     OrderedRows,
-    SubpartitionIndexes,
     chop,
     coalesce,
     conform,
@@ -195,7 +195,7 @@ def test_a_batch_larger_than_the_caches_splits_alike_in_passes(
 ) -> None:
     # Caches of 256 bytes: runs of subpartitions, runs within runs, and runs of one; skewed,
     # 90 % of the rows in one subpartition.
-    monkeypatch.setattr("shuffle_api.batches._CACHED_BYTES", 256)
+    monkeypatch.setattr("shuffle_runtime.batches._CACHED_BYTES", 256)
     rng = np.random.default_rng(subpartitions)
     indexes = rng.integers(0, subpartitions, size=5000)
     if skewed:
@@ -210,7 +210,7 @@ def test_a_batch_larger_than_the_caches_splits_alike_in_passes(
 def test_reorder_gives_the_rows_in_stable_order_of_subpartition_and_the_counts(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("shuffle_api.batches._CACHED_BYTES", 256)
+    monkeypatch.setattr("shuffle_runtime.batches._CACHED_BYTES", 256)
     rng = np.random.default_rng(4)
     indexes = rng.integers(0, 100, size=3000)
     indexes[indexes == 13] = 12  # an empty subpartition
@@ -228,7 +228,7 @@ def test_reorder_gives_the_rows_in_stable_order_of_subpartition_and_the_counts(
 def test_a_large_batch_into_few_subpartitions_is_reordered_in_one_pass(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("shuffle_api.batches._CACHED_BYTES", 256)
+    monkeypatch.setattr("shuffle_runtime.batches._CACHED_BYTES", 256)
     indexes = np.random.default_rng(6).integers(0, 16, size=3000)
 
     ordered, _ = reorder_by_subpartition(numbered_batch(3000), indexes, 16)

@@ -14,7 +14,7 @@ import pytest
 
 from blob import BlobCache, BlobStore, blob_key, process_blob_cache
 from shuffle_api import BlobNotFoundError, ConfigError, InvalidIdentifierError
-from shuffle_api.store import Store
+from shuffle_runtime.store import Store
 
 
 class CountingBlobStore(BlobStore):

@@ -22,7 +22,7 @@ from shuffle_api import (
     InvalidIdentifierError,
     ShuffleError,
 )
-from shuffle_api.store import Store, default_store_url
+from shuffle_runtime.store import Store, default_store_url
 
 BAD_KEYS = [
     "../x",

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from external_shuffle.wire.version import WIRE_VERSION
-from shuffle_api import format as partition_format
 from shuffle_api import serialization
+from shuffle_runtime import format as partition_format
 
 ROOT = Path(__file__).resolve().parents[2]
 

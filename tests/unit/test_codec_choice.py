@@ -12,9 +12,9 @@ import pyarrow.compute as pc
 import pytest
 
 from shuffle_api import IntermediateResultPartitionID, ResultPartitionID, SubpartitionRange
-from shuffle_api.format import PartitionFileReader, PartitionFileWriter, StoreSink
-from shuffle_api.format.codec_choice import CodecTrial, choose_codec, try_codecs
-from shuffle_api.store import Store
+from shuffle_runtime.format import PartitionFileReader, PartitionFileWriter, StoreSink
+from shuffle_runtime.format.codec_choice import CodecTrial, choose_codec, try_codecs
+from shuffle_runtime.store import Store
 
 MIB = 1 << 20
 

@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from shuffle_api import AuthenticationError, TransportError
-from shuffle_api.connections import Connection, ConnectionPool, StaleConnectionError
-from shuffle_api.sockets import AuthenticatedListener, read_frame, write_frame
+from shuffle_runtime.connections import Connection, ConnectionPool, StaleConnectionError
+from shuffle_runtime.sockets import AuthenticatedListener, read_frame, write_frame
 from tests.eventually import eventually
 
 SECRET = b"s" * 32

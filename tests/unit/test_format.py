@@ -35,7 +35,7 @@ from shuffle_api import (
     SubpartitionRange,
     UnsupportedFormatVersionError,
 )
-from shuffle_api.format import (
+from shuffle_runtime.format import (
     Layouts,
     PartitionFileReader,
     PartitionFileWriter,
@@ -44,7 +44,7 @@ from shuffle_api.format import (
     result_directories,
     stored_partitions,
 )
-from shuffle_api.format.manifest import (
+from shuffle_runtime.format.manifest import (
     DATA_FILE,
     INDEX_FILE,
     INDEX_SCHEMA,
@@ -53,8 +53,8 @@ from shuffle_api.format.manifest import (
     NO_STATISTICS,
     PartitionManifest,
 )
-from shuffle_api.format.reader import Run
-from shuffle_api.store import Store
+from shuffle_runtime.format.reader import Run
+from shuffle_runtime.store import Store
 
 SCHEMA = pa.schema([("key", pa.int64()), ("text", pa.string())])
 

@@ -18,10 +18,10 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 from shuffle_api import IntermediateResultPartitionID, ResultPartitionID, SubpartitionRange
-from shuffle_api.format import Layouts, PartitionFileReader, PartitionFileWriter, StoreSink
-from shuffle_api.format.host_copies import HostCopies
-from shuffle_api.store import Store
 from shuffle_api.testing import make_batches
+from shuffle_runtime.format import Layouts, PartitionFileReader, PartitionFileWriter, StoreSink
+from shuffle_runtime.format.host_copies import HostCopies
+from shuffle_runtime.store import Store
 
 
 class _CountingMemory(MemoryFileSystem):  # type: ignore[misc]  # fsspec has no type hints

@@ -14,11 +14,12 @@ REPO = Path(__file__).resolve().parents[2]
 # package -> the packages of this repository it may import
 ALLOWED: dict[str, set[str]] = {
     "shuffle_api": set(),
-    "blob": {"shuffle_api"},
-    "scheduling": {"shuffle_api", "blob"},
-    "netty_like": {"shuffle_api"},
-    "external_shuffle": {"shuffle_api", "scheduling"},
-    "pyspark_shuffle": {"shuffle_api", "scheduling", "blob"},
+    "shuffle_runtime": {"shuffle_api"},
+    "blob": {"shuffle_api", "shuffle_runtime"},
+    "scheduling": {"shuffle_api", "shuffle_runtime", "blob"},
+    "netty_like": {"shuffle_api", "shuffle_runtime"},
+    "external_shuffle": {"shuffle_api", "shuffle_runtime", "scheduling"},
+    "pyspark_shuffle": {"shuffle_api", "shuffle_runtime", "scheduling", "blob"},
 }
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from shuffle_api.ndarrays import (
+from shuffle_runtime.ndarrays import (
     arrow_array,
     bytes_array,
     longs,
@@ -84,7 +84,7 @@ def test_strings_have_no_numpy_view() -> None:
 def test_converting_does_not_import_pandas() -> None:
     probe = (
         "import sys, numpy as np, pyarrow as pa\n"
-        "from shuffle_api.ndarrays import arrow_array, bytes_array, numpy_values\n"
+        "from shuffle_runtime.ndarrays import arrow_array, bytes_array, numpy_values\n"
         "numpy_values(arrow_array(np.arange(5)))\n"
         "numpy_values(arrow_array(np.arange(5) > 2))\n"
         "bytes_array([b'x'])\n"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from shuffle_api.store import Store, _OpenFiles
+from shuffle_runtime.store import Store, _OpenFiles
 
 
 class _Clock:

@@ -601,7 +601,7 @@ def test_group_apply_hands_each_group_all_its_rows_in_arrival_order(
     monkeypatch: pytest.MonkeyPatch, cached_bytes: int
 ) -> None:
     # Tiny caches make the reducer gather its rows by group in passes.
-    monkeypatch.setattr("shuffle_api.batches._CACHED_BYTES", cached_bytes)
+    monkeypatch.setattr("shuffle_runtime.batches._CACHED_BYTES", cached_bytes)
     rng = random.Random(3)
     choices = [NAN, -NAN, -0.0, 0.0, None, 2.5, *map(float, range(40))]
     keys = [rng.choice(choices) for _ in range(3000)]

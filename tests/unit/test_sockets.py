@@ -12,7 +12,7 @@ from contextlib import contextmanager
 import pytest
 
 from shuffle_api import AuthenticationError, DataTooLargeError, TransportError
-from shuffle_api.sockets import (
+from shuffle_runtime.sockets import (
     CHALLENGE,
     REFUSED,
     AuthenticatedListener,

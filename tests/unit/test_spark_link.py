@@ -13,7 +13,7 @@ from blob import BlobStore
 from pyspark_shuffle.spark_link import _BlobShared, _StoreTally, byte_size
 from pyspark_shuffle.tasks import add_counts
 from shuffle_api import BlobNotFoundError, ConfigError, SerializationError
-from shuffle_api.store import Store
+from shuffle_runtime.store import Store
 
 SECRET = b"s" * 32
 

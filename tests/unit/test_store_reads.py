@@ -20,11 +20,11 @@ from shuffle_api import (
     ShuffleServiceClosedError,
     SubpartitionRange,
 )
-from shuffle_api.format import Layouts, PartitionFileReader, PartitionFileWriter, StoreSink
-from shuffle_api.store import Store
-from shuffle_api.store_reads import StoreReads
 from shuffle_api.testing import make_batches
 from shuffle_api.testing.harness import route
+from shuffle_runtime.format import Layouts, PartitionFileReader, PartitionFileWriter, StoreSink
+from shuffle_runtime.store import Store
+from shuffle_runtime.store_reads import StoreReads
 
 SUBPARTITIONS = 4
 PARTITIONS = 8

@@ -19,8 +19,8 @@ import pytest
 import trustme
 
 from shuffle_api import AuthenticationError, ConfigError
-from shuffle_api.connections import ConnectionPool
-from shuffle_api.sockets import (
+from shuffle_runtime.connections import ConnectionPool
+from shuffle_runtime.sockets import (
     AUTH,
     CHALLENGE,
     REFUSED,
@@ -31,7 +31,7 @@ from shuffle_api.sockets import (
     wait_readable,
     write_frame,
 )
-from shuffle_api.tls import TlsFiles, TlsSocket, buffered
+from shuffle_runtime.tls import TlsFiles, TlsSocket, buffered
 from tests.tls_files import write_tls_files
 
 SECRET = b"s" * 32

@@ -1,6 +1,6 @@
 """Every ShuffleError class crosses both services' wires as itself, with its partition: the
 default service's ERROR frames (by number) and the external data port's DataPortError (by
-name) read one table (``shuffle_api.wire_errors``); a class outside it goes as its base."""
+name) read one table (``shuffle_runtime.wire_errors``); a class outside it goes as its base."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from external_shuffle.wire.errors import error_from_pb, error_to_pb
 from netty_like.protocol import decode_error, encode_error, error_from_code
 from shuffle_api import IntermediateResultPartitionID, ResultPartitionID, ShuffleError
 from shuffle_api import errors as error_module
-from shuffle_api.connections import StaleConnectionError
 from shuffle_api.errors import PartitionError, TransportError
-from shuffle_api.wire_errors import WIRE_ERRORS, error_code, new_error
+from shuffle_runtime.connections import StaleConnectionError
+from shuffle_runtime.wire_errors import WIRE_ERRORS, error_code, new_error
 
 PARTITION = ResultPartitionID(IntermediateResultPartitionID("result-x", 3), "attempt-7")
 

@@ -23,8 +23,8 @@ from shuffle_api import (
     SubpartitionRange,
     new_id,
 )
-from shuffle_api.format import copy_partition, is_readable, partition_directory
-from shuffle_api.store import Store
+from shuffle_runtime.format import copy_partition, is_readable, partition_directory
+from shuffle_runtime.store import Store
 from tests.reliability.raw_worker import SUBPARTITIONS, BuiltPartition, build_partition
 
 IDLE = 30.0

@@ -9,8 +9,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from shuffle_api import PartitionStatistics, ResultPartitionID
-from shuffle_api.format import PartitionFileReader, partition_directory
-from shuffle_api.store import Store
+from shuffle_runtime.format import PartitionFileReader, partition_directory
+from shuffle_runtime.store import Store
 
 __all__ = ["TierStores"]
 

@@ -3,7 +3,7 @@ with sendfile(2). gRPC copies every message in user space at least twice on each
 worker's process never touches the bytes, and the client reads each run into one buffer.
 
 The frames are ``data_frames``'. The port holds what the gRPC port holds: the token proves the
-peer (the handshake of :mod:`shuffle_api.sockets`: the cluster's secret, or an application's
+peer (the handshake of :mod:`shuffle_runtime.sockets`: the cluster's secret, or an application's
 credential, named by its public part, which then reads that application's partitions only), a
 fetch is a worker stream (the same caps,
 per client and in all, and the same idle timeout), and errors reach the client as the same
@@ -42,8 +42,8 @@ from external_shuffle.wire.data_frames import (
 )
 from external_shuffle.wire.errors import error_to_pb, short, status_for
 from shuffle_api import AuthenticationError, SerializationError, ShuffleError, TransportError
-from shuffle_api.connections import SERVER_KEEP_ALIVE_SECONDS
-from shuffle_api.sockets import (
+from shuffle_runtime.connections import SERVER_KEEP_ALIVE_SECONDS
+from shuffle_runtime.sockets import (
     MAX_BATCH,
     AuthenticatedListener,
     frame_bytes,

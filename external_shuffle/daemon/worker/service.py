@@ -30,8 +30,8 @@ from shuffle_api import (
     SerializationError,
     SubpartitionRange,
 )
-from shuffle_api.format import PartitionFileReader
-from shuffle_api.store import Store
+from shuffle_runtime.format import PartitionFileReader
+from shuffle_runtime.store import Store
 
 __all__ = ["Fetch", "WorkerService"]
 

@@ -50,7 +50,8 @@ from shuffle_api import (
     StorageError,
     SubpartitionRange,
 )
-from shuffle_api.format import (
+from shuffle_api.ids import new_id, validate_id
+from shuffle_runtime.format import (
     DataStream,
     Layouts,
     PartitionFileReader,
@@ -61,10 +62,9 @@ from shuffle_api.format import (
     stored_partitions,
     write_all,
 )
-from shuffle_api.format.manifest import DATA_FILE, INDEX_FILE, MANIFEST_FILE
-from shuffle_api.format.reader import check_commit
-from shuffle_api.ids import new_id, validate_id
-from shuffle_api.store import Store, storage_errors
+from shuffle_runtime.format.manifest import DATA_FILE, INDEX_FILE, MANIFEST_FILE
+from shuffle_runtime.format.reader import check_commit
+from shuffle_runtime.store import Store, storage_errors
 
 __all__ = ["CommittedPartition", "MemoryBudget", "Upload", "WorkerState"]
 

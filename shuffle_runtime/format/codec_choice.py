@@ -21,7 +21,7 @@ from typing import Final
 import pyarrow as pa
 
 from shuffle_api.errors import ShuffleError
-from shuffle_api.format.manifest import CODECS
+from shuffle_runtime.format.manifest import CODECS
 
 __all__ = [
     "AUTO",

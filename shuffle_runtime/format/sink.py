@@ -1,4 +1,4 @@
-"""Where a :class:`~shuffle_api.format.PartitionFileWriter` puts a partition's three files.
+"""Where a :class:`~shuffle_runtime.format.PartitionFileWriter` puts a partition's three files.
 
 The writer makes the bytes; a sink decides where they go: straight onto a store
 (:class:`StoreSink`), or elsewhere, e.g. pushed to a remote service that writes them to its own
@@ -11,10 +11,10 @@ import abc
 from typing import Protocol
 
 from shuffle_api.errors import ShuffleError, StorageError
-from shuffle_api.format.layout import partition_directory
-from shuffle_api.format.manifest import DATA_FILE, INDEX_FILE, MANIFEST_FILE
 from shuffle_api.ids import ResultPartitionID
-from shuffle_api.store import Store
+from shuffle_runtime.format.layout import partition_directory
+from shuffle_runtime.format.manifest import DATA_FILE, INDEX_FILE, MANIFEST_FILE
+from shuffle_runtime.store import Store
 
 __all__ = ["DataStream", "PartitionSink", "StoreSink", "write_all"]
 

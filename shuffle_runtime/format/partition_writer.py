@@ -6,11 +6,12 @@ from collections.abc import Callable
 
 import pyarrow as pa
 
-from shuffle_api.batches import OrderedRows
-from shuffle_api.format.sink import PartitionSink
-from shuffle_api.format.writer import PartitionFileWriter
 from shuffle_api.ids import ResultPartitionID
-from shuffle_api.io import PartitionStatistics, SplittingPartitionWriter
+from shuffle_api.io import PartitionStatistics
+from shuffle_runtime.batches import OrderedRows
+from shuffle_runtime.format.sink import PartitionSink
+from shuffle_runtime.format.writer import PartitionFileWriter
+from shuffle_runtime.splitting_writer import SplittingPartitionWriter
 
 __all__ = ["SortMergePartitionWriter"]
 

@@ -1,16 +1,16 @@
 """The on-store partition format shared by every implementation (data + index + manifest)."""
 
-from shuffle_api.format.codec_choice import ipc_write_options
-from shuffle_api.format.copy import copy_partition
-from shuffle_api.format.layout import (
+from shuffle_runtime.format.codec_choice import ipc_write_options
+from shuffle_runtime.format.copy import copy_partition
+from shuffle_runtime.format.layout import (
     KEY_PREFIXES,
     partition_directory,
     result_directories,
     stored_partitions,
 )
-from shuffle_api.format.manifest import FORMAT_VERSION, PartitionManifest
-from shuffle_api.format.partition_writer import SortMergePartitionWriter
-from shuffle_api.format.reader import (
+from shuffle_runtime.format.manifest import FORMAT_VERSION, PartitionManifest
+from shuffle_runtime.format.partition_writer import SortMergePartitionWriter
+from shuffle_runtime.format.reader import (
     Layouts,
     PartitionFileReader,
     Run,
@@ -19,8 +19,8 @@ from shuffle_api.format.reader import (
     verify_checksum,
     verify_run,
 )
-from shuffle_api.format.sink import DataStream, PartitionSink, StoreSink, write_all
-from shuffle_api.format.writer import PartitionFileWriter
+from shuffle_runtime.format.sink import DataStream, PartitionSink, StoreSink, write_all
+from shuffle_runtime.format.writer import PartitionFileWriter
 
 __all__ = [
     "FORMAT_VERSION",

@@ -5,18 +5,18 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
 from shuffle_api.errors import SchemaMismatchError, ShuffleError
-from shuffle_api.ndarrays import arrow_array, numpy_values
+from shuffle_api.io import SubpartitionIndexes
+from shuffle_runtime.ndarrays import arrow_array, numpy_values
 
 __all__ = [
     "OrderedRows",
-    "SubpartitionIndexes",
     "chop",
     "coalesce",
     "coalesce_sized",
@@ -28,8 +28,6 @@ __all__ = [
     "reorder_by_subpartition",
     "split_by_subpartition",
 ]
-
-SubpartitionIndexes: TypeAlias = "pa.Array | pa.ChunkedArray | npt.ArrayLike"
 
 
 def _as_indexes(

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
 from shuffle_api.errors import TransportError
-from shuffle_api.sockets import open_connection, wait_readable
+from shuffle_runtime.sockets import open_connection, wait_readable
 
 __all__ = ["SERVER_KEEP_ALIVE_SECONDS", "Connection", "ConnectionPool", "StaleConnectionError"]
 

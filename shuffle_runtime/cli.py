@@ -32,7 +32,7 @@ SUBCOMMANDS: Final[dict[str, tuple[str, str]]] = {
         "an external shuffle cluster's workers and applications; decommission a worker",
     ),
     "options": (
-        "shuffle_api.cli:print_options",
+        "shuffle_runtime.cli:print_options",
         "list every configuration key, or check a config file for its role (--config)",
     ),
 }

@@ -18,9 +18,9 @@ import pyarrow as pa
 
 from shuffle_api.descriptors import SubpartitionRange
 from shuffle_api.errors import ShuffleError, ShuffleServiceClosedError
-from shuffle_api.format import Layouts, PartitionFileReader
 from shuffle_api.ids import ResultPartitionID
-from shuffle_api.store import Store
+from shuffle_runtime.format import Layouts, PartitionFileReader
+from shuffle_runtime.store import Store
 
 __all__ = ["StoreReads"]
 

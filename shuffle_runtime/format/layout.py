@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 from shuffle_api.errors import InvalidIdentifierError
 from shuffle_api.ids import IntermediateResultPartitionID, ResultPartitionID
-from shuffle_api.store import Store
+from shuffle_runtime.store import Store
 
 __all__ = [
     "KEY_PREFIXES",

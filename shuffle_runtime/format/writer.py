@@ -24,15 +24,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
-from shuffle_api.batches import OrderedRows, chop, coalesce_sized, group_nbytes
 from shuffle_api.errors import ShuffleError
-from shuffle_api.format.codec_choice import AUTO, choose_codec, ipc_write_options
-from shuffle_api.format.manifest import INDEX_SCHEMA, MAX_SUBPARTITIONS, PartitionManifest
-from shuffle_api.format.sink import DataStream, PartitionSink, write_all
 from shuffle_api.io import BROADCAST, PartitionStatistics
-from shuffle_api.ndarrays import arrow_array
 from shuffle_api.options import COMPRESSION_AUTO_BANDWIDTH, TARGET_BATCH_SIZE
-from shuffle_api.store import storage_errors
+from shuffle_runtime.batches import OrderedRows, chop, coalesce_sized, group_nbytes
+from shuffle_runtime.format.codec_choice import AUTO, choose_codec, ipc_write_options
+from shuffle_runtime.format.manifest import INDEX_SCHEMA, MAX_SUBPARTITIONS, PartitionManifest
+from shuffle_runtime.format.sink import DataStream, PartitionSink, write_all
+from shuffle_runtime.ndarrays import arrow_array
+from shuffle_runtime.store import storage_errors
 
 __all__ = ["MAX_RUN_BYTES", "PartitionFileWriter"]
 
@@ -119,7 +119,7 @@ class PartitionFileWriter:
     about the budget.
 
     With ``codec="auto"`` the codec is chosen when the first run is written, from its first
-    batch (see :mod:`shuffle_api.format.codec_choice`); the manifest records the choice.
+    batch (see :mod:`shuffle_runtime.format.codec_choice`); the manifest records the choice.
     """
 
     def __init__(

@@ -19,7 +19,7 @@ the layout) and hangs up.
 :class:`AuthenticatedListener` accepts such connections within bounds: a cap on connections
 open at once (one thread each), and a time limit on the handshake.
 
-With TLS (``shuffle_api.tls``) the connection speaks TLS from its first byte, and the
+With TLS (``shuffle_runtime.tls``) the connection speaks TLS from its first byte, and the
 handshake above runs inside it: TLS proves the server to the client and encrypts; the secret
 still proves the client.
 """
@@ -50,7 +50,7 @@ from shuffle_api.errors import (
     ShuffleError,
     TransportError,
 )
-from shuffle_api.tls import TlsSocket, buffered, wait_ready
+from shuffle_runtime.tls import TlsSocket, buffered, wait_ready
 
 __all__ = [
     "AUTH",

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from shuffle_api.errors import PartitionCorruptedError, PartitionNotFoundError, ShuffleError
-from shuffle_api.format.layout import partition_directory
-from shuffle_api.format.manifest import DATA_FILE, INDEX_FILE, MANIFEST_FILE, PartitionManifest
-from shuffle_api.format.reader import is_readable
-from shuffle_api.format.sink import StoreSink, write_all
 from shuffle_api.ids import ResultPartitionID
-from shuffle_api.store import Store, storage_errors
+from shuffle_runtime.format.layout import partition_directory
+from shuffle_runtime.format.manifest import DATA_FILE, INDEX_FILE, MANIFEST_FILE, PartitionManifest
+from shuffle_runtime.format.reader import is_readable
+from shuffle_runtime.format.sink import StoreSink, write_all
+from shuffle_runtime.store import Store, storage_errors
 
 __all__ = ["copy_partition"]
 

@@ -21,19 +21,19 @@ from shuffle_api.errors import (
     PartitionNotFoundError,
     ShuffleError,
 )
-from shuffle_api.format.host_copies import host_copies
-from shuffle_api.format.layout import partition_directory
-from shuffle_api.format.manifest import (
+from shuffle_api.ids import ResultPartitionID
+from shuffle_api.io import BROADCAST
+from shuffle_runtime.format.host_copies import host_copies
+from shuffle_runtime.format.layout import partition_directory
+from shuffle_runtime.format.manifest import (
     DATA_FILE,
     INDEX_FILE,
     MANIFEST_FILE,
     MAX_SUBPARTITIONS,
     PartitionManifest,
 )
-from shuffle_api.ids import ResultPartitionID
-from shuffle_api.io import BROADCAST
-from shuffle_api.ndarrays import numpy_values
-from shuffle_api.store import RangeReader, Sender, Store
+from shuffle_runtime.ndarrays import numpy_values
+from shuffle_runtime.store import RangeReader, Sender, Store
 
 __all__ = [
     "MAX_SUBPARTITIONS",

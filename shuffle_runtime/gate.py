@@ -34,11 +34,11 @@ from shuffle_api.errors import (
     StorageError,
     TransportError,
 )
-from shuffle_api.format import Layouts, PartitionFileReader
 from shuffle_api.ids import IntermediateResultPartitionID, ResultPartitionID
 from shuffle_api.io import InputGate
-from shuffle_api.sockets import MAX_BATCH
-from shuffle_api.store import Store
+from shuffle_runtime.format import Layouts, PartitionFileReader
+from shuffle_runtime.sockets import MAX_BATCH
+from shuffle_runtime.store import Store
 
 __all__ = ["END_OF_PARTITION", "Asker", "CutBatchError", "OpenGates", "SequentialInputGate"]
 
