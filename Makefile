@@ -18,7 +18,7 @@ setup: $(STAMP)
 
 # PySpark needs Java 17+: say so, and how to install it, before Spark starts.
 java: $(STAMP)
-	$(BIN)/python -m pyspark_shuffle.local_spark
+	$(BIN)/python -m pyspark_shuffle.spark.local
 
 demo: java
 	$(BIN)/pyshuffle demo --verify

@@ -32,7 +32,7 @@ from pipeline_vs_spark import through_pyshuffle, write_data
 from pyspark.sql import SparkSession
 
 from pyspark_shuffle import SparkShuffle
-from pyspark_shuffle.local_spark import local_connect_server, local_spark_session
+from pyspark_shuffle.spark.local import local_connect_server, local_spark_session
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "connect_vs_classic.json"
 DRIVER_MEMORY = "6g"

@@ -16,7 +16,7 @@ from common import machine, save_results
 
 # The cells and their runner are the test's own: one definition of the matrix.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from pyspark_shuffle.local_spark import local_spark_session
+from pyspark_shuffle.spark.local import local_spark_session
 from tests.reliability.test_external_fault_matrix import CELLS, Outcome, run_cell
 
 RESULTS = Path(__file__).parent / "results" / "fault_matrix.json"

@@ -16,7 +16,7 @@ counts its rows:
 And a floor, ``python_tasks``: as many Python tasks as pyshuffle's map stage ran (it reads
 many small partitions in fewer map tasks: ``pyspark-shuffle.map.target-size``), then
 ``reducers``, doing nothing (``spark.range`` partitions fed to the counting ``mapInArrow``),
-started as pyshuffle starts its tasks (``pyspark_shuffle.python_worker.task_starts``).
+started as pyshuffle starts its tasks (``pyspark_shuffle.tasks.python_worker.task_starts``).
 pyshuffle runs each map task and each reducer as a Python task, where Spark's map tasks stay
 in the JVM: this floor says how close a Python-side shuffle can come. Each cell saves the map
 tasks each pyshuffle run had.
@@ -66,8 +66,8 @@ from pyspark.sql import DataFrame, SparkSession
 
 from external_shuffle.local_cluster import LocalCluster
 from pyspark_shuffle import SparkShuffle
-from pyspark_shuffle.local_spark import local_spark_session
-from pyspark_shuffle.python_worker import task_starts
+from pyspark_shuffle.spark.local import local_spark_session
+from pyspark_shuffle.tasks.python_worker import task_starts
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "many_partitions.json"
 SERVICES = ("netty_like", "external_shuffle")

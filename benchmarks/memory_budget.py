@@ -36,7 +36,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from external_shuffle.local_cluster import LocalCluster
 from pyspark_shuffle import SparkShuffle
-from pyspark_shuffle.local_spark import local_spark_session
+from pyspark_shuffle.spark.local import local_spark_session
 from shuffle_runtime.ndarrays import longs
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "memory_budget.json"

@@ -43,7 +43,7 @@ from common import format_rows, machine, positive, save_results
 from pyspark.sql import DataFrame, SparkSession
 
 from pyspark_shuffle import SparkShuffle
-from pyspark_shuffle.local_spark import local_spark_session
+from pyspark_shuffle.spark.local import local_spark_session
 from shuffle_api import Configuration, SubpartitionRange
 from shuffle_api.testing import ConformanceHarness, ShuffleScenario, make_batches
 from tests.s3_stand_in import S3StandIn, running_stand_in

@@ -64,7 +64,7 @@ from pyspark.sql import functions as sf
 
 from external_shuffle.local_cluster import free_port
 from pyspark_shuffle import SparkShuffle
-from pyspark_shuffle.local_spark import local_spark_session
+from pyspark_shuffle.spark.local import local_spark_session
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "pipeline_vs_spark.json"
 UTC = pa.timestamp("us", tz="UTC")

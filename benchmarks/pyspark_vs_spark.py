@@ -49,9 +49,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as sf
 
 from pyspark_shuffle import SparkShuffle
-from pyspark_shuffle.local_spark import local_spark_session
-from pyspark_shuffle.operations import group_ids
-from pyspark_shuffle.partitioners import HashPartitioner
+from pyspark_shuffle.kernels.operations import group_ids
+from pyspark_shuffle.kernels.partitioners import HashPartitioner
+from pyspark_shuffle.spark.local import local_spark_session
 from shuffle_api.options import TARGET_BATCH_SIZE
 from shuffle_runtime.batches import chop, reorder_by_subpartition
 

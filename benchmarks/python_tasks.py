@@ -2,7 +2,7 @@
 ``--repeat`` times in turn:
 
 - **as Spark starts it**: a ``mapInArrow`` that counts its rows;
-- **as pyshuffle starts it**: the same, calling ``pyspark_shuffle.python_worker.task_starts``
+- **as pyshuffle starts it**: the same, calling ``pyspark_shuffle.tasks.python_worker.task_starts``
   first (gc freeze, ``TCP_QUICKACK`` on the worker's socket), as every pyshuffle task does;
 - **a JVM task**: the same partitions written to Spark's ``noop`` sink, no Python.
 
@@ -25,8 +25,8 @@ import pyarrow as pa
 from common import machine, positive, save_results
 from pyspark.sql import SparkSession
 
-from pyspark_shuffle.local_spark import local_spark_session
-from pyspark_shuffle.python_worker import task_starts
+from pyspark_shuffle.spark.local import local_spark_session
+from pyspark_shuffle.tasks.python_worker import task_starts
 from shuffle_runtime.ndarrays import longs
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "python_tasks.json"

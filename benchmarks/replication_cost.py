@@ -20,7 +20,7 @@ from common import machine, save_results
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from external_shuffle.local_cluster import LocalCluster
 from pyspark_shuffle import SparkShuffle
-from pyspark_shuffle.local_spark import local_spark_session
+from pyspark_shuffle.spark.local import local_spark_session
 
 RESULTS = Path(__file__).parent / "results" / "replication_cost.json"
 FACTORS = (1, 2)

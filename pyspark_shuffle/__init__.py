@@ -5,7 +5,7 @@ config or Spark conf ``spark.pyshuffle.<key>``) and offers DataFrame operations 
 goes through it: hash repartition, group-apply, sort and join.
 """
 
-from pyspark_shuffle.exchange import Exchange, MapOutput
-from pyspark_shuffle.session import ShuffleStatistics, SparkShuffle, spark_configuration
+from pyspark_shuffle.driver.exchange import Exchange, MapOutput
+from pyspark_shuffle.driver.session import ShuffleStatistics, SparkShuffle, spark_configuration
 
 __all__ = ["Exchange", "MapOutput", "ShuffleStatistics", "SparkShuffle", "spark_configuration"]

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from pyspark_shuffle.local_spark import local_connect_server, local_spark_session
 from pyspark_shuffle.options import SPARK_CONF_PREFIX
+from pyspark_shuffle.spark.local import local_connect_server, local_spark_session
 from tests.s3_stand_in import S3StandIn, running_stand_in
 
 SPARK_MAX_SUBPARTITIONS = 8

@@ -33,7 +33,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from external_shuffle.local_cluster import LocalCluster
 from pyspark_shuffle import SparkShuffle
-from pyspark_shuffle.local_spark import require_java
+from pyspark_shuffle.spark.local import require_java
 from tests.integration.spark_rows import multiset
 from tests.s3_stand_in import objects_under, running_stand_in
 from tests.tls_files import write_tls_files

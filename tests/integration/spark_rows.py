@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from pyspark import TaskContext
 
-from pyspark_shuffle.spark_compat import SPARK_VERSION
+from pyspark_shuffle.spark.compat import SPARK_VERSION
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

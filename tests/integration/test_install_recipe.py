@@ -15,7 +15,7 @@ from pathlib import Path
 import pyspark
 import pytest
 
-from pyspark_shuffle.local_spark import require_java
+from pyspark_shuffle.spark.local import require_java
 from tests.source_tree import ROOT, copy_source
 
 RECIPE_MARKER = "<!-- install-recipe -->"

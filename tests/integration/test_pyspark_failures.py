@@ -17,9 +17,9 @@ import pyarrow as pa
 import pytest
 
 from pyspark_shuffle import Exchange, SparkShuffle
-from pyspark_shuffle.progress import JOB_PROPERTIES
-from pyspark_shuffle.spark_internals import _shuffle_dependency, held_shuffle
-from pyspark_shuffle.spark_link import is_connect
+from pyspark_shuffle.driver.progress import JOB_PROPERTIES
+from pyspark_shuffle.spark.internals import _shuffle_dependency, held_shuffle
+from pyspark_shuffle.spark.link import is_connect
 from shuffle_api import InvalidOperationError, StageCancelledError, StageFailedError
 from tests.integration.services import ShuffleService
 from tests.integration.spark_rows import multiset

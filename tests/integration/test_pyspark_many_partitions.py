@@ -16,7 +16,7 @@ import pytest
 from pyspark.sql import functions as F  # noqa: N812 (Spark's own spelling)
 
 from pyspark_shuffle import SparkShuffle
-from pyspark_shuffle.spark_internals import task_connection
+from pyspark_shuffle.spark.internals import task_connection
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, Row, SparkSession

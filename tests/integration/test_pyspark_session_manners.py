@@ -149,7 +149,7 @@ def test_progress_lines_count_the_map_tasks_of_the_stage_they_name(
     config = {**netty_service(tmp_path).config(), PROGRESS_INTERVAL.key: 0.1}
     with (
         SparkShuffle(spark, config=config) as shuffle,
-        caplog.at_level(logging.INFO, logger="pyspark_shuffle.progress"),
+        caplog.at_level(logging.INFO, logger="pyspark_shuffle.driver.progress"),
     ):
         first = shuffle.repartition(slow, "id", num_partitions=3)
         second = shuffle.repartition(first.mapInArrow(_slowly, "id long"), "id", num_partitions=2)

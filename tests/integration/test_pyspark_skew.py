@@ -102,7 +102,7 @@ def test_a_group_apply_keeps_the_skewed_key_whole_and_reports_it(
     assert len(shuffled.unsplittable_subpartitions) == 1
     assert shuffled.skewed_subpartitions == ()
     [warning] = [r for r in caplog.records if "read whole by one reducer" in r.getMessage()]
-    assert (warning.name, warning.levelname) == ("pyspark_shuffle.reduce_stage", "WARNING")
+    assert (warning.name, warning.levelname) == ("pyspark_shuffle.driver.reduce_stage", "WARNING")
 
 
 @pytest.mark.parametrize("how", ["inner", "left"])

@@ -24,9 +24,9 @@ from pyspark.sql import functions as F  # noqa: N812
 from pyspark.sql.types import LongType, StructField, StructType
 
 from pyspark_shuffle import SparkShuffle
-from pyspark_shuffle.broadcast import BROADCAST_CHOICES
-from pyspark_shuffle.schemas import arrow_schema
-from pyspark_shuffle.spark_compat import SPARK_VERSION
+from pyspark_shuffle.driver.broadcast import BROADCAST_CHOICES
+from pyspark_shuffle.driver.schemas import arrow_schema
+from pyspark_shuffle.spark.compat import SPARK_VERSION
 from shuffle_api import UnsupportedTypeError
 from tests.integration.services import DEFAULT_SERVICE_ONLY, ShuffleService
 from tests.integration.spark_rows import canonical, canonical_rows, handed_rows, handed_to_python

@@ -22,7 +22,7 @@ _JOB = textwrap.dedent(
     import json, os, sys
     import pyarrow as pa
     from pyspark_shuffle import SparkShuffle
-    from pyspark_shuffle.local_spark import local_spark_session
+    from pyspark_shuffle.spark.local import local_spark_session
     from shuffle_runtime.ndarrays import bytes_array, longs
 
     def report(batches):

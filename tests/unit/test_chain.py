@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pyspark_shuffle.chain import Chain, ChainExchange, ChainStage
+from pyspark_shuffle.driver.chain import Chain, ChainExchange, ChainStage
 
 
 def _fused_chain(*, on_executors: bool, length: int = 3) -> Chain:

@@ -85,3 +85,41 @@ def test_external_shuffle_parts_import_only_what_they_may(part: str) -> None:
 
 def test_external_shuffle_options_import_no_part() -> None:
     assert _parts_imported_when_run(REPO / "external_shuffle" / "options.py") == set()
+
+
+# pyspark_shuffle's sub-packages -> what each may import of the package (its top-level modules
+# are options, the package's catalog of keys, and demo, which nothing imports)
+PYSPARK_PARTS: dict[str, set[str]] = {
+    "kernels": {"kernels", "options"},
+    "spark": {"spark"},
+    "tasks": {"tasks", "kernels", "spark", "options"},
+    "driver": {"driver", "tasks", "kernels", "spark", "options"},
+}
+
+
+def _pyspark_shuffle_parts(path: Path) -> set[str]:
+    modules = [
+        node.module or ""
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ImportFrom) and node.level == 0
+    ]
+    return {module.split(".")[1] for module in modules if module.startswith("pyspark_shuffle.")}
+
+
+@pytest.mark.parametrize("part", sorted(PYSPARK_PARTS))
+def test_pyspark_shuffle_parts_import_only_what_they_may(part: str) -> None:
+    found = {
+        str(path.relative_to(REPO)): wrong
+        for path in sorted((REPO / "pyspark_shuffle" / part).rglob("*.py"))
+        if (wrong := _pyspark_shuffle_parts(path) - PYSPARK_PARTS[part])
+    }
+    assert not found, f"imports against the design: {found}"
+
+
+def test_the_kernels_import_no_pyspark() -> None:
+    found = [
+        str(path.relative_to(REPO))
+        for path in sorted((REPO / "pyspark_shuffle" / "kernels").rglob("*.py"))
+        if "pyspark" in _imported_roots(path)
+    ]
+    assert not found, f"kernels that import pyspark: {found}"

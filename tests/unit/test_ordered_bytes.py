@@ -15,10 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pyspark_shuffle.hashing import hash_keys
-from pyspark_shuffle.operations import Join, group_ids
-from pyspark_shuffle.ordered_bytes import ordered_bytes
-from pyspark_shuffle.sorting import SortKey, sort_indices
+from pyspark_shuffle.kernels.hashing import hash_keys
+from pyspark_shuffle.kernels.operations import Join, group_ids
+from pyspark_shuffle.kernels.ordered_bytes import ordered_bytes
+from pyspark_shuffle.kernels.sorting import SortKey, sort_indices
 from shuffle_api import InvalidOperationError
 
 _ATOMIC: dict[str, tuple[pa.DataType, st.SearchStrategy[Any]]] = {

@@ -17,10 +17,14 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pyspark_shuffle.hashing import hash_keys
-from pyspark_shuffle.operations import GroupApply, Join, PassThrough, SortWithin, group_ids
-from pyspark_shuffle.partitioners import HashPartitioner, RangePartitioner, choose_boundaries
-from pyspark_shuffle.planning import (
+from pyspark_shuffle.kernels.hashing import hash_keys
+from pyspark_shuffle.kernels.operations import GroupApply, Join, PassThrough, SortWithin, group_ids
+from pyspark_shuffle.kernels.partitioners import (
+    HashPartitioner,
+    RangePartitioner,
+    choose_boundaries,
+)
+from pyspark_shuffle.kernels.planning import (
     MapOutputBytes,
     adaptive_plan,
     codec_neutral_bytes,
@@ -28,9 +32,9 @@ from pyspark_shuffle.planning import (
     one_reducer_per_map_task,
     one_reducer_per_subpartition,
 )
-from pyspark_shuffle.sorting import SortKey, sort_indices, sort_keys_of
-from pyspark_shuffle.spark_internals import estimated_bytes
-from pyspark_shuffle.tasks import MapReport, merge_map_reports
+from pyspark_shuffle.kernels.sorting import SortKey, sort_indices, sort_keys_of
+from pyspark_shuffle.spark.internals import estimated_bytes
+from pyspark_shuffle.tasks.map_reduce import MapReport, merge_map_reports
 from scheduling.map_sizes import MapSizes
 from scheduling.skew import ConsumerTask, InputSlice, ProducerRange
 from shuffle_api import (

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pytest
 
-from pyspark_shuffle import python_worker
-from pyspark_shuffle.python_worker import acknowledge_at_once, task_starts, use_memory_pool
-from pyspark_shuffle.spark_internals import task_connection
+from pyspark_shuffle.spark.internals import task_connection
+from pyspark_shuffle.tasks import python_worker
+from pyspark_shuffle.tasks.python_worker import acknowledge_at_once, task_starts, use_memory_pool
 
 _TCP_QUICKACK = getattr(socket, "TCP_QUICKACK", None)
 

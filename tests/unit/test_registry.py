@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from pyspark_shuffle.registry import RegisteredExchange, RegisteredResult, ResultRegistry
-from pyspark_shuffle.spark_link import Shared
+from pyspark_shuffle.driver.registry import RegisteredExchange, RegisteredResult, ResultRegistry
+from pyspark_shuffle.spark.link import Shared
 from scheduling.deployment import DescriptorCache
 from scheduling.groups import ConsumedPartitionGroup
 from shuffle_api import InvalidOperationError, ShuffleServiceClosedError

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from blob import BlobStore
-from pyspark_shuffle.spark_link import _BlobShared, _StoreTally, byte_size
-from pyspark_shuffle.tasks import add_counts
+from pyspark_shuffle.spark.link import _BlobShared, _StoreTally, byte_size
+from pyspark_shuffle.tasks.map_reduce import add_counts
 from shuffle_api import BlobNotFoundError, ConfigError, SerializationError
 from shuffle_runtime.store import Store
 

@@ -11,12 +11,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark import TaskContext
 
-from pyspark_shuffle.inputs import RowTasks
-from pyspark_shuffle.ipc import from_ipc_stream
-from pyspark_shuffle.operations import JOIN_TYPES, Join
-from pyspark_shuffle.ordered_bytes import is_nested
-from pyspark_shuffle.python_worker import task_starts
-from pyspark_shuffle.spark_link import Shared, Tally
+from pyspark_shuffle.driver.inputs import RowTasks
+from pyspark_shuffle.kernels.ipc import from_ipc_stream
+from pyspark_shuffle.kernels.operations import JOIN_TYPES, Join
+from pyspark_shuffle.kernels.ordered_bytes import is_nested
+from pyspark_shuffle.spark.link import Shared, Tally
+from pyspark_shuffle.tasks.python_worker import task_starts
 from shuffle_api import InvalidOperationError
 from shuffle_runtime.batches import conform
 

@@ -2,7 +2,7 @@
 or through a Spark Connect server of its own, and the Java check that says what to install
 instead of failing deep inside Spark.
 
-``python -m pyspark_shuffle.local_spark`` checks Java and exits non-zero with advice.
+``python -m pyspark_shuffle.spark.local`` checks Java and exits non-zero with advice.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What a map stage reads: a Spark DataFrame (its rows handed over by the JVM), or a source
-that the map tasks read themselves (see :mod:`pyspark_shuffle.parquet`)."""
+that the map tasks read themselves (see :mod:`pyspark_shuffle.driver.parquet`)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from pyspark_shuffle.registry import RegisteredExchange
-from pyspark_shuffle.spark_link import is_connect
+from pyspark_shuffle.driver.registry import RegisteredExchange
+from pyspark_shuffle.spark.link import is_connect
 
 __all__ = ["BatchWriter", "FrameInput", "MapInput", "Produce", "RowTasks"]
 

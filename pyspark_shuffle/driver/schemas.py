@@ -19,7 +19,7 @@ from pyspark.sql.types import (
     _parse_datatype_string,
 )
 
-from pyspark_shuffle.spark_compat import spark_arrow_schema
+from pyspark_shuffle.spark.compat import spark_arrow_schema
 from shuffle_api import InvalidOperationError, UnsupportedTypeError
 
 __all__ = ["arrow_schema", "check_carried", "check_keys", "declared_schema", "join_schema"]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Final, Self
 
-from pyspark_shuffle.spark_link import Tally, is_connect
+from pyspark_shuffle.spark.link import Tally, is_connect
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

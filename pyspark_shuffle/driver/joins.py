@@ -13,19 +13,19 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
-from pyspark_shuffle.broadcast import BroadcastSide, broadcast_join, broadcast_side
-from pyspark_shuffle.exchange import Exchange
-from pyspark_shuffle.fused import FusedInput, collect_arrow
-from pyspark_shuffle.inputs import MapInput
-from pyspark_shuffle.ipc import to_ipc_stream
-from pyspark_shuffle.operations import Join, PassThrough
+from pyspark_shuffle.driver.broadcast import BroadcastSide, broadcast_join, broadcast_side
+from pyspark_shuffle.driver.exchange import Exchange
+from pyspark_shuffle.driver.fused import FusedInput, collect_arrow
+from pyspark_shuffle.driver.inputs import MapInput
+from pyspark_shuffle.driver.parquet import ParquetInput
+from pyspark_shuffle.driver.results import Result
+from pyspark_shuffle.driver.schemas import arrow_schema, check_carried, check_keys, join_schema
+from pyspark_shuffle.driver.stages import Stages
+from pyspark_shuffle.kernels.ipc import to_ipc_stream
+from pyspark_shuffle.kernels.operations import Join, PassThrough
+from pyspark_shuffle.kernels.planning import one_reducer
 from pyspark_shuffle.options import JOIN_BROADCAST_THRESHOLD
-from pyspark_shuffle.parquet import ParquetInput
-from pyspark_shuffle.planning import one_reducer
-from pyspark_shuffle.results import Result
-from pyspark_shuffle.schemas import arrow_schema, check_carried, check_keys, join_schema
-from pyspark_shuffle.stages import Stages
-from pyspark_shuffle.tasks import add_counts
+from pyspark_shuffle.tasks.map_reduce import add_counts
 from scheduling.skew import ConsumerPlan
 from shuffle_api import Configuration, InvalidOperationError
 

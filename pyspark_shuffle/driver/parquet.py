@@ -25,8 +25,8 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 (Spark's own spelling)
 from pyspark.sql.types import StructType
 
-from pyspark_shuffle.inputs import MapInput, RowTasks
-from pyspark_shuffle.spark_link import SparkLink
+from pyspark_shuffle.driver.inputs import MapInput, RowTasks
+from pyspark_shuffle.spark.link import SparkLink
 from shuffle_api import InvalidOperationError
 from shuffle_runtime.batches import conform, nullable_inside
 

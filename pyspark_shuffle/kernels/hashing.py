@@ -17,7 +17,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pyspark_shuffle.ordered_bytes import is_nested
+from pyspark_shuffle.kernels.ordered_bytes import is_nested
 from shuffle_api import InvalidOperationError
 from shuffle_runtime.ndarrays import numpy_values, validity
 

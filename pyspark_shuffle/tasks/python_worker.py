@@ -31,7 +31,7 @@ from typing import Final
 import pyarrow as pa
 from pyspark import TaskContext
 
-from pyspark_shuffle.spark_internals import task_connection
+from pyspark_shuffle.spark.internals import task_connection
 
 __all__ = ["acknowledge_at_once", "task_starts", "use_memory_pool"]
 

@@ -1,5 +1,5 @@
 """What one ``SparkShuffle`` keeps: its results while the user holds them, the exchanges they
-read, and when each may go (see :mod:`pyspark_shuffle.chain` for the rules). Plain state over
+read, and when each may go (see :mod:`pyspark_shuffle.driver.chain` for the rules). Plain state over
 two small interfaces, so that it is tested without Spark."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
-from pyspark_shuffle.chain import Chain, ChainExchange, ChainStage
-from pyspark_shuffle.spark_link import Shared
+from pyspark_shuffle.driver.chain import Chain, ChainExchange, ChainStage
+from pyspark_shuffle.spark.link import Shared
 from scheduling.deployment import DescriptorCache
 from scheduling.groups import ConsumedPartitionGroup
 from shuffle_api import InvalidOperationError, ShuffleError, ShuffleServiceClosedError
@@ -23,7 +23,7 @@ _LOG = logging.getLogger(__name__)
 
 
 class RegisteredExchange(abc.ABC):
-    """An exchange as the registry sees it (:class:`~pyspark_shuffle.exchange.Exchange`)."""
+    """An exchange as the registry sees it (:class:`~pyspark_shuffle.driver.exchange.Exchange`)."""
 
     result_id: str
     name: str

@@ -14,21 +14,21 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 (Spark's own spelling)
 from pyspark.sql.types import StructType
 
-from pyspark_shuffle.exchange import Exchange
-from pyspark_shuffle.inputs import RowTasks
-from pyspark_shuffle.operations import ReduceOperation
-from pyspark_shuffle.planning import adaptive_plan, one_reducer_per_subpartition
-from pyspark_shuffle.python_worker import task_starts
-from pyspark_shuffle.results import Result
-from pyspark_shuffle.schemas import arrow_schema
-from pyspark_shuffle.spark_link import SparkLink, Tally
-from pyspark_shuffle.tasks import (
+from pyspark_shuffle.driver.exchange import Exchange
+from pyspark_shuffle.driver.inputs import RowTasks
+from pyspark_shuffle.driver.results import Result
+from pyspark_shuffle.driver.schemas import arrow_schema
+from pyspark_shuffle.kernels.operations import ReduceOperation
+from pyspark_shuffle.kernels.planning import adaptive_plan, one_reducer_per_subpartition
+from pyspark_shuffle.spark.link import SparkLink, Tally
+from pyspark_shuffle.tasks.map_reduce import (
     MapOutputs,
     ReduceStageSpec,
     add_counts,
     merge_map_outputs,
     run_reduce_task,
 )
+from pyspark_shuffle.tasks.python_worker import task_starts
 from scheduling.deployment import DescriptorCache, consumer_deployments, planned_reads
 from scheduling.graph import Stage, StageExchange, StageGraph
 from scheduling.groups import ConsumedPartitionGroup, build_groups

@@ -17,7 +17,7 @@ from typing import Any
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
-from pyspark_shuffle.operations import BatchFunction
+from pyspark_shuffle.kernels.operations import BatchFunction
 
 __all__ = ["MapInArrow", "as_result_frame"]
 

@@ -11,7 +11,7 @@ from pyspark.sql import SparkSession
 
 from blob import BLOB_OPTIONS
 from pyspark_shuffle.options import PYSPARK_SHUFFLE_OPTIONS, SPARK_CONF_PREFIX
-from pyspark_shuffle.spark_link import spark_settings
+from pyspark_shuffle.spark.link import spark_settings
 from shuffle_api import (
     ConfigError,
     Configuration,

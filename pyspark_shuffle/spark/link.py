@@ -28,8 +28,8 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 (Spark's own spelling)
 
 from blob import BlobStore, process_blob_cache
-from pyspark_shuffle.spark_compat import CONNECT_SINCE, SPARK_VERSION
-from pyspark_shuffle.spark_internals import context_running
+from pyspark_shuffle.spark.compat import CONNECT_SINCE, SPARK_VERSION
+from pyspark_shuffle.spark.internals import context_running
 from shuffle_api import (
     ApplicationIdentity,
     ConfigError,

@@ -10,8 +10,8 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from pyspark_shuffle.hashing import hash_keys
-from pyspark_shuffle.sorting import SortKey, sort_indices
+from pyspark_shuffle.kernels.hashing import hash_keys
+from pyspark_shuffle.kernels.sorting import SortKey, sort_indices
 from shuffle_api import InvalidOperationError
 from shuffle_runtime.batches import conform_all
 from shuffle_runtime.ndarrays import arrow_array, numpy_values

@@ -18,11 +18,11 @@ import pyarrow as pa
 from pyspark import TaskContext
 
 from blob import BLOB_CACHE_MAX_SIZE
-from pyspark_shuffle.executor import this_executor
-from pyspark_shuffle.operations import ReduceOperation
+from pyspark_shuffle.kernels.operations import ReduceOperation
+from pyspark_shuffle.kernels.partitioners import Partitioner
 from pyspark_shuffle.options import PYSPARK_SHUFFLE_OPTIONS, WORKER_MEMORY_POOL
-from pyspark_shuffle.partitioners import Partitioner
-from pyspark_shuffle.python_worker import use_memory_pool
+from pyspark_shuffle.tasks.executor import this_executor
+from pyspark_shuffle.tasks.python_worker import use_memory_pool
 from scheduling.deployment import (
     ConsumerDeploymentDescriptor,
     resolve_gate,
@@ -53,7 +53,7 @@ from shuffle_runtime.batches import coalesce
 from shuffle_runtime.ndarrays import bytes_array, longs
 
 if TYPE_CHECKING:
-    from pyspark_shuffle.spark_link import Shared, Tally
+    from pyspark_shuffle.spark.link import Shared, Tally
 
 __all__ = [
     "MAP_OUTPUT_SCHEMA",

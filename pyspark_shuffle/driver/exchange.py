@@ -19,16 +19,15 @@ from pyspark import TaskContext
 from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F  # noqa: N812 (Spark's own spelling)
 
-from pyspark_shuffle.inputs import MapInput
+from pyspark_shuffle.driver.inputs import MapInput
+from pyspark_shuffle.driver.progress import StageProgress, StageTallies
+from pyspark_shuffle.driver.registry import RegisteredExchange
+from pyspark_shuffle.kernels.partitioners import Partitioner
+from pyspark_shuffle.kernels.planning import MapOutputBytes
 from pyspark_shuffle.options import MAX_RECOVERY_ATTEMPTS, PROGRESS_INTERVAL
-from pyspark_shuffle.partitioners import Partitioner
-from pyspark_shuffle.planning import MapOutputBytes
-from pyspark_shuffle.progress import StageProgress, StageTallies
-from pyspark_shuffle.python_worker import task_starts
-from pyspark_shuffle.registry import RegisteredExchange
-from pyspark_shuffle.spark_internals import HeldShuffle, SparkShuffleOutputs, held_shuffle
-from pyspark_shuffle.spark_link import SparkLink, Tally
-from pyspark_shuffle.tasks import (
+from pyspark_shuffle.spark.internals import HeldShuffle, SparkShuffleOutputs, held_shuffle
+from pyspark_shuffle.spark.link import SparkLink, Tally
+from pyspark_shuffle.tasks.map_reduce import (
     MAP_OUTPUT_SCHEMA,
     MapOutputs,
     MapReport,
@@ -38,6 +37,7 @@ from pyspark_shuffle.tasks import (
     merge_map_reports,
     run_map_task,
 )
+from pyspark_shuffle.tasks.python_worker import task_starts
 from scheduling.map_sizes import MapSizes
 from shuffle_api import (
     Configuration,
@@ -486,7 +486,7 @@ class Exchange(RegisteredExchange):
 
     def written_bytes(self) -> MapOutputBytes:
         """What map task m wrote to subpartition s, as plans weigh it (see
-        :class:`~pyspark_shuffle.planning.MapOutputBytes`)."""
+        :class:`~pyspark_shuffle.kernels.planning.MapOutputBytes`)."""
         outputs = self.outputs
         return MapOutputBytes([outputs[index].sizes for index in range(self.number_of_maps)])
 

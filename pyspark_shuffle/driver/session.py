@@ -1,9 +1,9 @@
 """``SparkShuffle``: DataFrame operations whose exchange goes through a pyshuffle service.
 
-A thin front: what it keeps is in :mod:`~pyspark_shuffle.registry`, its configuration in
-:mod:`~pyspark_shuffle.session_config`, reduce stages in :mod:`~pyspark_shuffle.reduce_stage`,
-joins in :mod:`~pyspark_shuffle.joins`, and how it talks to Spark in
-:mod:`~pyspark_shuffle.spark_link`."""
+A thin front: what it keeps is in :mod:`~pyspark_shuffle.driver.registry`, its configuration
+in :mod:`~pyspark_shuffle.driver.session_config`, reduce stages in
+:mod:`~pyspark_shuffle.driver.reduce_stage`, joins in :mod:`~pyspark_shuffle.driver.joins`,
+and how it talks to Spark in :mod:`~pyspark_shuffle.spark.link`."""
 
 from __future__ import annotations
 
@@ -20,10 +20,17 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from blob import BLOB_CACHE_MAX_SIZE, BlobStore, blob_store_url
-from pyspark_shuffle.exchange import Exchange
-from pyspark_shuffle.fused import collect_arrow, write_parquet
-from pyspark_shuffle.joins import join
-from pyspark_shuffle.operations import (
+from pyspark_shuffle.driver.exchange import Exchange
+from pyspark_shuffle.driver.fused import collect_arrow, write_parquet
+from pyspark_shuffle.driver.joins import join
+from pyspark_shuffle.driver.parquet import ParquetFilter, ParquetSink, ParquetSource
+from pyspark_shuffle.driver.reduce_stage import Driver
+from pyspark_shuffle.driver.registry import ResultRegistry, adopt_reruns
+from pyspark_shuffle.driver.results import Result, ShuffleStatistics, new_stage
+from pyspark_shuffle.driver.schemas import arrow_schema, check_carried, declared_schema
+from pyspark_shuffle.driver.session_config import SessionConfig, spark_configuration
+from pyspark_shuffle.driver.stages import Stages, check_frame, column_names
+from pyspark_shuffle.kernels.operations import (
     BatchFunction,
     GroupApply,
     GroupFunction,
@@ -31,18 +38,11 @@ from pyspark_shuffle.operations import (
     PassThrough,
     SortWithin,
 )
+from pyspark_shuffle.kernels.partitioners import RangePartitioner, choose_boundaries
+from pyspark_shuffle.kernels.sorting import sort_keys_of
 from pyspark_shuffle.options import MAX_SUBPARTITIONS
-from pyspark_shuffle.parquet import ParquetFilter, ParquetSink, ParquetSource
-from pyspark_shuffle.partitioners import RangePartitioner, choose_boundaries
-from pyspark_shuffle.reduce_stage import Driver
-from pyspark_shuffle.registry import ResultRegistry, adopt_reruns
-from pyspark_shuffle.results import Result, ShuffleStatistics, new_stage
-from pyspark_shuffle.schemas import arrow_schema, check_carried, declared_schema
-from pyspark_shuffle.session_config import SessionConfig, spark_configuration
-from pyspark_shuffle.sorting import sort_keys_of
-from pyspark_shuffle.spark_internals import SparkShuffleOutputs
-from pyspark_shuffle.spark_link import application_identity, spark_link
-from pyspark_shuffle.stages import Stages, check_frame, column_names
+from pyspark_shuffle.spark.internals import SparkShuffleOutputs
+from pyspark_shuffle.spark.link import application_identity, spark_link
 from scheduling.deployment import DescriptorCache
 from scheduling.options import DESCRIPTOR_OFFLOAD_THRESHOLD
 from shuffle_api import Configuration, RecordingJobContext, ShuffleMasterContext, new_id

@@ -15,8 +15,8 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pyspark_shuffle.ordered_bytes import is_nested, ordered_bytes
-from pyspark_shuffle.sorting import SortKey, sort_indices
+from pyspark_shuffle.kernels.ordered_bytes import is_nested, ordered_bytes
+from pyspark_shuffle.kernels.sorting import SortKey, sort_indices
 from shuffle_api import InvalidOperationError
 from shuffle_runtime.batches import chop, coalesce, conform, conform_all, reorder_by_subpartition
 from shuffle_runtime.ndarrays import arrow_array, number_scalar, numpy_values

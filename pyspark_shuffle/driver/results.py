@@ -12,13 +12,13 @@ from typing import Any
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
-from pyspark_shuffle.broadcast import BroadcastSide
-from pyspark_shuffle.exchange import Exchange
-from pyspark_shuffle.inputs import RowTasks
-from pyspark_shuffle.operations import ReduceOperation
-from pyspark_shuffle.registry import RegisteredExchange, RegisteredResult
-from pyspark_shuffle.spark_link import Shared, Tally
-from pyspark_shuffle.tasks import MapOutputs, ReadCounts
+from pyspark_shuffle.driver.broadcast import BroadcastSide
+from pyspark_shuffle.driver.exchange import Exchange
+from pyspark_shuffle.driver.inputs import RowTasks
+from pyspark_shuffle.driver.registry import RegisteredExchange, RegisteredResult
+from pyspark_shuffle.kernels.operations import ReduceOperation
+from pyspark_shuffle.spark.link import Shared, Tally
+from pyspark_shuffle.tasks.map_reduce import MapOutputs, ReadCounts
 from scheduling.groups import ConsumedPartitionGroup
 from scheduling.skew import ConsumerPlan
 from shuffle_api import new_id

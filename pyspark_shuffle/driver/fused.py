@@ -12,12 +12,12 @@ import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql.types import StructType
 
-from pyspark_shuffle.exchange import Exchange, stage_failure
-from pyspark_shuffle.inputs import MapInput, RowTasks
-from pyspark_shuffle.ipc import from_ipc_stream, to_ipc_stream
-from pyspark_shuffle.parquet import WRITE_MODES, WRITE_REPORT_SCHEMA, ParquetSink
-from pyspark_shuffle.progress import JobLabel
-from pyspark_shuffle.tasks import task_attempt_id
+from pyspark_shuffle.driver.exchange import Exchange, stage_failure
+from pyspark_shuffle.driver.inputs import MapInput, RowTasks
+from pyspark_shuffle.driver.parquet import WRITE_MODES, WRITE_REPORT_SCHEMA, ParquetSink
+from pyspark_shuffle.driver.progress import JobLabel
+from pyspark_shuffle.kernels.ipc import from_ipc_stream, to_ipc_stream
+from pyspark_shuffle.tasks.map_reduce import task_attempt_id
 from shuffle_api import InvalidOperationError
 from shuffle_runtime.batches import conform_all
 from shuffle_runtime.ndarrays import arrow_array, bytes_array, longs

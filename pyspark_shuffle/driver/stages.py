@@ -12,26 +12,31 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
-from pyspark_shuffle.exchange import Exchange
-from pyspark_shuffle.fused import FusedInput, collect_arrow, sample_rows
-from pyspark_shuffle.inputs import FrameInput, MapInput, RowTasks
-from pyspark_shuffle.operations import BatchFunction, MapBatches, PassThrough, ReduceOperation
+from pyspark_shuffle.driver.exchange import Exchange
+from pyspark_shuffle.driver.fused import FusedInput, collect_arrow, sample_rows
+from pyspark_shuffle.driver.inputs import FrameInput, MapInput, RowTasks
+from pyspark_shuffle.driver.parquet import ParquetInput, ParquetSource
+from pyspark_shuffle.driver.progress import JobLabel
+from pyspark_shuffle.driver.reduce_stage import Driver, plan_reducers, reduce_stage
+from pyspark_shuffle.driver.registry import ResultRegistry
+from pyspark_shuffle.driver.result_frames import as_result_frame
+from pyspark_shuffle.driver.results import Result
+from pyspark_shuffle.driver.schemas import arrow_schema, check_carried, check_keys, declared_schema
+from pyspark_shuffle.kernels.operations import (
+    BatchFunction,
+    MapBatches,
+    PassThrough,
+    ReduceOperation,
+)
+from pyspark_shuffle.kernels.partitioners import HashPartitioner, Partitioner, WholePartitioner
+from pyspark_shuffle.kernels.planning import map_task_count, one_reducer_per_map_task
 from pyspark_shuffle.options import (
     KEEP_RESULTS,
     MAP_TARGET_SIZE,
     MAX_SUBPARTITIONS,
     RANGE_SAMPLE_SIZE,
 )
-from pyspark_shuffle.parquet import ParquetInput, ParquetSource
-from pyspark_shuffle.partitioners import HashPartitioner, Partitioner, WholePartitioner
-from pyspark_shuffle.planning import map_task_count, one_reducer_per_map_task
-from pyspark_shuffle.progress import JobLabel
-from pyspark_shuffle.reduce_stage import Driver, plan_reducers, reduce_stage
-from pyspark_shuffle.registry import ResultRegistry
-from pyspark_shuffle.result_frames import as_result_frame
-from pyspark_shuffle.results import Result
-from pyspark_shuffle.schemas import arrow_schema, check_carried, check_keys, declared_schema
-from pyspark_shuffle.spark_internals import SparkShuffleOutputs, estimated_bytes
+from pyspark_shuffle.spark.internals import SparkShuffleOutputs, estimated_bytes
 from scheduling.skew import ConsumerPlan
 from shuffle_api import (
     Configuration,

@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pyspark_shuffle.ordered_bytes import is_nested, ordered_bytes
+from pyspark_shuffle.kernels.ordered_bytes import is_nested, ordered_bytes
 from shuffle_api import InvalidOperationError
 from shuffle_runtime.ndarrays import arrow_array, numpy_values
 
