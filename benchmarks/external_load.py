@@ -24,12 +24,11 @@ import grpc
 from common import machine, save_results
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from external_shuffle._proto import external_shuffle_pb2 as pb
-from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.local_cluster import LocalCluster
 from external_shuffle.options import WORKER_MEMORY_BUDGET
 from external_shuffle.wire.errors import TooManyStreamsError
 from external_shuffle.wire.messages import key_of
+from external_shuffle.wire.stubs import pb, pb_grpc
 from shuffle_api import (
     Configuration,
     IntermediateResultPartitionID,

@@ -24,10 +24,9 @@ from typing import Self
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from external_shuffle._proto import external_shuffle_pb2 as pb
-from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.options import TLS_CA_FILE
 from external_shuffle.wire.channels import ChannelPool, ClientSettings
+from external_shuffle.wire.stubs import pb, pb_grpc
 from shuffle_api import Configuration, ShuffleError
 
 __all__ = ["LocalCluster", "free_port", "free_ports"]

@@ -23,7 +23,7 @@ PROTO_ROOT = ROOT / "proto"
 TARGETS: dict[str, str] = {
     "pyshuffle/v1/descriptors.proto": "shuffle_api/_proto",
     "pyshuffle/v1/netty_like.proto": "netty_like/_proto",
-    "pyshuffle/v1/external_shuffle.proto": "external_shuffle/_proto",
+    "pyshuffle/v1/external_shuffle.proto": "external_shuffle/wire/_proto",
 }
 WITH_SERVICES = frozenset({"pyshuffle/v1/external_shuffle.proto"})
 

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Final
 
 from google.protobuf.message import DecodeError
 
-from shuffle_api._proto import descriptors_pb2 as pb
 from shuffle_api.descriptors import (
     DistributionPattern,
     InputGateDeploymentDescriptor,
@@ -30,6 +29,7 @@ from shuffle_api.descriptors import (
 )
 from shuffle_api.errors import SerializationError, ShuffleError, UnsupportedFormatVersionError
 from shuffle_api.ids import IntermediateResultPartitionID, ResultPartitionID
+from shuffle_api.messages import pb
 
 if TYPE_CHECKING:
     from google.protobuf.internal.containers import RepeatedCompositeFieldContainer

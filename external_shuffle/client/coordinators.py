@@ -17,10 +17,9 @@ from typing import Generic, TypeVar
 
 import grpc
 
-from external_shuffle._proto import external_shuffle_pb2 as pb
-from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.wire.channels import ChannelPool, translate_rpc_error
 from external_shuffle.wire.messages import partition_of
+from external_shuffle.wire.stubs import pb, pb_grpc
 from shuffle_api import ShuffleError, TransportError
 
 __all__ = ["Answer", "Coordinators"]

@@ -7,8 +7,8 @@ from typing import ClassVar
 
 from google.protobuf.message import DecodeError
 
-from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle.wire.messages import WorkerAddress
+from external_shuffle.wire.stubs import pb
 from shuffle_api import (
     InvalidIdentifierError,
     ResultPartitionID,

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection, Sequence
 
-from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle.allocator import keep_message_buffers
 from external_shuffle.client.coordinators import Coordinators
 from external_shuffle.client.descriptor import ExternalShuffleDescriptor
@@ -29,6 +28,7 @@ from external_shuffle.wire.auth import data_port_client_tls
 from external_shuffle.wire.channels import ChannelPool, ClientSettings
 from external_shuffle.wire.credentials import data_port_identity
 from external_shuffle.wire.messages import WorkerAddress, key_of
+from external_shuffle.wire.stubs import pb
 from shuffle_api import (
     LOCAL_ONLY_PORT,
     InputGate,

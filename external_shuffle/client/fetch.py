@@ -12,7 +12,6 @@ import grpc
 import pyarrow as pa
 from google.protobuf.message import DecodeError
 
-from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle.wire.channels import translate_rpc_error
 from external_shuffle.wire.data_frames import (
     END,
@@ -26,6 +25,7 @@ from external_shuffle.wire.data_frames import (
 from external_shuffle.wire.errors import error_from_pb
 from external_shuffle.wire.framing import fetch_data_call
 from external_shuffle.wire.messages import WorkerAddress
+from external_shuffle.wire.stubs import pb
 from shuffle_api import ResultPartitionID, ShuffleError, TransportError
 from shuffle_runtime.connections import Connection, ConnectionPool, StaleConnectionError
 from shuffle_runtime.format import PartitionManifest

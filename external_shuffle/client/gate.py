@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle.client.descriptor import ExternalShuffleDescriptor
 from external_shuffle.client.fetch import (
     DataPortUnreachableError,
@@ -23,6 +22,7 @@ from external_shuffle.client.fetch import (
 )
 from external_shuffle.wire.channels import ChannelPool
 from external_shuffle.wire.messages import WorkerAddress, key_of
+from external_shuffle.wire.stubs import pb
 from shuffle_api import (
     InputGateDeploymentDescriptor,
     PartitionCorruptedError,

@@ -19,8 +19,6 @@ from typing import TypeVar
 
 import grpc
 
-from external_shuffle._proto import external_shuffle_pb2 as pb
-from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.client.coordinators import Coordinators
 from external_shuffle.client.descriptor import ExternalShuffleDescriptor
 from external_shuffle.options import (
@@ -41,6 +39,7 @@ from external_shuffle.wire.messages import (
     partition_of,
     statistics_from_pb,
 )
+from external_shuffle.wire.stubs import pb, pb_grpc
 from shuffle_api import (
     JobShuffleContext,
     PartitionDescriptor,

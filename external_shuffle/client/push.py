@@ -19,11 +19,10 @@ from dataclasses import dataclass
 import grpc
 import pyarrow as pa
 
-from external_shuffle._proto import external_shuffle_pb2 as pb
-from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.wire.channels import ChannelPool, translate_rpc_error
 from external_shuffle.wire.framing import frame_push, push_data_call
 from external_shuffle.wire.messages import WorkerAddress, key_of
+from external_shuffle.wire.stubs import pb, pb_grpc
 from shuffle_api import ResultPartitionID, ShuffleError, TransportError
 from shuffle_runtime.format import PartitionSink
 

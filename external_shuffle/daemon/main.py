@@ -23,7 +23,6 @@ from typing import Final
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 
-from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.allocator import keep_message_buffers
 from external_shuffle.daemon.coordinator.service import CoordinatorService
 from external_shuffle.daemon.interceptors import (
@@ -77,6 +76,7 @@ from external_shuffle.wire.auth import data_port_server_tls, load_token, server_
 from external_shuffle.wire.channels import ChannelPool, ClientSettings, channel_options
 from external_shuffle.wire.credentials import CredentialCheck
 from external_shuffle.wire.framing import worker_rpc_handler
+from external_shuffle.wire.stubs import pb_grpc
 from scheduling.placement import new_placement_strategy
 from shuffle_api import ConfigError, Configuration, ShuffleError
 from shuffle_api.options import CORE_OPTIONS

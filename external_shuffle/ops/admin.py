@@ -12,8 +12,6 @@ from collections.abc import Sequence
 
 import grpc
 
-from external_shuffle._proto import external_shuffle_pb2 as pb
-from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.client.coordinators import Coordinators
 from external_shuffle.ops.cluster_view import ClusterView, WorkerRow, merged_applications
 from external_shuffle.options import CLIENT_RETRY_TIMEOUT, coordinator_addresses
@@ -27,6 +25,7 @@ from external_shuffle.wire.credentials import (
 )
 from external_shuffle.wire.errors import UnavailableError
 from external_shuffle.wire.messages import WorkerAddress
+from external_shuffle.wire.stubs import pb, pb_grpc
 from shuffle_api import ConfigError, Configuration, InvalidOperationError
 
 __all__ = ["main"]

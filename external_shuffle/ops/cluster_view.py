@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
-from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle.wire.messages import WorkerAddress, identity_from_pb
+from external_shuffle.wire.stubs import pb
 from shuffle_api import ApplicationIdentity
 
 __all__ = ["ApplicationRow", "ClusterView", "WorkerRow", "human_bytes", "merged_applications"]

@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final
 
-from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle.wire.auth import AUTHORIZATION
+from external_shuffle.wire.stubs import pb
 from shuffle_api import AuthenticationError, InvalidIdentifierError, PermissionDeniedError
 from shuffle_api.ids import new_id, validate_id
 

@@ -12,8 +12,8 @@ from typing import Final
 
 import grpc
 
-from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle.wire.messages import key_of, partition_of
+from external_shuffle.wire.stubs import pb
 from shuffle_api import errors as e
 from shuffle_api.errors import (
     AuthenticationError,

@@ -21,7 +21,7 @@ import grpc
 from google.protobuf import message_factory
 from google.protobuf.message import DecodeError, Message
 
-from external_shuffle._proto import external_shuffle_pb2 as pb
+from external_shuffle.wire.stubs import pb
 from shuffle_api import SerializationError
 
 __all__ = [

@@ -6,7 +6,7 @@ from __future__ import annotations
 import unicodedata
 from dataclasses import dataclass
 
-from external_shuffle._proto import external_shuffle_pb2 as pb
+from external_shuffle.wire.stubs import pb
 from shuffle_api import (
     ApplicationIdentity,
     IntermediateResultPartitionID,

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle.local_cluster import LocalCluster
 from external_shuffle.wire.credentials import Role, operator_token
+from external_shuffle.wire.stubs import pb
 from pyspark_shuffle import SparkShuffle
 from shuffle_runtime.format.manifest import MANIFEST_FILE
 from tests.integration.pausing import WAIT, paused, pausing, wait_for

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.local_cluster import LocalCluster
+from external_shuffle.wire.stubs import pb_grpc
 from tests.reliability.raw_worker import BIG_CHANNEL
 
 

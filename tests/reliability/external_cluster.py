@@ -12,12 +12,11 @@ from pathlib import Path
 import grpc
 import pyarrow as pa
 
-from external_shuffle._proto import external_shuffle_pb2 as pb
-from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.client.descriptor import ExternalShuffleDescriptor
 from external_shuffle.client.master import ExternalShuffleMaster
 from external_shuffle.local_cluster import LocalCluster
 from external_shuffle.wire.messages import WorkerAddress
+from external_shuffle.wire.stubs import pb, pb_grpc
 from shuffle_api import (
     Configuration,
     ResultPartitionID,

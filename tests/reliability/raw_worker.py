@@ -9,10 +9,9 @@ from pathlib import Path
 
 import grpc
 
-from external_shuffle._proto import external_shuffle_pb2 as pb
-from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.local_cluster import LocalCluster
 from external_shuffle.wire.messages import key_of
+from external_shuffle.wire.stubs import pb, pb_grpc
 from shuffle_api import (
     IntermediateResultPartitionID,
     PartitionStatistics,

@@ -15,14 +15,13 @@ from typing import Any
 import grpc
 import pytest
 
-from external_shuffle._proto import external_shuffle_pb2 as pb
-from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.client.descriptor import ExternalShuffleDescriptor
 from external_shuffle.client.master import ExternalShuffleMaster
 from external_shuffle.local_cluster import LocalCluster
 from external_shuffle.wire.channels import translate_rpc_error
 from external_shuffle.wire.credentials import Role, grpc_method, operator_token
 from external_shuffle.wire.messages import WorkerAddress
+from external_shuffle.wire.stubs import pb, pb_grpc
 from shuffle_api import (
     ApplicationIdentity,
     Configuration,

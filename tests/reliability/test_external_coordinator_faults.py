@@ -12,9 +12,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle.local_cluster import LocalCluster
 from external_shuffle.wire.messages import partition_of
+from external_shuffle.wire.stubs import pb
 from shuffle_api import ResultPartitionID, ShuffleDescriptor, UnknownShuffleDescriptor, new_id
 from shuffle_api.testing import ShuffleScenario
 from shuffle_api.testing.harness import in_background, route

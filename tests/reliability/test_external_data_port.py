@@ -17,8 +17,6 @@ from typing import Any
 import pytest
 import xxhash
 
-from external_shuffle._proto import external_shuffle_pb2 as pb
-from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.client import gate as external_gate
 from external_shuffle.client.descriptor import ExternalShuffleDescriptor
 from external_shuffle.client.fetch import (
@@ -31,6 +29,7 @@ from external_shuffle.local_cluster import LocalCluster
 from external_shuffle.wire.data_frames import FAILED, FETCH, FETCH_BATCH, MANIFEST
 from external_shuffle.wire.errors import TooManyStreamsError, error_from_pb
 from external_shuffle.wire.messages import WorkerAddress
+from external_shuffle.wire.stubs import pb, pb_grpc
 from shuffle_api import (
     AuthenticationError,
     ChecksumMismatchError,

@@ -13,9 +13,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from external_shuffle._proto import external_shuffle_pb2 as pb
-from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.local_cluster import LocalCluster, free_port
+from external_shuffle.wire.stubs import pb, pb_grpc
 from tests.eventually import eventually
 
 STATUS_PORT = "external-shuffle.coordinator.status-port"

@@ -14,9 +14,8 @@ import grpc
 import promql_parser
 import pytest
 
-from external_shuffle._proto import external_shuffle_pb2 as pb
-from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.local_cluster import LocalCluster
+from external_shuffle.wire.stubs import pb, pb_grpc
 from tests.metric_samples import sample_names
 from tests.reliability.external_cluster import (
     ALL,

@@ -22,13 +22,12 @@ import trustme
 import xxhash
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from external_shuffle._proto import external_shuffle_pb2 as pb
-from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.client.push import PushSettings, PushSink
 from external_shuffle.local_cluster import LocalCluster, free_port
 from external_shuffle.options import MIN_CHUNK_SIZE
 from external_shuffle.wire.channels import ChannelPool, ClientSettings
 from external_shuffle.wire.messages import WorkerAddress, key_of
+from external_shuffle.wire.stubs import pb, pb_grpc
 from shuffle_api import (
     AuthenticationError,
     Configuration,

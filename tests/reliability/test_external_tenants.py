@@ -19,14 +19,13 @@ from contextlib import contextmanager
 import grpc
 import pytest
 
-from external_shuffle._proto import external_shuffle_pb2 as pb
-from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.client.master import ExternalShuffleMaster
 from external_shuffle.local_cluster import LocalCluster
 from external_shuffle.options import APPLICATION_CREDENTIAL
 from external_shuffle.wire.channels import translate_rpc_error
 from external_shuffle.wire.credentials import Role, application_token, operator_token
 from external_shuffle.wire.messages import key_of
+from external_shuffle.wire.stubs import pb, pb_grpc
 from shuffle_api import (
     AuthenticationError,
     Configuration,

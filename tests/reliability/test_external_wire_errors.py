@@ -14,12 +14,12 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle.daemon.error_statuses import reports_errors
 from external_shuffle.local_cluster import LocalCluster
 from external_shuffle.ops.metrics import DaemonMetrics
 from external_shuffle.wire.channels import translate_rpc_error
 from external_shuffle.wire.errors import MAX_DETAILS, STATUS_CODES
+from external_shuffle.wire.stubs import pb
 from shuffle_api import (
     IntermediateResultPartitionID,
     PartitionError,

@@ -21,10 +21,9 @@ import grpc
 import pyarrow as pa
 import pytest
 
-from external_shuffle._proto import external_shuffle_pb2 as pb
-from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.local_cluster import LocalCluster
 from external_shuffle.wire.channels import translate_rpc_error
+from external_shuffle.wire.stubs import pb, pb_grpc
 from external_shuffle.wire.version import WIRE_VERSION, WIRE_VERSION_HEADER
 from shuffle_api import (
     InputGateDeploymentDescriptor,

@@ -22,8 +22,6 @@ import pytest
 import xxhash
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from external_shuffle._proto import external_shuffle_pb2 as pb
-from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.daemon.streams import StreamLimits
 from external_shuffle.daemon.worker.service import WorkerService
 from external_shuffle.local_cluster import LocalCluster
@@ -32,6 +30,7 @@ from external_shuffle.options import MIN_CHUNK_SIZE
 from external_shuffle.wire.channels import translate_rpc_error
 from external_shuffle.wire.errors import TooManyStreamsError
 from external_shuffle.wire.framing import worker_rpc_handler
+from external_shuffle.wire.stubs import pb, pb_grpc
 from shuffle_api import (
     PartitionCorruptedError,
     PartitionNotFoundError,

@@ -8,10 +8,10 @@ import logging
 
 import pytest
 
-from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle.daemon.coordinator.state import CoordinatorState
 from external_shuffle.wire.errors import NotRegisteredError
 from external_shuffle.wire.messages import Commit, WorkerAddress, identity_from_pb, key_of
+from external_shuffle.wire.stubs import pb
 from scheduling.placement import new_placement_strategy
 from shuffle_api import (
     ApplicationIdentity,

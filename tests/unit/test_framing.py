@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle.wire.framing import fetch_prefix, frame_push, read_fetch, read_push
+from external_shuffle.wire.stubs import pb
 from shuffle_api import SerializationError
 
 KEY = pb.PartitionKey(result_id="result-a", partition_index=3, producer_attempt_id="task-7")

@@ -26,7 +26,7 @@ def test_generated_protobuf_modules_are_fresh(tmp_path: Path) -> None:
         if (tmp_path / relative).read_bytes() != (ROOT / relative).read_bytes()
     ]
     assert not stale, f"regenerate with `make proto`: {stale}"
-    checked_in = sorted(str(path.relative_to(ROOT)) for path in ROOT.glob("*/_proto/*_pb2*.py*"))
+    checked_in = sorted(str(path.relative_to(ROOT)) for path in ROOT.glob("**/_proto/*_pb2*.py*"))
     assert checked_in == generated, "a generated module has no .proto source (or the reverse)"
 
 

@@ -47,7 +47,7 @@ def test_a_package_imports_only_what_the_design_allows(package: str) -> None:
 
 
 # external_shuffle's parts -> its parts each may import when it runs (type hints aside)
-SHARED = {"_proto", "options", "allocator", "wire"}
+SHARED = {"options", "allocator", "wire"}
 EXTERNAL_PARTS: dict[str, set[str]] = {
     "wire": SHARED,
     "client": SHARED | {"client"},
@@ -123,3 +123,25 @@ def test_the_kernels_import_no_pyspark() -> None:
         if "pyspark" in _imported_roots(path)
     ]
     assert not found, f"kernels that import pyspark: {found}"
+
+
+PACKAGES = frozenset(ALLOWED)
+
+
+def test_tests_and_benchmarks_import_no_private_module() -> None:
+    """The generated wire code is imported through its published modules
+    (``external_shuffle.wire.stubs``, ``shuffle_api.messages``), never a ``_private`` one."""
+    found: dict[str, list[str]] = {}
+    for folder in ("tests", "benchmarks"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            private = [
+                node.module
+                for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                if isinstance(node, ast.ImportFrom)
+                and node.module
+                and node.module.split(".")[0] in PACKAGES
+                and any(part.startswith("_") for part in node.module.split("."))
+            ]
+            if private:
+                found[str(path.relative_to(REPO))] = private
+    assert not found, f"imports of private modules: {found}"

@@ -26,8 +26,8 @@ from shuffle_api import (
     deserialize,
     serialize,
 )
-from shuffle_api._proto import descriptors_pb2 as pb
 from shuffle_api.descriptors import ConsumingConstraint, ReleaseBy
+from shuffle_api.messages import pb
 from shuffle_api.serialization import FORMAT_VERSION, Descriptor
 
 RESULT = "3f2a9c0d1e4b4f7a8c6d5e4f3a2b1c0d"

@@ -12,8 +12,6 @@ from collections.abc import Callable
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from external_shuffle._proto import external_shuffle_pb2 as pb
-from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.daemon.coordinator.state import CoordinatorState, PartitionPlacement, Releases
 from external_shuffle.daemon.coordinator.tier_stores import TierStores
 from external_shuffle.daemon.error_statuses import reports_errors
@@ -36,6 +34,7 @@ from external_shuffle.wire.messages import (
     partition_of,
     statistics_to_pb,
 )
+from external_shuffle.wire.stubs import pb, pb_grpc
 from scheduling.placement import PlacementStrategy
 from shuffle_api import (
     ApplicationIdentity,

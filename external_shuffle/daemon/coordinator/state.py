@@ -24,10 +24,10 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle.daemon.ended_applications import EndedApplications
 from external_shuffle.wire.errors import NotRegisteredError, UnavailableError
 from external_shuffle.wire.messages import Commit, WorkerAddress
+from external_shuffle.wire.stubs import pb
 from scheduling.placement import (
     NoPlacementTargetError,
     PlacementRequest,

@@ -26,7 +26,6 @@ from typing import Final
 
 from google.protobuf.message import DecodeError
 
-from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle.daemon.worker.service import WorkerService
 from external_shuffle.ops.metrics import DaemonMetrics
 from external_shuffle.wire.credentials import Credential, CredentialCheck
@@ -41,6 +40,7 @@ from external_shuffle.wire.data_frames import (
     RUN_HEADER,
 )
 from external_shuffle.wire.errors import error_to_pb, short, status_for
+from external_shuffle.wire.stubs import pb
 from shuffle_api import AuthenticationError, SerializationError, ShuffleError, TransportError
 from shuffle_runtime.connections import SERVER_KEEP_ALIVE_SECONDS
 from shuffle_runtime.sockets import (

@@ -7,10 +7,9 @@ import threading
 
 import grpc
 
-from external_shuffle._proto import external_shuffle_pb2 as pb
-from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.daemon.worker.service import WorkerService
 from external_shuffle.wire.messages import key_of, partition_of
+from external_shuffle.wire.stubs import pb, pb_grpc
 
 __all__ = ["heartbeat_loop"]
 

@@ -13,8 +13,6 @@ from typing import TypeVar
 
 import grpc
 
-from external_shuffle._proto import external_shuffle_pb2 as pb
-from external_shuffle._proto import external_shuffle_pb2_grpc as pb_grpc
 from external_shuffle.daemon.error_statuses import reports_errors
 from external_shuffle.daemon.streams import OpenStreams, StreamLimits
 from external_shuffle.daemon.worker.state import Upload, WorkerState
@@ -23,6 +21,7 @@ from external_shuffle.options import MIN_CHUNK_SIZE
 from external_shuffle.wire.credentials import CLUSTER_CREDENTIAL, Credential, CredentialCheck, Role
 from external_shuffle.wire.framing import PushChunk, fetch_prefix
 from external_shuffle.wire.messages import WorkerAddress, key_of, partition_of, statistics_to_pb
+from external_shuffle.wire.stubs import pb, pb_grpc
 from shuffle_api import (
     AuthenticationError,
     InvalidIdentifierError,

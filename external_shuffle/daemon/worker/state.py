@@ -31,11 +31,11 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from external_shuffle._proto import external_shuffle_pb2 as pb
 from external_shuffle.daemon.ended_applications import EndedApplications
 from external_shuffle.daemon.worker.commit_watch import CommitWatch
 from external_shuffle.wire.errors import UnavailableError
 from external_shuffle.wire.messages import Commit
+from external_shuffle.wire.stubs import pb
 from shuffle_api import (
     ConfigError,
     DataTooLargeError,
