@@ -317,16 +317,30 @@ def _split(logical: _LogicalRegion) -> None:
             offsets[exchange.consumer],
         )
 
-    # Raw regions: union-find over vertices along the pipelined (pointwise) exchanges. The finds
-    # are written out (path halving) rather than called: this loop runs once per connection.
+    exchanges = logical.exchanges
+    pipelined = [
+        exchange for exchange in exchanges if exchange.partition_type in _MUST_BE_PIPELINED
+    ]
+    later = [
+        exchange for exchange in exchanges if exchange.partition_type not in _MUST_BE_PIPELINED
+    ]
+    labels, count = _raw_region_labels(total, map(connections, pipelined))
+    labels, count = _merge_waiting_raw_regions(labels, count, map(connections, later))
+    logical.labels = labels
+    logical.runs = [[] for _ in range(count)]
+
+
+def _raw_region_labels(
+    total: int, pipelined: Iterable[Iterable[tuple[int, int]]]
+) -> tuple[list[int], int]:
+    """Raw regions: union-find over ``total`` vertices along the connections of the pipelined
+    (pointwise) exchanges. Returns the label of every vertex, labels numbered by first vertex,
+    and the number of labels."""
+    # The finds are written out (path halving) rather than called: this loop runs once per
+    # connection.
     parent = list(range(total))
     size = [1] * total
-    later: list[StageExchange] = []
-    for exchange in logical.exchanges:
-        if exchange.partition_type not in _MUST_BE_PIPELINED:
-            later.append(exchange)
-            continue
-        pairs = connections(exchange)
+    for pairs in pipelined:
         for producer, consumer in pairs:
             a = producer
             while parent[a] != a:
@@ -341,8 +355,7 @@ def _split(logical: _LogicalRegion) -> None:
                     a, b = b, a
                 parent[b] = a
                 size[a] += size[b]
-    # Label the raw regions by first vertex; pointing each vertex at its root keeps the walks
-    # of later vertices short.
+    # Pointing each vertex at its root keeps the walks of later vertices short.
     label_of_root = [-1] * total
     labels = [0] * total
     count = 0
@@ -356,26 +369,31 @@ def _split(logical: _LogicalRegion) -> None:
             label = label_of_root[root] = count
             count += 1
         labels[vertex] = label
+    return labels, count
 
-    # Blocking or hybrid exchanges inside: edges between raw regions, without duplicates or self
-    # loops (a blocking exchange within one region cannot deadlock it).
+
+def _merge_waiting_raw_regions(
+    labels: list[int], count: int, blocking: Iterable[Iterable[tuple[int, int]]]
+) -> tuple[list[int], int]:
+    """Merge the raw regions that the connections of the blocking or hybrid exchanges make
+    wait for each other in a cycle; returns the new labels (by first vertex) and their count."""
+    # Edges between raw regions, without duplicates or self loops (a blocking exchange within
+    # one region cannot deadlock it).
     edges: set[tuple[int, int]] = set()
-    for exchange in later:
-        pairs = connections(exchange)
+    for pairs in blocking:
         for producer, consumer in pairs:
             source = labels[producer]
             target = labels[consumer]
             if source != target:
                 edges.add((source, target))
-    if edges:
-        successors: list[list[int]] = [[] for _ in range(count)]
-        for source, target in sorted(edges):  # sorted: the same graph, the same walk
-            successors[source].append(target)
-        component = _strongly_connected(successors)
-        labels = _first_seen([component[label] for label in labels], count)
-        count = max(labels) + 1
-    logical.labels = labels
-    logical.runs = [[] for _ in range(count)]
+    if not edges:
+        return labels, count
+    successors: list[list[int]] = [[] for _ in range(count)]
+    for source, target in sorted(edges):  # sorted: the same graph, the same walk
+        successors[source].append(target)
+    component = _strongly_connected(successors)
+    labels = _first_seen([component[label] for label in labels], count)
+    return labels, max(labels) + 1
 
 
 def _number_stage(
@@ -427,24 +445,29 @@ def _merge_cycles(
             _union(parent, size, first_root_of.setdefault(component[root], root), root)
 
 
-def build_regions(graph: StageGraph) -> RegionTopology:
-    """The pipelined regions of ``graph`` (see the module docstring for the rules)."""
-    stages = graph.stages
-    position = {stage.name: index for index, stage in enumerate(stages)}
-
-    # Logical regions: union-find over stages along the must-be-pipelined exchanges.
-    parent = list(range(len(stages)))
-    size = [1] * len(stages)
+def _logical_roots(graph: StageGraph, position: dict[str, int]) -> tuple[list[int], list[int]]:
+    """Logical regions: union-find over stages along the must-be-pipelined exchanges, cycles
+    merged. Returns the root of every stage and the size of every root's set."""
+    count = len(graph.stages)
+    parent = list(range(count))
+    size = [1] * count
     for exchange in graph.exchanges:
         if exchange.partition_type in _MUST_BE_PIPELINED:
             _union(parent, size, position[exchange.producer], position[exchange.consumer])
     if max(size, default=1) > 1:  # some exchange merged two stages
         _merge_cycles(graph, position, parent, size)
-    root_of = [_find(parent, index) for index in range(len(stages))]
+    return [_find(parent, index) for index in range(count)], size
+
+
+def _merged_logical_regions(
+    graph: StageGraph, position: dict[str, int], root_of: list[int], size: list[int]
+) -> dict[int, _LogicalRegion]:
+    """Scratch state of every logical region of several stages, by root: its stages and the
+    exchanges inside it."""
     # Only logical regions of several stages get scratch state: a blocking graph of 10,000
     # stages is 10,000 single-stage logical regions and must not pay for them.
     merged: dict[int, _LogicalRegion] = {}
-    for index, stage in enumerate(stages):
+    for index, stage in enumerate(graph.stages):
         root = root_of[index]
         if size[root] > 1:
             logical = merged.get(root)
@@ -459,6 +482,76 @@ def build_regions(graph: StageGraph) -> RegionTopology:
         logical.exchanges.append(exchange)
         if exchange.pattern is DistributionPattern.ALL_TO_ALL:
             logical.whole = True
+    return merged
+
+
+def _number_own_regions(
+    stage: Stage, regions: list[PipelinedRegion], region_index: dict[str, Sequence[int]]
+) -> None:
+    """Make every vertex of a stage alone in its logical region a region of its own."""
+    # The common case of a blocking graph, so no per-vertex bookkeeping, and a range as the
+    # stage's index (no memory per vertex).
+    name = stage.name
+    width = stage.parallelism
+    first = len(regions)
+    region_index[name] = range(first, first + width)
+    if width == 1:  # a long chain of single-vertex stages: no list per stage
+        regions.append(_new_region(first, ((name, _FIRST_ONLY),)))
+        return
+    own_runs = zip(zip(repeat(name), _single_vertex_ranges(width)))
+    regions.extend(map(_new_region, range(first, first + width), own_runs))
+
+
+def _number_whole(
+    logical: _LogicalRegion,
+    stage: Stage,
+    regions: list[PipelinedRegion],
+    region_index: dict[str, Sequence[int]],
+) -> None:
+    """Number one stage of a logical region that is one region of everything."""
+    if stage is logical.stages[0]:
+        first = len(regions)
+        ranges = tuple((member.name, range(member.parallelism)) for member in logical.stages)
+        regions.append(_new_region(first, ranges))
+        logical.global_ids = [first]
+    region_index[stage.name] = array("q", logical.global_ids) * stage.parallelism
+
+
+def _number_lockstep(
+    logical: _LogicalRegion,
+    stage: Stage,
+    regions: list[PipelinedRegion],
+    region_index: dict[str, Sequence[int]],
+) -> None:
+    """Number one stage of a logical region of one-to-one exchanges only."""
+    width = stage.parallelism
+    if stage is logical.stages[0]:
+        first = len(regions)
+        # Region i holds run (stage, [i, i]) of every stage.
+        singles = _single_vertex_ranges(width)
+        lockstep_runs = zip(
+            *[zip(repeat(member.name), singles) for member in logical.stages], strict=True
+        )
+        regions.extend(map(_new_region, range(first, first + width), lockstep_runs))
+        logical.global_ids = [first]
+    region_index[stage.name] = range(logical.global_ids[0], logical.global_ids[0] + width)
+
+
+def _complete_runs(logical: _LogicalRegion, regions: list[PipelinedRegion]) -> None:
+    """Replace the pending regions of a split logical region, once its last stage has been
+    numbered, by regions of the runs gathered."""
+    for label, runs in enumerate(logical.runs):
+        region_id = logical.global_ids[label]
+        regions[region_id] = _new_region(region_id, tuple(runs))
+    logical.runs = []
+
+
+def build_regions(graph: StageGraph) -> RegionTopology:
+    """The pipelined regions of ``graph`` (see the module docstring for the rules)."""
+    stages = graph.stages
+    position = {stage.name: index for index, stage in enumerate(stages)}
+    root_of, size = _logical_roots(graph, position)
+    merged = _merged_logical_regions(graph, position, root_of, size)
     for logical in merged.values():
         if not logical.whole:
             _split(logical)
@@ -467,45 +560,17 @@ def build_regions(graph: StageGraph) -> RegionTopology:
     regions: list[PipelinedRegion] = []
     region_index: dict[str, Sequence[int]] = {}
     for index, stage in enumerate(stages):
-        name = stage.name
-        width = stage.parallelism
-        first = len(regions)
         root = root_of[index]
         if size[root] == 1:
-            # Every vertex is a region of its own: the common case of a blocking graph, so no
-            # per-vertex bookkeeping, and a range as the stage's index (no memory per vertex).
-            region_index[name] = range(first, first + width)
-            if width == 1:  # a long chain of single-vertex stages: no list per stage
-                regions.append(_new_region(first, ((name, _FIRST_ONLY),)))
-                continue
-            own_runs = zip(zip(repeat(name), _single_vertex_ranges(width)))
-            regions.extend(map(_new_region, range(first, first + width), own_runs))
+            _number_own_regions(stage, regions, region_index)
             continue
         logical = merged[root]
         if logical.whole:
-            if stage is logical.stages[0]:
-                ranges = tuple(
-                    (member.name, range(member.parallelism)) for member in logical.stages
-                )
-                regions.append(_new_region(first, ranges))
-                logical.global_ids = [first]
-            region_index[name] = array("q", logical.global_ids) * width
-            continue
-        if logical.lockstep:
-            if stage is logical.stages[0]:
-                # Region i holds run (stage, [i, i]) of every stage.
-                singles = _single_vertex_ranges(width)
-                lockstep_runs = zip(
-                    *[zip(repeat(member.name), singles) for member in logical.stages], strict=True
-                )
-                regions.extend(map(_new_region, range(first, first + width), lockstep_runs))
-                logical.global_ids = [first]
-            region_index[name] = range(logical.global_ids[0], logical.global_ids[0] + width)
-            continue
-        _number_stage(logical, stage, regions, region_index)
-        if stage is logical.stages[-1]:
-            for label, runs in enumerate(logical.runs):
-                region_id = logical.global_ids[label]
-                regions[region_id] = _new_region(region_id, tuple(runs))
-            logical.runs = []
+            _number_whole(logical, stage, regions, region_index)
+        elif logical.lockstep:
+            _number_lockstep(logical, stage, regions, region_index)
+        else:
+            _number_stage(logical, stage, regions, region_index)
+            if stage is logical.stages[-1]:
+                _complete_runs(logical, regions)
     return RegionTopology(tuple(regions), region_index)
