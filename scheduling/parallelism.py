@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -122,28 +122,17 @@ def ranges_by_bytes_in_runs(
         if len(runs) > high:
             limit = None
         else:
-            # Invariant: count(lo) > high >= count(hi); count is non-increasing in the limit.
-            lo, hi = bounds.bytes_per_task, total
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                if count(mid) <= high:
-                    hi = mid
-                else:
-                    lo = mid
+            # count(bytes_per_task) > high >= count(total).
+            hi = _first_limit(lambda limit: count(limit) <= high, bounds.bytes_per_task, total)
             limit = hi if count(hi) >= low else None
     elif found < low:
         # A limit of 0 gives the most ranges greedy can make (empty neighbours still merge).
         if count(0) < low:
             limit = None
         else:
-            # Invariant: count(lo) >= low > count(hi).
-            lo, hi = 0, bounds.bytes_per_task
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                if count(mid) >= low:
-                    lo = mid
-                else:
-                    hi = mid
+            # count(0) >= low > count(bytes_per_task); the search ends with lo = hi - 1.
+            hi = _first_limit(lambda limit: count(limit) < low, 0, bounds.bytes_per_task)
+            lo = hi - 1
             if count(lo) > low:
                 # The count jumps past min (near-equal subpartitions: 8 even ones give 4
                 # ranges, then 8): the fewer, larger ranges, the largest split until min.
@@ -154,9 +143,29 @@ def ranges_by_bytes_in_runs(
         return tuple(_cut(runs, run_prefixes, limit))
 
     # No limit lands in the bounds: split by subpartition count instead, ignoring bytes.
-    ranges: list[SubpartitionRange] = []
     wanted = max(low, min(-(-total // bounds.bytes_per_task), high))
-    wanted = max(len(runs), min(wanted, covered))
+    return _split_runs_evenly(runs, max(len(runs), min(wanted, covered)))
+
+
+def _first_limit(fits: Callable[[int], bool], lo: int, hi: int) -> int:
+    """Bisection: the smallest limit in ``(lo, hi]`` at which ``fits`` holds, given that it
+    fails at ``lo``, holds at ``hi`` and, the range count being non-increasing in the limit,
+    never fails again once it holds."""
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def _split_runs_evenly(
+    runs: Sequence[SubpartitionRange], wanted: int
+) -> tuple[SubpartitionRange, ...]:
+    """``wanted`` ranges (at least one per run) by subpartition count, shared among the runs
+    by their length and each run split evenly."""
+    ranges: list[SubpartitionRange] = []
     shares = _apportion([len(run) for run in runs], wanted)
     for run, share in zip(runs, shares, strict=True):
         for local in split_evenly(len(run), share):
