@@ -103,36 +103,71 @@ class ExternalInputGate(SequentialInputGate):
             )
         partition = descriptor.result_partition_id
         failures: list[str] = []
-        if self._settings.read_from_store:
-            for replica in descriptor.replicas:
-                if replica.store_shared and (
-                    reader := self._open_on_store(replica.store_url, partition)
-                ):
-                    read_any = False
-                    try:
-                        for batch in reader.read(self.subpartitions):
-                            read_any = True
-                            yield batch
-                        return
-                    except PartitionNotFoundError as error:
-                        # Gone since its layout was cached (moved to the tier, say): the
-                        # worker, or the tier, may have it still.
-                        if read_any:
-                            raise
-                        failures.append(str(error))
+        if self._settings.read_from_store and (
+            yield from self._read_from_shared_store(descriptor, failures)
+        ):
+            return
+        runs_read = yield from self._read_from_replicas(descriptor, failures)
+        if runs_read is None:
+            return
+        if (yield from self._read_from_tier_store(descriptor, runs_read, failures)):
+            return
+        raise PartitionNotFoundError(
+            f"partition {partition} could not be read from any replica: " + "; ".join(failures),
+            partition,
+        )
+
+    def _read_from_shared_store(
+        self, descriptor: ExternalShuffleDescriptor, failures: list[str]
+    ) -> Generator[pa.RecordBatch, None, bool]:
+        """Reads the partition from the first replica's store shared with this host that has
+        it; True once it is read whole, False (failures noted) if none has it."""
+        partition = descriptor.result_partition_id
+        for replica in descriptor.replicas:
+            if replica.store_shared and (
+                reader := self._open_on_store(replica.store_url, partition)
+            ):
+                read_any = False
+                try:
+                    for batch in reader.read(self.subpartitions):
+                        read_any = True
+                        yield batch
+                    return True
+                except PartitionNotFoundError as error:
+                    # Gone since its layout was cached (moved to the tier, say): the
+                    # worker, or the tier, may have it still.
+                    if read_any:
+                        raise
+                    failures.append(str(error))
+        return False
+
+    def _read_from_replicas(
+        self, descriptor: ExternalShuffleDescriptor, failures: list[str]
+    ) -> Generator[pa.RecordBatch, None, int | None]:
+        """Fetches the partition from its replicas in order, each resuming after the runs read
+        already; None once it is read whole, else (failures noted) the runs read."""
+        partition = descriptor.result_partition_id
         runs_read = 0
         for replica in descriptor.replicas:
             try:
                 for run_batches in self._fetch(replica, partition, skip=runs_read):
                     yield from run_batches
                     runs_read += 1
-                return
+                return None
             # A replica that is gone, or whose copy is corrupt: the next one may be whole.
             except (TransportError, PartitionNotFoundError, PartitionCorruptedError) as error:
                 failures.append(str(error))
                 if isinstance(error, TransportError):
                     self._on_unreachable(replica, error)
                 logger.warning("reading %s from %s failed: %s", partition, replica.target, error)
+        return runs_read
+
+    def _read_from_tier_store(
+        self, descriptor: ExternalShuffleDescriptor, runs_read: int, failures: list[str]
+    ) -> Generator[pa.RecordBatch, None, bool]:
+        """Reads the partition, after its first ``runs_read`` runs, from the first of its
+        replicas' tier stores that has it; True once read, False (failures noted) if none."""
+        partition = descriptor.result_partition_id
         for tier_url in dict.fromkeys(r.tier_url for r in descriptor.replicas if r.tier_url):
             try:
                 reader = PartitionFileReader(
@@ -147,11 +182,8 @@ class ExternalInputGate(SequentialInputGate):
             for run in runs[runs_read:]:
                 yield from decode_run(reader.read_run(run), schema, partition)
             logger.info("read %s from the tier store %s", partition, tier_url)
-            return
-        raise PartitionNotFoundError(
-            f"partition {partition} could not be read from any replica: " + "; ".join(failures),
-            partition,
-        )
+            return True
+        return False
 
     def _fetch(
         self, worker: WorkerAddress, partition: ResultPartitionID, *, skip: int
