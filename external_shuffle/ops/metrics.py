@@ -84,8 +84,12 @@ class DaemonMetrics:
         Info("pyshuffle_build", "The pyshuffle this daemon runs", registry=every).info(
             {"version": _version(), "roles": ",".join(sorted(roles))}
         )
-        worker = every if WORKER in roles else None
-        coordinator = every if COORDINATOR in roles else None
+        self._add_shared_metrics(every)
+        self._add_worker_metrics(every if WORKER in roles else None)
+        self._add_coordinator_metrics(every if COORDINATOR in roles else None)
+
+    def _add_shared_metrics(self, every: CollectorRegistry) -> None:
+        """The metrics of every role."""
         self.errors = Counter(
             "pyshuffle_errors",
             "Calls refused or failed, by method and status code (each one is also logged)",
@@ -105,6 +109,9 @@ class DaemonMetrics:
             ["role"],
             registry=every,
         )
+
+    def _add_worker_metrics(self, worker: CollectorRegistry | None) -> None:
+        """The worker's metrics, exported to ``worker`` (None: not exported)."""
         self.bytes_in = Counter(
             "pyshuffle_bytes_in", "Partition bytes pushed to this worker", registry=worker
         )
@@ -159,6 +166,9 @@ class DaemonMetrics:
             "Pushed bytes held in memory, waiting to be written",
             registry=worker,
         )
+
+    def _add_coordinator_metrics(self, coordinator: CollectorRegistry | None) -> None:
+        """The coordinator's metrics, exported to ``coordinator`` (None: not exported)."""
         self.applications = Gauge(
             "pyshuffle_applications", "Registered applications", registry=coordinator
         )
