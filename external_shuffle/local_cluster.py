@@ -24,6 +24,7 @@ from typing import Self
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from external_shuffle.daemon import main as daemon_main
 from external_shuffle.options import TLS_CA_FILE
 from external_shuffle.wire.channels import ChannelPool, ClientSettings
 from external_shuffle.wire.stubs import pb, pb_grpc
@@ -179,7 +180,7 @@ class LocalCluster:
     def client_config(self, **extra: object) -> dict[str, object]:
         """pyshuffle options of a client of this cluster."""
         return {
-            "shuffle-service-factory.class": "external_shuffle.ExternalShuffleServiceFactory",
+            "shuffle-service-factory.class": "external_shuffle",
             "external-shuffle.coordinator.address": self.coordinator_address,
             "external-shuffle.auth.token-file": str(self.token_file),
             **extra,
@@ -203,7 +204,7 @@ class LocalCluster:
         log = process.log.open("ab")
         process.popen = subprocess.Popen(
             [
-                *(sys.executable, "-m", "external_shuffle.daemon.main"),
+                *(sys.executable, "-m", daemon_main.__name__),
                 *("--role", process.role, "--config", str(process.config)),
             ],
             stdout=log,

@@ -16,6 +16,7 @@ from shuffle_api.config import (
     memory_option,
     str_option,
 )
+from shuffle_api.plugins import OptionCatalog, OptionRole
 
 __all__ = [
     "APPLICATION_CREDENTIAL",
@@ -25,6 +26,7 @@ __all__ = [
     "AUTH_TOKEN_FILE",
     "BIND_HOST",
     "CLIENT_APPLICATION",
+    "CLIENT_CATALOG",
     "CLIENT_HEARTBEAT_INTERVAL",
     "CLIENT_OPTIONS",
     "CLIENT_RETRY_TIMEOUT",
@@ -32,6 +34,7 @@ __all__ = [
     "COORDINATOR_ADDRESS",
     "COORDINATOR_PORT",
     "COORDINATOR_STATUS_PORT",
+    "DAEMON_CATALOG",
     "DAEMON_OPTIONS",
     "LOG_FORMAT",
     "LOG_LEVEL",
@@ -443,3 +446,7 @@ def message_chunk_size(configuration: Configuration) -> int:
     """Data bytes per pushed message: ``client.chunk-size``, kept within
     :func:`message_data_limit`."""
     return min(configuration.get(PUSH_CHUNK_SIZE), message_data_limit(configuration))
+
+
+CLIENT_CATALOG = OptionCatalog("external service, clients", OptionRole.SERVICE, CLIENT_OPTIONS)
+DAEMON_CATALOG = OptionCatalog("external service, daemon", OptionRole.DAEMON, DAEMON_OPTIONS)

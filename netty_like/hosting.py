@@ -25,6 +25,7 @@ from pathlib import Path
 
 from netty_like.control import ControlConnection
 from netty_like.host import HostLaunch, HostReady, process_start_time
+from netty_like.host import main as host_main
 from netty_like.protocol import HostedState
 from shuffle_api import ResultPartitionID, ShuffleError, TransportError
 from shuffle_runtime.tls import TlsFiles
@@ -206,11 +207,11 @@ class ExecutorHost:
         )
         # Its own session: the engine's clean-up of its worker processes must not reach it.
         process = subprocess.Popen(
-            # Not ``-m netty_like.host``: the package imports that module before runpy runs it.
+            # Not ``-m``: the package imports the host's module before runpy would run it.
             [
                 sys.executable,
                 "-c",
-                "import sys; from netty_like.host import main; sys.exit(main())",
+                f"import sys; from {host_main.__module__} import main; sys.exit(main())",
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

@@ -15,6 +15,7 @@ from shuffle_api.config import (
     str_option,
 )
 from shuffle_api.errors import ConfigError
+from shuffle_api.plugins import OptionCatalog, OptionRole
 from shuffle_runtime.tls import TlsFiles
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "INITIAL_CREDIT",
     "MAX_CREDIT",
     "MAX_FRAME_SIZE",
+    "NETTY_CATALOG",
     "NETTY_OPTIONS",
     "PARTITION_REQUEST_TIMEOUT",
     "PIPELINED_SUBPARTITION_BUFFER",
@@ -199,3 +201,6 @@ def tls_files(configuration: Configuration) -> TlsFiles:
             f" {TLS_CA_FILE.key}, all three"
         )
     return files
+
+
+NETTY_CATALOG = OptionCatalog("default service (netty_like)", OptionRole.SERVICE, NETTY_OPTIONS)

@@ -35,12 +35,14 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as sf
 
+from pyspark_shuffle.driver import progress
 from pyspark_shuffle.driver.session import SparkShuffle
 from pyspark_shuffle.options import KEEP_RESULTS
 from pyspark_shuffle.spark.local import local_connect_server, local_spark_session
 from shuffle_api.options import SHUFFLE_SERVICE_FACTORY_CLASS
+from shuffle_api.plugins import Command
 
-__all__ = ["main"]
+__all__ = ["COMMAND", "main"]
 
 T = TypeVar("T")
 
@@ -404,7 +406,7 @@ def _session(args: argparse.Namespace, resources: contextlib.ExitStack) -> Spark
 def _run(args: argparse.Namespace, resources: contextlib.ExitStack) -> int:
     # The library logs; the command shows its warnings, and the map stages' progress lines.
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
-    logging.getLogger("pyspark_shuffle.driver.progress").setLevel(logging.INFO)
+    logging.getLogger(progress.__name__).setLevel(logging.INFO)
 
     spark, seconds = _timed(lambda: _session(args, resources))
     kind = "through Spark Connect" if args.connect else "classic"
@@ -457,3 +459,6 @@ def _run(args: argparse.Namespace, resources: contextlib.ExitStack) -> int:
         spark.stop()
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
+
+
+COMMAND = Command("run the PySpark demo pipeline on the configured shuffle service", main)

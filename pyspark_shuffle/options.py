@@ -17,6 +17,7 @@ from shuffle_api.config import (
     int_option,
     memory_option,
 )
+from shuffle_api.plugins import OptionCatalog, OptionRole
 
 __all__ = [
     "JOIN_BROADCAST_THRESHOLD",
@@ -25,6 +26,7 @@ __all__ = [
     "MAX_RECOVERY_ATTEMPTS",
     "MAX_SUBPARTITIONS",
     "PROGRESS_INTERVAL",
+    "PYSPARK_SHUFFLE_CATALOG",
     "PYSPARK_SHUFFLE_OPTIONS",
     "RANGE_SAMPLE_SIZE",
     "REDUCER_MIN_COUNT",
@@ -125,4 +127,8 @@ PYSPARK_SHUFFLE_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
     WORKER_MEMORY_POOL,
     *SCHEDULING_OPTIONS,
     *BLOB_OPTIONS,
+)
+
+PYSPARK_SHUFFLE_CATALOG = OptionCatalog(
+    "PySpark, scheduling, blob", OptionRole.ENGINE, PYSPARK_SHUFFLE_OPTIONS
 )

@@ -49,7 +49,6 @@ from shuffle_api.errors import (
     UnsupportedTypeError,
 )
 from shuffle_api.factory import (
-    KNOWN_FACTORIES,
     ApplicationIdentity,
     ShuffleEnvironmentContext,
     ShuffleMasterContext,
@@ -68,7 +67,6 @@ from shuffle_api.serialization import deserialize, serialize
 
 __all__ = [
     "BROADCAST",
-    "KNOWN_FACTORIES",
     "LOCAL_ONLY_PORT",
     "ApplicationIdentity",
     "AuthenticationError",

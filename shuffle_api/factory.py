@@ -8,7 +8,7 @@ import secrets
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any
 
 from shuffle_api.config import ConfigOption, Configuration
 from shuffle_api.environment import ShuffleEnvironment
@@ -16,21 +16,15 @@ from shuffle_api.errors import ConfigError
 from shuffle_api.ids import new_id, validate_id
 from shuffle_api.master import ShuffleMaster
 from shuffle_api.options import CORE_OPTIONS, SHUFFLE_SERVICE_FACTORY_CLASS
+from shuffle_api.plugins import SERVICES, described, load_plugin, plugins
 
 __all__ = [
-    "KNOWN_FACTORIES",
     "ApplicationIdentity",
     "ShuffleEnvironmentContext",
     "ShuffleMasterContext",
     "ShuffleServiceFactory",
     "load_shuffle_service_factory",
 ]
-
-# Short name -> class path of the implementations that ship with pyshuffle (imported lazily).
-KNOWN_FACTORIES: Final[dict[str, str]] = {
-    "netty_like": "netty_like.NettyShuffleServiceFactory",
-    "external_shuffle": "external_shuffle.ExternalShuffleServiceFactory",
-}
 
 
 def _raise(error: BaseException) -> None:
@@ -107,39 +101,46 @@ class ShuffleServiceFactory(abc.ABC):
     ) -> ShuffleEnvironment: ...
 
 
-def _known() -> str:
-    return ", ".join(f"{name} ({path})" for name, path in KNOWN_FACTORIES.items())
-
-
-def load_shuffle_service_factory(
-    configuration: Configuration, *, extra_options: Sequence[ConfigOption[Any]] = ()
-) -> ShuffleServiceFactory:
-    """Instantiate the factory named by ``shuffle-service-factory.class`` and validate the
-    configuration against the core options, the factory's own and ``extra_options`` (those of
-    the engine integration that loads it)."""
+def _factory_class(value: str) -> Any:
+    """What ``value`` names: an installed service (by its entry point's name) or a class path."""
     key = SHUFFLE_SERVICE_FACTORY_CLASS.key
-    value = configuration.get(SHUFFLE_SERVICE_FACTORY_CLASS).strip()
-    path = KNOWN_FACTORIES.get(value, value)
-    module_name, separator, class_name = path.partition(":")
+    if value in plugins(SERVICES):
+        try:
+            return load_plugin(SERVICES, value)
+        except ConfigError as error:
+            raise ConfigError(f"config key {key!r} has value {value!r}: {error}") from error
+    module_name, separator, class_name = value.partition(":")
     if not separator:
-        module_name, _, class_name = path.rpartition(".")
+        module_name, _, class_name = value.rpartition(".")
     if not module_name or not class_name:
         raise ConfigError(
-            f"config key {key!r} has value {value!r}, which is not a class path"
-            f" (pkg.mod.Class or pkg.mod:Class); known implementations: {_known()}"
+            f"config key {key!r} has value {value!r}, which is neither an installed service nor"
+            f" a class path (pkg.mod.Class or pkg.mod:Class); installed services:"
+            f" {described(SERVICES)}"
         )
     try:
         module = importlib.import_module(module_name)
     except Exception as error:  # a module can fail to import with any error
         raise ConfigError(
             f"config key {key!r} has value {value!r}: module {module_name!r} does not import"
-            f" ({error}); known implementations: {_known()}"
+            f" ({error}); installed services: {described(SERVICES)}"
         ) from error
-    cls = getattr(module, class_name, None)
+    return getattr(module, class_name, None)
+
+
+def load_shuffle_service_factory(
+    configuration: Configuration, *, extra_options: Sequence[ConfigOption[Any]] = ()
+) -> ShuffleServiceFactory:
+    """Instantiate the factory named by ``shuffle-service-factory.class`` (an installed service's
+    name, or a class path) and validate the configuration against the core options, the
+    factory's own and ``extra_options`` (those of the engine integration that loads it)."""
+    key = SHUFFLE_SERVICE_FACTORY_CLASS.key
+    value = configuration.get(SHUFFLE_SERVICE_FACTORY_CLASS).strip()
+    cls = _factory_class(value)
     if not (isinstance(cls, type) and issubclass(cls, ShuffleServiceFactory)):
         raise ConfigError(
-            f"config key {key!r} has value {value!r}: {class_name!r} in {module_name!r} is not a"
-            f" ShuffleServiceFactory; known implementations: {_known()}"
+            f"config key {key!r} has value {value!r}, which names {cls!r}, not a"
+            f" ShuffleServiceFactory; installed services: {described(SERVICES)}"
         )
     try:
         factory = cls()

@@ -26,12 +26,15 @@ __all__ = [
     "TARGET_BATCH_SIZE",
 ]
 
-DEFAULT_FACTORY: Final = "netty_like.NettyShuffleServiceFactory"
+DEFAULT_FACTORY: Final = "netty_like"
+"""The service pyshuffle's own distribution registers as its default (in process, no daemon)."""
 
 SHUFFLE_SERVICE_FACTORY_CLASS = str_option(
     "shuffle-service-factory.class",
     DEFAULT_FACTORY,
-    "Dotted path (pkg.mod.Class or pkg.mod:Class) of the ShuffleServiceFactory to use.",
+    "The ShuffleServiceFactory to use: an installed service's name (entry point group"
+    " pyshuffle.services: netty_like, external_shuffle, ...) or a class path (pkg.mod.Class or"
+    " pkg.mod:Class).",
 )
 
 COMPRESSION_CODEC = choice_option(

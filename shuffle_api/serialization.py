@@ -7,7 +7,6 @@ is found by its ``kind``: registered classes first, then the known implementatio
 
 from __future__ import annotations
 
-import importlib
 import threading
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Final
@@ -27,16 +26,21 @@ from shuffle_api.descriptors import (
     SubpartitionRange,
     UnknownShuffleDescriptor,
 )
-from shuffle_api.errors import SerializationError, ShuffleError, UnsupportedFormatVersionError
+from shuffle_api.errors import (
+    ConfigError,
+    SerializationError,
+    ShuffleError,
+    UnsupportedFormatVersionError,
+)
 from shuffle_api.ids import IntermediateResultPartitionID, ResultPartitionID
 from shuffle_api.messages import pb
+from shuffle_api.plugins import DESCRIPTOR_KINDS, load_plugin, plugins
 
 if TYPE_CHECKING:
     from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
 __all__ = [
     "FORMAT_VERSION",
-    "KNOWN_DESCRIPTOR_KINDS",
     "Descriptor",
     "deserialize",
     "register_shuffle_descriptor_kind",
@@ -49,12 +53,6 @@ columns, which a version-1 reader would take for an empty group, so group envelo
 every other payload is unchanged and still says 1, so older readers keep reading them."""
 
 _UNCHANGED_SINCE_VERSION: Final = 1
-
-# kind -> "module:Class" of implementations that ship with pyshuffle, imported on first use.
-KNOWN_DESCRIPTOR_KINDS: Final[dict[str, str]] = {
-    "netty_like": "netty_like.descriptor:NettyShuffleDescriptor",
-    "external_shuffle": "external_shuffle.client.descriptor:ExternalShuffleDescriptor",
-}
 
 Descriptor = (
     PartitionDescriptor
@@ -87,19 +85,19 @@ def _descriptor_class(kind: str) -> type[ShuffleDescriptor]:
     cls = _registry.get(kind)
     if cls is not None:
         return cls
-    target = KNOWN_DESCRIPTOR_KINDS.get(kind)
-    if target is None:
+    if kind not in plugins(DESCRIPTOR_KINDS):
         raise SerializationError(
             f"unknown shuffle descriptor kind {kind!r}; known kinds:"
-            f" {sorted(set(_registry) | set(KNOWN_DESCRIPTOR_KINDS))}"
+            f" {sorted(set(_registry) | set(plugins(DESCRIPTOR_KINDS)))}"
         )
-    module_name, _, class_name = target.partition(":")
     try:
-        loaded = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError) as error:
+        loaded = load_plugin(DESCRIPTOR_KINDS, kind)
+    except ConfigError as error:
+        raise SerializationError(f"shuffle descriptor kind {kind!r}: {error}") from error
+    if not (isinstance(loaded, type) and issubclass(loaded, ShuffleDescriptor)):
         raise SerializationError(
-            f"shuffle descriptor kind {kind!r} needs {target}, which does not import: {error}"
-        ) from error
+            f"shuffle descriptor kind {kind!r} is registered as {loaded!r}, not a ShuffleDescriptor"
+        )
     return register_shuffle_descriptor_kind(loaded)
 
 

@@ -1,13 +1,14 @@
-"""The ``pyshuffle`` command. Subcommands are imported on use, by dotted path, so this module
-imports no implementation (``pyshuffle daemon`` and the PySpark demo arrive with their packages)."""
+"""The ``pyshuffle`` command. Subcommands and option catalogs are what installed packages register
+(entry point groups ``pyshuffle.commands`` and ``pyshuffle.option_catalogs``), imported on use,
+so this module imports no implementation (``pyshuffle daemon`` and the PySpark demo arrive with
+their packages)."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Final
 
@@ -15,27 +16,17 @@ from shuffle_api.config import ConfigOption, Configuration
 from shuffle_api.errors import ConfigError, ShuffleError
 from shuffle_api.factory import load_shuffle_service_factory
 from shuffle_api.options import CORE_OPTIONS, SHUFFLE_SERVICE_FACTORY_CLASS
+from shuffle_api.plugins import (
+    COMMANDS,
+    OPTION_CATALOGS,
+    Command,
+    OptionCatalog,
+    OptionRole,
+    load_plugin,
+    plugins,
+)
 
-__all__ = ["main"]
-
-SUBCOMMANDS: Final[dict[str, tuple[str, str]]] = {
-    "demo": (
-        "pyspark_shuffle.demo:main",
-        "run the PySpark demo pipeline on the configured shuffle service",
-    ),
-    "daemon": (
-        "external_shuffle.daemon.main:main",
-        "run the external shuffle service (coordinator, worker or both; needs pyshuffle[external])",
-    ),
-    "admin": (
-        "external_shuffle.ops.admin:main",
-        "an external shuffle cluster's workers and applications; decommission a worker",
-    ),
-    "options": (
-        "shuffle_runtime.cli:print_options",
-        "list every configuration key, or check a config file for its role (--config)",
-    ),
-}
+__all__ = ["OPTIONS_COMMAND", "catalogs", "main", "options_of", "print_options"]
 
 # The modules only an extra installs, by extra, and the command that sets up a source checkout
 # with it: a subcommand that misses one says what to install, not ModuleNotFoundError.
@@ -46,28 +37,38 @@ EXTRAS: Final[dict[str, tuple[frozenset[str], str]]] = {
 
 CLIENT: Final = "client"
 DAEMON: Final = "daemon"
-PYSPARK_OPTIONS: Final = "pyspark_shuffle.options:PYSPARK_SHUFFLE_OPTIONS"
-DAEMON_OPTIONS: Final = "external_shuffle.options:DAEMON_OPTIONS"
-
-# Every part's options by dotted path (imported on use, as the subcommands are), with the
-# role they configure: a Spark application's processes ("client") or a `pyshuffle daemon`.
-OPTION_CATALOGS: Final[tuple[tuple[str, str, str], ...]] = (
-    ("default service (netty_like)", "netty_like.options:NETTY_OPTIONS", CLIENT),
-    ("external service, clients", "external_shuffle.options:CLIENT_OPTIONS", CLIENT),
-    ("PySpark, scheduling, blob", PYSPARK_OPTIONS, CLIENT),
-    ("external service, daemon", DAEMON_OPTIONS, DAEMON),
-)
+# A config file's role -> the catalogs whose keys it may set.
+ROLES: Final[dict[str, frozenset[OptionRole]]] = {
+    CLIENT: frozenset({OptionRole.SERVICE, OptionRole.ENGINE}),
+    DAEMON: frozenset({OptionRole.DAEMON}),
+}
 
 
-def catalog(target: str) -> tuple[ConfigOption[Any], ...]:
-    """The options at ``target`` ("module:NAME"); a part not installed has none."""
-    module_name, _, name = target.partition(":")
+def _catalog(name: str) -> OptionCatalog | None:
+    """The installed catalog ``name``; ``None`` where its part's extra is missing."""
     try:
-        module = importlib.import_module(module_name)
-    except ImportError:
-        return ()
-    options: tuple[ConfigOption[Any], ...] = getattr(module, name)
-    return options
+        catalog: OptionCatalog = load_plugin(OPTION_CATALOGS, name)
+    except ConfigError as error:
+        if isinstance(error.__cause__, ImportError):
+            return None
+        raise
+    return catalog
+
+
+def catalogs() -> list[OptionCatalog]:
+    """Every installed part's options (entry point group ``pyshuffle.option_catalogs``), by
+    role (services' clients, engines, daemons) and title; a part whose extra is missing has
+    none."""
+    found = [catalog for name in plugins(OPTION_CATALOGS) if (catalog := _catalog(name))]
+    order = list(OptionRole)
+    return sorted(found, key=lambda catalog: (order.index(catalog.role), catalog.title))
+
+
+def options_of(*roles: OptionRole) -> tuple[ConfigOption[Any], ...]:
+    """The options of every installed catalog of ``roles``, each key once."""
+    return _unique(
+        option for catalog in catalogs() if catalog.role in roles for option in catalog.options
+    )
 
 
 def _print_part(title: str, options: Sequence[ConfigOption[Any]], config: Configuration) -> None:
@@ -85,21 +86,10 @@ def _unique(options: Iterable[ConfigOption[Any]]) -> tuple[ConfigOption[Any], ..
     return tuple({option.key: option for option in options}.values())
 
 
-def _client_options() -> tuple[ConfigOption[Any], ...]:
-    """Every option a client reads (a Spark application's processes on any installed
-    implementation, or ``pyshuffle admin``), each key once."""
-    return _unique(
-        option
-        for _, target, role in OPTION_CATALOGS
-        if role == CLIENT
-        for option in catalog(target)
-    )
-
-
 def _role_of(configuration: Configuration) -> str:
     """A daemon's file sets a key only daemons read; anything else is a client's."""
-    client_keys = {option.key for option in _client_options()}
-    daemon_only = {option.key for option in catalog(DAEMON_OPTIONS)} - client_keys
+    client_keys = {option.key for option in options_of(*ROLES[CLIENT])}
+    daemon_only = {option.key for option in options_of(*ROLES[DAEMON])} - client_keys
     return DAEMON if daemon_only & set(configuration.values) else CLIENT
 
 
@@ -118,7 +108,7 @@ def print_options(argv: list[str] | None = None) -> int:
     role = args.role or _role_of(configuration)
     unread: list[str] = []
     if role == DAEMON:
-        daemon = catalog(DAEMON_OPTIONS)
+        daemon = options_of(*ROLES[DAEMON])
         if not daemon:
             raise ConfigError("the daemon is not installed: pip install 'pyshuffle[external]'")
         known = (*CORE_OPTIONS, *daemon)
@@ -128,19 +118,18 @@ def print_options(argv: list[str] | None = None) -> int:
         # (which reads the external service's client keys whatever the factory): all their
         # keys are valid. Those the configured service does not read are named: a Spark
         # application on that service refuses them.
-        client = _client_options()
+        client = options_of(*ROLES[CLIENT])
         factory = load_shuffle_service_factory(configuration, extra_options=client)
-        service = (*CORE_OPTIONS, *factory.config_options(), *catalog(PYSPARK_OPTIONS))
+        service = (*CORE_OPTIONS, *factory.config_options(), *options_of(OptionRole.ENGINE))
         known = _unique((*service, *client))
         unread = sorted(set(configuration.values) - {option.key for option in service})
     if args.config is None and args.role is None:  # every part, as this environment sets it
         _print_part("the contract", CORE_OPTIONS, configuration)
-        for title, target, _ in OPTION_CATALOGS:
-            options = catalog(target)
-            if options:
-                _print_part(title, options, configuration)
-            else:
-                print(f"# {title}: not installed\n")
+        for catalog in catalogs():
+            _print_part(catalog.title, catalog.options, configuration)
+        for name in sorted(plugins(OPTION_CATALOGS)):
+            if _catalog(name) is None:
+                print(f"# {name}: not installed\n")
         return 0
     print(f"# {args.config or 'the environment'}: valid for a {role}\n")
     if unread:
@@ -161,12 +150,25 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
-def _load(target: str) -> Callable[[list[str]], int]:
-    module_name, _, function_name = target.partition(":")
-    function: Callable[[list[str]], int] = getattr(
-        importlib.import_module(module_name), function_name
-    )
-    return function
+def _command(name: str) -> Command:
+    """The installed subcommand ``name``; the ModuleNotFoundError of a missing extra as is."""
+    try:
+        command: Command = load_plugin(COMMANDS, name)
+    except ConfigError as error:
+        if isinstance(error.__cause__, ModuleNotFoundError):
+            raise error.__cause__ from None
+        raise
+    return command
+
+
+def _print_usage() -> None:
+    print("usage: pyshuffle [--version] COMMAND [options]\n\ncommands:")
+    for name in sorted(plugins(COMMANDS)):
+        try:
+            summary = _command(name).summary
+        except ModuleNotFoundError as error:  # its extra is not installed
+            summary = _missing_extra(error) or str(error)
+        print(f"  {name:<10} {summary}")
 
 
 def _missing_extra(error: ModuleNotFoundError) -> str | None:
@@ -186,13 +188,11 @@ def main(argv: list[str] | None = None) -> int:
     if arguments and arguments[0] in ("-V", "--version"):
         print(f"pyshuffle {_version()}")
         return 0
-    if not arguments or arguments[0] in ("-h", "--help") or arguments[0] not in SUBCOMMANDS:
-        print("usage: pyshuffle [--version] COMMAND [options]\n\ncommands:")
-        for name, (_, summary) in SUBCOMMANDS.items():
-            print(f"  {name:<10} {summary}")
+    if not arguments or arguments[0] in ("-h", "--help") or arguments[0] not in plugins(COMMANDS):
+        _print_usage()
         return 0 if arguments and arguments[0] in ("-h", "--help") else 2
     try:
-        return _load(SUBCOMMANDS[arguments[0]][0])(arguments[1:])
+        return _command(arguments[0]).run(arguments[1:])
     except ShuffleError as error:
         print(f"pyshuffle {arguments[0]}: {type(error).__name__}: {error}", file=sys.stderr)
         return 1
@@ -209,3 +209,8 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+OPTIONS_COMMAND = Command(
+    "list every configuration key, or check a config file for its role (--config)", print_options
+)

@@ -80,9 +80,10 @@ from external_shuffle.wire.stubs import pb_grpc
 from scheduling.placement import new_placement_strategy
 from shuffle_api import ConfigError, Configuration, ShuffleError
 from shuffle_api.options import CORE_OPTIONS
+from shuffle_api.plugins import Command
 from shuffle_runtime.store import Store
 
-__all__ = ["ROLES", "Daemon", "load_configuration", "main"]
+__all__ = ["COMMAND", "ROLES", "Daemon", "load_configuration", "main"]
 
 logger = logging.getLogger(__name__)
 
@@ -191,103 +192,129 @@ class Daemon(Readiness):
         config = self._config
         keep_message_buffers(config.get(MAX_MESSAGE_SIZE))
         if self._role in ("coordinator", "all"):
-            served = self._new_server(_coordinator_port(config))
-            self.coordinator = CoordinatorService(
-                placement=new_placement_strategy(config.get(PLACEMENT), config_key=PLACEMENT.key),
-                worker_timeout=config.get(WORKER_TIMEOUT),
-                application_timeout=config.get(APPLICATION_TIMEOUT),
-                peers=self._peers,
-                metrics=self.metrics,
-                coordinators=coordinator_addresses(config),
-                credentials=self._credentials_check,
-                application_credential_lifetime=config.get(APPLICATION_CREDENTIAL_LIFETIME),
-            )
-            pb_grpc.add_CoordinatorServicer_to_server(self.coordinator, served.server)
-            self.coordinator.start()
-            served.server.start()
-            logger.info("coordinator serving", extra={"port": served.port})
-            status_port = config.get(COORDINATOR_STATUS_PORT)
-            if status_port >= 0:
-                self._status_page = StatusPage(
-                    self.coordinator.view, self._credentials_check, self.metrics, self
-                )
-                self.status_port = self._status_page.serve(self._bind, status_port)
-                logger.info("status page serving", extra={"port": self.status_port})
+            self._start_coordinator()
         if self._role in ("worker", "all"):
-            limits = StreamLimits(
-                idle_timeout=config.get(WORKER_STREAM_IDLE_TIMEOUT),
-                max_streams=config.get(WORKER_MAX_STREAMS),
-                max_streams_per_peer=config.get(WORKER_MAX_STREAMS_PER_PEER),
-            )
-            served = self._new_server(config.get(WORKER_PORT), limits.max_streams)
-            self.data_port = self._new_data_port(limits)
-            self.worker = WorkerService(
-                # Never memory-mapped: a file truncated under a fetch must not kill the daemon.
-                Store(config.get(WORKER_STORE_URL), memory_map=False),
-                host=self._advertised_host(),
-                port=served.port,
-                data_port=0 if self.data_port is None else self.data_port.port,
-                store_shared=config.get(WORKER_STORE_SHARED),
-                memory_budget=config.get(WORKER_MEMORY_BUDGET),
-                budget_timeout=config.get(WORKER_MEMORY_BUDGET_TIMEOUT),
-                chunk_size=message_chunk_size(config),
-                message_data_limit=message_data_limit(config),
-                metrics=self.metrics,
-                stream_limits=limits,
-                tier=Store(config.get(WORKER_TIER_URL)) if config.get(WORKER_TIER_URL) else None,
-                application_quota=config.get(WORKER_APPLICATION_QUOTA),
-                credentials=self._credentials_check,
-            )
-            served.server.add_generic_rpc_handlers((worker_rpc_handler(self.worker),))
-            self._reaper = threading.Thread(
-                target=self._reap_worker,
-                args=(self.worker, min(1.0, limits.idle_timeout / 4)),
-                name="worker-reaper",
-                daemon=True,
-            )
-            self._reaper.start()
-            if self.worker.state.tier is not None:
-                threading.Thread(
-                    target=self._move_to_tier,
-                    args=(self.worker, config.get(WORKER_TIER_HIGH_WATER)),
-                    name="worker-tier-mover",
-                    daemon=True,
-                ).start()
-            served.server.start()
-            if self.data_port is not None:
-                self.data_port.start(self.worker)
-            # Registered with each coordinator: any of them may place on it, and restart.
-            for address in coordinator_addresses(config):
-                known = threading.Event()
-                self._known_by.append(known)
-                heartbeats = threading.Thread(
-                    target=heartbeat_loop,
-                    args=(
-                        self.worker,
-                        pb_grpc.CoordinatorStub(self._peers.get(address)),
-                        config.get(WORKER_HEARTBEAT_INTERVAL),
-                        self._stop_background,
-                        self._peers.settings.timeout,
-                    ),
-                    kwargs={"known": known},
-                    name=f"worker-heartbeats-{address}",
-                    daemon=True,
-                )
-                heartbeats.start()
-                self._heartbeats.append(heartbeats)
-            logger.info(
-                "worker serving",
-                extra={
-                    "port": served.port,
-                    "data_port": self.worker.address.data_port,
-                    "worker_id": self.worker.address.worker_id,
-                },
-            )
+            self._start_worker()
         metrics_port = config.get(METRICS_PORT)
         if metrics_port >= 0:
             self.metrics_port = self.metrics.serve(self._bind, metrics_port, self)
             logger.info("metrics serving", extra={"port": self.metrics_port})
         self._started = True
+
+    def _start_coordinator(self) -> None:
+        """Serve the coordinator role's gRPC port, then its status page where configured."""
+        config = self._config
+        served = self._new_server(_coordinator_port(config))
+        self.coordinator = CoordinatorService(
+            placement=new_placement_strategy(config.get(PLACEMENT), config_key=PLACEMENT.key),
+            worker_timeout=config.get(WORKER_TIMEOUT),
+            application_timeout=config.get(APPLICATION_TIMEOUT),
+            peers=self._peers,
+            metrics=self.metrics,
+            coordinators=coordinator_addresses(config),
+            credentials=self._credentials_check,
+            application_credential_lifetime=config.get(APPLICATION_CREDENTIAL_LIFETIME),
+        )
+        pb_grpc.add_CoordinatorServicer_to_server(self.coordinator, served.server)
+        self.coordinator.start()
+        served.server.start()
+        logger.info("coordinator serving", extra={"port": served.port})
+        status_port = config.get(COORDINATOR_STATUS_PORT)
+        if status_port >= 0:
+            self._status_page = StatusPage(
+                self.coordinator.view, self._credentials_check, self.metrics, self
+            )
+            self.status_port = self._status_page.serve(self._bind, status_port)
+            logger.info("status page serving", extra={"port": self.status_port})
+
+    def _start_worker(self) -> None:
+        """Serve the worker role's gRPC port and data port, start its background threads,
+        then register it with the coordinators."""
+        config = self._config
+        limits = StreamLimits(
+            idle_timeout=config.get(WORKER_STREAM_IDLE_TIMEOUT),
+            max_streams=config.get(WORKER_MAX_STREAMS),
+            max_streams_per_peer=config.get(WORKER_MAX_STREAMS_PER_PEER),
+        )
+        served = self._new_server(config.get(WORKER_PORT), limits.max_streams)
+        self.data_port = self._new_data_port(limits)
+        worker = self.worker = self._new_worker(
+            served.port, 0 if self.data_port is None else self.data_port.port, limits
+        )
+        served.server.add_generic_rpc_handlers((worker_rpc_handler(worker),))
+        self._start_housekeeping(worker, limits)
+        served.server.start()
+        if self.data_port is not None:
+            self.data_port.start(worker)
+        self._start_heartbeats(worker)
+        logger.info(
+            "worker serving",
+            extra={
+                "port": served.port,
+                "data_port": worker.address.data_port,
+                "worker_id": worker.address.worker_id,
+            },
+        )
+
+    def _new_worker(self, port: int, data_port: int, limits: StreamLimits) -> WorkerService:
+        config = self._config
+        return WorkerService(
+            # Never memory-mapped: a file truncated under a fetch must not kill the daemon.
+            Store(config.get(WORKER_STORE_URL), memory_map=False),
+            host=self._advertised_host(),
+            port=port,
+            data_port=data_port,
+            store_shared=config.get(WORKER_STORE_SHARED),
+            memory_budget=config.get(WORKER_MEMORY_BUDGET),
+            budget_timeout=config.get(WORKER_MEMORY_BUDGET_TIMEOUT),
+            chunk_size=message_chunk_size(config),
+            message_data_limit=message_data_limit(config),
+            metrics=self.metrics,
+            stream_limits=limits,
+            tier=Store(config.get(WORKER_TIER_URL)) if config.get(WORKER_TIER_URL) else None,
+            application_quota=config.get(WORKER_APPLICATION_QUOTA),
+            credentials=self._credentials_check,
+        )
+
+    def _start_housekeeping(self, worker: WorkerService, limits: StreamLimits) -> None:
+        """The worker's reaper of idle streams, and its mover to the tier store if it has one."""
+        self._reaper = threading.Thread(
+            target=self._reap_worker,
+            args=(worker, min(1.0, limits.idle_timeout / 4)),
+            name="worker-reaper",
+            daemon=True,
+        )
+        self._reaper.start()
+        if worker.state.tier is not None:
+            threading.Thread(
+                target=self._move_to_tier,
+                args=(worker, self._config.get(WORKER_TIER_HIGH_WATER)),
+                name="worker-tier-mover",
+                daemon=True,
+            ).start()
+
+    def _start_heartbeats(self, worker: WorkerService) -> None:
+        """Registers the worker with each coordinator: any of them may place on it, and
+        restart."""
+        config = self._config
+        for address in coordinator_addresses(config):
+            known = threading.Event()
+            self._known_by.append(known)
+            heartbeats = threading.Thread(
+                target=heartbeat_loop,
+                args=(
+                    worker,
+                    pb_grpc.CoordinatorStub(self._peers.get(address)),
+                    config.get(WORKER_HEARTBEAT_INTERVAL),
+                    self._stop_background,
+                    self._peers.settings.timeout,
+                ),
+                kwargs={"known": known},
+                name=f"worker-heartbeats-{address}",
+                daemon=True,
+            )
+            heartbeats.start()
+            self._heartbeats.append(heartbeats)
 
     def not_ready(self) -> str | None:
         """Ready: started and not stopping; a worker also known to a coordinator and not
@@ -409,6 +436,11 @@ def main(argv: list[str] | None = None) -> int:
     daemon.stop()
     return 0
 
+
+COMMAND = Command(
+    "run the external shuffle service (coordinator, worker or both; needs pyshuffle[external])",
+    main,
+)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -27,8 +27,9 @@ from external_shuffle.wire.errors import UnavailableError
 from external_shuffle.wire.messages import WorkerAddress
 from external_shuffle.wire.stubs import pb, pb_grpc
 from shuffle_api import ConfigError, Configuration, InvalidOperationError
+from shuffle_api.plugins import Command
 
-__all__ = ["main"]
+__all__ = ["COMMAND", "main"]
 
 _POLL_SECONDS = 1.0
 MAX_CREDENTIAL_DAYS = 366  # a leaked credential lives at most this long (else: a new secret)
@@ -232,3 +233,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     finally:
         admin.close()
+
+
+COMMAND = Command(
+    "an external shuffle cluster's workers and applications; decommission a worker", main
+)

@@ -5,6 +5,7 @@ external_shuffle, what both ends share never imports the daemon or the operator 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -145,3 +146,84 @@ def test_tests_and_benchmarks_import_no_private_module() -> None:
             if private:
                 found[str(path.relative_to(REPO))] = private
     assert not found, f"imports of private modules: {found}"
+
+
+_PATH = re.compile(
+    r"(?<![\w.-])(?P<module>(?:" + "|".join(sorted(PACKAGES)) + r")(?:\.\w+)*)"
+    r"(?::(?P<object>\w+))?(?![\w-]|\.\w)"
+)
+
+
+def _top_level_names(module: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.parse(module.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.ImportFrom | ast.Import):
+            targets = node.targets if isinstance(node, ast.Assign) else [node]
+            for target in targets:
+                if isinstance(target, ast.Name):
+                    names.add(target.id)
+                elif isinstance(target, ast.AnnAssign) and isinstance(target.target, ast.Name):
+                    names.add(target.target.id)
+                elif isinstance(target, ast.ImportFrom | ast.Import):
+                    names.update(alias.asname or alias.name for alias in target.names)
+    return names
+
+
+def _named_module(text: str) -> str | None:
+    """The project module or object ``text`` names by path (``pkg.mod``, ``pkg.mod.Name``,
+    ``pkg.mod:Name``, or an import statement's), if any: a config key such as
+    ``scheduling.skew.factor`` names none."""
+    for match in _PATH.finditer(text):
+        parts = match["module"].split(".")
+        for end in range(len(parts), 0, -1):
+            base = REPO.joinpath(*parts[:end])
+            module = base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
+            if module.is_file():
+                rest = [*parts[end:], *([match["object"]] if match["object"] else [])]
+                named = len(parts) > 1 or match["object"]
+                if named and (not rest or rest[0] in _top_level_names(module)):
+                    return match[0]
+                break
+    return None
+
+
+def _strings(path: Path) -> list[ast.Constant]:
+    """``path``'s string constants, less its docstrings (prose, not names to import)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    prose = {
+        id(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+    }
+    return [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose
+    ]
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_no_string_names_a_project_module(package: str) -> None:
+    """Implementations are found through pyproject's entry points, processes started from
+    imported modules' names: the import graph this file checks is the real one."""
+    found = {
+        f"{path.relative_to(REPO)}:{node.lineno}": named
+        for path in sorted((REPO / package).rglob("*.py"))
+        if not path.name.endswith(("_pb2.py", "_pb2_grpc.py"))
+        for node in _strings(path)
+        if (named := _named_module(str(node.value)))
+    }
+    assert not found, f"strings that name project modules: {found}"
+
+
+def test_a_module_path_in_a_string_is_found_and_a_config_key_is_not() -> None:
+    assert _named_module("netty_like.NettyShuffleServiceFactory")
+    assert _named_module("import sys; from netty_like.host import main")
+    assert _named_module("external_shuffle.daemon.main")
+    assert _named_module("external_shuffle.options:DAEMON_CATALOG")
+    assert _named_module("scheduling.skew.factor") is None
+    assert _named_module("blob.store-url") is None
+    assert _named_module("blob.cache.max-size") is None
+    assert _named_module("netty_like") is None  # a service's entry point name
