@@ -389,7 +389,7 @@ def operation_results(operations: dict[str, dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--users", type=int, default=100_000)
@@ -399,8 +399,11 @@ def main() -> None:
     parser.add_argument("--skip-operations", action="store_true")
     parser.add_argument("--work", type=Path, default=None, help="directory for the files")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def main() -> None:
+    args = parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="pipeline-vs-spark-"))
     spark = local_spark_session(
         "pipeline-vs-spark",
@@ -468,7 +471,19 @@ def main() -> None:
         **operation_results(operations),
         "machine": machine(pyarrow=pa.__version__),
     }
-    print(f"pipeline on {args.rows:,} events, {args.users:,} users, local[{args.cores}]")
+    print_results(results)
+    save_results(args.output, results)
+
+
+def print_results(results: dict[str, Any]) -> None:
+    pyshuffle_seconds = results["pyshuffle_seconds"]
+    arrow_seconds = results["spark_arrow_seconds"]
+    pandas_seconds = results["spark_pandas_seconds"]
+    floor_seconds = results["function_floor_seconds"]
+    per_run = results["pyshuffle_jvm_python_crossing_per_run"]
+    spark_per_run = results["spark_arrow_jvm_python_crossing_per_run"]
+    cores = results["cores"]
+    print(f"pipeline on {results['rows']:,} events, {results['users']:,} users, local[{cores}]")
     print(f"  pyshuffle (fused, Parquet in/out)   {pyshuffle_seconds:7.2f} s")
     print(
         f"  Spark with applyInArrow            {arrow_seconds:7.2f} s   pyshuffle "
@@ -480,7 +495,7 @@ def main() -> None:
             f"{results['speedup_vs_pandas']:.2f}x faster"
         )
     print(
-        f"  summarize() alone, every user, over {args.cores} cores {floor_seconds:7.2f} s"
+        f"  summarize() alone, every user, over {cores} cores {floor_seconds:7.2f} s"
         f"   ceiling vs applyInArrow {results['ceiling_speedup_vs_arrow']:.2f}x"
         + (
             ""
@@ -502,14 +517,13 @@ def main() -> None:
         f" {per_run['map_stage_rows_from_python']:,.0f} (one per map task:"
         f" {per_run['map_tasks']:,.0f} tasks)"
     )
-    print(f"  outputs equal: {same}")
-    for name, figures in operations.items():
+    print(f"  outputs equal: {results['outputs_equal']}")
+    for name, figures in results.get("operations", {}).items():
         print(
             f"  {name:<10} pyshuffle {figures['pyshuffle_seconds']:6.2f} s"
             f"  Spark {figures['spark_seconds']:6.2f} s"
             f"  pyshuffle {figures['speedup']:.2f}x faster  outputs equal: {figures['equal']}"
         )
-    save_results(args.output, results)
 
 
 if __name__ == "__main__":

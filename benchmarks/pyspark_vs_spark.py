@@ -174,7 +174,7 @@ def timed(runs: int, make: Callable[[], DataFrame], after: Callable[[DataFrame],
     return statistics.median(seconds)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--keys", type=int, default=100_000)
@@ -182,40 +182,17 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--skip-pandas", action="store_true", help="skip applyInPandas")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
-    args = parser.parse_args()
+    return parser.parse_args()
 
-    spark = local_spark_session(
-        "pyshuffle-benchmark",
-        driver_memory="6g",
-        conf={"spark.sql.shuffle.partitions": str(args.partitions)},
-    )
-    data = generate(spark, args.rows, args.keys, args.partitions)
-    dimension = spark.range(0, args.keys, 1, 2).select(
-        sf.col("id").alias("key"), sf.concat(sf.lit("label-"), sf.col("id")).alias("label")
-    )
-    dimension = dimension.cache()
-    dimension.count()
-    warm_up(data)
-    print(f"{args.rows:,} rows, {args.keys:,} keys, {args.partitions} partitions, local[2]")
 
-    results: dict[str, dict[str, float]] = {}
-
-    def record(workload: str, ours: float, theirs: dict[str, float]) -> None:
-        entry = {"pyshuffle_seconds": round(ours, 3)}
-        for name, seconds in theirs.items():
-            entry[f"{name}_seconds"] = round(seconds, 3)
-            entry[f"speedup_vs_{name}"] = round(seconds / ours, 2)
-        results[workload] = entry
-        shown = ", ".join(
-            f"{name} {seconds:.2f} s ({seconds / ours:.2f}x)" for name, seconds in theirs.items()
-        )
-        print(f"{workload:<14} pyshuffle {ours:.2f} s | {shown}", flush=True)
-
+def measure_references(
+    spark: SparkSession, data: DataFrame, args: argparse.Namespace
+) -> tuple[dict[str, float], float, float]:
+    """The references as saved, and the floors of group-apply and repartition they make."""
     # What no implementation avoids, as a reference: the JVM turning the cached rows into
     # Arrow for Python (any Python-side shuffle's map stage does it), the per-group function's
     # own cost (one call per key) and the gathers of a hash shuffle, on ``cores`` cores.
-    runs = args.repeat
-    input_pass = timed(runs, lambda: data.mapInArrow(count_rows, "rows long"), nothing)
+    input_pass = timed(args.repeat, lambda: data.mapInArrow(count_rows, "rows long"), nothing)
     per_call = function_seconds_per_call(args.keys, max(1, args.rows // args.keys))
     map_gather, group_gather = gather_seconds(args.rows, args.keys, args.partitions)
     cores = spark.sparkContext.defaultParallelism
@@ -235,7 +212,33 @@ def main() -> None:
     }
     group_apply_floor = input_pass + function_floor + (map_gather + group_gather) / cores
     repartition_floor = input_pass + map_gather / cores
+    return references, group_apply_floor, repartition_floor
 
+
+def compare(
+    spark: SparkSession,
+    data: DataFrame,
+    dimension: DataFrame,
+    args: argparse.Namespace,
+    *,
+    group_apply_floor: float,
+    repartition_floor: float,
+) -> dict[str, dict[str, float]]:
+    """Each workload through pyshuffle and Spark: the seconds and speed-ups, by workload."""
+    results: dict[str, dict[str, float]] = {}
+
+    def record(workload: str, ours: float, theirs: dict[str, float]) -> None:
+        entry = {"pyshuffle_seconds": round(ours, 3)}
+        for name, seconds in theirs.items():
+            entry[f"{name}_seconds"] = round(seconds, 3)
+            entry[f"speedup_vs_{name}"] = round(seconds / ours, 2)
+        results[workload] = entry
+        shown = ", ".join(
+            f"{name} {seconds:.2f} s ({seconds / ours:.2f}x)" for name, seconds in theirs.items()
+        )
+        print(f"{workload:<14} pyshuffle {ours:.2f} s | {shown}", flush=True)
+
+    runs = args.repeat
     with SparkShuffle(spark, {"pyspark-shuffle.progress.interval": 0}) as shuffle:
         ours = timed(
             runs,
@@ -286,7 +289,33 @@ def main() -> None:
 
         ours = timed(runs, lambda: shuffle.sort(data, "value"), shuffle.release)
         record("sort", ours, {"spark": timed(runs, lambda: data.orderBy("value"), nothing)})
+    return results
 
+
+def main() -> None:
+    args = parse_args()
+    spark = local_spark_session(
+        "pyshuffle-benchmark",
+        driver_memory="6g",
+        conf={"spark.sql.shuffle.partitions": str(args.partitions)},
+    )
+    data = generate(spark, args.rows, args.keys, args.partitions)
+    dimension = spark.range(0, args.keys, 1, 2).select(
+        sf.col("id").alias("key"), sf.concat(sf.lit("label-"), sf.col("id")).alias("label")
+    )
+    dimension = dimension.cache()
+    dimension.count()
+    warm_up(data)
+    print(f"{args.rows:,} rows, {args.keys:,} keys, {args.partitions} partitions, local[2]")
+    references, group_apply_floor, repartition_floor = measure_references(spark, data, args)
+    results = compare(
+        spark,
+        data,
+        dimension,
+        args,
+        group_apply_floor=group_apply_floor,
+        repartition_floor=repartition_floor,
+    )
     document = {
         "benchmark": "pyspark_vs_spark",
         "date": time.strftime("%Y-%m-%d"),
