@@ -7,11 +7,10 @@ from __future__ import annotations
 import dataclasses
 import operator
 import re
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final, TypeVar
 
 import pyarrow as pa
@@ -20,6 +19,12 @@ from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F  # noqa: N812 (Spark's own spelling)
 
 from pyspark_shuffle.driver.inputs import MapInput
+from pyspark_shuffle.driver.map_outputs import (
+    ExchangeState,
+    MapOutput,
+    MapOutputRegistry,
+    decode_producer,
+)
 from pyspark_shuffle.driver.progress import StageProgress, StageTallies
 from pyspark_shuffle.driver.registry import RegisteredExchange
 from pyspark_shuffle.kernels.partitioners import Partitioner
@@ -38,18 +43,15 @@ from pyspark_shuffle.tasks.map_reduce import (
     run_map_task,
 )
 from pyspark_shuffle.tasks.python_worker import task_starts
-from scheduling.map_sizes import MapSizes
 from shuffle_api import (
     Configuration,
     InvalidOperationError,
     ProducerDescriptor,
     RecordingJobContext,
-    SerializationError,
     ShuffleDescriptor,
     ShuffleMaster,
     StageCancelledError,
     StageFailedError,
-    deserialize,
     new_id,
 )
 from shuffle_runtime.ndarrays import bytes_array
@@ -81,28 +83,11 @@ def stage_failure(description: str, error: Exception) -> StageFailedError:
 
 
 @dataclass(frozen=True, slots=True)
-class MapOutput:
-    """The registered attempt of one map task and what it wrote."""
-
-    map_index: int
-    descriptor: ShuffleDescriptor
-    sizes: MapSizes
-
-
-@dataclass
 class _Runs:
     """How many times each map task ran (first run and reruns) and for how long."""
 
-    per_map: dict[int, int] = field(default_factory=dict)
-    seconds: float = 0.0
-
-
-def _producer(encoded: bytes, sender: str) -> ProducerDescriptor:
-    """The producer a task reported (``sender``: which kind of task, for the error)."""
-    producer = deserialize(encoded)
-    if not isinstance(producer, ProducerDescriptor):
-        raise SerializationError(f"{sender} reported a {type(producer).__name__}")
-    return producer
+    per_map: dict[int, int]
+    seconds: float
 
 
 _REPORTED_SCHEMA: Final = f"{MAP_OUTPUT_SCHEMA}, sizes binary, arrow_schema binary"
@@ -111,7 +96,7 @@ rows is held)."""
 
 
 def _producer_of(row: Row) -> ProducerDescriptor:
-    return _producer(bytes(row["producer"]), "a map task")
+    return decode_producer(bytes(row["producer"]), "a map task")
 
 
 class Exchange(RegisteredExchange):
@@ -171,15 +156,9 @@ class Exchange(RegisteredExchange):
         # Built by the first run of the map stage (see held_map_outputs).
         self._anchor: HeldShuffle | None = None
         self._held = spark_outputs is not None
-        self._attempts: dict[int, set[str]] = {}
-        self._outputs: dict[int, MapOutput] = {}
+        self._map_outputs = MapOutputRegistry(name)
         self._schema: pa.Schema | None = None
-        self._lock = threading.Lock()
-        self.runs = _Runs()
-        self.released = False
-        self._forgotten_in_spark = False
-        self._swept: set[tuple[str, int, bytes]] = set()
-        """What :meth:`release_copies` went through of ``_written``."""
+        self._map_seconds = 0.0
 
     def _map_frame(self, map_input: MapInput, only: frozenset[int] | None) -> DataFrame:
         """The map tasks as a DataFrame of their rows; with ``only``, the tasks of other map
@@ -227,8 +206,16 @@ class Exchange(RegisteredExchange):
 
     @property
     def outputs(self) -> dict[int, MapOutput]:
-        with self._lock:
-            return dict(self._outputs)
+        return self._map_outputs.outputs
+
+    @property
+    def runs(self) -> _Runs:
+        return _Runs(self._map_outputs.registrations(), self._map_seconds)
+
+    # Read-only over RegisteredExchange's plain attribute, which only its test fakes set.
+    @property
+    def released(self) -> bool:  # type: ignore[override]
+        return self._map_outputs.state is not ExchangeState.OPEN
 
     @property
     def total_rows(self) -> int:
@@ -322,7 +309,7 @@ class Exchange(RegisteredExchange):
                 rows = job()
         except Exception as error:  # Py4J and PySpark errors carry the task's error as text
             raise stage_failure(description, error) from error
-        self.runs.seconds += time.perf_counter() - started
+        self._map_seconds += time.perf_counter() - started
         return rows
 
     def _run_maps(self, map_indexes: Sequence[int]) -> None:
@@ -379,12 +366,9 @@ class Exchange(RegisteredExchange):
     def adopt(self, map_index: int, producer_bytes: bytes) -> None:
         """Register map ``map_index``'s attempt that Spark reran inside an action (reducers
         read it), in place of the registered one, which went with its executor."""
-        producer = _producer(producer_bytes, "a reduce task")
-        with self._lock:
-            if producer.producer_execution_id in self._attempts.get(map_index, ()):
-                return
-            previous = self._outputs.get(map_index)
-        if previous is None:  # released: release_copies deletes it
+        producer = decode_producer(producer_bytes, "a reduce task")
+        previous = self._map_outputs.replaced_by(map_index, producer.producer_execution_id)
+        if previous is None:  # registered before; or released, and release_copies deletes it
             return
         descriptor = self._master.register_partition_with_producer(
             self._job.job_id, self.spec.partition_descriptor(map_index), producer
@@ -419,14 +403,7 @@ class Exchange(RegisteredExchange):
 
     def _replace(self, output: MapOutput) -> None:
         """Make ``output`` the registered attempt of its map task; release the one before."""
-        map_index, descriptor = output.map_index, output.descriptor
-        with self._lock:
-            previous = self._outputs.get(map_index)
-            self._outputs[map_index] = output
-            self.runs.per_map[map_index] = self.runs.per_map.get(map_index, 0) + 1
-            self._attempts.setdefault(map_index, set()).add(
-                descriptor.result_partition_id.producer_attempt_id
-            )
+        previous = self._map_outputs.register(output)
         if previous is not None:
             self._master.release_partition_externally(previous.descriptor)
 
@@ -435,11 +412,7 @@ class Exchange(RegisteredExchange):
         metrics = self._master.partitions_with_metrics(self._job.job_id, statistics=False).result()
         unavailable = {m.shuffle_descriptor.result_partition_id for m in metrics if not m.available}
         unavailable.update(self._job.lost)
-        return sorted(
-            output.map_index
-            for output in self.outputs.values()
-            if output.descriptor.result_partition_id in unavailable
-        )
+        return self._map_outputs.lost(unavailable)
 
     def recover(self) -> list[int]:
         """Rerun only the producers of lost partitions; return their map indexes.
@@ -468,12 +441,7 @@ class Exchange(RegisteredExchange):
         """Every attempt of each map task the driver ever registered: Spark's shuffle of the
         map outputs may name any of these (the registered one, or one it replaced), and
         reducers read the registered one; any other is a rerun Spark made in an action."""
-        with self._lock:
-            return [
-                (index, attempt)
-                for index, attempts in self._attempts.items()
-                for attempt in attempts
-            ]
+        return self._map_outputs.known_attempts()
 
     def schema(self, fallback: pa.Schema) -> pa.Schema:
         """The Arrow schema the map tasks wrote (``fallback`` when they wrote no rows)."""
@@ -498,11 +466,7 @@ class Exchange(RegisteredExchange):
         when Spark could not be told."""
         if forget_in_spark and not self._forget_in_spark():
             return False
-        with self._lock:
-            outputs, self._outputs = list(self._outputs.values()), {}
-            self.released = True
-            self._forgotten_in_spark |= forget_in_spark
-        for output in outputs:
+        for output in self._map_outputs.release(forget=forget_in_spark):
             self._master.release_partition_externally(output.descriptor)
         self.release_copies()
         return True
@@ -514,26 +478,15 @@ class Exchange(RegisteredExchange):
         again, if it was told to once. Run on a released exchange after any Spark job."""
         if not self.released or self._written is None:
             return
-        with self._lock:
-            registered = set().union(*self._attempts.values())
-            unseen = sorted(self._written.value - self._swept)
-        strays: list[tuple[tuple[str, int, bytes], ProducerDescriptor]] = []
-        for entry in unseen:
-            producer = _producer(entry[2], "a map task")
-            if producer.producer_execution_id in registered:
-                with self._lock:
-                    self._swept.add(entry)
-            else:
-                strays.append((entry, producer))
-        if strays and self._forgotten_in_spark:
+        strays = self._map_outputs.strays(self._written.value)
+        if strays and self._map_outputs.state is ExchangeState.FORGOTTEN:
             self._forget_in_spark()
-        for entry, producer in strays:
+        for stray in strays:
             descriptor = self._master.register_partition_with_producer(
-                self._job.job_id, self.spec.partition_descriptor(entry[1]), producer
+                self._job.job_id, self.spec.partition_descriptor(stray.map_index), stray.producer
             ).result()
             self._master.release_partition_externally(descriptor)
-            with self._lock:
-                self._swept.add(entry)
+            self._map_outputs.swept(stray)
 
     def _forget_in_spark(self) -> bool:
         return (
