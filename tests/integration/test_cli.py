@@ -125,10 +125,7 @@ def test_options_accepts_a_minimal_client_file_that_admin_reads(tmp_path: Path) 
     assert "valid for a client" in result.stdout
     assert "\nexternal-shuffle.coordinator.address = '127.0.0.1:9097'" in result.stdout
     # The default service reads neither key: a Spark application on it would refuse them.
-    assert (
-        "not read by the configured service (netty_like)"
-        in result.stdout
-    )
+    assert "not read by the configured service (netty_like)" in result.stdout
     assert "external-shuffle.auth.token-file, external-shuffle.coordinator.address\n" in (
         result.stdout
     )
