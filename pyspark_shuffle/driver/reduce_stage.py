@@ -15,12 +15,12 @@ from pyspark.sql import functions as F  # noqa: N812 (Spark's own spelling)
 from pyspark.sql.types import StructType
 
 from pyspark_shuffle.driver.exchange import Exchange
-from pyspark_shuffle.driver.inputs import RowTasks
+from pyspark_shuffle.driver.inputs import Produce, RowTasks
 from pyspark_shuffle.driver.results import Result
 from pyspark_shuffle.driver.schemas import arrow_schema
 from pyspark_shuffle.kernels.operations import ReduceOperation
 from pyspark_shuffle.kernels.planning import adaptive_plan, one_reducer_per_subpartition
-from pyspark_shuffle.spark.link import SparkLink, Tally
+from pyspark_shuffle.spark.link import Shared, SparkLink, Tally
 from pyspark_shuffle.tasks.map_reduce import (
     MapOutputs,
     ReduceStageSpec,
@@ -29,9 +29,14 @@ from pyspark_shuffle.tasks.map_reduce import (
     run_reduce_task,
 )
 from pyspark_shuffle.tasks.python_worker import task_starts
-from scheduling.deployment import DescriptorCache, consumer_deployments, planned_reads
+from scheduling.deployment import (
+    ConsumerDeploymentDescriptor,
+    DescriptorCache,
+    consumer_deployments,
+    planned_reads,
+)
 from scheduling.graph import Stage, StageExchange, StageGraph
-from scheduling.groups import ConsumedPartitionGroup, build_groups
+from scheduling.groups import ConsumedPartitionGroup, PartitionGroups, build_groups
 from scheduling.skew import ConsumerPlan
 from shuffle_api import Configuration, ShuffleDescriptor
 from shuffle_runtime.batches import conform
@@ -94,28 +99,8 @@ def reduce_stage(
 ) -> tuple[DataFrame, Result]:
     """The reducers of ``plan`` over ``exchanges`` running ``operation``: their DataFrame (of
     ``schema``), and what the driver keeps to read it."""
-    graph = StageGraph(
-        [
-            *(Stage(f"map-{i}", e.number_of_maps) for i, e in enumerate(exchanges)),
-            Stage("reduce", len(plan.tasks)),
-        ],
-        [StageExchange(e.result_id, f"map-{i}", "reduce") for i, e in enumerate(exchanges)],
-    )
-    groups = build_groups(graph)
-    by_result = {exchange.result_id: exchange for exchange in exchanges}
-
-    def descriptors_of(group: ConsumedPartitionGroup) -> Sequence[ShuffleDescriptor]:
-        return by_result[group.result_id].descriptors()
-
-    # Shared, not part of the task closure: every reduce task would otherwise carry (and
-    # unpickle) the deployments of all reducers.
-    deployments = driver.link.share(
-        tuple(
-            consumer_deployments(
-                groups, "reduce", driver.descriptors, descriptors_of, planned_reads(plan)
-            )
-        )
-    )
+    groups = _consumed_groups(exchanges, len(plan.tasks))
+    deployments = _shared_deployments(driver, groups, exchanges, plan)
     read = driver.link.tally((0, 0), add_counts)
     reruns_read: Tally[MapOutputs] | None = None
     if driver.reruns_in_actions:
@@ -132,7 +117,60 @@ def reduce_stage(
         read,
         reruns_read,
     )
-    output_schema = arrow_schema(driver.spark, schema)
+    reduce_partition = _reduce_partition(spec, arrow_schema(driver.spark, schema))
+    reducers = _reducer_rows(driver.spark, exchanges, len(plan.tasks))
+    names = ", ".join(exchange.name for exchange in exchanges)
+    tasks = RowTasks(reducers, reduce_partition, f"reduce stage of {names}", len(plan.tasks))
+    consumed = [group for each in groups.exchanges for group in each.consumed]
+    result = Result(
+        list(exchanges),
+        operation,
+        schema,
+        plan,
+        consumed,
+        read,
+        reruns_read,
+        (deployments,),
+        tasks,
+    )
+    return reducers.mapInArrow(reduce_partition, schema), result
+
+
+def _consumed_groups(exchanges: Sequence[Exchange], reducers: int) -> PartitionGroups:
+    """The partition groups ``reducers`` reduce tasks consume, one map stage per exchange."""
+    graph = StageGraph(
+        [
+            *(Stage(f"map-{i}", e.number_of_maps) for i, e in enumerate(exchanges)),
+            Stage("reduce", reducers),
+        ],
+        [StageExchange(e.result_id, f"map-{i}", "reduce") for i, e in enumerate(exchanges)],
+    )
+    return build_groups(graph)
+
+
+def _shared_deployments(
+    driver: Driver, groups: PartitionGroups, exchanges: Sequence[Exchange], plan: ConsumerPlan
+) -> Shared[tuple[ConsumerDeploymentDescriptor, ...]]:
+    """What each reducer of ``plan`` reads, shared with the tasks."""
+    by_result = {exchange.result_id: exchange for exchange in exchanges}
+
+    def descriptors_of(group: ConsumedPartitionGroup) -> Sequence[ShuffleDescriptor]:
+        return by_result[group.result_id].descriptors()
+
+    # Shared, not part of the task closure: every reduce task would otherwise carry (and
+    # unpickle) the deployments of all reducers.
+    return driver.link.share(
+        tuple(
+            consumer_deployments(
+                groups, "reduce", driver.descriptors, descriptors_of, planned_reads(plan)
+            )
+        )
+    )
+
+
+def _reduce_partition(spec: ReduceStageSpec, output_schema: pa.Schema) -> Produce:
+    """A reduce task: its partition's rows name the map outputs Spark reran (see
+    ``_reducer_rows``); it yields its reducer's output, as ``output_schema``."""
 
     def reduce_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         task_starts()
@@ -151,22 +189,7 @@ def reduce_stage(
         for batch in run_reduce_task(spec, task.partitionId(), reruns):
             yield conform(batch, output_schema)
 
-    reducers = _reducer_rows(driver.spark, exchanges, len(plan.tasks))
-    names = ", ".join(exchange.name for exchange in exchanges)
-    tasks = RowTasks(reducers, reduce_partition, f"reduce stage of {names}", len(plan.tasks))
-    consumed = [group for each in groups.exchanges for group in each.consumed]
-    result = Result(
-        list(exchanges),
-        operation,
-        schema,
-        plan,
-        consumed,
-        read,
-        reruns_read,
-        (deployments,),
-        tasks,
-    )
-    return reducers.mapInArrow(reduce_partition, schema), result
+    return reduce_partition
 
 
 def _reducer_rows(spark: SparkSession, exchanges: Sequence[Exchange], count: int) -> DataFrame:
