@@ -5,8 +5,8 @@ runtime stage's ENTRYPOINT and CMD start every role from that virtual environmen
 HEALTHCHECK command says healthy, and the stop signal shuts the daemon down cleanly.
 
 What needs a runtime (the user and its uid, file ownership, the VOLUME) is checked as text in
-tests/unit/test_deploy.py. Settings the image leaves to ``docker run -e`` (free ports here, the
-token file and store mounted elsewhere) are given as its PYSHUFFLE_* variables."""
+tests/unit/repository/test_deploy.py. Settings the image leaves to ``docker run -e`` (free ports
+here, the token file and store mounted elsewhere) are given as its PYSHUFFLE_* variables."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from external_shuffle.wire.version import WIRE_VERSION
 from shuffle_api import serialization
 from shuffle_runtime import format as partition_format
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _compatibility() -> str:

@@ -43,7 +43,7 @@ from shuffle_api.testing import ConformanceHarness, ShuffleScenario, make_batche
 from tests.containerfile import instructions, stages
 from tests.kubernetes_manifests import Manifests
 
-REPO: Final = Path(__file__).resolve().parents[2]
+REPO: Final = Path(__file__).resolve().parents[3]
 DEPLOY: Final = REPO / "deploy"
 KUBERNETES: Final = DEPLOY / "kubernetes"
 DAEMON_TOML: Final = DEPLOY / "pyshuffle-daemon.toml"
