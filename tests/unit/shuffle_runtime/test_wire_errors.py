@@ -60,7 +60,3 @@ def test_a_class_outside_the_table_goes_as_its_base() -> None:
     assert error_code(stale) == error_code(TransportError("gone"))
     assert type(_over_netty(stale)) is TransportError
     assert type(_over_data_port(stale)) is TransportError
-
-
-def test_an_unknown_number_is_a_shuffle_error() -> None:
-    assert type(error_from_code(250, "from a newer peer", None)) is ShuffleError

@@ -1,15 +1,20 @@
-"""The local files a process keeps open between reads (a reducer after another reads a small
+"""``shuffle_runtime.store``: paths that cannot escape the root, atomic puts, ranges read,
+and the local files a process keeps open between reads (a reducer after another reads a small
 block of each of the same map outputs): reused while they are the files their paths name,
 dropped when deleted, evicted past a bound or when idle, and never closed under a reader."""
 
 from __future__ import annotations
 
 import os
+import random
+import uuid
 from pathlib import Path
 
 import pytest
 
+from shuffle_api import InvalidIdentifierError, StorageError
 from shuffle_runtime.store import Store, _OpenFiles
+from tests.unit.shuffle_runtime.stores import files_under
 
 
 class _Clock:
@@ -122,3 +127,97 @@ def test_a_file_truncated_in_place_under_a_reader_reads_short(tmp_path: Path) ->
     assert store.open_ranges(path) is ranges  # the same file, shorter
     assert ranges.read_range(0, 100).to_pybytes() == b"x" * 50
     assert ranges.read_range(8_000, 100).size == 0
+
+
+# --- the store -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("length", [1000, 3 << 20])
+def test_ranges_small_and_large_are_the_file_bytes_and_short_at_its_end(
+    any_store: Store, length: int
+) -> None:
+    """Small ranges are read and large ones sliced from a memory map (a mapped store), small
+    messages joined to their prefix and large ones read into place: all give the file's
+    bytes, and a range past the end is short, not an error."""
+    path = any_store.path("ranges", "data")
+    content = random.Random(length).randbytes(2 * length)
+    any_store.put_atomic(path, content)
+    ranges = any_store.open_ranges(path)
+    assert ranges.read_range(7, length).to_pybytes() == content[7 : 7 + length]
+    assert ranges.read_range(length + 11, length).to_pybytes() == content[length + 11 :]
+    assert ranges.read_range(3 * length, length).size == 0
+    assert ranges.read_after(b"head", 7, length) == b"head" + content[7 : 7 + length]
+    assert ranges.read_after(b"head", length + 11, length) == b"head" + content[length + 11 :]
+    assert ranges.read_after(b"head", 3 * length, length) == b"head"
+
+
+@pytest.mark.parametrize("part", ["../x", "..", "a/b", "", ".hidden", "x/../../y"])
+def test_store_path_rejects_components_that_could_escape_the_root(store: Store, part: str) -> None:
+    with pytest.raises(InvalidIdentifierError):
+        store.path("result", part)
+    with pytest.raises(InvalidIdentifierError):
+        store.child(store.path("result"), part)
+
+
+def test_store_path_joins_valid_components_under_the_root(store: Store) -> None:
+    root = store.path()
+
+    assert store.path("result", "0", "attempt") == f"{root}/result/0/attempt"
+    assert store.child(store.path("result"), "data.arrow") == f"{root}/result/data.arrow"
+
+
+def test_put_atomic_writes_the_bytes_and_leaves_no_temp_files(store: Store) -> None:
+    directory = store.path("atomic")
+    target = store.child(directory, "manifest.json")
+
+    store.put_atomic(target, b"first")
+    store.put_atomic(target, b"second version")
+
+    assert store.read_bytes(target) == b"second version"
+    assert [path.rsplit("/", 1)[-1] for path in files_under(store, directory)] == ["manifest.json"]
+
+
+def test_put_atomic_that_fails_raises_storage_error_and_leaves_no_temp_files(
+    local_store: Store,
+) -> None:
+    directory = local_store.path("atomic")
+    target = local_store.child(directory, "manifest.json")
+    os.makedirs(os.path.join(target, "occupied"))  # a directory where the file should go
+
+    with pytest.raises(StorageError):
+        local_store.put_atomic(target, b"data")
+
+    assert sorted(os.listdir(directory)) == ["manifest.json"]
+    assert os.path.isdir(target)
+
+
+def test_local_store_creates_its_root(tmp_path: Path) -> None:
+    root = tmp_path / "a" / "b"
+
+    store = Store(str(root))
+
+    assert root.is_dir()
+    assert store.is_local
+
+
+def test_memory_store_is_not_local() -> None:
+    store = Store(f"memory://pyshuffle-unit-{uuid.uuid4().hex}")
+
+    assert not store.is_local
+
+
+def test_delete_tree_tolerates_missing_paths(store: Store) -> None:
+    missing = store.path("nothing-here")
+
+    store.delete_tree(missing)
+    assert not store.exists(missing)
+
+
+def test_a_store_is_opened_only_where_it_exists_and_never_created(tmp_path: Path) -> None:
+    missing = tmp_path / "producer-store"
+    assert Store.open_existing(str(missing)) is None
+    assert not missing.exists()
+    assert Store.open_existing("no-such-protocol://bucket/store") is None
+    missing.mkdir()
+    found = Store.open_existing(str(missing))
+    assert found is not None and found.url == str(missing)

@@ -1,39 +1,13 @@
-"""The ``auto`` codec: the rule, the measured trial, and the writer storing with its choice."""
+"""``shuffle_runtime.format.codec_choice``: the ``auto`` codec's rule and its measured trial."""
 
 from __future__ import annotations
 
 import itertools
-import uuid
-from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 import pytest
 
-from shuffle_api import IntermediateResultPartitionID, ResultPartitionID, SubpartitionRange
-from shuffle_runtime.format import PartitionFileReader, PartitionFileWriter, StoreSink
 from shuffle_runtime.format.codec_choice import CodecTrial, choose_codec, try_codecs
-from shuffle_runtime.store import Store
-
-MIB = 1 << 20
-
-
-def incompressible(rows: int = 20_000) -> pa.RecordBatch:
-    """Random 64-bit keys and random 32-byte values: no codec saves anything."""
-    rng = np.random.default_rng(7)
-    payload = rng.integers(0, 256, size=rows * 32, dtype=np.uint8).tobytes()
-    text = pa.FixedSizeBinaryArray.from_buffers(pa.binary(32), rows, [None, pa.py_buffer(payload)])
-    keys = pa.array(rng.integers(-(2**63), 2**63 - 1, size=rows, dtype=np.int64))
-    return pa.record_batch([keys, text], names=["key", "text"])
-
-
-def compressible(rows: int = 20_000) -> pa.RecordBatch:
-    """Sorted keys with long runs and a handful of category strings: over 80 % saved."""
-    keys = pa.array(np.repeat(np.arange(rows // 100, dtype=np.int64), 100))
-    categories = pa.array([f"category-{i % 5}-of-a-small-set".ljust(32) for i in range(rows)])
-    categories = categories.cast(pa.binary(32))
-    return pa.record_batch([keys, categories], names=["key", "text"])
+from tests.unit.shuffle_runtime.format.compressibility import MIB, compressible, incompressible
 
 
 def ticking_clock(step: float) -> itertools.count[float]:
@@ -87,31 +61,3 @@ def test_auto_follows_the_bandwidth_the_saving_is_weighed_at() -> None:
     # zstd costs more CPU than plain storage, measured: a fast enough link makes it not pay.
     assert choose_codec("auto", compressible(), 1 * MIB, candidates=("zstd",)) == "zstd"
     assert choose_codec("auto", compressible(), 1 << 40, candidates=("zstd",)) == "none"
-
-
-@pytest.mark.parametrize(
-    ("batch", "expected"),
-    [(incompressible(), ("none",)), (compressible(), ("lz4", "zstd"))],
-    ids=["incompressible", "compressible"],
-)
-def test_the_writer_stores_with_the_codec_auto_chose(
-    tmp_path: Path, batch: pa.RecordBatch, expected: tuple[str, ...]
-) -> None:
-    store = Store(str(tmp_path / "store"))
-    partition = ResultPartitionID(IntermediateResultPartitionID("result-1", 0), uuid.uuid4().hex)
-    writer = PartitionFileWriter(
-        StoreSink(store, partition), 2, codec="auto", memory_budget=MIB, auto_bandwidth=64 * MIB
-    )
-    writer.add(0, batch)
-    writer.add(1, batch.slice(0, 10))
-    writer.commit()
-
-    reader = PartitionFileReader(store, partition)
-
-    assert reader.manifest.codec in expected
-    back = pa.Table.from_batches(list(reader.read(SubpartitionRange(0, 1))))
-    assert back.num_rows == batch.num_rows + 10
-    assert pc.sum(back.column("key")).as_py() == (
-        pc.sum(batch.column("key")).as_py() + pc.sum(batch.column("key").slice(0, 10)).as_py()
-    )
-    assert back.slice(0, batch.num_rows).equals(pa.Table.from_batches([batch]))
