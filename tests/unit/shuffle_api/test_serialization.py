@@ -1,4 +1,4 @@
-"""Descriptors <-> bytes: round trips, versioning, errors; partition type flags."""
+"""``shuffle_api.serialization``: descriptors <-> bytes: round trips, versioning, errors."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from shuffle_api import (
     PartitionInfo,
     ProducerDescriptor,
     ResultPartitionDeploymentDescriptor,
-    ResultPartitionID,
     ResultPartitionType,
     SerializationError,
     ShuffleDescriptorGroup,
@@ -26,15 +25,9 @@ from shuffle_api import (
     deserialize,
     serialize,
 )
-from shuffle_api.descriptors import ConsumingConstraint, ReleaseBy
 from shuffle_api.messages import pb
 from shuffle_api.serialization import FORMAT_VERSION, Descriptor
-
-RESULT = "3f2a9c0d1e4b4f7a8c6d5e4f3a2b1c0d"
-
-
-def rpid(index: int, attempt: str = "attempt-0") -> ResultPartitionID:
-    return ResultPartitionID(IntermediateResultPartitionID(RESULT, index), attempt)
+from tests.unit.shuffle_api.serialized import RESULT, netty_descriptor, round_trip, rpid
 
 
 def partition_descriptor(
@@ -53,21 +46,6 @@ def partition_descriptor(
         distribution_pattern=pattern,
         is_number_of_partition_consumers_undefined=True,
     )
-
-
-def netty_descriptor(index: int, data_port: int = 40123) -> NettyShuffleDescriptor:
-    return NettyShuffleDescriptor(
-        partition=rpid(index),
-        producer_location="executor-1",
-        host="10.0.0.7",
-        data_port=data_port,
-        connection_index=1,
-        store_url="memory://pyshuffle/store",
-    )
-
-
-def round_trip(value: Descriptor) -> Descriptor:
-    return deserialize(serialize(value))
 
 
 # --- round trips ---------------------------------------------------------------------------
@@ -121,17 +99,6 @@ def test_unknown_shuffle_descriptor_round_trips() -> None:
     assert decoded == value
     assert isinstance(decoded, UnknownShuffleDescriptor)
     assert decoded.is_unknown
-
-
-@pytest.mark.parametrize("data_port", [40123, 0, LOCAL_ONLY_PORT])
-def test_netty_shuffle_descriptor_round_trips(data_port: int) -> None:
-    value = netty_descriptor(1, data_port)
-
-    decoded = round_trip(value)
-
-    assert decoded == value
-    assert isinstance(decoded, NettyShuffleDescriptor)
-    assert decoded.stores_local_resources_on() == "executor-1"
 
 
 @pytest.mark.parametrize(
@@ -340,19 +307,6 @@ def test_unknown_shuffle_descriptor_kind_raises_serialization_error_naming_the_k
     assert "'no-such-shuffle-kind'" in str(caught.value)
 
 
-def test_netty_descriptor_with_undecodable_details_raises_serialization_error() -> None:
-    message = pb.ShuffleDescriptor.FromString(
-        pb.Envelope.FromString(
-            serialize(netty_descriptor(0))
-        ).shuffle_descriptor.SerializeToString()
-    )
-    message.details = b"\xff\xff\xff"
-    envelope = pb.Envelope(format_version=FORMAT_VERSION, shuffle_descriptor=message)
-
-    with pytest.raises(SerializationError):
-        deserialize(envelope.SerializeToString())
-
-
 def test_unspecified_partition_type_raises_serialization_error() -> None:
     envelope = pb.Envelope.FromString(serialize(partition_descriptor()))
     envelope.partition_descriptor.partition_type = pb.RESULT_PARTITION_TYPE_UNSPECIFIED
@@ -367,70 +321,6 @@ def test_unspecified_distribution_pattern_raises_serialization_error() -> None:
 
     with pytest.raises(SerializationError, match="DISTRIBUTION_PATTERN_UNSPECIFIED"):
         deserialize(envelope.SerializeToString())
-
-
-# --- Flink's partition type table ----------------------------------------------------------
-
-
-def test_blocking_is_reconsumable_unbounded_transient_blocking_and_released_by_scheduler() -> None:
-    kind = ResultPartitionType.BLOCKING
-
-    assert kind.is_reconsumable
-    assert not kind.is_bounded
-    assert not kind.is_persistent
-    assert kind.consuming_constraint is ConsumingConstraint.BLOCKING
-    assert not kind.can_be_pipelined
-    assert not kind.must_be_pipelined
-    assert kind.is_blocking_or_blocking_persistent
-    assert kind.released_by is ReleaseBy.SCHEDULER
-    assert kind.is_released_by_scheduler
-
-
-def test_blocking_persistent_is_blocking_and_persistent() -> None:
-    kind = ResultPartitionType.BLOCKING_PERSISTENT
-
-    assert kind.is_persistent
-    assert kind.is_reconsumable
-    assert not kind.is_bounded
-    assert kind.consuming_constraint is ConsumingConstraint.BLOCKING
-    assert kind.is_blocking_or_blocking_persistent
-    assert kind.is_released_by_scheduler
-
-
-def test_pipelined_must_be_pipelined_is_released_by_upstream_and_consumed_once() -> None:
-    kind = ResultPartitionType.PIPELINED
-
-    assert kind.must_be_pipelined
-    assert kind.can_be_pipelined
-    assert kind.released_by is ReleaseBy.UPSTREAM
-    assert not kind.is_released_by_scheduler
-    assert not kind.is_reconsumable
-    assert not kind.is_bounded
-    assert not kind.is_persistent
-    assert not kind.is_blocking_or_blocking_persistent
-
-
-def test_pipelined_bounded_is_pipelined_with_bounded_memory() -> None:
-    kind = ResultPartitionType.PIPELINED_BOUNDED
-
-    assert kind.is_bounded
-    assert kind.must_be_pipelined
-    assert not kind.is_reconsumable
-    assert not kind.is_persistent
-    assert kind.released_by is ReleaseBy.UPSTREAM
-
-
-def test_hybrid_full_is_reconsumable_can_be_pipelined_and_released_by_scheduler() -> None:
-    kind = ResultPartitionType.HYBRID_FULL
-
-    assert kind.is_reconsumable
-    assert kind.can_be_pipelined
-    assert not kind.must_be_pipelined
-    assert kind.consuming_constraint is ConsumingConstraint.CAN_BE_PIPELINED
-    assert kind.is_released_by_scheduler
-    assert not kind.is_bounded
-    assert not kind.is_persistent
-    assert not kind.is_blocking_or_blocking_persistent
 
 
 def test_every_partition_type_has_a_protobuf_counterpart() -> None:

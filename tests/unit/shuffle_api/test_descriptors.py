@@ -1,9 +1,9 @@
-"""Identifiers (which become store path components) and descriptor invariants."""
+"""``shuffle_api.descriptors``: descriptor invariants, subpartition ranges, and Flink's
+partition type table."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import cast
 
 import pytest
 
@@ -19,114 +19,8 @@ from shuffle_api import (
     ResultPartitionType,
     SubpartitionRange,
     UnknownShuffleDescriptor,
-    new_id,
 )
-from shuffle_api.ids import validate_id
-
-# --- validate_id ---------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "value",
-    [
-        "",
-        ".",
-        "..",
-        "a/b",
-        "../x",
-        "a..b",
-        "x" * 129,
-        ".hidden",
-        "-flag",
-        "_under",
-        "a b",
-        "a\\b",
-        "a\nb",
-        "abc\n",
-        "a:b",
-        "a*",
-        "ä",
-        "/abs",
-    ],
-)
-def test_validate_id_rejects_names_that_could_escape_or_break_a_path(value: str) -> None:
-    with pytest.raises(InvalidIdentifierError):
-        validate_id(value, "test id")
-
-
-@pytest.mark.parametrize("value", [None, 5, b"abc", ["a"], 1.5])
-def test_validate_id_rejects_non_strings(value: object) -> None:
-    with pytest.raises(InvalidIdentifierError):
-        validate_id(cast(str, value), "test id")
-
-
-@pytest.mark.parametrize(
-    "value",
-    [
-        "3f2a9c0d1e4b4f7a8c6d5e4f3a2b1c0d",
-        "3f2a9c0d-1e4b-4f7a-8c6d-5e4f3a2b1c0d",
-        "map-0_1.a",
-        "0",
-        "A",
-        "x" * 128,
-        "a.b.c",
-        "a-b_c",
-    ],
-)
-def test_validate_id_accepts_and_returns_safe_names(value: str) -> None:
-    assert validate_id(value, "test id") == value
-
-
-def test_invalid_id_error_names_what_and_the_value() -> None:
-    with pytest.raises(InvalidIdentifierError) as caught:
-        validate_id("../etc", "producer attempt id")
-
-    assert "producer attempt id" in str(caught.value)
-    assert "'../etc'" in str(caught.value)
-
-
-def test_new_id_is_valid_and_fresh() -> None:
-    first, second = new_id(), new_id()
-
-    assert validate_id(first, "id") == first
-    assert first != second
-    assert len(first) == 32
-
-
-# --- partition ids -------------------------------------------------------------------------
-
-
-def test_negative_partition_index_is_rejected() -> None:
-    with pytest.raises(InvalidIdentifierError, match="-1"):
-        IntermediateResultPartitionID("result", -1)
-
-
-def test_non_int_partition_index_is_rejected() -> None:
-    with pytest.raises(InvalidIdentifierError):
-        IntermediateResultPartitionID("result", cast(int, "3"))
-
-
-def test_partition_id_rejects_an_unsafe_result_id() -> None:
-    with pytest.raises(InvalidIdentifierError):
-        IntermediateResultPartitionID("../result", 0)
-
-
-def test_result_partition_id_rejects_an_unsafe_attempt_id() -> None:
-    with pytest.raises(InvalidIdentifierError):
-        ResultPartitionID(IntermediateResultPartitionID("result", 0), "a/b")
-
-
-def test_ids_are_values_ordered_by_result_then_index_then_attempt() -> None:
-    a0 = ResultPartitionID(IntermediateResultPartitionID("a", 0), "x")
-    a1 = ResultPartitionID(IntermediateResultPartitionID("a", 1), "x")
-    a1y = ResultPartitionID(IntermediateResultPartitionID("a", 1), "y")
-    b0 = ResultPartitionID(IntermediateResultPartitionID("b", 0), "x")
-
-    assert sorted([b0, a1y, a1, a0]) == [a0, a1, a1y, b0]
-    assert ResultPartitionID(IntermediateResultPartitionID("a", 0), "x") == a0
-    assert len({a0, ResultPartitionID(IntermediateResultPartitionID("a", 0), "x")}) == 1
-    assert str(a1y) == "a#1@y"
-
+from shuffle_api.descriptors import ConsumingConstraint, ReleaseBy
 
 # --- PartitionDescriptor -------------------------------------------------------------------
 
@@ -258,18 +152,6 @@ def test_subpartition_range_rejects_negative_or_reversed_bounds(start: int, end:
 # --- immutability --------------------------------------------------------------------------
 
 
-def test_ids_are_frozen() -> None:
-    partition_id = IntermediateResultPartitionID("result", 0)
-    rpid = ResultPartitionID(partition_id, "attempt")
-
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        partition_id.partition_index = 1  # type: ignore[misc]
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        rpid.producer_attempt_id = "../x"  # type: ignore[misc]
-    assert partition_id.partition_index == 0
-    assert rpid.producer_attempt_id == "attempt"
-
-
 def test_descriptors_are_frozen() -> None:
     descriptor = make_partition_descriptor()
     subpartitions = SubpartitionRange(0, 1)
@@ -285,3 +167,67 @@ def test_descriptors_are_frozen() -> None:
         unknown.partition = unknown.partition  # type: ignore[misc]
     assert descriptor.number_of_subpartitions == 3
     assert subpartitions.end == 1
+
+
+# --- Flink's partition type table ----------------------------------------------------------
+
+
+def test_blocking_is_reconsumable_unbounded_transient_blocking_and_released_by_scheduler() -> None:
+    kind = ResultPartitionType.BLOCKING
+
+    assert kind.is_reconsumable
+    assert not kind.is_bounded
+    assert not kind.is_persistent
+    assert kind.consuming_constraint is ConsumingConstraint.BLOCKING
+    assert not kind.can_be_pipelined
+    assert not kind.must_be_pipelined
+    assert kind.is_blocking_or_blocking_persistent
+    assert kind.released_by is ReleaseBy.SCHEDULER
+    assert kind.is_released_by_scheduler
+
+
+def test_blocking_persistent_is_blocking_and_persistent() -> None:
+    kind = ResultPartitionType.BLOCKING_PERSISTENT
+
+    assert kind.is_persistent
+    assert kind.is_reconsumable
+    assert not kind.is_bounded
+    assert kind.consuming_constraint is ConsumingConstraint.BLOCKING
+    assert kind.is_blocking_or_blocking_persistent
+    assert kind.is_released_by_scheduler
+
+
+def test_pipelined_must_be_pipelined_is_released_by_upstream_and_consumed_once() -> None:
+    kind = ResultPartitionType.PIPELINED
+
+    assert kind.must_be_pipelined
+    assert kind.can_be_pipelined
+    assert kind.released_by is ReleaseBy.UPSTREAM
+    assert not kind.is_released_by_scheduler
+    assert not kind.is_reconsumable
+    assert not kind.is_bounded
+    assert not kind.is_persistent
+    assert not kind.is_blocking_or_blocking_persistent
+
+
+def test_pipelined_bounded_is_pipelined_with_bounded_memory() -> None:
+    kind = ResultPartitionType.PIPELINED_BOUNDED
+
+    assert kind.is_bounded
+    assert kind.must_be_pipelined
+    assert not kind.is_reconsumable
+    assert not kind.is_persistent
+    assert kind.released_by is ReleaseBy.UPSTREAM
+
+
+def test_hybrid_full_is_reconsumable_can_be_pipelined_and_released_by_scheduler() -> None:
+    kind = ResultPartitionType.HYBRID_FULL
+
+    assert kind.is_reconsumable
+    assert kind.can_be_pipelined
+    assert not kind.must_be_pipelined
+    assert kind.consuming_constraint is ConsumingConstraint.CAN_BE_PIPELINED
+    assert kind.is_released_by_scheduler
+    assert not kind.is_bounded
+    assert not kind.is_persistent
+    assert not kind.is_blocking_or_blocking_persistent
