@@ -1,4 +1,4 @@
-"""The content-addressed blob store and its options, on a local directory and on memory://."""
+"""``blob.store``: the content-addressed blob store, on a local directory and on memory://."""
 
 from __future__ import annotations
 
@@ -12,16 +12,8 @@ from typing import Any
 
 import pytest
 
-from blob import BLOB_OPTIONS, BlobStore, blob_key, blob_store_url
-from blob.options import BLOB_CACHE_MAX_SIZE, BLOB_STORE_URL
-from shuffle_api import (
-    BlobCorruptedError,
-    BlobNotFoundError,
-    ConfigError,
-    Configuration,
-    InvalidIdentifierError,
-    ShuffleError,
-)
+from blob import BlobStore, blob_key
+from shuffle_api import BlobCorruptedError, BlobNotFoundError, InvalidIdentifierError, ShuffleError
 from shuffle_runtime.store import Store, default_store_url
 
 BAD_KEYS = [
@@ -283,37 +275,3 @@ def test_url_is_the_url_given(tmp_path: Path) -> None:
 
 def test_empty_url_means_the_default_blob_directory() -> None:
     assert BlobStore("").url == f"{default_store_url()}-blobs"
-
-
-def test_blob_store_url_defaults_to_a_directory_beside_the_partition_store() -> None:
-    configuration = Configuration.load(environ={})
-
-    assert blob_store_url(configuration) == f"{default_store_url()}-blobs"
-
-
-def test_blob_store_url_uses_the_configured_url() -> None:
-    configuration = Configuration.load({"blob.store-url": "memory://shared-blobs"}, environ={})
-
-    assert blob_store_url(configuration) == "memory://shared-blobs"
-
-
-def test_blob_cache_max_size_defaults_to_100_mib_and_parses_units() -> None:
-    assert Configuration.load(environ={}).get(BLOB_CACHE_MAX_SIZE) == 100 << 20
-    configured = Configuration.load({"blob.cache.max-size": "64m"}, environ={})
-    assert configured.get(BLOB_CACHE_MAX_SIZE) == 64 << 20
-
-
-def test_blob_cache_max_size_must_be_positive() -> None:
-    configuration = Configuration.load({"blob.cache.max-size": 0}, environ={})
-
-    with pytest.raises(ConfigError, match=r"blob\.cache\.max-size"):
-        configuration.get(BLOB_CACHE_MAX_SIZE)
-
-
-def test_blob_options_validate_their_keys() -> None:
-    configuration = Configuration.load(
-        {"blob.store-url": "memory://x", "blob.cache.max-size": "1k"}, environ={}
-    )
-
-    configuration.validate(BLOB_OPTIONS)
-    assert BLOB_OPTIONS == (BLOB_STORE_URL, BLOB_CACHE_MAX_SIZE)
