@@ -3,12 +3,9 @@ distinct range of a pointwise exchange, and O(1) readiness."""
 
 from __future__ import annotations
 
-import pytest
-
 from scheduling.graph import ExecutionVertexID, Stage, StageExchange, StageGraph
 from scheduling.groups import build_groups
-from scheduling.pointwise import consumers_of_partition, partitions_of_consumer
-from shuffle_api import DistributionPattern, InvalidOperationError, ResultPartitionType
+from shuffle_api import DistributionPattern
 
 POINTWISE = DistributionPattern.POINTWISE
 
@@ -26,37 +23,6 @@ def _pairs(producers: int, consumers: int) -> list[tuple[list[int], list[int]]]:
         (list(consumed.partitions), list(readers.consumers))
         for consumed, readers in zip(groups.consumed, groups.consumer_groups, strict=True)
     ]
-
-
-def test_pointwise_formulas_with_more_producers_than_consumers() -> None:
-    # S=10, T=3: consumer i reads [floor(10i/3), floor(10(i+1)/3) - 1].
-    assert [list(partitions_of_consumer(i, 10, 3)) for i in range(3)] == [
-        [0, 1, 2],
-        [3, 4, 5],
-        [6, 7, 8, 9],
-    ]
-    assert [consumers_of_partition(p, 10, 3).start for p in range(10)] == [
-        0, 0, 0, 1, 1, 1, 2, 2, 2, 2,
-    ]  # fmt: skip
-
-
-def test_pointwise_formulas_with_fewer_producers_than_consumers() -> None:
-    # S=3, T=10: partition p feeds [ceil(10p/3), ceil(10(p+1)/3) - 1].
-    assert [list(consumers_of_partition(p, 3, 10)) for p in range(3)] == [
-        [0, 1, 2, 3],
-        [4, 5, 6],
-        [7, 8, 9],
-    ]
-    assert [partitions_of_consumer(i, 3, 10).start for i in range(10)] == [
-        0, 0, 0, 0, 1, 1, 1, 2, 2, 2,
-    ]  # fmt: skip
-
-
-def test_pointwise_formulas_reject_an_index_outside_the_stage() -> None:
-    with pytest.raises(InvalidOperationError, match="consumer 3 outside"):
-        partitions_of_consumer(3, 10, 3)
-    with pytest.raises(InvalidOperationError, match="partition 5 outside"):
-        consumers_of_partition(5, 3, 10)
 
 
 def test_an_all_to_all_exchange_is_exactly_one_group_pair() -> None:
@@ -122,32 +88,3 @@ def test_a_result_read_by_two_stages_has_a_group_in_each_exchange() -> None:
     ready = [partition_groups.partition_finished("shuffled", p) for p in (2, 3)]
     assert ready[0] == [] and ready[1] == [holders[0]]
     assert partition_groups.consumed_by(ExecutionVertexID("right", 0)) == [holders[1]]
-
-
-def test_a_stage_graph_rejects_cycles_unknown_stages_and_two_producers_of_a_result() -> None:
-    with pytest.raises(InvalidOperationError, match="cycle"):
-        StageGraph(
-            [Stage("a", 1), Stage("b", 1)],
-            [StageExchange("ab", "a", "b"), StageExchange("ba", "b", "a")],
-        )
-    with pytest.raises(InvalidOperationError, match="unknown stage 'c'"):
-        StageGraph([Stage("a", 1)], [StageExchange("ac", "a", "c")])
-    with pytest.raises(InvalidOperationError, match="produced by both"):
-        StageGraph(
-            [Stage("a", 1), Stage("b", 1), Stage("c", 1)],
-            [StageExchange("r", "a", "c"), StageExchange("r", "b", "c")],
-        )
-    with pytest.raises(InvalidOperationError, match="parallelism must be >= 1"):
-        Stage("a", 0)
-
-
-def test_stages_come_in_topological_order() -> None:
-    graph = StageGraph(
-        [Stage("sink", 1), Stage("join", 2), Stage("left", 2), Stage("right", 2)],
-        [
-            StageExchange("j", "join", "sink", partition_type=ResultPartitionType.PIPELINED),
-            StageExchange("l", "left", "join"),
-            StageExchange("r", "right", "join"),
-        ],
-    )
-    assert [stage.name for stage in graph.stages] == ["left", "right", "join", "sink"]
