@@ -1,6 +1,5 @@
-"""The daemon's log lines: the JSON and text formats carry the same fields and the time to the
-millisecond, and the level (from --log-level, the environment or the config file) filters
-them."""
+"""``external_shuffle.daemon.logs``: the daemon's log lines: the JSON and text formats carry
+the same fields and the time to the millisecond, and the level filters them."""
 
 from __future__ import annotations
 
@@ -8,13 +7,10 @@ import json
 import logging
 import re
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from external_shuffle.daemon.logs import configure_logging
-from external_shuffle.daemon.main import load_configuration
-from external_shuffle.options import LOG_LEVEL
 
 MILLISECONDS = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d{4}")
 
@@ -62,28 +58,3 @@ def test_lines_carry_the_time_to_the_millisecond(capsys: pytest.CaptureFixture[s
     [as_text] = _log_and_read(capsys, "text", "info")
     assert MILLISECONDS.fullmatch(json.loads(as_json)["time"])
     assert MILLISECONDS.fullmatch(as_text.split(" ", 1)[0])
-
-
-# (config file, PYSHUFFLE_* variable, --log-level) -> the level the daemon logs at.
-@pytest.mark.parametrize(
-    ("sources", "level"),
-    [
-        ((None, None, None), "info"),
-        (("warning", None, None), "warning"),
-        (("warning", "debug", None), "debug"),
-        (("warning", "debug", "error"), "error"),
-    ],
-)
-def test_the_flag_wins_over_the_environment_which_wins_over_the_file(
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    sources: tuple[str | None, str | None, str | None],
-    level: str,
-) -> None:
-    in_file, in_environment, flag = sources
-    config = tmp_path / "daemon.toml"
-    config.write_text(f'"{LOG_LEVEL.key}" = "{in_file}"\n' if in_file else "")
-    monkeypatch.delenv(LOG_LEVEL.env_name, raising=False)
-    if in_environment is not None:
-        monkeypatch.setenv(LOG_LEVEL.env_name, in_environment)
-    assert load_configuration(str(config), flag).get(LOG_LEVEL) == level
