@@ -168,7 +168,8 @@ def test_a_task_finds_the_connection_its_executor_sends_its_input_on(
     shuffle: SparkShuffle, spark: SparkSession
 ) -> None:
     """Each pyshuffle task tells that connection to acknowledge at once (a delayed
-    acknowledgement held its input back 40 ms: tests/unit/test_python_worker.py)."""
+    acknowledgement held its input back 40 ms:
+    tests/unit/pyspark_shuffle/tasks/test_python_worker.py)."""
     data = spark.range(0, 400, 1, 8).selectExpr("id % 13 as k", "id as v")
     result = shuffle.repartition_map(
         data, "k", _the_task_connection, "family string, peer string", num_partitions=8
