@@ -2,7 +2,7 @@
 
 Given an executor process (``ShuffleEnvironmentContext.executor_pid``) and a local store, the
 blocking partitions it writes are handed to that executor's host process
-(:mod:`netty_like.hosting`), which serves them after this process is gone; otherwise this
+(:mod:`netty_like.executor_host`), which serves them after this process is gone; otherwise this
 process serves them itself.
 """
 
@@ -15,8 +15,8 @@ from collections.abc import Callable, Collection, Sequence
 
 from netty_like.client import CreditSettings
 from netty_like.descriptor import NettyShuffleDescriptor
-from netty_like.gate import GateSettings, NettyInputGate
-from netty_like.hosting import ExecutorHost, HostSettings
+from netty_like.executor_host import ExecutorHost, ExecutorHostSettings
+from netty_like.gate import NettyGateSettings, NettyInputGate
 from netty_like.options import (
     CONNECT_RETRIES,
     CONNECT_RETRY_WAIT,
@@ -36,7 +36,7 @@ from netty_like.options import (
 )
 from netty_like.partition_manager import ResultPartitionManager
 from netty_like.protocol import HostedState
-from netty_like.server import DataServer, ServerLimits
+from netty_like.server import DataServer, NettyDataPortLimits
 from netty_like.writers import PipelinedPartitionWriter
 from shuffle_api import (
     LOCAL_ONLY_PORT,
@@ -95,7 +95,7 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
             threads=config.get(READ_STORE_THREADS), ahead_bytes=config.get(READ_STORE_AHEAD_SIZE)
         )
         self._closed = False
-        self._gate_settings = GateSettings(
+        self._gate_settings = NettyGateSettings(
             resource_id=self._resource_id,
             credit=CreditSettings(
                 initial_credit=config.get(INITIAL_CREDIT),
@@ -133,7 +133,7 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
             return self._port
         if self._executor_pid is not None and self._store.is_local:
             self._executor_host = ExecutorHost(
-                HostSettings(
+                ExecutorHostSettings(
                     owner_pid=self._executor_pid,
                     secret=self._secret,
                     store_url=self._store.url,
@@ -162,7 +162,7 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
             self._host,
             self._config.get(DATA_PORT_PORT),
             secret=self._secret,
-            limits=ServerLimits(
+            limits=NettyDataPortLimits(
                 max_frame_size=self._config.get(MAX_FRAME_SIZE),
                 idle_timeout=self._config.get(IDLE_TIMEOUT),
             ),

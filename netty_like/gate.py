@@ -25,11 +25,11 @@ from shuffle_runtime.connections import ConnectionPool
 from shuffle_runtime.gate import END_OF_PARTITION, Asker, SequentialInputGate
 from shuffle_runtime.store_reads import StoreReads
 
-__all__ = ["GateSettings", "NettyInputGate"]
+__all__ = ["NettyGateSettings", "NettyInputGate"]
 
 
 @dataclass(frozen=True, slots=True)
-class GateSettings:
+class NettyGateSettings:
     resource_id: str
     credit: CreditSettings
     unknown_timeout: float
@@ -51,7 +51,7 @@ class NettyInputGate(SequentialInputGate):
         self,
         descriptor: InputGateDeploymentDescriptor,
         manager: ResultPartitionManager,
-        settings: GateSettings,
+        settings: NettyGateSettings,
         on_close: Callable[[SequentialInputGate], None],
         *,
         data_ports: ConnectionPool,

@@ -51,7 +51,7 @@ from shuffle_api import (
 from shuffle_runtime.connections import SERVER_KEEP_ALIVE_SECONDS
 from shuffle_runtime.sockets import AuthenticatedListener, wait_readable, write_frame
 
-__all__ = ["DataServer", "ServerLimits"]
+__all__ = ["DataServer", "NettyDataPortLimits"]
 
 _LOG = logging.getLogger(__name__)
 # How often a waiting sender looks whether its channel was cancelled.
@@ -64,7 +64,7 @@ _WAIT_SLICE_SECONDS = 0.5
 
 
 @dataclass(frozen=True, slots=True)
-class ServerLimits:
+class NettyDataPortLimits:
     """What one data port lets its peers hold."""
 
     max_frame_size: int
@@ -360,7 +360,7 @@ class DataServer:
         port: int,
         *,
         secret: bytes,
-        limits: ServerLimits,
+        limits: NettyDataPortLimits,
         hosts_partitions: bool = False,
         on_shutdown: Callable[[], None] | None = None,
         tls: ssl.SSLContext | None = None,

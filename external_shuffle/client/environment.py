@@ -9,7 +9,7 @@ from collections.abc import Collection, Sequence
 from external_shuffle.allocator import keep_message_buffers
 from external_shuffle.client.coordinators import Coordinators
 from external_shuffle.client.descriptor import ExternalShuffleDescriptor
-from external_shuffle.client.gate import ExternalInputGate, GateSettings
+from external_shuffle.client.gate import ExternalGateSettings, ExternalInputGate
 from external_shuffle.client.push import PushSettings, PushSink
 from external_shuffle.options import (
     CLIENT_APPLICATION,
@@ -90,7 +90,7 @@ class ExternalShuffleEnvironment(ShuffleEnvironment):
             timeout=self._timeout,
             application_id=config.get(CLIENT_APPLICATION),
         )
-        self._gate_settings = GateSettings(
+        self._gate_settings = ExternalGateSettings(
             read_from_store=config.get(READ_FROM_STORE),
             unknown_timeout=self._timeout,
             max_chunk_bytes=message_data_limit(config),

@@ -42,13 +42,13 @@ from shuffle_runtime.format import (
 )
 from shuffle_runtime.gate import Asker, SequentialInputGate
 
-__all__ = ["ExternalInputGate", "GateSettings"]
+__all__ = ["ExternalGateSettings", "ExternalInputGate"]
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
-class GateSettings:
+class ExternalGateSettings:
     read_from_store: bool
     unknown_timeout: float
     max_chunk_bytes: int  # the most data bytes a fetched message (or frame) may carry
@@ -62,7 +62,7 @@ class ExternalInputGate(SequentialInputGate):
         self,
         descriptor: InputGateDeploymentDescriptor,
         channels: ChannelPool,
-        settings: GateSettings,
+        settings: ExternalGateSettings,
         on_unreachable: Callable[[WorkerAddress, ShuffleError], None],
         on_close: Callable[[SequentialInputGate], None],
         *,

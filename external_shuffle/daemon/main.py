@@ -31,8 +31,8 @@ from external_shuffle.daemon.interceptors import (
     WireVersionInterceptor,
 )
 from external_shuffle.daemon.logs import configure_logging
-from external_shuffle.daemon.streams import StreamLimits
-from external_shuffle.daemon.worker.data_port import DataPortLimits, WorkerDataPort
+from external_shuffle.daemon.streams import OpenStreamLimits
+from external_shuffle.daemon.worker.data_port import WorkerDataPort, WorkerDataPortLimits
 from external_shuffle.daemon.worker.registration import heartbeat_loop
 from external_shuffle.daemon.worker.service import WorkerService
 from external_shuffle.ops.health import Readiness
@@ -231,7 +231,7 @@ class Daemon(Readiness):
         """Serve the worker role's gRPC port and data port, start its background threads,
         then register it with the coordinators."""
         config = self._config
-        limits = StreamLimits(
+        limits = OpenStreamLimits(
             idle_timeout=config.get(WORKER_STREAM_IDLE_TIMEOUT),
             max_streams=config.get(WORKER_MAX_STREAMS),
             max_streams_per_peer=config.get(WORKER_MAX_STREAMS_PER_PEER),
@@ -256,7 +256,7 @@ class Daemon(Readiness):
             },
         )
 
-    def _new_worker(self, port: int, data_port: int, limits: StreamLimits) -> WorkerService:
+    def _new_worker(self, port: int, data_port: int, limits: OpenStreamLimits) -> WorkerService:
         config = self._config
         return WorkerService(
             # Never memory-mapped: a file truncated under a fetch must not kill the daemon.
@@ -276,7 +276,7 @@ class Daemon(Readiness):
             credentials=self._credentials_check,
         )
 
-    def _start_housekeeping(self, worker: WorkerService, limits: StreamLimits) -> None:
+    def _start_housekeeping(self, worker: WorkerService, limits: OpenStreamLimits) -> None:
         """The worker's reaper of idle streams, and its mover to the tier store if it has one."""
         self._reaper = threading.Thread(
             target=self._reap_worker,
@@ -330,7 +330,7 @@ class Daemon(Readiness):
                 return "the worker is registered with no coordinator"
         return None
 
-    def _new_data_port(self, limits: StreamLimits) -> WorkerDataPort | None:
+    def _new_data_port(self, limits: OpenStreamLimits) -> WorkerDataPort | None:
         port = self._config.get(WORKER_DATA_PORT)
         if port < 0:
             return None
@@ -339,7 +339,7 @@ class Daemon(Readiness):
                 self._bind,
                 port,
                 credentials=self._credentials_check,
-                limits=DataPortLimits(
+                limits=WorkerDataPortLimits(
                     max_streams=limits.max_streams,
                     max_streams_per_peer=limits.max_streams_per_peer,
                     handshake_timeout=_HANDSHAKE_TIMEOUT,

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 from external_shuffle.wire.errors import TooManyStreamsError
 
-__all__ = ["OpenStreams", "StreamLimits", "peer_host"]
+__all__ = ["OpenStreamLimits", "OpenStreams", "peer_host"]
 
 
 @dataclass(frozen=True, slots=True)
-class StreamLimits:
+class OpenStreamLimits:
     idle_timeout: float
     max_streams: int
     max_streams_per_peer: int
@@ -36,7 +36,7 @@ class _Stream:
 
 
 class OpenStreams:
-    def __init__(self, limits: StreamLimits, clock: Callable[[], float]) -> None:
+    def __init__(self, limits: OpenStreamLimits, clock: Callable[[], float]) -> None:
         self.limits = limits
         self._clock = clock
         self._streams: dict[int, _Stream] = {}

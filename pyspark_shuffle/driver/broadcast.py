@@ -15,7 +15,7 @@ from pyspark_shuffle.driver.inputs import RowTasks
 from pyspark_shuffle.kernels.ipc import from_ipc_stream
 from pyspark_shuffle.kernels.operations import JOIN_TYPES, Join
 from pyspark_shuffle.kernels.ordered_bytes import is_nested
-from pyspark_shuffle.spark.link import Shared, Tally
+from pyspark_shuffle.spark.link import TaskAccumulator, TaskBroadcast
 from pyspark_shuffle.tasks.python_worker import task_starts
 from shuffle_api import InvalidOperationError
 from shuffle_runtime.batches import conform
@@ -126,10 +126,10 @@ def broadcast_join(
     small: pa.Table,
     *,
     side: str,
-    shared: Shared[bytes],
+    shared: TaskBroadcast[bytes],
     operation: Join,
     output_schema: pa.Schema,
-    tasks_run: Tally[frozenset[int]] | None = None,
+    tasks_run: TaskAccumulator[frozenset[int]] | None = None,
 ) -> RowTasks:
     """The tasks of the streamed side, each joining its rows with the whole broadcast side
     ``small`` (which the tasks read from ``shared``, its Arrow IPC) on ``side``; their rows of

@@ -31,7 +31,7 @@ from pyspark_shuffle.kernels.partitioners import Partitioner
 from pyspark_shuffle.kernels.planning import MapOutputBytes
 from pyspark_shuffle.options import MAX_RECOVERY_ATTEMPTS, PROGRESS_INTERVAL
 from pyspark_shuffle.spark.internals import HeldShuffle, SparkShuffleOutputs, held_shuffle
-from pyspark_shuffle.spark.link import SparkLink, Tally
+from pyspark_shuffle.spark.link import SparkLink, TaskAccumulator
 from pyspark_shuffle.tasks.map_reduce import (
     MAP_OUTPUT_SCHEMA,
     MapOutputs,
@@ -139,10 +139,10 @@ class Exchange(RegisteredExchange):
         # registers, and each copy must be deleted in the end. Only where the map outputs'
         # rows are held in Spark's shuffle (classic sessions): otherwise the driver sees
         # every attempt's row, and no action reruns map tasks.
-        self._written: Tally[MapOutputs] | None = None
+        self._written: TaskAccumulator[MapOutputs] | None = None
         # Map tasks' reports: counted on the side where the rows travel through Spark's
         # shuffle (which must stay O(M)), else in the rows themselves.
-        self._reports: Tally[MapReports] | None = None
+        self._reports: TaskAccumulator[MapReports] | None = None
         if spark_outputs is not None:
             self._tallies = StageTallies(
                 link.tally(0, operator.add),
@@ -212,9 +212,8 @@ class Exchange(RegisteredExchange):
     def runs(self) -> _Runs:
         return _Runs(self._map_outputs.registrations(), self._map_seconds)
 
-    # Read-only over RegisteredExchange's plain attribute, which only its test fakes set.
     @property
-    def released(self) -> bool:  # type: ignore[override]
+    def released(self) -> bool:
         return self._map_outputs.state is not ExchangeState.OPEN
 
     @property

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Final, Self
 
-from pyspark_shuffle.spark.link import Tally, is_connect
+from pyspark_shuffle.spark.link import TaskAccumulator, is_connect
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -87,9 +87,9 @@ class JobLabel:
 class StageTallies:
     """What a map stage's tasks add as each finishes: 1, its rows and its bytes written."""
 
-    tasks: Tally[int]
-    rows: Tally[int]
-    size: Tally[int]
+    tasks: TaskAccumulator[int]
+    rows: TaskAccumulator[int]
+    size: TaskAccumulator[int]
 
     def values(self) -> tuple[int, int, int]:
         return self.tasks.value, self.rows.value, self.size.value

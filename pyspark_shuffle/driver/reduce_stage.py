@@ -20,7 +20,7 @@ from pyspark_shuffle.driver.results import Result
 from pyspark_shuffle.driver.schemas import arrow_schema
 from pyspark_shuffle.kernels.operations import ReduceOperation
 from pyspark_shuffle.kernels.planning import adaptive_plan, one_reducer_per_subpartition
-from pyspark_shuffle.spark.link import Shared, SparkLink, Tally
+from pyspark_shuffle.spark.link import SparkLink, TaskAccumulator, TaskBroadcast
 from pyspark_shuffle.tasks.map_reduce import (
     MapOutputs,
     ReduceStageSpec,
@@ -41,13 +41,13 @@ from scheduling.skew import ConsumerPlan
 from shuffle_api import Configuration, ShuffleDescriptor
 from shuffle_runtime.batches import conform
 
-__all__ = ["Driver", "plan_reducers", "reduce_stage"]
+__all__ = ["DriverContext", "plan_reducers", "reduce_stage"]
 
 _LOG = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
-class Driver:
+class DriverContext:
     """What the stages of one ``SparkShuffle`` share on the driver."""
 
     spark: SparkSession
@@ -89,7 +89,7 @@ def plan_reducers(
 
 
 def reduce_stage(
-    driver: Driver,
+    driver: DriverContext,
     configuration: Configuration,
     exchanges: Sequence[Exchange],
     operation: ReduceOperation,
@@ -102,7 +102,7 @@ def reduce_stage(
     groups = _consumed_groups(exchanges, len(plan.tasks))
     deployments = _shared_deployments(driver, groups, exchanges, plan)
     read = driver.link.tally((0, 0), add_counts)
-    reruns_read: Tally[MapOutputs] | None = None
+    reruns_read: TaskAccumulator[MapOutputs] | None = None
     if driver.reruns_in_actions:
         reruns_read = driver.link.tally(MapOutputs(), merge_map_outputs)
     spec = ReduceStageSpec(
@@ -149,15 +149,18 @@ def _consumed_groups(exchanges: Sequence[Exchange], reducers: int) -> PartitionG
 
 
 def _shared_deployments(
-    driver: Driver, groups: PartitionGroups, exchanges: Sequence[Exchange], plan: ConsumerPlan
-) -> Shared[tuple[ConsumerDeploymentDescriptor, ...]]:
+    driver: DriverContext,
+    groups: PartitionGroups,
+    exchanges: Sequence[Exchange],
+    plan: ConsumerPlan,
+) -> TaskBroadcast[tuple[ConsumerDeploymentDescriptor, ...]]:
     """What each reducer of ``plan`` reads, shared with the tasks."""
     by_result = {exchange.result_id: exchange for exchange in exchanges}
 
     def descriptors_of(group: ConsumedPartitionGroup) -> Sequence[ShuffleDescriptor]:
         return by_result[group.result_id].descriptors()
 
-    # Shared, not part of the task closure: every reduce task would otherwise carry (and
+    # Broadcast, not part of the task closure: every reduce task would otherwise carry (and
     # unpickle) the deployments of all reducers.
     return driver.link.share(
         tuple(

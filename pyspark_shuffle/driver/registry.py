@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 from pyspark_shuffle.driver.chain import Chain, ChainExchange, ChainStage
-from pyspark_shuffle.spark.link import Shared
+from pyspark_shuffle.spark.link import TaskBroadcast
 from scheduling.deployment import DescriptorCache
 from scheduling.groups import ConsumedPartitionGroup
 from shuffle_api import InvalidOperationError, ShuffleError, ShuffleServiceClosedError
@@ -27,11 +27,15 @@ class RegisteredExchange(abc.ABC):
 
     result_id: str
     name: str
-    released: bool
     upstream: tuple[RegisteredExchange, ...]
     """The exchanges its map tasks read (a fused stage's), which must outlive them."""
     producer_stage: str | None
     """The reduce stage whose tasks are its map tasks (a fused stage's), else ``None``."""
+
+    @property
+    @abc.abstractmethod
+    def released(self) -> bool:
+        """Its partitions were deleted (by :meth:`release`)."""
 
     @property
     @abc.abstractmethod
@@ -67,7 +71,7 @@ class RegisteredResult(abc.ABC):
     """What its tasks read."""
     wraps: str | None
     """A broadcast join over a fused result: that result's stage, whose tasks its tasks run."""
-    broadcasts: tuple[Shared[Any], ...]
+    broadcasts: tuple[TaskBroadcast[Any], ...]
     """What the executors keep to read it: the reducers' deployments, a broadcast side."""
     consumed_groups: Sequence[ConsumedPartitionGroup]
     """Its reducers' partition groups (their descriptors are cached)."""
@@ -245,7 +249,7 @@ class ResultRegistry(Generic[R, S]):
         for exchange in released:
             exchange.release_copies()
 
-    def close(self) -> list[Shared[Any]] | None:
+    def close(self) -> list[TaskBroadcast[Any]] | None:
         """Release every exchange; what the results shared with the executors, once each, for
         the caller to destroy (last, once the service is closed). ``None`` when closed
         before."""

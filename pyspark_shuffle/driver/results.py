@@ -17,7 +17,7 @@ from pyspark_shuffle.driver.exchange import Exchange
 from pyspark_shuffle.driver.inputs import RowTasks
 from pyspark_shuffle.driver.registry import RegisteredExchange, RegisteredResult
 from pyspark_shuffle.kernels.operations import ReduceOperation
-from pyspark_shuffle.spark.link import Shared, Tally
+from pyspark_shuffle.spark.link import TaskAccumulator, TaskBroadcast
 from pyspark_shuffle.tasks.map_reduce import MapOutputs, ReadCounts
 from scheduling.groups import ConsumedPartitionGroup
 from scheduling.skew import ConsumerPlan
@@ -75,18 +75,18 @@ class Result(RegisteredResult):
     schema: StructType
     plan: ConsumerPlan
     consumed_groups: list[ConsumedPartitionGroup]
-    read: Tally[ReadCounts]
+    read: TaskAccumulator[ReadCounts]
     """Rows and bytes its reducers read."""
-    reruns_read: Tally[MapOutputs] | None
+    reruns_read: TaskAccumulator[MapOutputs] | None
     """Map outputs Spark reran inside an action (where Spark holds a shuffle of them)."""
-    broadcasts: tuple[Shared[Any], ...]
+    broadcasts: tuple[TaskBroadcast[Any], ...]
     row_tasks: RowTasks
     """Its tasks (reducers, or a broadcast join's), and what each runs to make its rows."""
     broadcast: BroadcastSide | None = None
     """A broadcast join's: ``exchanges`` are then those its tasks read through a fused input."""
     stage: str = dataclasses.field(default_factory=new_stage)
     wraps: str | None = None
-    tasks_run: Tally[frozenset[int]] | None = None
+    tasks_run: TaskAccumulator[frozenset[int]] | None = None
     """A broadcast join whose tasks Spark could not count before they ran: those that ran."""
     kept: tuple[DataFrame, Result] | None = None
     """Its rows as kept for later readers (see ``pyspark-shuffle.keep-results``): the

@@ -24,7 +24,7 @@ from pyspark_shuffle.driver.exchange import Exchange
 from pyspark_shuffle.driver.fused import collect_arrow, write_parquet
 from pyspark_shuffle.driver.joins import join
 from pyspark_shuffle.driver.parquet import ParquetFilter, ParquetSink, ParquetSource
-from pyspark_shuffle.driver.reduce_stage import Driver
+from pyspark_shuffle.driver.reduce_stage import DriverContext
 from pyspark_shuffle.driver.registry import ResultRegistry, adopt_reruns
 from pyspark_shuffle.driver.results import Result, ShuffleStatistics, new_stage
 from pyspark_shuffle.driver.schemas import arrow_schema, check_carried, declared_schema
@@ -84,7 +84,9 @@ class SparkShuffle:
         )
         # Spark's map output tracker: classic sessions only (Connect has no Py4J).
         spark_outputs = None if link.connect else SparkShuffleOutputs(spark)
-        driver = Driver(spark, link, master_context.secret, descriptors, spark_outputs is not None)
+        driver = DriverContext(
+            spark, link, master_context.secret, descriptors, spark_outputs is not None
+        )
         self._master.start()
         # Once started: what the master tells its executors may come from registering (an
         # application's credential).

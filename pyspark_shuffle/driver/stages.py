@@ -17,7 +17,7 @@ from pyspark_shuffle.driver.fused import FusedInput, collect_arrow, sample_rows
 from pyspark_shuffle.driver.inputs import FrameInput, MapInput, RowTasks
 from pyspark_shuffle.driver.parquet import ParquetInput, ParquetSource
 from pyspark_shuffle.driver.progress import JobLabel
-from pyspark_shuffle.driver.reduce_stage import Driver, plan_reducers, reduce_stage
+from pyspark_shuffle.driver.reduce_stage import DriverContext, plan_reducers, reduce_stage
 from pyspark_shuffle.driver.registry import ResultRegistry
 from pyspark_shuffle.driver.result_frames import as_result_frame
 from pyspark_shuffle.driver.results import Result
@@ -68,7 +68,7 @@ class Stages:
 
     def __init__(
         self,
-        driver: Driver,
+        driver: DriverContext,
         master: ShuffleMaster,
         job: RecordingJobContext,
         spark_outputs: SparkShuffleOutputs | None,

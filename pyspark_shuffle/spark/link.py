@@ -45,9 +45,9 @@ if TYPE_CHECKING:
     from pyspark.accumulators import Accumulator
 
 __all__ = [
-    "Shared",
     "SparkLink",
-    "Tally",
+    "TaskAccumulator",
+    "TaskBroadcast",
     "application_identity",
     "byte_size",
     "is_connect",
@@ -60,7 +60,7 @@ _LOG = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _SHARED_LOADED = 8
-"""Shared values each Python worker keeps unpickled (a few stages read at once)."""
+"""Broadcast values each Python worker keeps unpickled (a few stages read at once)."""
 
 
 def is_connect(spark: SparkSession) -> bool:
@@ -88,7 +88,7 @@ def byte_size(text: str) -> int:
         raise ConfigError(f"{text!r} is not a Spark byte size (say 128m or 134217728b)") from error
 
 
-class Shared(abc.ABC, Generic[T]):
+class TaskBroadcast(abc.ABC, Generic[T]):
     """A value every task of a stage reads, shipped once per Python worker, not per task."""
 
     @property
@@ -105,7 +105,7 @@ class Shared(abc.ABC, Generic[T]):
         """Gone everywhere; no task may read it after."""
 
 
-class Tally(abc.ABC, Generic[T]):
+class TaskAccumulator(abc.ABC, Generic[T]):
     """Values that tasks add and the driver reads merged (an accumulator)."""
 
     @abc.abstractmethod
@@ -134,11 +134,11 @@ class SparkLink(abc.ABC):
         """Spark's default parallelism (the cores of the executors, mostly)."""
 
     @abc.abstractmethod
-    def share(self, value: T) -> Shared[T]:
+    def share(self, value: T) -> TaskBroadcast[T]:
         """``value`` shared with tasks (pickled)."""
 
     @abc.abstractmethod
-    def tally(self, zero: T, merge: Callable[[T, T], T]) -> Tally[T]:
+    def tally(self, zero: T, merge: Callable[[T, T], T]) -> TaskAccumulator[T]:
         """A tally starting at ``zero``; ``merge`` (a module-level function: it travels with
         the tasks) adds a value to a total and may change the total in place."""
 
@@ -176,7 +176,7 @@ class _MergeParam(AccumulatorParam[T]):
         return self._merge(first, second)
 
 
-class _Broadcast(Shared[T]):
+class _Broadcast(TaskBroadcast[T]):
     def __init__(self, broadcast: Broadcast[T]) -> None:
         self._broadcast = broadcast
 
@@ -191,7 +191,7 @@ class _Broadcast(Shared[T]):
         self._broadcast.destroy()
 
 
-class _Accumulator(Tally[T]):
+class _Accumulator(TaskAccumulator[T]):
     def __init__(self, accumulator: Accumulator[T]) -> None:
         self._accumulator = accumulator
 
@@ -214,10 +214,10 @@ class ClassicLink(SparkLink):
         # Asked each time: executors register after the session starts, and come and go.
         return max(1, int(self.spark.sparkContext.defaultParallelism))
 
-    def share(self, value: T) -> Shared[T]:
+    def share(self, value: T) -> TaskBroadcast[T]:
         return _Broadcast(self.spark.sparkContext.broadcast(value))
 
-    def tally(self, zero: T, merge: Callable[[T, T], T]) -> Tally[T]:
+    def tally(self, zero: T, merge: Callable[[T, T], T]) -> TaskAccumulator[T]:
         param = _MergeParam(zero, merge)
         return _Accumulator(self.spark.sparkContext.accumulator(param.zero(zero), param))
 
@@ -236,7 +236,7 @@ class ClassicLink(SparkLink):
 
 
 class _Loaded:
-    """Shared values this Python worker unpickled, by blob key (the last few)."""
+    """Broadcast values this Python worker unpickled, by blob key (the last few)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -253,7 +253,7 @@ _LOADED = _Loaded()
 os.register_at_fork(after_in_child=_LOADED.reset)
 
 
-class _BlobShared(Shared[T]):
+class _BlobShared(TaskBroadcast[T]):
     """A pickled value in the blob store: tasks load it once per Python worker."""
 
     def __init__(self, url: str, key: str, cache_bytes: int) -> None:
@@ -284,7 +284,7 @@ class _BlobShared(Shared[T]):
         BlobStore(self._url).delete(self._key)
 
 
-class _StoreTally(Tally[T]):
+class _StoreTally(TaskAccumulator[T]):
     """Each addition a small file under ``directory``; the driver merges the files once.
     Each file is signed with the application's secret before it is unpickled: whoever else
     writes to the blob store cannot have the driver unpickle what they wrote."""
@@ -381,13 +381,13 @@ class ConnectLink(SparkLink):
             self._default_parallelism = max(1, int(row[0]) + 1)
         return self._default_parallelism
 
-    def share(self, value: T) -> Shared[T]:
+    def share(self, value: T) -> TaskBroadcast[T]:
         # A nonce first: equal values shared twice are two blobs, destroyed apart.
         key = BlobStore(self._blob_url).put(pickle.dumps((new_id(), value)))
         self._blob_keys.append(key)
         return _BlobShared(self._blob_url, key, self._cache_bytes)
 
-    def tally(self, zero: T, merge: Callable[[T, T], T]) -> Tally[T]:
+    def tally(self, zero: T, merge: Callable[[T, T], T]) -> TaskAccumulator[T]:
         directory = (self._directory, new_id()[:16])
         return _StoreTally(self._blob_url, directory, zero, merge, self._secret)
 

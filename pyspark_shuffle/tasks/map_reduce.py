@@ -53,7 +53,7 @@ from shuffle_runtime.batches import coalesce
 from shuffle_runtime.ndarrays import bytes_array, longs
 
 if TYPE_CHECKING:
-    from pyspark_shuffle.spark.link import Shared, Tally
+    from pyspark_shuffle.spark.link import TaskAccumulator, TaskBroadcast
 
 __all__ = [
     "MAP_OUTPUT_SCHEMA",
@@ -251,12 +251,12 @@ class ReduceStageSpec:
 
     configuration: Configuration
     secret: bytes = field(repr=False)
-    deployments: Shared[tuple[ConsumerDeploymentDescriptor, ...]]
+    deployments: TaskBroadcast[tuple[ConsumerDeploymentDescriptor, ...]]
     schemas: tuple[pa.Schema, ...]
     operation: ReduceOperation
-    read: Tally[ReadCounts] | None = None
+    read: TaskAccumulator[ReadCounts] | None = None
     """Rows and bytes the reducers read."""
-    reruns_read: Tally[MapOutputs] | None = None
+    reruns_read: TaskAccumulator[MapOutputs] | None = None
     """Map outputs reducers read that Spark reran inside an action: the driver registers
     them afterwards (so it releases them, and counts them as reruns)."""
 

@@ -22,7 +22,7 @@ import pytest
 import xxhash
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from external_shuffle.daemon.streams import StreamLimits
+from external_shuffle.daemon.streams import OpenStreamLimits
 from external_shuffle.daemon.worker.service import WorkerService
 from external_shuffle.local_cluster import LocalCluster
 from external_shuffle.ops.metrics import DaemonMetrics
@@ -272,7 +272,7 @@ def _serving(store: Store) -> Iterator[tuple[WorkerService, pb_grpc.WorkerStub]]
         chunk_size=64 << 10,
         message_data_limit=1 << 20,
         metrics=DaemonMetrics(),
-        stream_limits=StreamLimits(idle_timeout=30, max_streams=8, max_streams_per_peer=8),
+        stream_limits=OpenStreamLimits(idle_timeout=30, max_streams=8, max_streams_per_peer=8),
     )
     server = grpc.server(ThreadPoolExecutor(16))
     server.add_generic_rpc_handlers((worker_rpc_handler(service),))

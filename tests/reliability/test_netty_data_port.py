@@ -26,7 +26,7 @@ from netty_like.protocol import (
     error_from_code,
     read_frame,
 )
-from netty_like.server import DataServer, ServerLimits
+from netty_like.server import DataServer, NettyDataPortLimits
 from shuffle_api import (
     AuthenticationError,
     ChecksumMismatchError,
@@ -627,7 +627,7 @@ def test_requests_beyond_the_channel_cap_are_refused_with_bounded_threads(
 def test_idle_and_half_sent_connections_time_out(tmp_path: Path) -> None:
     secret = b"s" * 32
     manager = ResultPartitionManager(Store(str(tmp_path)), request_timeout=1.0)
-    limits = ServerLimits(max_frame_size=MAX_FRAME, handshake_timeout=0.5, idle_timeout=0.5)
+    limits = NettyDataPortLimits(max_frame_size=MAX_FRAME, handshake_timeout=0.5, idle_timeout=0.5)
     server = DataServer(manager, "127.0.0.1", 0, secret=secret, limits=limits)
     port = server.start()
     try:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from netty_like import NettyShuffleEnvironment
-from netty_like.host import process_start_time
+from netty_like.host_process import process_start_time
 from shuffle_api import (
     Configuration,
     InputGateDeploymentDescriptor,

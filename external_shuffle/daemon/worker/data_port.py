@@ -52,7 +52,7 @@ from shuffle_runtime.sockets import (
     write_frame,
 )
 
-__all__ = ["DataPortLimits", "WorkerDataPort"]
+__all__ = ["WorkerDataPort", "WorkerDataPortLimits"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ _DRAIN_POLL_SECONDS: Final = 0.2
 
 
 @dataclass(frozen=True, slots=True)
-class DataPortLimits:
+class WorkerDataPortLimits:
     max_streams: int
     """The worker's stream cap; connections are capped a little above it."""
     max_streams_per_peer: int
@@ -91,7 +91,7 @@ class WorkerDataPort:
         port: int,
         *,
         credentials: CredentialCheck,
-        limits: DataPortLimits,
+        limits: WorkerDataPortLimits,
         metrics: DaemonMetrics,
         tls: ssl.SSLContext | None = None,
     ) -> None:

@@ -14,7 +14,7 @@ from typing import TypeVar
 import grpc
 
 from external_shuffle.daemon.error_statuses import reports_errors
-from external_shuffle.daemon.streams import OpenStreams, StreamLimits
+from external_shuffle.daemon.streams import OpenStreamLimits, OpenStreams
 from external_shuffle.daemon.worker.state import Upload, WorkerState
 from external_shuffle.ops.metrics import DaemonMetrics
 from external_shuffle.options import MIN_CHUNK_SIZE
@@ -75,7 +75,7 @@ class WorkerService(pb_grpc.WorkerServicer):
         chunk_size: int,
         message_data_limit: int,
         metrics: DaemonMetrics,
-        stream_limits: StreamLimits,
+        stream_limits: OpenStreamLimits,
         tier: Store | None = None,
         application_quota: int = 0,
         credentials: CredentialCheck | None = None,

@@ -220,10 +220,22 @@ def test_no_string_names_a_project_module(package: str) -> None:
 
 def test_a_module_path_in_a_string_is_found_and_a_config_key_is_not() -> None:
     assert _named_module("netty_like.NettyShuffleServiceFactory")
-    assert _named_module("import sys; from netty_like.host import main")
+    assert _named_module("import sys; from netty_like.host_process import main")
     assert _named_module("external_shuffle.daemon.main")
     assert _named_module("external_shuffle.options:DAEMON_CATALOG")
     assert _named_module("scheduling.skew.factor") is None
     assert _named_module("blob.store-url") is None
     assert _named_module("blob.cache.max-size") is None
     assert _named_module("netty_like") is None  # a service's entry point name
+
+
+def test_no_two_public_classes_share_a_name() -> None:
+    """A class's name says its role: two services' settings are not both ``GateSettings``."""
+    places: dict[str, list[str]] = {}
+    for package in sorted(ALLOWED):
+        for path in sorted((REPO / package).rglob("*.py")):
+            for node in ast.parse(path.read_text(encoding="utf-8")).body:
+                if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                    places.setdefault(node.name, []).append(str(path.relative_to(REPO)))
+    shared = {name: paths for name, paths in places.items() if len(paths) > 1}
+    assert not shared, f"classes of one name: {shared}"

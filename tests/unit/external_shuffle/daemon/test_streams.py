@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from external_shuffle.daemon.streams import OpenStreams, StreamLimits, peer_host
+from external_shuffle.daemon.streams import OpenStreamLimits, OpenStreams, peer_host
 from external_shuffle.wire.errors import TooManyStreamsError
 
 
@@ -18,7 +18,7 @@ class Clock:
 
 
 def test_the_caps_in_all_and_per_host_refuse_streams_and_closing_makes_room() -> None:
-    streams = OpenStreams(StreamLimits(10.0, max_streams=3, max_streams_per_peer=2), Clock())
+    streams = OpenStreams(OpenStreamLimits(10.0, max_streams=3, max_streams_per_peer=2), Clock())
     a1 = streams.open("ipv4:10.0.0.1:5001", lambda: None)
     streams.open("ipv4:10.0.0.1:5002", lambda: None)
     with pytest.raises(TooManyStreamsError, match="of this client"):
@@ -33,7 +33,7 @@ def test_the_caps_in_all_and_per_host_refuse_streams_and_closing_makes_room() ->
 
 def test_idle_streams_are_cancelled_once_and_active_ones_kept() -> None:
     clock = Clock()
-    streams = OpenStreams(StreamLimits(5.0, max_streams=10, max_streams_per_peer=10), clock)
+    streams = OpenStreams(OpenStreamLimits(5.0, max_streams=10, max_streams_per_peer=10), clock)
     cancelled: list[str] = []
     idle = streams.open("ipv4:10.0.0.1:1", lambda: cancelled.append("idle"))
     busy = streams.open("ipv4:10.0.0.1:2", lambda: cancelled.append("busy"))

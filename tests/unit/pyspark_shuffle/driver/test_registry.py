@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from pyspark_shuffle.driver.registry import RegisteredExchange, RegisteredResult, ResultRegistry
-from pyspark_shuffle.spark.link import Shared
+from pyspark_shuffle.spark.link import TaskBroadcast
 from scheduling.deployment import DescriptorCache
 from scheduling.groups import ConsumedPartitionGroup
 from shuffle_api import InvalidOperationError, ShuffleServiceClosedError
@@ -27,13 +27,17 @@ class _Exchange(RegisteredExchange):
     ) -> None:
         self.result_id = result_id
         self.name = result_id
-        self.released = False
+        self._released = False
         self.upstream = ()
         self.producer_stage = fused_from
         self._on_executors = on_executors
         self._spark_told = spark_told
         self.copies_swept = 0
         self.adopted: list[tuple[int, bytes]] = []
+
+    @property
+    def released(self) -> bool:
+        return self._released
 
     @property
     def number_of_maps(self) -> int:
@@ -46,7 +50,7 @@ class _Exchange(RegisteredExchange):
     def release(self, *, forget_in_spark: bool = False) -> bool:
         if forget_in_spark and not self._spark_told:
             return False
-        self.released = True
+        self._released = True
         return True
 
     def release_copies(self) -> None:
@@ -56,7 +60,7 @@ class _Exchange(RegisteredExchange):
         self.adopted.append((map_index, producer))
 
 
-class _Shared(Shared[int]):
+class _Broadcast(TaskBroadcast[int]):
     def __init__(self) -> None:
         self.state = "kept"
 
@@ -81,8 +85,8 @@ class _Result(RegisteredResult):
         self.stage = stage
         self.exchanges = exchanges
         self.wraps = None
-        self.shared = _Shared()
-        self.broadcasts: tuple[Shared[Any], ...] = (self.shared,)
+        self.shared = _Broadcast()
+        self.broadcasts: tuple[TaskBroadcast[Any], ...] = (self.shared,)
         self.consumed_groups: Sequence[ConsumedPartitionGroup] = ()
         self._reruns = reruns
         self.dependents: list[object] = []

@@ -1,4 +1,4 @@
-"""A writer's side of its executor's partition host (:mod:`netty_like.host`): find the host
+"""A writer's side of its executor's partition host (:mod:`netty_like.host_process`): find the host
 this executor runs for the application, or start it, and hand it each partition written.
 
 Processes of one executor find their host through a small file in the temp directory, named
@@ -24,20 +24,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from netty_like.control import ControlConnection
-from netty_like.host import HostLaunch, HostReady, process_start_time
-from netty_like.host import main as host_main
+from netty_like.host_process import HostLaunch, HostReady, process_start_time
+from netty_like.host_process import main as host_main
 from netty_like.protocol import HostedState
 from shuffle_api import ResultPartitionID, ShuffleError, TransportError
 from shuffle_runtime.tls import TlsFiles
 
-__all__ = ["ExecutorHost", "HostSettings"]
+__all__ = ["ExecutorHost", "ExecutorHostSettings"]
 
 _LOG = logging.getLogger(__name__)
 _START_TIMEOUT = 60.0
 
 
 @dataclass(frozen=True, slots=True)
-class HostSettings:
+class ExecutorHostSettings:
     """How to reach or start an executor's host."""
 
     owner_pid: int
@@ -81,7 +81,7 @@ class ExecutorHost:
     """This executor's host for one application: its address, and a connection to hand it
     partitions (reconnecting, or starting a new host, if the one known is gone)."""
 
-    def __init__(self, settings: HostSettings) -> None:
+    def __init__(self, settings: ExecutorHostSettings) -> None:
         self._settings = settings
         start_time = process_start_time(settings.owner_pid)
         if start_time is None:

@@ -3,7 +3,7 @@ wrote, for as long as that executor lives (as Flink's TaskExecutor hosts its par
 
 An engine recycles the processes that run its tasks (PySpark's Python workers come and go); a
 partition must stay readable from other executors after the process that wrote it is gone. The
-first writer of an executor starts this process (:mod:`netty_like.hosting`); writers hand it
+first writer of an executor starts this process (:mod:`netty_like.executor_host`); writers hand it
 each partition they write to the executor's store, and it serves them on its data port, answers
 the driver's status and release requests, and deletes them all when the executor's process
 dies or the driver shuts the application down.
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from netty_like.partition_manager import ResultPartitionManager
-from netty_like.server import DataServer, ServerLimits
+from netty_like.server import DataServer, NettyDataPortLimits
 from shuffle_runtime.store import Store
 from shuffle_runtime.tls import TlsFiles
 
@@ -111,7 +111,9 @@ def serve_host(
         launch.bind_host,
         0,
         secret=bytes.fromhex(launch.secret_hex),
-        limits=ServerLimits(max_frame_size=launch.max_frame_size, idle_timeout=launch.idle_timeout),
+        limits=NettyDataPortLimits(
+            max_frame_size=launch.max_frame_size, idle_timeout=launch.idle_timeout
+        ),
         hosts_partitions=True,
         on_shutdown=stopping.set,
         tls=TlsFiles(cert_file=launch.tls_cert_file, key_file=launch.tls_key_file).server_context(),
