@@ -276,8 +276,9 @@ def kill_during_map(
     return {
         "killed": killed,
         "equal": equal,
-        "runs": exchange.runs.per_map,
+        # statistics() first: it registers the map tasks Spark reran inside the action.
         "map_tasks_rerun": shuffle.statistics(result).map_tasks_rerun,
+        "runs": exchange.runs.per_map,
         "held_by_spark": exchange.on_executors,
     }
 
@@ -307,8 +308,9 @@ def kill_during_reduce(
         "killed": killed,
         "equal": equal,
         "action_error": error,
-        "runs": exchange.runs.per_map,
+        # statistics() first: it registers the map tasks Spark reran inside the action.
         "map_tasks_rerun": shuffle.statistics(result).map_tasks_rerun,
+        "runs": exchange.runs.per_map,
         "held_by_spark": exchange.on_executors,
     }
 
@@ -332,8 +334,9 @@ def executors_leave_between_stages(
         "executors_between_stages": left,
         "equal": multiset(result) == multiset(data(spark)),
         "executors_after": live_executors(spark),
-        "runs": exchange.runs.per_map,
+        # statistics() first: it registers the map tasks Spark reran inside the action.
         "map_tasks_rerun": shuffle.statistics(result).map_tasks_rerun,
+        "runs": exchange.runs.per_map,
         "held_by_spark": exchange.on_executors,
     }
 
