@@ -43,6 +43,11 @@ from pyspark_shuffle.kernels.sorting import sort_keys_of
 from pyspark_shuffle.options import MAX_SUBPARTITIONS
 from pyspark_shuffle.spark.internals import SparkShuffleOutputs
 from pyspark_shuffle.spark.link import application_identity, spark_link
+from pyspark_shuffle.tasks.pandas_functions import (
+    PandasFunction,
+    PandasGroupFunction,
+    PandasSettings,
+)
 from scheduling.deployment import DescriptorCache
 from scheduling.options import DESCRIPTOR_OFFLOAD_THRESHOLD
 from shuffle_api import Configuration, RecordingJobContext, ShuffleMasterContext, new_id
@@ -249,20 +254,33 @@ class SparkShuffle:
         self,
         frame: DataFrame,
         keys: str | Sequence[str],
-        function: GroupFunction,
+        function: GroupFunction | PandasFunction,
         schema: StructType | str,
         *,
         num_partitions: int | None = None,
     ) -> DataFrame:
         """``function(table)`` or ``function(key, table)`` per key group, as Spark's
-        ``groupBy(keys).applyInArrow(function, schema)``."""
-        pass_key = len(inspect.signature(function).parameters) == 2
+        ``groupBy(keys).applyInArrow(function, schema)``; or, for a function marked by
+        :func:`~pyspark_shuffle.pandas_function`, ``f(pdf)`` or ``f(key, pdf)`` as Spark's
+        ``groupBy(keys).applyInPandas(f, schema)``: the same frame and key in, the result
+        checked and converted as Spark does, with its error classes (under the session's
+        time zone and pandas settings as they are at this call).
+
+        A pandas function is marked rather than told by a keyword: the mark travels with the
+        function, so a caller that wraps users' functions (as a drop-in for ``applyInPandas``
+        does) passes them on as any other, and a pandas function cannot reach the Arrow path
+        by a forgotten flag."""
         declared = declared_schema(schema, "group_apply")
+        names = column_names(keys)
+        if isinstance(function, PandasFunction):
+            settings = PandasSettings.of(self._spark)
+            function = PandasGroupFunction.of(function, names, declared, settings)
+        pass_key = len(inspect.signature(function).parameters) == 2
         configuration = self.configuration
         exchange = self._stages.hash_exchange(
             configuration, frame, keys, num_partitions, "group_apply"
         )
-        operation = GroupApply(column_names(keys), function, pass_key=pass_key)
+        operation = GroupApply(names, function, pass_key=pass_key)
         return self._stages.reduce(configuration, [exchange], operation, declared)
 
     def group_apply_sorted(

@@ -34,10 +34,22 @@ plan will not say.
 In a Python worker: the connection a task reads its input from, :func:`task_connection` (the
 ``infile`` of ``pyspark.worker.main``, the same in every release from 3.5 to 4.3; ``None``
 where it is not found, and the caller leaves the connection as Spark made it).
+
+Also in a Python worker, a grouped map's pandas conversions, by PySpark's own functions, so
+that a pandas function sees and answers what it would under ``applyInPandas``:
+:func:`pandas_group` (the group as a frame: ``ArrowBatchTransformer.to_pandas`` of
+``pyspark.sql.conversion``, 4.2 and later), :func:`check_pandas_result` (the result's type and
+columns, raising the release's own error classes: ``pyspark.worker.verify_pandas_result``, the
+same call from 3.5 to 4.3) and :func:`pandas_result_batch` (the result in the schema's Arrow
+types, cast where Spark casts: ``PandasToArrowConversion.convert``, 4.2 and later). Tested on
+4.3.0 and 3.5.9; where one is missing (3.5 to 4.1 for the conversions) pyshuffle's own
+:mod:`~pyspark_shuffle.spark.pandas_fallback` does what those releases do (on 3.5.9, the same
+frames, batches and errors as its serializers).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -48,14 +60,23 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+import pandas as pd
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
+
+from pyspark_shuffle.spark import pandas_fallback
+from pyspark_shuffle.spark.compat import SPARK_VERSION
 
 __all__ = [
     "HeldShuffle",
     "SparkShuffleOutputs",
+    "check_pandas_result",
     "context_running",
     "estimated_bytes",
     "held_shuffle",
+    "pandas_group",
+    "pandas_result_batch",
     "task_connection",
 ]
 
@@ -260,3 +281,96 @@ def task_connection() -> int | None:
                 return None
         frame = frame.f_back
     return None
+
+
+# Spark hands a grouped map every timestamp in nanoseconds from 4.0 on, and casts a result
+# column Arrow will not convert directly from 4.1 on.
+_TIMESTAMPS_IN_NANOSECONDS_SINCE = (4, 0)
+_GROUPED_MAP_CASTS_SINCE = (4, 1)
+
+# Imported when a task first converts: the worker's module is the task's to load, and neither
+# is in every release.
+
+
+@functools.cache
+def _pandas_conversion() -> Any | None:
+    """``pyspark.sql.conversion``, where this PySpark has it (4.2 and later)."""
+    try:
+        from pyspark.sql import conversion  # noqa: PLC0415 (see above)
+    except ImportError:
+        return None
+    return conversion
+
+
+@functools.cache
+def _verify_pandas_result() -> Any | None:
+    """``pyspark.worker.verify_pandas_result`` (3.5 to 4.3 alike)."""
+    try:
+        from pyspark.worker import verify_pandas_result  # noqa: PLC0415 (see above)
+    except ImportError:
+        return None
+    return verify_pandas_result
+
+
+def pandas_group(table: pa.Table, *, timezone: str, prefer_int_extension: bool) -> pd.DataFrame:
+    """A group's rows as the frame ``applyInPandas`` hands its function: numbers with nulls
+    as floats with NaN (``prefer_int_extension``, Spark 4.3: as nullable integers instead),
+    timestamps naive in ``timezone``, dates as ``datetime.date``, structs as dicts."""
+    conversion = _pandas_conversion()
+    if conversion is None:
+        nanoseconds = SPARK_VERSION >= _TIMESTAMPS_IN_NANOSECONDS_SINCE
+        return pandas_fallback.to_pandas_frame(table, timezone, nanoseconds=nanoseconds)
+    series = conversion.ArrowBatchTransformer.to_pandas(
+        table, timezone=timezone, prefer_int_ext_dtype=prefer_int_extension
+    )
+    return pd.concat(series, axis=1)
+
+
+def check_pandas_result(result: Any, schema: StructType, *, by_name: bool) -> None:
+    """Raise what Spark raises for ``result`` of a grouped map declared ``schema``: not a
+    frame, or (a frame of no rows and no columns aside) columns that ``schema`` does not
+    name (``by_name`` and a label is a string) or not as many as it has."""
+    verify = _verify_pandas_result()
+    if verify is None:
+        pandas_fallback.check_result(result, schema, by_name)
+    else:
+        verify(result, schema, by_name, False)
+
+
+def pandas_result_batch(
+    result: pd.DataFrame,
+    schema: StructType,
+    *,
+    timezone: str,
+    safecheck: bool,
+    by_name: bool,
+    int_to_decimal: bool,
+    large_var_types: bool,
+) -> pa.RecordBatch:
+    """A checked result as a batch of ``schema``'s Arrow types (naive timestamps read in
+    ``timezone``), with Spark's fallback to Arrow's cast (4.1 and later) and its conversion
+    errors (``safecheck``: Spark's ``convertToArrowArraySafely``; ``int_to_decimal``: its
+    ``intToDecimalCoercionEnabled``)."""
+    conversion = _pandas_conversion()
+    if conversion is None:
+        return pandas_fallback.to_arrow_batch(
+            result,
+            schema,
+            timezone=timezone,
+            safecheck=safecheck,
+            arrow_cast=SPARK_VERSION >= _GROUPED_MAP_CASTS_SINCE,
+            by_name=by_name,
+            int_to_decimal=int_to_decimal,
+            large_var_types=large_var_types,
+        )
+    batch: pa.RecordBatch = conversion.PandasToArrowConversion.convert(
+        result,
+        schema,
+        timezone=timezone,
+        safecheck=safecheck,
+        arrow_cast=True,
+        prefers_large_types=large_var_types,
+        assign_cols_by_name=by_name,
+        int_to_decimal_coercion_enabled=int_to_decimal,
+    )
+    return batch

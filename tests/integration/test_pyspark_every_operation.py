@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -16,7 +17,7 @@ import pytest
 from pyspark.sql import functions as F  # noqa: N812 (Spark's own spelling)
 
 from external_shuffle.local_cluster import LocalCluster
-from pyspark_shuffle import SparkShuffle
+from pyspark_shuffle import SparkShuffle, pandas_function
 from shuffle_api import InvalidOperationError, new_id
 from tests.integration.services import (
     ShuffleService,
@@ -157,6 +158,19 @@ def test_group_apply_both_ways(shuffle: SparkShuffle, events: DataFrame) -> None
     schema = "k long, total double, n long"
     assert multiset(shuffle.group_apply(events, "k", _totals, schema)) == expected
     assert multiset(shuffle.group_apply_sorted(events, "k", _totals, schema)) == expected
+
+
+def _pandas_totals(pdf: pd.DataFrame) -> pd.DataFrame:
+    # Named columns out of the schema's order: taken by name, as Spark takes them.
+    return pd.DataFrame({"n": [len(pdf)], "total": [pdf["amount"].sum()], "k": pdf["k"][:1]})
+
+
+def test_group_apply_of_a_pandas_function(shuffle: SparkShuffle, events: DataFrame) -> None:
+    """As Spark's ``applyInPandas``: by PySpark's conversions, or pyshuffle's own on the
+    releases without them."""
+    schema = "k long, total double, n long"
+    result = shuffle.group_apply(events, "k", pandas_function(_pandas_totals), schema)
+    assert multiset(result) == multiset(_spark_totals(events))
 
 
 def test_sort(shuffle: SparkShuffle, events: DataFrame) -> None:

@@ -1,0 +1,299 @@
+"""A pandas function run on one group's Arrow table, in process (no Spark session): what it
+is handed and what becomes of its result, as under Spark's ``applyInPandas`` on the installed
+PySpark (the same through Spark: tests/integration/test_pyspark_pandas_group_apply.py)."""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import pickle
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+from pyspark.errors import PySparkRuntimeError, PySparkTypeError, PySparkValueError
+from pyspark.sql.types import (
+    DataType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from pyspark_shuffle import pandas_function
+from pyspark_shuffle.spark.compat import SPARK_VERSION
+from pyspark_shuffle.tasks.pandas_functions import PandasGroupFunction, PandasSettings
+
+ZONE = "America/Los_Angeles"
+
+# The error classes of the installed release (renamed in Spark 4.2). Each error's text is
+# "[CLASS] message" from 3.5 on (``getCondition`` is Spark 4's).
+NAMES_MISMATCH, COUNT_MISMATCH = (
+    ("RESULT_COLUMN_NAMES_MISMATCH", "RESULT_COLUMN_SCHEMA_MISMATCH")
+    if SPARK_VERSION >= (4, 2)
+    else ("RESULT_COLUMNS_MISMATCH_FOR_PANDAS_UDF", "RESULT_LENGTH_MISMATCH_FOR_PANDAS_UDF")
+)
+
+
+def _schema(**types: DataType) -> StructType:
+    return StructType([StructField(name, data_type) for name, data_type in types.items()])
+
+
+KEY_VALUE = _schema(k=LongType(), v=DoubleType())
+
+
+def _group() -> pa.Table:
+    """One group of key 7, as a reducer has it: timestamps in the session's zone (as Spark
+    hands them to Python)."""
+    return pa.table(
+        {
+            "k": pa.array([7, 7, 7], pa.int64()),
+            "small": pa.array([1, None, 3], pa.int32()),
+            "v": pa.array([1.5, 2.5, None]),
+            "s": pa.array(["a", None, "c"]),
+            "ts": pa.array(
+                [datetime.datetime(2024, 3, 10, 9, 30, tzinfo=datetime.UTC)] * 3,
+                pa.timestamp("us", tz=ZONE),
+            ),
+            "d": pa.array([datetime.date(2024, 1, 2)] * 3),
+            "dec": pa.array([decimal.Decimal("1.25")] * 3, pa.decimal128(10, 2)),
+        }
+    )
+
+
+def _run(
+    function: Callable[..., Any],
+    schema: StructType = KEY_VALUE,
+    keys: tuple[str, ...] = ("k",),
+    table: pa.Table | None = None,
+    **settings: bool,
+) -> pa.Table:
+    adapter = PandasGroupFunction.of(
+        pandas_function(function), keys, schema, PandasSettings(ZONE, **settings)
+    )
+    return adapter(_group() if table is None else table)
+
+
+def test_the_function_gets_the_frame_spark_would_hand_it() -> None:
+    seen: list[pd.DataFrame] = []
+
+    def keep(pdf: pd.DataFrame) -> pd.DataFrame:
+        seen.append(pdf)
+        return pdf[["k", "v"]]
+
+    _run(keep)
+    [frame] = seen
+    assert list(frame.columns) == ["k", "small", "v", "s", "ts", "d", "dec"]
+    assert frame.dtypes.to_dict() == {
+        "k": np.dtype("int64"),
+        "small": np.dtype("float64"),  # an integer column with nulls: floats and NaN
+        "v": np.dtype("float64"),
+        "s": np.dtype("object"),
+        "ts": np.dtype("datetime64[ns]"),
+        "d": np.dtype("object"),
+        "dec": np.dtype("object"),
+    }
+    assert np.isnan(frame["small"][1])
+    assert frame["s"].tolist() == ["a", None, "c"]
+    # 09:30 UTC is 01:30 in Los Angeles (PST, hours before the switch to DST that day).
+    assert frame["ts"][0] == pd.Timestamp("2024-03-10 01:30:00")
+    assert frame["d"][0] == datetime.date(2024, 1, 2)
+    assert frame["dec"][0] == decimal.Decimal("1.25")
+
+
+def test_the_key_is_the_first_rows_key_values_as_numpy_scalars() -> None:
+    keys: list[tuple[Any, ...]] = []
+
+    def keep_key(key: tuple[Any, ...], pdf: pd.DataFrame) -> pd.DataFrame:
+        keys.append(key)
+        return pdf[["k", "v"]]
+
+    _run(keep_key, keys=("k", "small", "s"))
+    [key] = keys
+    assert key == (7, 1.0, "a")
+    assert [type(value) for value in key] == [np.int64, np.float64, str]
+
+
+def test_a_lambda_takes_the_key_by_its_parameters_as_spark_counts_them() -> None:
+    out = _run(lambda key, pdf: pd.DataFrame({"k": [key[0]], "v": [len(pdf)]}))
+    assert out.to_pydict() == {"k": [7], "v": [3.0]}
+
+
+def test_named_columns_are_taken_by_name_in_the_schemas_order() -> None:
+    out = _run(lambda pdf: pdf[["v", "k"]])
+    assert out.schema.names == ["k", "v"]
+    assert out.to_pydict() == {"k": [7, 7, 7], "v": [1.5, 2.5, None]}
+
+
+def test_unnamed_columns_are_taken_by_position() -> None:
+    out = _run(lambda pdf: pd.DataFrame({0: [1], 1: [2.5]}))
+    assert out.to_pydict() == {"k": [1], "v": [2.5]}
+
+
+def test_names_are_ignored_when_spark_is_told_to_assign_by_position() -> None:
+    schema = _schema(a=StringType(), b=FloatType())
+    out = _run(
+        lambda pdf: pd.DataFrame({"x": ["hi"], "y": [1]}), schema, assign_columns_by_name=False
+    )
+    assert out.to_pydict() == {"a": ["hi"], "b": [1.0]}
+
+
+def test_naive_timestamps_come_back_as_wall_times_in_the_session_zone() -> None:
+    schema = _schema(k=LongType(), ts=TimestampType())
+    out = _run(lambda pdf: pdf[["k", "ts"]], schema)
+    instants = out.column("ts").cast(pa.timestamp("us", tz="UTC")).to_pylist()
+    assert instants == [datetime.datetime(2024, 3, 10, 9, 30, tzinfo=datetime.UTC)] * 3
+
+
+def test_integers_into_a_double_column_are_cast() -> None:
+    out = _run(lambda pdf: pd.DataFrame({"k": [1], "v": [2]}))
+    assert out.schema.field("v").type == pa.float64()
+    assert out.to_pydict() == {"k": [1], "v": [2.0]}
+
+
+def test_a_frame_of_no_rows_and_no_columns_is_no_rows() -> None:
+    out = _run(lambda pdf: pd.DataFrame())
+    assert out.num_rows == 0
+    assert out.schema.names == ["k", "v"]
+
+
+def test_what_is_no_frame_fails_as_in_spark() -> None:
+    with pytest.raises(PySparkTypeError) as raised:
+        _run(lambda pdf: pdf.shape[0])
+    assert str(raised.value) == (
+        "[UDF_RETURN_TYPE] Return type of the user-defined function should be"
+        " pandas.DataFrame, but is int."
+    )
+
+
+def test_wrong_names_fail_with_the_missing_and_unexpected_ones_sorted() -> None:
+    with pytest.raises(PySparkRuntimeError) as raised:
+        _run(lambda pdf: pd.DataFrame({"std": [1.0], "median": [2.0], "k": [1]}))
+    assert str(raised.value).startswith(f"[{NAMES_MISMATCH}] Column names of the returned")
+    assert str(raised.value).endswith(
+        " do not match specified schema. Missing: v. Unexpected: median, std."
+    )
+
+
+def test_an_extra_named_column_is_unexpected_not_dropped() -> None:
+    with pytest.raises(PySparkRuntimeError, match=r"\bUnexpected: extra\.$"):
+        _run(lambda pdf: pd.DataFrame({"v": [1.0], "k": [3], "extra": [1]}))
+
+
+def test_a_wrong_number_of_columns_by_position_fails() -> None:
+    with pytest.raises(PySparkRuntimeError) as raised:
+        _run(lambda pdf: pd.DataFrame({0: [1], 1: [2.0], 2: [3]}))
+    assert str(raised.value).startswith(f"[{COUNT_MISMATCH}] Number of columns")
+    assert str(raised.value).endswith(" match specified schema. Expected: 2 Actual: 3")
+
+
+def test_an_empty_frame_with_columns_is_checked() -> None:
+    with pytest.raises(PySparkRuntimeError) as raised:
+        _run(lambda pdf: pd.DataFrame({"k": []}))
+    assert str(raised.value).startswith(f"[{NAMES_MISMATCH}]")
+
+
+def _conversion_message(dtype: str, arrow_type: str, value_error: bool) -> str:
+    """What Spark says of a column ``v`` Arrow would not take (reworded in Spark 4.2)."""
+    if SPARK_VERSION < (4, 2):
+        return (
+            f"Exception thrown when converting pandas.Series ({dtype}) with name 'v' to Arrow"
+            f" Array ({arrow_type})."
+        )
+    if value_error:
+        return (
+            f"Failed to convert the value of the column 'v' with type '{dtype}' to Arrow type"
+            f" '{arrow_type}'."
+        )
+    return (
+        f"Cannot convert the output value of the column 'v' with type '{dtype}' to the"
+        f" specified return type of the column: '{arrow_type}'. Please check if the data types"
+        " match and try again."
+    )
+
+
+@pytest.mark.parametrize("safe", [False, True])
+def test_a_value_arrow_cannot_convert_fails_with_sparks_message(safe: bool) -> None:
+    with pytest.raises(PySparkValueError) as raised:
+        _run(lambda pdf: pd.DataFrame({"k": [1], "v": ["not a number"]}), safe_conversion=safe)
+    hint = (
+        " It can be caused by overflows or other unsafe conversions warned by Arrow. Arrow safe"
+        " type check can be disabled by using SQL config"
+        " `spark.sql.execution.pandas.convertToArrowArraySafely`."
+    )
+    message = _conversion_message("object", "double", value_error=True)
+    assert str(raised.value) == message + (hint if safe else "")
+
+
+def test_a_type_arrow_cannot_convert_fails_with_sparks_message() -> None:
+    with pytest.raises(PySparkTypeError) as raised:
+        _run(
+            lambda pdf: pd.DataFrame({"k": [1], "v": [1.5]}), _schema(k=LongType(), v=StringType())
+        )
+    assert str(raised.value) == _conversion_message("float64", "string", value_error=False)
+
+
+@pytest.mark.skipif(SPARK_VERSION < (4, 1), reason="intToDecimalCoercionEnabled: Spark 4.1")
+def test_integers_become_decimals_only_where_spark_is_told_to() -> None:
+    schema = _schema(k=LongType(), v=DecimalType(10, 2))
+    out = _run(lambda pdf: pd.DataFrame({"k": [1], "v": [12345]}), schema, int_to_decimal=True)
+    assert out.column("v").to_pylist() == [decimal.Decimal("12345.00")]
+    with pytest.raises(PySparkValueError):
+        _run(lambda pdf: pd.DataFrame({"k": [1], "v": [12345]}), schema)
+
+
+def test_an_unsafe_conversion_fails_only_where_spark_checks() -> None:
+    schema = _schema(k=LongType(), v=IntegerType())
+    with pytest.raises(PySparkValueError):
+        _run(lambda pdf: pd.DataFrame({"k": [1], "v": [2**40]}), schema, safe_conversion=True)
+    assert _run(lambda pdf: pd.DataFrame({"k": [1], "v": [2**40]}), schema).num_rows == 1
+
+
+def _halves(pdf: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({"k": pdf["k"], "v": pdf["v"] / 2})
+
+
+def test_the_adapter_pickles_as_the_driver_ships_it() -> None:
+    adapter = PandasGroupFunction.of(
+        pandas_function(_halves), ["k"], KEY_VALUE, PandasSettings(ZONE)
+    )
+    again = pickle.loads(pickle.dumps(adapter))
+    assert again == adapter
+    assert again(_group()).column("v").to_pylist() == [0.75, 1.25, None]
+
+
+class _Conf:
+    def __init__(self, values: dict[str, str]) -> None:
+        self._values = values
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        return self._values.get(key, default)
+
+
+class _Session:
+    def __init__(self, values: dict[str, str]) -> None:
+        self.conf = _Conf(values)
+
+
+def test_settings_are_read_from_the_session_with_sparks_defaults() -> None:
+    session: Any = _Session({"spark.sql.session.timeZone": ZONE})
+    assert PandasSettings.of(session) == PandasSettings(ZONE)
+    session = _Session(
+        {
+            "spark.sql.session.timeZone": "UTC",
+            "spark.sql.legacy.execution.pandas.groupedMap.assignColumnsByName": "false",
+            "spark.sql.execution.pandas.convertToArrowArraySafely": "true",
+            "spark.sql.execution.pythonUDF.pandas.intToDecimalCoercionEnabled": "TRUE",
+        }
+    )
+    assert PandasSettings.of(session) == PandasSettings(
+        "UTC", assign_columns_by_name=False, safe_conversion=True, int_to_decimal=True
+    )
