@@ -19,15 +19,15 @@ from pyspark_shuffle.driver.fused import FusedInput, collect_arrow
 from pyspark_shuffle.driver.inputs import MapInput
 from pyspark_shuffle.driver.parquet import ParquetInput
 from pyspark_shuffle.driver.results import Result
-from pyspark_shuffle.driver.schemas import arrow_schema, check_carried, check_keys, join_schema
-from pyspark_shuffle.driver.stages import Stages
+from pyspark_shuffle.driver.schemas import arrow_schema, join_schema
+from pyspark_shuffle.driver.stages import Stages, check_sides
 from pyspark_shuffle.kernels.ipc import to_ipc_stream
 from pyspark_shuffle.kernels.operations import Join, PassThrough
 from pyspark_shuffle.kernels.planning import one_reducer
 from pyspark_shuffle.options import JOIN_BROADCAST_THRESHOLD
 from pyspark_shuffle.tasks.map_reduce import add_counts
 from scheduling.skew import ConsumerPlan
-from shuffle_api import Configuration, InvalidOperationError
+from shuffle_api import Configuration
 
 __all__ = ["join"]
 
@@ -44,16 +44,7 @@ def _checked_join(
     unknown join type, a key missing or of different types on the two sides, columns on both
     sides."""
     operation = Join(tuple(keys), how)
-    for frame, side in ((left, "left"), (right, "right")):
-        check_carried(frame.schema, f"join ({side} side)")
-        check_keys(frame.schema, keys, f"join ({side} side)")
-    for key in keys:
-        left_type, right_type = left.schema[key].dataType, right.schema[key].dataType
-        if left_type != right_type:
-            raise InvalidOperationError(
-                f"join key {key!r} is {left_type.simpleString()} on the left but"
-                f" {right_type.simpleString()} on the right; cast one side first"
-            )
+    check_sides(left, right, keys, "join")
     return operation, join_schema(left.schema, right.schema, keys, how)
 
 

@@ -29,9 +29,11 @@ from pyspark_shuffle.driver.registry import ResultRegistry, adopt_reruns
 from pyspark_shuffle.driver.results import Result, ShuffleStatistics, new_stage
 from pyspark_shuffle.driver.schemas import arrow_schema, check_carried, declared_schema
 from pyspark_shuffle.driver.session_config import SessionConfig, spark_configuration
-from pyspark_shuffle.driver.stages import Stages, check_frame, column_names
+from pyspark_shuffle.driver.stages import Stages, check_frame, check_sides, column_names
 from pyspark_shuffle.kernels.operations import (
     BatchFunction,
+    CogroupApply,
+    CogroupFunction,
     GroupApply,
     GroupFunction,
     MapBatches,
@@ -357,6 +359,37 @@ class SparkShuffle:
             num_partitions=num_partitions,
             broadcast=broadcast,
         )
+
+    def cogroup_apply(
+        self,
+        left: DataFrame,
+        right: DataFrame,
+        keys: str | Sequence[str],
+        function: CogroupFunction,
+        schema: StructType | str,
+        *,
+        num_partitions: int | None = None,
+    ) -> DataFrame:
+        """Spark's ``left.groupBy(keys).cogroup(right.groupBy(keys)).applyInArrow(function,
+        schema)``: ``function(left_table, right_table)`` or ``function(key, left_table,
+        right_table)`` once per key present on either side, each table a side's rows of the
+        key with all its columns (empty, of that side's schema, where it has none); ``key``
+        is a tuple of ``pyarrow.Scalar``, the left rows' or, where the left has none, the
+        right's. Null keys are a group as any other. Both sides are hash-partitioned alike by
+        ``keys`` (same names and types on both) and each reducer cogroups its rows."""
+        pass_key = len(inspect.signature(function).parameters) == 3
+        declared = declared_schema(schema, "cogroup_apply")
+        names = column_names(keys)
+        check_sides(left, right, names, "cogroup_apply")
+        configuration = self.configuration
+        exchanges = [
+            self._stages.hash_exchange(
+                configuration, frame, names, num_partitions, f"cogroup_apply-{side}"
+            )
+            for side, frame in (("left", left), ("right", right))
+        ]
+        operation = CogroupApply(names, function, pass_key=pass_key)
+        return self._stages.reduce(configuration, exchanges, operation, declared)
 
     # -- lifecycle ------------------------------------------------------------------------
 

@@ -45,7 +45,7 @@ from shuffle_api import (
     ShuffleMaster,
 )
 
-__all__ = ["Stages", "check_frame", "column_names"]
+__all__ = ["Stages", "check_frame", "check_sides", "column_names"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -60,6 +60,21 @@ def column_names(columns: str | Sequence[str]) -> tuple[str, ...]:
 def check_frame(frame: DataFrame, keys: Sequence[str], what: str) -> None:
     check_carried(frame.schema, what)
     check_keys(frame.schema, keys, what)
+
+
+def check_sides(left: DataFrame, right: DataFrame, keys: Sequence[str], what: str) -> None:
+    """Refuse, before any Spark job, two inputs to be shuffled alike by ``keys`` where a side
+    lacks a key or has a type Spark cannot hand to Python, or where a key's types differ on
+    the two sides (equal values would hash apart)."""
+    for frame, side in ((left, "left"), (right, "right")):
+        check_frame(frame, keys, f"{what} ({side} side)")
+    for key in keys:
+        left_type, right_type = left.schema[key].dataType, right.schema[key].dataType
+        if left_type != right_type:
+            raise InvalidOperationError(
+                f"{what}: key {key!r} is {left_type.simpleString()} on the left but"
+                f" {right_type.simpleString()} on the right; cast one side first"
+            )
 
 
 class Stages:

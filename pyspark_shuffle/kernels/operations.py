@@ -1,10 +1,11 @@
 """What a reducer does with the batches its input gates yield: pass them on, sort them, apply
-a function per key group, or join two inputs. Pure Arrow; no Spark here, so each is testable
-alone."""
+a function per key group (of one input, or of two cogrouped), or join two inputs. Pure Arrow;
+no Spark here, so each is testable alone."""
 
 from __future__ import annotations
 
 import abc
+import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -18,12 +19,21 @@ import pyarrow.compute as pc
 from pyspark_shuffle.kernels.ordered_bytes import is_nested, ordered_bytes
 from pyspark_shuffle.kernels.sorting import SortKey, sort_indices
 from shuffle_api import InvalidOperationError
-from shuffle_runtime.batches import chop, coalesce, conform, conform_all, reorder_by_subpartition
+from shuffle_runtime.batches import (
+    chop,
+    coalesce,
+    conform,
+    conform_all,
+    nullable_inside,
+    reorder_by_subpartition,
+)
 from shuffle_runtime.ndarrays import arrow_array, number_scalar, numpy_values
 
 __all__ = [
     "JOIN_TYPES",
     "BatchFunction",
+    "CogroupApply",
+    "CogroupFunction",
     "GroupApply",
     "GroupFunction",
     "Join",
@@ -37,6 +47,10 @@ __all__ = [
 GroupFunction = Callable[..., pa.Table | Iterable[pa.RecordBatch]]
 """``f(table)`` or ``f(key, table)`` (key: a tuple of pyarrow scalars), as in Spark's
 ``applyInArrow``; returns a table or record batches."""
+
+CogroupFunction = Callable[..., pa.Table | Iterable[pa.RecordBatch]]
+"""``f(left, right)`` or ``f(key, left, right)`` (key: a tuple of pyarrow scalars), as in
+Spark's ``cogroup().applyInArrow``; returns a table or record batches."""
 
 BatchFunction = Callable[[Iterator[pa.RecordBatch]], Iterable[pa.RecordBatch]]
 """As for Spark's ``mapInArrow``: the batches of one partition in, record batches out."""
@@ -206,20 +220,80 @@ class GroupApply(ReduceOperation):
 
     def _per_group(self, table: pa.Table) -> Iterator[pa.Table | Iterable[pa.RecordBatch]]:
         ids, groups = group_ids(table, self.keys)
-        # One stable gather brings each group's rows together, in the order they came; each
-        # group is then a slice of the gathered table (every group has rows).
-        [whole] = table.combine_chunks().to_batches()
-        ordered, sizes = reorder_by_subpartition(whole, ids, groups)
-        gathered = pa.Table.from_batches(ordered, schema=table.schema)
-        offset = 0
-        for size in sizes.tolist():
-            group = gathered.slice(offset, size)
-            offset += size
+        for group in _groups_of(table, ids, groups):
             if self.pass_key:
-                key = tuple(group.column(name)[0] for name in self.keys)
-                yield self.function(key, group)
+                yield self.function(_key_of(group, self.keys), group)
             else:
                 yield self.function(group)
+
+
+def _groups_of(table: pa.Table, ids: npt.NDArray[np.int64], groups: int) -> Iterator[pa.Table]:
+    """The rows of each group ``0 .. groups - 1`` of ``table`` (``ids``: a group per row), in
+    the order they came; an empty table for a group without rows."""
+    if table.num_rows == 0:  # nothing to gather (and no batch to gather it in)
+        yield from itertools.repeat(table, groups)
+        return
+    # One stable gather brings each group's rows together; each group is then a slice.
+    [whole] = table.combine_chunks().to_batches()
+    ordered, sizes = reorder_by_subpartition(whole, ids, groups)
+    gathered = pa.Table.from_batches(ordered, schema=table.schema)
+    offset = 0
+    for size in sizes.tolist():
+        yield gathered.slice(offset, size)
+        offset += size
+
+
+def _key_of(group: pa.Table, keys: Sequence[str]) -> tuple[pa.Scalar, ...]:
+    """The key of a group with rows, as Spark hands it to a function: its first row's."""
+    return tuple(group.column(name)[0] for name in keys)
+
+
+def _stacked_keys(left: pa.Table, right: pa.Table, keys: Sequence[str]) -> pa.Table:
+    """The key columns of ``left``'s rows, then of ``right``'s, as one table of the left's
+    types, every field nullable: the sides' types may differ in nullability flags only (the
+    driver checks), which say nothing of the values."""
+    schema = nullable_inside(
+        pa.schema([pa.field(key, left.schema.field(key).type) for key in keys])
+    )
+    return conform_all(
+        itertools.chain(left.select(keys).to_batches(), right.select(keys).to_batches()), schema
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class CogroupApply(ReduceOperation):
+    """``function`` once per key present in either of two inputs hash-partitioned on ``keys``
+    alike, as Spark's ``cogroup().applyInArrow``: each side's rows of the key (all its
+    columns), an empty table of that side's schema where it has none. The key passed
+    (``pass_key``) is the left rows', or the right's where the left has none."""
+
+    keys: tuple[str, ...]
+    function: CogroupFunction
+    pass_key: bool = False
+
+    def apply(
+        self, inputs: Sequence[Iterator[pa.RecordBatch]], schemas: Sequence[pa.Schema]
+    ) -> Iterator[pa.RecordBatch]:
+        left, right = conform_all(inputs[0], schemas[0]), conform_all(inputs[1], schemas[1])
+        yield from _gathered(self._per_key(left, right))
+
+    def _per_key(
+        self, left: pa.Table, right: pa.Table
+    ) -> Iterator[pa.Table | Iterable[pa.RecordBatch]]:
+        # Numbered together, so that a key has one number on both sides (null with null, as
+        # Spark cogroups them); the left's rows come first.
+        ids, groups = group_ids(_stacked_keys(left, right, self.keys), self.keys)
+        pairs = zip(
+            _groups_of(left, ids[: left.num_rows], groups),
+            _groups_of(right, ids[left.num_rows :], groups),
+            strict=True,
+        )
+        for left_group, right_group in pairs:
+            if self.pass_key:
+                keyed = left_group if left_group.num_rows else right_group
+                yield self.function(_key_of(keyed, self.keys), left_group, right_group)
+            else:
+                yield self.function(left_group, right_group)
 
 
 def _join_keys(table: pa.Table, keys: Sequence[str]) -> pa.Table:

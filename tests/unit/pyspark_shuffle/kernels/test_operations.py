@@ -1,6 +1,6 @@
 """``pyspark_shuffle.kernels.operations``: the reduce operations (pass-through, sort within,
-group apply, group ids, joins), each checked against a plain-Python reference of Spark's
-semantics, and the inputs of each a reducer may split."""
+group apply, group ids, joins, cogroup apply), each checked against a plain-Python reference
+of Spark's semantics, and the inputs of each a reducer may split."""
 
 from __future__ import annotations
 
@@ -15,7 +15,14 @@ import pyarrow as pa
 import pytest
 
 from pyspark_shuffle.kernels.hashing import hash_keys
-from pyspark_shuffle.kernels.operations import GroupApply, Join, PassThrough, SortWithin, group_ids
+from pyspark_shuffle.kernels.operations import (
+    CogroupApply,
+    GroupApply,
+    Join,
+    PassThrough,
+    SortWithin,
+    group_ids,
+)
 from pyspark_shuffle.kernels.sorting import SortKey
 from shuffle_api import InvalidOperationError
 from tests.unit.pyspark_shuffle.kernels.spark_reference import NAN, _canonical
@@ -318,3 +325,136 @@ def test_nested_keys_equal_as_in_spark_hash_group_and_join_alike() -> None:
     assert pairs == {(a, b) for a in (0, 1) for b in (0, 1)} | {
         (a, b) for a in (2, 3) for b in (2, 3)
     } | {(a, b) for a in (4, 6) for b in (4, 6)}
+
+
+# -- cogroup apply --------------------------------------------------------------------------
+
+
+def _cogroup_sides() -> tuple[pa.Table, pa.Table]:
+    """Keys (k, s): (1, a) on the left only, (3, a) on the right only, (2, a), (null, a) and
+    (null, null) on both; -0.0 on the left meets 0.0 on the right."""
+    left = pa.table(
+        {
+            "k": pa.array([1.0, 2.0, None, 2.0, None, -0.0, 1.0], pa.float64()),
+            "s": ["a", "a", "a", "a", None, "z", "a"],
+            "v": pa.array(range(7), pa.int64()),
+        }
+    )
+    right = pa.table(
+        {
+            "s": ["a", "a", None, "a", "z", "a"],
+            "k": pa.array([3.0, 2.0, None, None, 0.0, 2.0], pa.float64()),
+            "w": ["p", "q", "r", "s", "t", "u"],
+        }
+    )
+    return left, right
+
+
+def _rows_by_key(table: pa.Table, keys: Sequence[str], rows: str) -> dict[Hashable, list[Any]]:
+    by_key: dict[Hashable, list[Any]] = {}
+    for row in table.to_pylist():
+        by_key.setdefault(tuple(_canonical(row[key]) for key in keys), []).append(row[rows])
+    return by_key
+
+
+def test_cogroup_apply_calls_the_function_once_per_key_of_either_side() -> None:
+    left, right = _cogroup_sides()
+    calls: list[tuple[pa.Table, pa.Table]] = []
+
+    def per_key(left_rows: pa.Table, right_rows: pa.Table) -> pa.Table:
+        calls.append((left_rows, right_rows))
+        return pa.table({"n": [left_rows.num_rows], "m": [right_rows.num_rows]})
+
+    result = _run(CogroupApply(("k", "s"), per_key), left, right)
+    assert result.num_rows == len(calls) == 6
+    lefts, rights = _rows_by_key(left, ["k", "s"], "v"), _rows_by_key(right, ["k", "s"], "w")
+    seen: dict[Hashable, tuple[list[Any], list[Any]]] = {}
+    for left_rows, right_rows in calls:
+        # Each side's own columns, keys included, its rows in the order they came.
+        assert left_rows.schema == left.schema and right_rows.schema == right.schema
+        [key] = {
+            tuple(_canonical(row[name]) for name in ("k", "s"))
+            for row in [*left_rows.to_pylist(), *right_rows.to_pylist()]
+        }
+        assert key not in seen
+        seen[key] = (left_rows.column("v").to_pylist(), right_rows.column("w").to_pylist())
+    assert seen == {
+        key: (lefts.get(key, []), rights.get(key, [])) for key in lefts.keys() | rights.keys()
+    }
+    assert seen[(None, None)] == ([4], ["r"]) and seen[(3.0, "a")] == ([], ["p"])
+
+
+def test_cogroup_apply_passes_the_left_rows_key_or_else_the_right_rows() -> None:
+    left, right = _cogroup_sides()
+    keys: list[tuple[pa.Scalar, ...]] = []
+
+    def per_key(key: tuple[pa.Scalar, ...], left_rows: pa.Table, right_rows: pa.Table) -> pa.Table:
+        keys.append(key)
+        return pa.table({"n": [left_rows.num_rows + right_rows.num_rows]})
+
+    _run(CogroupApply(("k", "s"), per_key, pass_key=True), left, right)
+    assert all(isinstance(scalar, pa.Scalar) for key in keys for scalar in key)
+    values = {tuple(scalar.as_py() for scalar in key) for key in keys}
+    assert {key for key in values if key[0] is not None} == {
+        (1.0, "a"),
+        (2.0, "a"),
+        (3.0, "a"),
+        (0.0, "z"),
+    }
+    # -0.0 and 0.0 are one key; the left has rows of it, so its -0.0 is passed.
+    [zero] = [key[0].as_py() for key in keys if key[1].as_py() == "z"]
+    assert math.copysign(1.0, zero) == -1.0
+
+
+def test_cogroup_apply_groups_nested_keys_whose_nullability_flags_differ() -> None:
+    point = [pa.field("x", pa.int64(), nullable=False)]
+    left = pa.table({"p": pa.array([{"x": 1}, {"x": 2}], pa.struct(point)), "v": [1, 2]})
+    right = pa.table({"p": pa.array([{"x": 2}, None], pa.struct([pa.field("x", pa.int64())]))})
+    sizes = CogroupApply(("p",), lambda a, b: pa.table({"n": [a.num_rows], "m": [b.num_rows]}))
+    # {x: 1} left only, {x: 2} on both sides, the null struct right only.
+    rows = _run(sizes, left, right).to_pylist()
+    assert sorted((row["n"], row["m"]) for row in rows) == [(0, 1), (1, 0), (1, 1)]
+
+
+def test_cogroup_apply_of_empty_inputs() -> None:
+    left, right = _cogroup_sides()
+    calls: list[tuple[int, int]] = []
+
+    def per_key(left_rows: pa.Table, right_rows: pa.Table) -> pa.Table:
+        calls.append((left_rows.num_rows, right_rows.num_rows))
+        assert left_rows.schema == left.schema and right_rows.schema == right.schema
+        return pa.table({"n": [left_rows.num_rows]})
+
+    operation = CogroupApply(("k", "s"), per_key)
+    assert list(operation.apply([iter(()), iter(())], [left.schema, right.schema])) == []
+    assert calls == []
+    # One side empty: each key of the other once, with an empty table of the empty side's
+    # schema (the null keys of each side one group).
+    list(operation.apply([iter(()), _batches(right)], [left.schema, right.schema]))
+    assert sorted(calls) == [(0, 1), (0, 1), (0, 1), (0, 1), (0, 2)]
+    calls.clear()
+    list(operation.apply([_batches(left), iter(())], [left.schema, right.schema]))
+    assert sorted(calls) == [(1, 0), (1, 0), (1, 0), (2, 0), (2, 0)]
+
+
+def test_cogroup_apply_function_may_return_batches_or_nothing() -> None:
+    left, right = _cogroup_sides()
+
+    def batches(left_rows: pa.Table, right_rows: pa.Table) -> Iterator[pa.RecordBatch]:
+        if left_rows.num_rows and right_rows.num_rows:
+            for row in right_rows.column("w").to_pylist():
+                yield pa.record_batch({"w": [row], "n": [left_rows.num_rows]})
+
+    result = _run(CogroupApply(("k", "s"), batches), left, right)
+    # Keys on both sides: (2, a) twice on each, (null, a), (null, null), (0, z).
+    assert sorted(result.to_pylist(), key=repr) == sorted(
+        [
+            {"w": "q", "n": 2},
+            {"w": "u", "n": 2},
+            {"w": "s", "n": 1},
+            {"w": "r", "n": 1},
+            {"w": "t", "n": 1},
+        ],
+        key=repr,
+    )
+    assert CogroupApply(("k",), batches).splittable_inputs(2) == (False, False)
