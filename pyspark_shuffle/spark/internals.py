@@ -58,15 +58,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from pyspark_shuffle.spark import pandas_fallback
 from pyspark_shuffle.spark.compat import SPARK_VERSION
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = [
     "HeldShuffle",
@@ -288,8 +289,9 @@ def task_connection() -> int | None:
 _TIMESTAMPS_IN_NANOSECONDS_SINCE = (4, 0)
 _GROUPED_MAP_CASTS_SINCE = (4, 1)
 
-# Imported when a task first converts: the worker's module is the task's to load, and neither
-# is in every release.
+# Imported when a task first converts: the worker's module is the task's to load, neither is in
+# every release, and pandas (with the fallback, which needs it) loads only in the workers of
+# pandas functions (a worker that imports it for nothing holds ~15 MiB more).
 
 
 @functools.cache
@@ -300,6 +302,16 @@ def _pandas_conversion() -> Any | None:
     except ImportError:
         return None
     return conversion
+
+
+@functools.cache
+def _pandas() -> tuple[Any, Any]:
+    """pandas and :mod:`~pyspark_shuffle.spark.pandas_fallback` (which imports it)."""
+    import pandas  # noqa: PLC0415 (see above)
+
+    from pyspark_shuffle.spark import pandas_fallback  # noqa: PLC0415 (see above)
+
+    return pandas, pandas_fallback
 
 
 @functools.cache
@@ -316,14 +328,17 @@ def pandas_group(table: pa.Table, *, timezone: str, prefer_int_extension: bool) 
     """A group's rows as the frame ``applyInPandas`` hands its function: numbers with nulls
     as floats with NaN (``prefer_int_extension``, Spark 4.3: as nullable integers instead),
     timestamps naive in ``timezone``, dates as ``datetime.date``, structs as dicts."""
+    pandas, fallback = _pandas()
     conversion = _pandas_conversion()
     if conversion is None:
         nanoseconds = SPARK_VERSION >= _TIMESTAMPS_IN_NANOSECONDS_SINCE
-        return pandas_fallback.to_pandas_frame(table, timezone, nanoseconds=nanoseconds)
+        frame: pd.DataFrame = fallback.to_pandas_frame(table, timezone, nanoseconds=nanoseconds)
+        return frame
     series = conversion.ArrowBatchTransformer.to_pandas(
         table, timezone=timezone, prefer_int_ext_dtype=prefer_int_extension
     )
-    return pd.concat(series, axis=1)
+    concatenated: pd.DataFrame = pandas.concat(series, axis=1)
+    return concatenated
 
 
 def check_pandas_result(result: Any, schema: StructType, *, by_name: bool) -> None:
@@ -332,7 +347,7 @@ def check_pandas_result(result: Any, schema: StructType, *, by_name: bool) -> No
     name (``by_name`` and a label is a string) or not as many as it has."""
     verify = _verify_pandas_result()
     if verify is None:
-        pandas_fallback.check_result(result, schema, by_name)
+        _pandas()[1].check_result(result, schema, by_name)
     else:
         verify(result, schema, by_name, False)
 
@@ -353,7 +368,7 @@ def pandas_result_batch(
     ``intToDecimalCoercionEnabled``)."""
     conversion = _pandas_conversion()
     if conversion is None:
-        return pandas_fallback.to_arrow_batch(
+        fallback_batch: pa.RecordBatch = _pandas()[1].to_arrow_batch(
             result,
             schema,
             timezone=timezone,
@@ -363,6 +378,7 @@ def pandas_result_batch(
             int_to_decimal=int_to_decimal,
             large_var_types=large_var_types,
         )
+        return fallback_batch
     batch: pa.RecordBatch = conversion.PandasToArrowConversion.convert(
         result,
         schema,
