@@ -23,7 +23,12 @@ _ATOMIC: dict[str, tuple[pa.DataType, st.SearchStrategy[Any]]] = {
     "string": (pa.string(), st.text(max_size=6)),
     "binary": (pa.binary(), st.binary(max_size=6)),
     "date": (pa.date32(), st.integers(-719_162, 2_932_896)),
-    "timestamp": (pa.timestamp("us", tz="UTC"), st.integers(-(1 << 62), 1 << 62)),
+    # Spark's range, as the dates' (0001-01-01 to 9999-12-31): outside it the reference's
+    # Python datetimes overflow.
+    "timestamp": (
+        pa.timestamp("us", tz="UTC"),
+        st.integers(-62_135_596_800_000_000, 253_402_300_799_999_999),
+    ),
 }
 
 
