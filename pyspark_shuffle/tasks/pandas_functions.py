@@ -28,7 +28,7 @@ from pyspark_shuffle.spark.internals import (
 __all__ = ["PandasFunction", "PandasGroupFunction", "PandasSettings", "pandas_function"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PandasFunction:
     """A function of pandas frames, ``f(pdf)`` or ``f(key, pdf)`` as Spark's
     ``applyInPandas`` takes it, marked by :func:`pandas_function`."""
@@ -46,7 +46,7 @@ def _setting(spark: SparkSession, key: str, default: str) -> bool:
     return str(spark.conf.get(key, default)).strip().lower() == "true"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PandasSettings:
     """The session's settings that change what a pandas function sees and what its result
     becomes, read as Spark's Python worker reads them (same keys, same defaults)."""
@@ -86,7 +86,7 @@ class PandasSettings:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PandasGroupFunction:
     """A pandas function as an Arrow one: a group's table in, the result's table out.
 
