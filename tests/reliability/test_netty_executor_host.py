@@ -57,16 +57,20 @@ def _files(store: Path) -> list[Path]:
     return [path for path in store.rglob("*")]
 
 
+def _rendezvous_pids(pattern: str) -> list[int]:
+    """The pids the rendezvous files matching pattern name; a file that another test's host
+    removes between the listing and the read is skipped."""
+    pids = []
+    for path in RENDEZVOUS.glob(pattern):
+        with contextlib.suppress(OSError, ValueError):
+            pids.append(int(json.loads(path.read_text())["pid"]))
+    return pids
+
+
 def _hosts(executor_pid: int) -> set[int]:
     """The running hosts of this executor, as its processes find them (their rendezvous
     files): other test runs' hosts on this machine are not counted."""
-    found = set()
-    for path in RENDEZVOUS.glob(f"{executor_pid}-*.json"):
-        with contextlib.suppress(OSError, ValueError):
-            pid = int(json.loads(path.read_text())["pid"])
-            if _alive(pid):
-                found.add(pid)
-    return found
+    return {pid for pid in _rendezvous_pids(f"{executor_pid}-*.json") if _alive(pid)}
 
 
 def _alive(pid: int) -> bool:
@@ -250,9 +254,7 @@ def test_the_master_releases_on_the_host_and_shuts_it_down(
     assert _files(store) == []
     assert executor.poll() is None and os.path.exists(f"/proc/{executor.pid}")
     # Nothing names the exited host any more.
-    assert not [
-        path for path in RENDEZVOUS.glob("*.json") if json.loads(path.read_text())["pid"] == host
-    ]
+    assert host not in _rendezvous_pids("*.json")
 
 
 def test_a_writer_whose_host_died_starts_another_and_the_lost_partition_reads_lost(
