@@ -410,6 +410,10 @@ class SparkShuffle:
         exchange) stays until that one is released as well."""
         self._registry.release(result)
 
+    def session_running(self) -> bool:
+        """Whether the Spark session this object serves still runs."""
+        return self._stages.driver.link.running()
+
     def close(self) -> None:
         """Release every shuffle this object made and stop its master. Results it made can no
         longer be read."""

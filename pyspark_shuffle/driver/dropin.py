@@ -1,0 +1,319 @@
+"""The drop-in switch: after ``enable(spark)``, the session's unchanged grouped and cogrouped
+map calls (``groupBy(...).applyInPandas``, ``.applyInArrow``, and both on ``cogroup``) run
+through :class:`~pyspark_shuffle.SparkShuffle`'s public operations.
+
+Each call is first made as Spark makes it: PySpark's own method checks the function and the
+schema, so a call Spark refuses fails with Spark's error, at the same point, and its result
+gives the schema Spark would produce. Then the switch decides: a call it can carry runs through
+pyshuffle; any other (a rollup, an expression key, an iterator form, a setting pyshuffle does not
+mirror, a type it refuses) returns Spark's own result untouched. Every decision is logged at
+INFO and kept in :attr:`DropIn.calls`.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final, Self
+
+from pyspark.sql import DataFrame, SparkSession
+
+from pyspark_shuffle.driver.session import SparkShuffle
+from pyspark_shuffle.spark.grouped_api import (
+    GROUP_BY,
+    GROUPED_MAP,
+    Grouping,
+    MethodPatches,
+    cogrouped,
+    grouping_of,
+    iterator_form,
+    key_names,
+    note_grouping,
+    session_of,
+    wrapped_classes,
+)
+from pyspark_shuffle.spark.link import is_connect
+from pyspark_shuffle.tasks.pandas_functions import pandas_function
+from shuffle_api import InvalidOperationError, ShuffleError
+
+__all__ = ["DropIn", "DropInCall", "disable", "enable"]
+
+_LOG = logging.getLogger(__name__)
+
+PYSHUFFLE: Final = "pyshuffle"
+SPARK: Final = "spark"
+
+_KEPT_CALLS: Final = 10_000
+"""Decisions a switch keeps (the newest): a long-lived session makes calls without end."""
+
+# Settings under which Spark's Python workers do what pyshuffle's tasks do not (log to a
+# table, profile, hand over large string types, convert as before 4.0): such calls stay
+# Spark's. Each is off by default.
+_SPARK_ONLY_SETTINGS: Final = (
+    "spark.sql.execution.arrow.useLargeVarTypes",
+    "spark.sql.pyspark.worker.logging.enabled",
+    "spark.python.profile",
+    "spark.python.profile.memory",
+    "spark.sql.legacy.execution.pythonUDF.pandas.conversion.enabled",
+)
+_PROFILER: Final = "spark.sql.pyspark.udf.profiler"
+
+
+@dataclass(frozen=True, slots=True)
+class DropInCall:
+    """One call the switch saw: the API (``applyInPandas``, ``cogroup.applyInArrow``...),
+    the path it took (``"pyshuffle"`` or ``"spark"``) and why."""
+
+    api: str
+    path: str
+    reason: str
+
+
+class _NotCarriedError(Exception):
+    """Why a call is left to Spark."""
+
+
+class DropIn:
+    """The switch of one session. Made by :func:`enable`; a context manager whose exit is
+    :func:`disable`. Results it made stay readable after ``disable``; their shuffle data is
+    released with them (or at the interpreter's exit)."""
+
+    def __init__(self, spark: SparkSession, shuffle: SparkShuffle) -> None:
+        self.spark = spark
+        self.shuffle = shuffle
+        """The :class:`SparkShuffle` the routed calls run through (its ``statistics`` of a
+        routed call's result, say)."""
+        self.routing = True
+        self._calls: collections.deque[DropInCall] = collections.deque(maxlen=_KEPT_CALLS)
+        self._lock = threading.Lock()
+
+    @property
+    def calls(self) -> tuple[DropInCall, ...]:
+        """The decisions made, oldest first (the newest ten thousand)."""
+        with self._lock:
+            return tuple(self._calls)
+
+    # -- decisions ------------------------------------------------------------------------
+
+    def group_map(
+        self, grouped: Any, function: Callable[..., Any], api: str, spark_result: DataFrame
+    ) -> DataFrame:
+        """``grouped.<api>(function, schema)``: through pyshuffle where it can carry it, else
+        ``spark_result`` (Spark's own, made already)."""
+        arrow = api.endswith("Arrow")
+        try:
+            grouping, keys = self._keys(grouped)
+            self._check_function(function, arrow=arrow)
+            carried = function if arrow else pandas_function(function)
+            result = self._through_pyshuffle(
+                lambda: self.shuffle.group_apply(grouping.frame, keys, carried, spark_result.schema)
+            )
+        except _NotCarriedError as refusal:
+            return self._left_to_spark(api, str(refusal), spark_result)
+        self._record(DropInCall(api, PYSHUFFLE, f"grouped by {', '.join(keys)}"))
+        return result
+
+    def cogroup_map(
+        self, operations: Any, function: Callable[..., Any], api: str, spark_result: DataFrame
+    ) -> DataFrame:
+        """``operations.<api>(function, schema)`` of a ``cogroup``: as :meth:`group_map`."""
+        arrow = api.endswith("Arrow")
+        left, right = cogrouped(operations)
+        try:
+            (left_grouping, left_keys), (right_grouping, right_keys) = (
+                self._keys(left),
+                self._keys(right),
+            )
+            if left_keys != right_keys:
+                raise _NotCarriedError(
+                    f"the sides are grouped by different columns ({', '.join(left_keys)}"
+                    f" and {', '.join(right_keys)})"
+                )
+            carried = function if arrow else pandas_function(function)
+            result = self._through_pyshuffle(
+                lambda: self.shuffle.cogroup_apply(
+                    left_grouping.frame,
+                    right_grouping.frame,
+                    left_keys,
+                    carried,
+                    spark_result.schema,
+                )
+            )
+        except _NotCarriedError as refusal:
+            return self._left_to_spark(api, str(refusal), spark_result)
+        self._record(DropInCall(api, PYSHUFFLE, f"cogrouped by {', '.join(left_keys)}"))
+        return result
+
+    def _keys(self, grouped: Any) -> tuple[Grouping, tuple[str, ...]]:
+        grouping = grouping_of(grouped)
+        if grouping is None:
+            raise _NotCarriedError(
+                "not a plain groupBy (a rollup, cube, pivot or grouping set, or a classic"
+                " groupBy made before pyshuffle was enabled)"
+            )
+        if not grouping.keys:
+            raise _NotCarriedError("groupBy() without keys: the whole frame is one group")
+        frame = grouping.frame
+        if frame.isStreaming:
+            raise _NotCarriedError("a streaming DataFrame")
+        if len(set(frame.columns)) != len(frame.columns):
+            raise _NotCarriedError("the frame has duplicate column names")
+        self._check_settings()
+        case_sensitive = _true(self.spark, "spark.sql.caseSensitive")
+        keys = key_names(frame, grouping.keys, case_sensitive=case_sensitive)
+        if keys is None:
+            raise _NotCarriedError(
+                "a key is not a column of the frame (an expression, an ordinal or a field)"
+            )
+        return grouping, keys
+
+    def _check_settings(self) -> None:
+        for key in _SPARK_ONLY_SETTINGS:
+            if _true(self.spark, key):
+                raise _NotCarriedError(f"{key} is true")
+        if self.spark.conf.get(_PROFILER, None):
+            raise _NotCarriedError(f"{_PROFILER} is set")
+
+    @staticmethod
+    def _check_function(function: Callable[..., Any], *, arrow: bool) -> None:
+        if iterator_form(function, arrow=arrow):
+            raise _NotCarriedError("the function's type hints choose Spark's iterator form")
+
+    @staticmethod
+    def _through_pyshuffle(operation: Callable[[], DataFrame]) -> DataFrame:
+        try:
+            return operation()
+        except InvalidOperationError as refusal:  # a type or shape pyshuffle does not carry
+            raise _NotCarriedError(f"pyshuffle refused it: {refusal}") from refusal
+        except ShuffleError as error:  # the service failed: the call still gets an answer
+            _LOG.warning("pyshuffle failed to start a call, left to Spark: %s", error)
+            raise _NotCarriedError(f"pyshuffle failed: {error}") from error
+
+    def _left_to_spark(self, api: str, reason: str, spark_result: DataFrame) -> DataFrame:
+        self._record(DropInCall(api, SPARK, reason))
+        return spark_result
+
+    def _record(self, call: DropInCall) -> None:
+        _LOG.info("%s through %s: %s", call.api, call.path, call.reason)
+        with self._lock:
+            self._calls.append(call)
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        disable(self.spark)
+
+
+def _true(spark: SparkSession, key: str) -> bool:
+    return str(spark.conf.get(key, "false")).strip().lower() == "true"
+
+
+# Switches by session: one per session, kept after disable (its results stay readable and a
+# second enable reuses its service), dropped when its session has stopped.
+_SWITCHES: dict[int, DropIn] = {}
+_PATCHES = MethodPatches()
+_LOCK = threading.Lock()
+
+
+def enable(
+    spark: SparkSession,
+    config: Mapping[str, object] | None = None,
+    *,
+    config_file: str | Path | None = None,
+) -> DropIn:
+    """Run ``spark``'s grouped and cogrouped map calls through pyshuffle from now on (the
+    service configured as for ``SparkShuffle(spark, config, config_file=...)``). Enabling an
+    enabled session returns its switch."""
+    with _LOCK:
+        _drop_stopped()
+        switch = _SWITCHES.get(id(spark))
+        if switch is None:
+            switch = DropIn(spark, SparkShuffle(spark, config, config_file=config_file))
+            _SWITCHES[id(spark)] = switch
+        switch.routing = True
+        _install(connect=is_connect(spark))
+    _LOG.info("pyshuffle enabled for grouped and cogrouped map calls")
+    return switch
+
+
+def disable(spark: SparkSession) -> None:
+    """Leave ``spark``'s calls to Spark from now on (what was routed stays readable)."""
+    with _LOCK:
+        switch = _SWITCHES.get(id(spark))
+        if switch is not None:
+            switch.routing = False
+        if not any(each.routing for each in _SWITCHES.values()):
+            _PATCHES.remove_all()
+
+
+def _drop_stopped() -> None:
+    for key, switch in list(_SWITCHES.items()):
+        if not switch.shuffle.session_running():
+            switch.shuffle.close()
+            del _SWITCHES[key]
+
+
+def _routing(session: SparkSession) -> DropIn | None:
+    switch = _SWITCHES.get(id(session))
+    if switch is None or switch.spark is not session or not switch.routing:
+        return None
+    return switch
+
+
+def _install(*, connect: bool) -> None:
+    classes = wrapped_classes(connect)
+    if classes.frame is not None:
+        for name in GROUP_BY:
+            _PATCHES.install(classes.frame, name, _noting_group_by)
+    for name in GROUPED_MAP:
+        _PATCHES.install(classes.grouped, name, functools.partial(_routed_group_map, api=name))
+        _PATCHES.install(
+            classes.cogrouped, name, functools.partial(_routed_cogroup_map, api=f"cogroup.{name}")
+        )
+
+
+def _noting_group_by(original: Callable[..., Any]) -> Callable[..., Any]:
+    def group_by(frame: DataFrame, *columns: Any) -> Any:
+        grouped = original(frame, *columns)
+        note_grouping(grouped, frame, columns)
+        return grouped
+
+    return group_by
+
+
+def _routed_group_map(original: Callable[..., DataFrame], *, api: str) -> Callable[..., DataFrame]:
+    def apply(grouped: Any, func: Callable[..., Any], schema: Any) -> DataFrame:
+        spark_result = original(grouped, func, schema)
+        switch = _routing(session_of(grouped))
+        if switch is None:
+            return spark_result
+        return switch.group_map(grouped, func, api, spark_result)
+
+    return apply
+
+
+def _routed_cogroup_map(
+    original: Callable[..., DataFrame], *, api: str
+) -> Callable[..., DataFrame]:
+    def apply(operations: Any, func: Callable[..., Any], schema: Any) -> DataFrame:
+        spark_result = original(operations, func, schema)
+        switch = _routing(session_of(cogrouped(operations)[0]))
+        if switch is None:
+            return spark_result
+        return switch.cogroup_map(operations, func, api, spark_result)
+
+    return apply
