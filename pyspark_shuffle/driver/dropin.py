@@ -1,6 +1,7 @@
 """The drop-in switch: after ``enable(spark)``, the session's unchanged grouped and cogrouped
-map calls (``groupBy(...).applyInPandas``, ``.applyInArrow``, and both on ``cogroup``) run
-through :class:`~pyspark_shuffle.SparkShuffle`'s public operations.
+map calls (``groupBy(...).applyInPandas``, ``.applyInArrow``, and both on ``cogroup``) and
+grouped-aggregate pandas UDFs (``groupBy(...).agg(udf(column), ...)``) run through
+:class:`~pyspark_shuffle.SparkShuffle`'s public operations.
 
 Each call is first made as Spark makes it: PySpark's own method checks the function and the
 schema, so a call Spark refuses fails with Spark's error, at the same point, and its result
@@ -26,20 +27,26 @@ from pyspark.sql import DataFrame, SparkSession
 
 from pyspark_shuffle.driver.session import SparkShuffle
 from pyspark_shuffle.spark.grouped_api import (
+    ALIASES,
     GROUP_BY,
+    GROUPED_AGG_PANDAS,
     GROUPED_MAP,
     Grouping,
     MethodPatches,
     cogrouped,
     grouping_of,
     iterator_form,
+    keep_udf_call,
     key_names,
     note_grouping,
+    note_udf_call,
     session_of,
+    udf_call_of,
     wrapped_classes,
 )
 from pyspark_shuffle.spark.link import is_connect
-from pyspark_shuffle.tasks.pandas_functions import pandas_function
+from pyspark_shuffle.tasks.pandas_aggregates import PandasAggregate, PandasGroupAggregation
+from pyspark_shuffle.tasks.pandas_functions import PandasSettings, pandas_function
 from shuffle_api import InvalidOperationError, ShuffleError
 
 __all__ = ["DropIn", "DropInCall", "disable", "enable"]
@@ -149,6 +156,57 @@ class DropIn:
             return self._left_to_spark(api, str(refusal), spark_result)
         self._record(DropInCall(api, PYSHUFFLE, f"cogrouped by {', '.join(left_keys)}"))
         return result
+
+    def aggregate(
+        self, grouped: Any, columns: tuple[Any, ...], spark_result: DataFrame
+    ) -> DataFrame:
+        """``grouped.agg(*columns)``: through pyshuffle where every column is a call of a
+        grouped-aggregate pandas UDF on columns of the frame (aliased or not), else
+        ``spark_result`` (silently where no column calls a pandas UDF: not a call for this
+        switch)."""
+        if not any(udf_call_of(column) for column in columns if not isinstance(column, dict)):
+            return spark_result
+        try:
+            grouping, keys = self._keys(grouped)
+            aggregates = self._pandas_aggregates(grouping.frame, columns)
+            schema = spark_result.schema
+            aggregation = PandasGroupAggregation(
+                keys, aggregates, schema, PandasSettings.of(self.spark)
+            )
+            # Only the columns the UDFs read are shuffled, as Spark sends only those to Python.
+            read = [*keys, *(name for each in aggregates for name in each.arguments)]
+            needed = list(dict.fromkeys(read))
+            frame = grouping.frame
+            if len(needed) < len(frame.columns):
+                frame = frame.select(*needed)
+            result = self._through_pyshuffle(
+                lambda: self.shuffle.group_apply_sorted(frame, keys, aggregation, schema)
+            )
+        except _NotCarriedError as refusal:
+            return self._left_to_spark("agg", str(refusal), spark_result)
+        self._record(DropInCall("agg", PYSHUFFLE, f"grouped by {', '.join(keys)}"))
+        return result
+
+    def _pandas_aggregates(
+        self, frame: DataFrame, columns: tuple[Any, ...]
+    ) -> tuple[PandasAggregate, ...]:
+        aggregates = []
+        case_sensitive = _true(self.spark, "spark.sql.caseSensitive")
+        for column in columns:
+            call = None if isinstance(column, dict) else udf_call_of(column)
+            if call is None or call.eval_type != GROUPED_AGG_PANDAS:
+                raise _NotCarriedError(
+                    "an aggregate is not a grouped-aggregate pandas UDF (a built-in one, an"
+                    " expression of one, an iterator or Arrow UDF)"
+                )
+            names = key_names(frame, call.arguments, case_sensitive=case_sensitive)
+            if not names:
+                raise _NotCarriedError(
+                    "a pandas UDF's argument is not a column of the frame (an expression,"
+                    " a literal, a keyword argument, or none)"
+                )
+            aggregates.append(PandasAggregate(call.function, names))
+        return tuple(aggregates)
 
     def _keys(self, grouped: Any) -> tuple[Grouping, tuple[str, ...]]:
         grouping = grouping_of(grouped)
@@ -279,6 +337,10 @@ def _install(*, connect: bool) -> None:
     if classes.frame is not None:
         for name in GROUP_BY:
             _PATCHES.install(classes.frame, name, _noting_group_by)
+    _PATCHES.install(classes.udf, "__call__", _noting_udf_call)
+    for name in ALIASES:
+        _PATCHES.install(classes.column, name, _keeping_udf_call)
+    _PATCHES.install(classes.grouped, "agg", _routed_aggregate)
     for name in GROUPED_MAP:
         _PATCHES.install(classes.grouped, name, functools.partial(_routed_group_map, api=name))
         _PATCHES.install(
@@ -293,6 +355,35 @@ def _noting_group_by(original: Callable[..., Any]) -> Callable[..., Any]:
         return grouped
 
     return group_by
+
+
+def _noting_udf_call(original: Callable[..., Any]) -> Callable[..., Any]:
+    def call(udf: Any, *arguments: Any, **keywords: Any) -> Any:
+        column = original(udf, *arguments, **keywords)
+        note_udf_call(column, udf, arguments, bool(keywords))
+        return column
+
+    return call
+
+
+def _keeping_udf_call(original: Callable[..., Any]) -> Callable[..., Any]:
+    def renamed(column: Any, *names: Any, **keywords: Any) -> Any:
+        alias = original(column, *names, **keywords)
+        keep_udf_call(alias, column)
+        return alias
+
+    return renamed
+
+
+def _routed_aggregate(original: Callable[..., DataFrame]) -> Callable[..., DataFrame]:
+    def agg(grouped: Any, *columns: Any) -> DataFrame:
+        spark_result = original(grouped, *columns)
+        switch = _routing(session_of(grouped))
+        if switch is None:
+            return spark_result
+        return switch.aggregate(grouped, columns, spark_result)
+
+    return agg
 
 
 def _routed_group_map(original: Callable[..., DataFrame], *, api: str) -> Callable[..., DataFrame]:

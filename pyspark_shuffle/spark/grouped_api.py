@@ -14,6 +14,10 @@ Tested on PySpark 4.3.0 and 3.5 (classic; Connect from 4.0):
   expression reads otherwise.
 - The iterator forms (4.1+) are told by type hints, by PySpark's own
   ``infer_group_*_eval_type_from_func``.
+- A call of a pandas UDF is a Column that keeps nothing of the UDF on the Python side in
+  classic sessions, so ``UserDefinedFunction.__call__`` (``pyspark.sql.udf`` and
+  ``pyspark.sql.connect.udf``: ``func``, ``returnType``, ``evalType``, 3.5 to 4.3) is wrapped to
+  note the call on the Column it returns, and ``Column.alias`` (and ``name``) to keep the note.
 """
 
 from __future__ import annotations
@@ -26,20 +30,28 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql.types import DataType
 
 from pyspark_shuffle.spark.compat import SPARK_VERSION
 
 __all__ = [
+    "ALIASES",
+    "GROUPED_AGG_PANDAS",
     "GROUPED_MAP",
     "GROUP_BY",
     "Grouping",
     "MethodPatches",
+    "UdfCall",
     "cogrouped",
+    "column_name",
     "grouping_of",
     "iterator_form",
+    "keep_udf_call",
     "key_names",
     "note_grouping",
+    "note_udf_call",
     "session_of",
+    "udf_call_of",
     "wrapped_classes",
 ]
 
@@ -50,8 +62,16 @@ GROUPED_MAP: Final = ("applyInPandas", "applyInArrow")
 """The methods wrapped on ``GroupedData`` and on ``PandasCogroupedOps`` (where this PySpark
 has them: ``applyInArrow`` from 4.0)."""
 
+ALIASES: Final = ("alias", "name")
+"""Column methods that rename: the note of a UDF call is kept through them."""
+
+GROUPED_AGG_PANDAS: Final = 202
+"""``PythonEvalType.SQL_GROUPED_AGG_PANDAS_UDF`` (3.5 to 4.3)."""
+
 # Set on a classic GroupedData by the wrapped groupBy: the columns it was called with.
 _NOTE: Final = "_pyshuffle_grouping"
+# Set on the Column a UDF call returns: the call.
+_UDF_NOTE: Final = "_pyshuffle_udf_call"
 
 _NAMED: Final = re.compile(r"Column<'(?P<name>[^'`.()\s]+|`[^`]+`)'>")
 
@@ -66,6 +86,17 @@ class Grouping:
 
 
 @dataclass(frozen=True, slots=True)
+class UdfCall:
+    """A UDF called on columns: its function, declared return type and eval type (a
+    ``PythonEvalType``), and the arguments as given (keyword arguments: not noted)."""
+
+    function: Callable[..., Any]
+    return_type: DataType
+    eval_type: int
+    arguments: tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class WrappedClasses:
     """The classes of one kind of session whose methods the switch wraps."""
 
@@ -73,6 +104,8 @@ class WrappedClasses:
     """Whose ``groupBy`` is wrapped to note its keys (classic only)."""
     grouped: type
     cogrouped: type
+    udf: type
+    column: type
 
 
 def _class(module: str, name: str) -> type:
@@ -89,14 +122,21 @@ def wrapped_classes(connect: bool) -> WrappedClasses:
             frame=None,
             grouped=_class("pyspark.sql.connect.group", "GroupedData"),
             cogrouped=_class("pyspark.sql.connect.group", "PandasCogroupedOps"),
+            udf=_class("pyspark.sql.connect.udf", "UserDefinedFunction"),
+            column=_class("pyspark.sql.connect.column", "Column"),
         )
     frame_module = (
         "pyspark.sql.classic.dataframe" if SPARK_VERSION >= (4, 0) else "pyspark.sql.dataframe"
+    )
+    column_module = (
+        "pyspark.sql.classic.column" if SPARK_VERSION >= (4, 0) else "pyspark.sql.column"
     )
     return WrappedClasses(
         frame=_class(frame_module, "DataFrame"),
         grouped=_class("pyspark.sql.group", "GroupedData"),
         cogrouped=_class("pyspark.sql.pandas.group_ops", "PandasCogroupedOps"),
+        udf=_class("pyspark.sql.udf", "UserDefinedFunction"),
+        column=_class(column_module, "Column"),
     )
 
 
@@ -148,7 +188,7 @@ def _flattened(columns: Sequence[Any]) -> tuple[Any, ...]:
 def grouping_of(grouped: Any) -> Grouping | None:
     """The plain ``groupBy`` behind ``grouped``, or None (a rollup, cube, pivot or grouping
     set; a classic one made before the switch was on)."""
-    noted: Grouping | None = getattr(grouped, _NOTE, None)
+    noted: Grouping | None = _note(grouped, _NOTE)
     if noted is not None:
         return noted
     if getattr(grouped, "_group_type", None) == "groupby":  # Connect's
@@ -166,7 +206,34 @@ def session_of(grouped: Any) -> SparkSession:
     return session
 
 
-def _column_name(key: Any) -> str | None:
+def note_udf_call(column: Any, udf: Any, arguments: Sequence[Any], keywords: bool) -> None:
+    """Note on ``column`` that it is ``udf(*arguments)`` (not where keyword arguments were
+    given: their order is the function's to decide)."""
+    if not keywords:
+        call = UdfCall(udf.func, udf.returnType, int(udf.evalType), tuple(arguments))
+        setattr(column, _UDF_NOTE, call)
+
+
+def _note(owner: Any, name: str) -> Any:
+    # From the object's own attributes: a classic Column answers any other name with a
+    # Column (a field access), never "missing".
+    return getattr(owner, "__dict__", {}).get(name)
+
+
+def keep_udf_call(renamed: Any, column: Any) -> None:
+    """Carry the note of ``column`` over to ``renamed`` (an alias of it)."""
+    call = _note(column, _UDF_NOTE)
+    if call is not None:
+        setattr(renamed, _UDF_NOTE, call)
+
+
+def udf_call_of(column: Any) -> UdfCall | None:
+    """The UDF call ``column`` is (aliased or not), or None."""
+    call: UdfCall | None = _note(column, _UDF_NOTE)
+    return call
+
+
+def column_name(key: Any) -> str | None:
     """The name a key gives, or None for what is not a plain name (an expression, an
     ordinal, a nested field)."""
     if isinstance(key, str):
@@ -185,7 +252,7 @@ def key_names(
     columns = frame.columns
     names = []
     for key in keys:
-        name = _column_name(key)
+        name = column_name(key)
         if name is None:
             return None
         if name in columns:
