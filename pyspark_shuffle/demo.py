@@ -8,8 +8,9 @@ every session in a global order by amount, written to Parquet.
 pyshuffle reads the Parquet files in its tasks, runs each step fused into the next and writes
 Parquet from its reduce tasks: no data row crosses between the JVM and Python. Beside it runs
 the same pipeline as a Python user writes it in Spark: the same functions through
-``applyInArrow``. ``--verify`` also runs it in Spark's own SQL (window functions) and checks
-that the three agree.
+``applyInArrow``, then that code again, unchanged, after ``pyspark_shuffle.enable(spark)``
+(its grouped maps through pyshuffle, its join and sort Spark's). ``--verify`` also runs it in
+Spark's own SQL (window functions) and checks that all agree.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as sf
 
 from pyspark_shuffle.driver import progress
+from pyspark_shuffle.driver.dropin import enable
 from pyspark_shuffle.driver.session import SparkShuffle
 from pyspark_shuffle.options import KEEP_RESULTS
 from pyspark_shuffle.spark.local import local_connect_server, local_spark_session
@@ -243,6 +245,17 @@ def run_with_spark_udfs(
     return Outcome(pq.read_table(out), segments.toArrow(), categories.toArrow())
 
 
+def run_unchanged_with_switch(
+    spark: SparkSession, events_path: str, users_path: str, out: str, config: Path | None
+) -> tuple[Outcome, list[str]]:
+    """:func:`run_with_spark_udfs`, unchanged, after ``enable(spark)``; and the path each of
+    its calls took."""
+    with enable(spark, config_file=config) as switch:
+        outcome = run_with_spark_udfs(spark, events_path, users_path, out)
+    switch.close()  # its answers are collected: nothing is left in the store
+    return outcome, [f"{call.api} through {call.path}: {call.reason}" for call in switch.calls]
+
+
 def run_with_spark_sql(spark: SparkSession, events_path: str, users_path: str) -> Outcome:
     """The same pipeline in Spark's own SQL: window functions instead of the Python ones."""
     events = spark.read.parquet(events_path)
@@ -444,7 +457,17 @@ def _run(args: argparse.Namespace, resources: contextlib.ExitStack) -> int:
             f"the same functions through Spark's applyInArrow: {spark_seconds:6.1f} s"
             f"  (pyshuffle {versus})"
         )
-        references = [spark_outcome]
+        (unchanged_outcome, calls), unchanged_seconds = _timed(
+            lambda: run_unchanged_with_switch(
+                spark, events, users, str(work / "unchanged-out"), args.config
+            )
+        )
+        print(
+            f"that code unchanged, after enable(spark):        {unchanged_seconds:6.1f} s"
+            f"  ({spark_seconds / unchanged_seconds:.1f}x Spark's speed)"
+        )
+        print("\n".join(f"  {call}" for call in calls))
+        references = [spark_outcome, unchanged_outcome]
         if args.verify:
             sql_outcome, sql_seconds = _timed(lambda: run_with_spark_sql(spark, events, users))
             print(f"the same in Spark's own SQL (window functions):  {sql_seconds:6.1f} s")

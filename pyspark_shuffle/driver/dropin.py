@@ -89,7 +89,7 @@ class _NotCarriedError(Exception):
 class DropIn:
     """The switch of one session. Made by :func:`enable`; a context manager whose exit is
     :func:`disable`. Results it made stay readable after ``disable``; their shuffle data is
-    released with them (or at the interpreter's exit)."""
+    released with them, by :meth:`close`, or at the interpreter's exit."""
 
     def __init__(self, spark: SparkSession, shuffle: SparkShuffle) -> None:
         self.spark = spark
@@ -264,6 +264,16 @@ class DropIn:
 
     # -- lifecycle ------------------------------------------------------------------------
 
+    def close(self) -> None:
+        """Disable the switch and release every shuffle it made (results it made can no
+        longer be read); a later :func:`enable` makes a new one."""
+        with _LOCK:
+            if _SWITCHES.get(id(self.spark)) is self:
+                del _SWITCHES[id(self.spark)]
+            _remove_patches_if_unused()
+        self.routing = False
+        self.shuffle.close()
+
     def __enter__(self) -> Self:
         return self
 
@@ -314,8 +324,12 @@ def disable(spark: SparkSession) -> None:
         switch = _SWITCHES.get(id(spark))
         if switch is not None:
             switch.routing = False
-        if not any(each.routing for each in _SWITCHES.values()):
-            _PATCHES.remove_all()
+        _remove_patches_if_unused()
+
+
+def _remove_patches_if_unused() -> None:
+    if not any(each.routing for each in _SWITCHES.values()):
+        _PATCHES.remove_all()
 
 
 def _drop_stopped() -> None:

@@ -40,6 +40,9 @@ def test_demo_runs_the_pyspark_pipeline_and_verifies_it(tmp_path: Path) -> None:
     assert "20,000 rows" in result.stdout  # the statistics of the sessions' group-apply
     assert "input: fused" in result.stdout  # the join reads the sessions' reduce tasks
     assert "the same functions through Spark's applyInArrow" in result.stdout
+    # ... and that code again, unchanged, after enable(spark): each grouped map routed
+    assert "that code unchanged, after enable(spark)" in result.stdout
+    assert result.stdout.count("applyInArrow through pyshuffle") == 3
     assert "the sessions function ran on 20,000 events (1.00 times each)" in result.stdout
     assert list(store.iterdir()) == []  # the demo releases everything it wrote
 
