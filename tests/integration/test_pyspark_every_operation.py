@@ -15,9 +15,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import functions as F  # noqa: N812 (Spark's own spelling)
+from pyspark.sql.functions import pandas_udf
 
 from external_shuffle.local_cluster import LocalCluster
-from pyspark_shuffle import SparkShuffle, pandas_function
+from pyspark_shuffle import SparkShuffle, enable, pandas_function
 from shuffle_api import InvalidOperationError, new_id
 from tests.integration.services import (
     ShuffleService,
@@ -208,6 +209,42 @@ def test_parquet_in_and_out_and_to_arrow(
     table = shuffle.to_arrow(shuffle.repartition(events, "k", num_partitions=2))
     assert table.num_rows == ROWS
     assert sorted(table.column("id").to_pylist()) == list(range(ROWS))
+
+
+def _sides(left: pd.DataFrame, right: pd.DataFrame) -> pd.DataFrame:
+    key = left["k"][:1] if len(left) else right["k"][:1]
+    return pd.DataFrame({"k": key, "left": [len(left)], "right": [len(right)]})
+
+
+def test_unchanged_grouped_calls_after_enable(
+    spark: SparkSession, service: ShuffleService, events: DataFrame, users: DataFrame
+) -> None:
+    """The switch on this release: the user's own applyInPandas, cogroup and grouped-aggregate
+    pandas UDF, each through pyshuffle, each equal to Spark's."""
+
+    @pandas_udf("double")  # type: ignore[call-overload, misc]
+    def mean(values: pd.Series) -> float:
+        return float(values.mean())
+
+    def calls() -> list[DataFrame]:
+        return [
+            events.groupBy("k").applyInPandas(_pandas_totals, "k long, total double, n long"),
+            events.groupBy("k")
+            .cogroup(users.groupBy("k"))
+            .applyInPandas(_sides, "k long, left long, right long"),
+            events.groupBy("k").agg(mean("amount").alias("mean")),
+        ]
+
+    expected = [multiset(result) for result in calls()]
+    with enable(spark, config=service.config()) as switch:
+        routed = [multiset(result) for result in calls()]
+    switch.close()
+    assert routed == expected
+    assert [(call.api, call.path) for call in switch.calls] == [
+        ("applyInPandas", "pyshuffle"),
+        ("cogroup.applyInPandas", "pyshuffle"),
+        ("agg", "pyshuffle"),
+    ]
 
 
 def test_a_fused_chain_reads_the_earlier_result_in_its_tasks(
