@@ -46,6 +46,7 @@ from pyspark_shuffle.options import MAX_SUBPARTITIONS
 from pyspark_shuffle.spark.internals import SparkShuffleOutputs
 from pyspark_shuffle.spark.link import application_identity, spark_link
 from pyspark_shuffle.tasks.pandas_functions import (
+    PandasCogroupFunction,
     PandasFunction,
     PandasGroupFunction,
     PandasSettings,
@@ -365,7 +366,7 @@ class SparkShuffle:
         left: DataFrame,
         right: DataFrame,
         keys: str | Sequence[str],
-        function: CogroupFunction,
+        function: CogroupFunction | PandasFunction,
         schema: StructType | str,
         *,
         num_partitions: int | None = None,
@@ -376,10 +377,16 @@ class SparkShuffle:
         key with all its columns (empty, of that side's schema, where it has none); ``key``
         is a tuple of ``pyarrow.Scalar``, the left rows' or, where the left has none, the
         right's. Null keys are a group as any other. Both sides are hash-partitioned alike by
-        ``keys`` (same names and types on both) and each reducer cogroups its rows."""
-        pass_key = len(inspect.signature(function).parameters) == 3
+        ``keys`` (same names and types on both) and each reducer cogroups its rows. For a
+        function marked by :func:`~pyspark_shuffle.pandas_function`, Spark's
+        ``cogroup(...).applyInPandas(f, schema)``, as :meth:`group_apply` runs a pandas
+        function."""
         declared = declared_schema(schema, "cogroup_apply")
         names = column_names(keys)
+        if isinstance(function, PandasFunction):
+            settings = PandasSettings.of(self._spark)
+            function = PandasCogroupFunction.of(function, names, declared, settings)
+        pass_key = len(inspect.signature(function).parameters) == 3
         check_sides(left, right, names, "cogroup_apply")
         configuration = self.configuration
         exchanges = [

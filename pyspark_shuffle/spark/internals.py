@@ -45,11 +45,21 @@ types, cast where Spark casts: ``PandasToArrowConversion.convert``, 4.2 and late
 4.3.0 and 3.5.9; where one is missing (3.5 to 4.1 for the conversions) pyshuffle's own
 :mod:`~pyspark_shuffle.spark.pandas_fallback` does what those releases do (on 3.5.9, the same
 frames, batches and errors as its serializers).
+
+Also in a Python worker, the checks of an ``applyInArrow`` function's result, by PySpark's own
+functions, so that it fails as it would under Spark with the release's error classes:
+:func:`arrow_result` (``verify_return_type`` and ``ArrowBatchTransformer.enforce_schema``
+without casts, 4.3 and later; ``verify_arrow_table``, 4.1 and 4.2, or ``verify_arrow_result``,
+4.0), against the Arrow types of :func:`arrow_result_schema`. Tested on 4.3.0, on the
+pyspark-client packages of 4.0.0, 4.1.0 and 4.2.0 (unit tests only) and, through pyshuffle's
+own :mod:`~pyspark_shuffle.spark.arrow_fallback` (4.3's checks, where a release has none: 3.5
+has no ``applyInArrow``), on 3.5.9.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import os
 import re
@@ -64,7 +74,8 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from pyspark_shuffle.spark.compat import SPARK_VERSION
+from pyspark_shuffle.spark import arrow_fallback
+from pyspark_shuffle.spark.compat import SPARK_VERSION, spark_arrow_schema
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -72,6 +83,8 @@ if TYPE_CHECKING:
 __all__ = [
     "HeldShuffle",
     "SparkShuffleOutputs",
+    "arrow_result",
+    "arrow_result_schema",
     "check_pandas_result",
     "context_running",
     "estimated_bytes",
@@ -288,6 +301,9 @@ def task_connection() -> int | None:
 # column Arrow will not convert directly from 4.1 on.
 _TIMESTAMPS_IN_NANOSECONDS_SINCE = (4, 0)
 _GROUPED_MAP_CASTS_SINCE = (4, 1)
+# Spark expects an applyInArrow result's strings and binaries as large ones where
+# useLargeVarTypes says so from 4.3 on (SPARK-56929); before, always as small ones.
+_LARGE_ARROW_RESULTS_SINCE = (4, 3)
 
 # Imported when a task first converts: the worker's module is the task's to load, neither is in
 # every release, and pandas (with the fallback, which needs it) loads only in the workers of
@@ -295,7 +311,7 @@ _GROUPED_MAP_CASTS_SINCE = (4, 1)
 
 
 @functools.cache
-def _pandas_conversion() -> Any | None:
+def _conversion() -> Any | None:
     """``pyspark.sql.conversion``, where this PySpark has it (4.2 and later)."""
     try:
         from pyspark.sql import conversion  # noqa: PLC0415 (see above)
@@ -315,13 +331,13 @@ def _pandas() -> tuple[Any, Any]:
 
 
 @functools.cache
-def _verify_pandas_result() -> Any | None:
-    """``pyspark.worker.verify_pandas_result`` (3.5 to 4.3 alike)."""
+def _worker_function(name: str) -> Any | None:
+    """The function ``name`` of ``pyspark.worker``, where this PySpark has it."""
     try:
-        from pyspark.worker import verify_pandas_result  # noqa: PLC0415 (see above)
+        from pyspark import worker  # noqa: PLC0415 (see above)
     except ImportError:
         return None
-    return verify_pandas_result
+    return getattr(worker, name, None)
 
 
 def pandas_group(table: pa.Table, *, timezone: str, prefer_int_extension: bool) -> pd.DataFrame:
@@ -329,7 +345,7 @@ def pandas_group(table: pa.Table, *, timezone: str, prefer_int_extension: bool) 
     as floats with NaN (``prefer_int_extension``, Spark 4.3: as nullable integers instead),
     timestamps naive in ``timezone``, dates as ``datetime.date``, structs as dicts."""
     pandas, fallback = _pandas()
-    conversion = _pandas_conversion()
+    conversion = _conversion()
     if conversion is None:
         nanoseconds = SPARK_VERSION >= _TIMESTAMPS_IN_NANOSECONDS_SINCE
         frame: pd.DataFrame = fallback.to_pandas_frame(table, timezone, nanoseconds=nanoseconds)
@@ -345,7 +361,7 @@ def check_pandas_result(result: Any, schema: StructType, *, by_name: bool) -> No
     """Raise what Spark raises for ``result`` of a grouped map declared ``schema``: not a
     frame, or (a frame of no rows and no columns aside) columns that ``schema`` does not
     name (``by_name`` and a label is a string) or not as many as it has."""
-    verify = _verify_pandas_result()
+    verify = _worker_function("verify_pandas_result")  # 3.5 to 4.3 alike
     if verify is None:
         _pandas()[1].check_result(result, schema, by_name)
     else:
@@ -366,7 +382,7 @@ def pandas_result_batch(
     ``timezone``), with Spark's fallback to Arrow's cast (4.1 and later) and its conversion
     errors (``safecheck``: Spark's ``convertToArrowArraySafely``; ``int_to_decimal``: its
     ``intToDecimalCoercionEnabled``)."""
-    conversion = _pandas_conversion()
+    conversion = _conversion()
     if conversion is None:
         fallback_batch: pa.RecordBatch = _pandas()[1].to_arrow_batch(
             result,
@@ -390,3 +406,52 @@ def pandas_result_batch(
         int_to_decimal_coercion_enabled=int_to_decimal,
     )
     return batch
+
+
+def arrow_result_schema(schema: StructType, *, large_var_types: bool) -> pa.Schema:
+    """The Arrow types Spark's ``applyInArrow`` wants of a result declared ``schema``:
+    timestamps in UTC, strings and binaries large where ``large_var_types`` (Spark 4.3 and
+    later; small before, whatever the setting)."""
+    return spark_arrow_schema(
+        schema,
+        timezone="UTC",
+        prefers_large_types=large_var_types and SPARK_VERSION >= _LARGE_ARROW_RESULTS_SINCE,
+    )
+
+
+@functools.cache
+def _enforce_schema() -> Any | None:
+    """``ArrowBatchTransformer.enforce_schema`` where it checks names (or the count) and
+    types without casting (4.3 and later: ``reorder_by_name``)."""
+    transformer = getattr(_conversion(), "ArrowBatchTransformer", None)
+    enforce = getattr(transformer, "enforce_schema", None)
+    if enforce is None or "reorder_by_name" not in inspect.signature(enforce).parameters:
+        return None
+    return enforce
+
+
+def _spark_arrow_checks() -> Any | None:
+    """Before 4.3, the worker's check of an ``applyInArrow`` result: ``verify_arrow_table``
+    (4.1, 4.2), or 4.0's ``verify_arrow_result`` (which checks it is a table too)."""
+    verify = _worker_function("verify_arrow_table")
+    if verify is None and SPARK_VERSION == (4, 0):
+        verify = _worker_function("verify_arrow_result")
+    return verify
+
+
+def arrow_result(result: Any, expected: pa.Schema, *, by_name: bool) -> pa.Table:
+    """``result`` of an ``applyInArrow`` function checked as Spark checks it, raising the
+    release's own error classes (not a table; names, by name, or count, by position, other
+    than ``expected``'s; a type not exactly its: nothing is cast), as Spark then reads it:
+    ``expected``'s columns under its names, or no rows for a table of no rows and no
+    columns."""
+    enforce, verify_type = _enforce_schema(), _worker_function("verify_return_type")
+    if enforce is not None and verify_type is not None:
+        verify_type(result, pa.Table)
+        result = enforce(result, expected, arrow_cast=False, reorder_by_name=by_name)
+    elif (verify := _spark_arrow_checks()) is not None:
+        types = [(field.name, field.type) for field in expected]
+        verify(result, by_name, dict(types) if by_name else types)
+    else:
+        arrow_fallback.check_result(result, expected, by_name)
+    return arrow_fallback.arranged(result, expected, by_name)

@@ -1,11 +1,12 @@
 """Users' pandas functions per key group, run as Spark's ``groupBy(keys).applyInPandas(f,
-schema)`` runs them: the same frame in, the same checks and conversion of what comes out, the
-same errors.
+schema)`` and ``groupBy(keys).cogroup(...).applyInPandas(f, schema)`` run them: the same
+frames in, the same checks and conversion of what comes out, the same errors.
 
 :func:`pandas_function` marks a function for :meth:`SparkShuffle.group_apply
-<pyspark_shuffle.SparkShuffle.group_apply>`; on the driver, :meth:`PandasGroupFunction.of`
-makes of it, the declared schema and the session's settings the Arrow function the reduce
-tasks run on each group (so that the per-group operation stays pure Arrow).
+<pyspark_shuffle.SparkShuffle.group_apply>` and :meth:`~pyspark_shuffle.SparkShuffle.cogroup_apply`;
+on the driver, :meth:`PandasGroupFunction.of` (:meth:`PandasCogroupFunction.of`) makes of it,
+the declared schema and the session's settings the Arrow function the reduce tasks run on each
+group (each cogroup), so that the per-group operation stays pure Arrow.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from inspect import getfullargspec
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
@@ -25,7 +26,16 @@ from pyspark_shuffle.spark.internals import (
     pandas_result_batch,
 )
 
-__all__ = ["PandasFunction", "PandasGroupFunction", "PandasSettings", "pandas_function"]
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = [
+    "PandasCogroupFunction",
+    "PandasFunction",
+    "PandasGroupFunction",
+    "PandasSettings",
+    "pandas_function",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +59,9 @@ def _setting(spark: SparkSession, key: str, default: str) -> bool:
 @dataclass(frozen=True, slots=True)
 class PandasSettings:
     """The session's settings that change what a pandas function sees and what its result
-    becomes, read as Spark's Python worker reads them (same keys, same defaults)."""
+    becomes, read as Spark's Python worker reads them (same keys, same defaults). Arrow
+    functions checked as Spark checks them (:mod:`~pyspark_shuffle.tasks.arrow_functions`)
+    read two: ``assign_columns_by_name`` and ``large_var_types``."""
 
     timezone: str
     """``spark.sql.session.timeZone``: timestamps are handed over, and read back, as wall
@@ -86,6 +98,32 @@ class PandasSettings:
         )
 
 
+def _frame(table: pa.Table, settings: PandasSettings) -> pd.DataFrame:
+    return pandas_group(
+        table, timezone=settings.timezone, prefer_int_extension=settings.prefer_int_extension
+    )
+
+
+def _key(frame: pd.DataFrame, keys: Sequence[str]) -> tuple[Any, ...]:
+    """As Spark hands a key to a function: the key columns' values in the first row."""
+    return tuple(frame[name].iloc[0] for name in keys)
+
+
+def _result_table(result: Any, schema: StructType, settings: PandasSettings) -> pa.Table:
+    """What the function returned, checked and converted to ``schema`` as Spark does."""
+    check_pandas_result(result, schema, by_name=settings.assign_columns_by_name)
+    batch = pandas_result_batch(
+        result,
+        schema,
+        timezone=settings.timezone,
+        safecheck=settings.safe_conversion,
+        by_name=settings.assign_columns_by_name,
+        int_to_decimal=settings.int_to_decimal,
+        large_var_types=settings.large_var_types,
+    )
+    return pa.Table.from_batches([batch])
+
+
 @dataclass(frozen=True, slots=True)
 class PandasGroupFunction:
     """A pandas function as an Arrow one: a group's table in, the result's table out.
@@ -115,23 +153,48 @@ class PandasGroupFunction:
         return cls(marked.function, tuple(keys), schema, settings, pass_key)
 
     def __call__(self, table: pa.Table) -> pa.Table:
-        settings = self.settings
-        frame = pandas_group(
-            table, timezone=settings.timezone, prefer_int_extension=settings.prefer_int_extension
-        )
+        frame = _frame(table, self.settings)
         if self.pass_key:
-            key = tuple(frame[name].iloc[0] for name in self.keys)
-            result = self.function(key, frame)
+            result = self.function(_key(frame, self.keys), frame)
         else:
             result = self.function(frame)
-        check_pandas_result(result, self.schema, by_name=settings.assign_columns_by_name)
-        batch = pandas_result_batch(
-            result,
-            self.schema,
-            timezone=settings.timezone,
-            safecheck=settings.safe_conversion,
-            by_name=settings.assign_columns_by_name,
-            int_to_decimal=settings.int_to_decimal,
-            large_var_types=settings.large_var_types,
-        )
-        return pa.Table.from_batches([batch])
+        return _result_table(result, self.schema, self.settings)
+
+
+@dataclass(frozen=True, slots=True)
+class PandasCogroupFunction:
+    """A pandas function of two frames as an Arrow one, as Spark's
+    ``cogroup().applyInPandas`` runs it: each side's table of a key in (empty, with that
+    side's columns, where it has no rows), the result's table out.
+
+    The function takes the left and the right frame and, where it takes three parameters,
+    the key first: the left frame's first row's key values, or the right's where the left
+    has no rows (numpy scalars, as Spark's). Its result is checked and converted as
+    :class:`PandasGroupFunction`'s is. Called with the two tables only: it takes the key
+    itself, so ``cogroup_apply`` passes none."""
+
+    function: Callable[..., Any]
+    keys: tuple[str, ...]
+    schema: StructType
+    settings: PandasSettings
+    pass_key: bool
+
+    @classmethod
+    def of(
+        cls,
+        marked: PandasFunction,
+        keys: Sequence[str],
+        schema: StructType,
+        settings: PandasSettings,
+    ) -> Self:
+        pass_key = len(getfullargspec(marked.function).args) == 3  # as Spark decides
+        return cls(marked.function, tuple(keys), schema, settings, pass_key)
+
+    def __call__(self, left: pa.Table, right: pa.Table) -> pa.Table:
+        left_frame, right_frame = _frame(left, self.settings), _frame(right, self.settings)
+        if self.pass_key:
+            keyed = right_frame if left_frame.empty else left_frame
+            result = self.function(_key(keyed, self.keys), left_frame, right_frame)
+        else:
+            result = self.function(left_frame, right_frame)
+        return _result_table(result, self.schema, self.settings)

@@ -1,11 +1,13 @@
-"""A pandas function run on one group's Arrow table, in process (no Spark session): what it
-is handed and what becomes of its result, as under Spark's ``applyInPandas`` on the installed
-PySpark (the same through Spark: tests/integration/test_pyspark_pandas_group_apply.py)."""
+"""A pandas function run on one group's Arrow table (one cogroup's two), in process (no Spark
+session): what it is handed and what becomes of its result, as under Spark's ``applyInPandas``
+on the installed PySpark (the same through Spark: tests/integration/
+test_pyspark_pandas_group_apply.py and test_pyspark_pandas_cogroup.py)."""
 
 from __future__ import annotations
 
 import datetime
 import decimal
+import inspect
 import pickle
 from collections.abc import Callable
 from typing import Any
@@ -30,7 +32,11 @@ from pyspark.sql.types import (
 
 from pyspark_shuffle import pandas_function
 from pyspark_shuffle.spark.compat import SPARK_VERSION
-from pyspark_shuffle.tasks.pandas_functions import PandasGroupFunction, PandasSettings
+from pyspark_shuffle.tasks.pandas_functions import (
+    PandasCogroupFunction,
+    PandasGroupFunction,
+    PandasSettings,
+)
 
 ZONE = "America/Los_Angeles"
 
@@ -297,3 +303,95 @@ def test_settings_are_read_from_the_session_with_sparks_defaults() -> None:
     assert PandasSettings.of(session) == PandasSettings(
         "UTC", assign_columns_by_name=False, safe_conversion=True, int_to_decimal=True
     )
+
+
+def _refunds(rows: int) -> pa.Table:
+    """The other side of a cogroup: key 7 (with a null after it), ``rows`` rows of it."""
+    return pa.table(
+        {
+            "k": pa.array([7, None][:rows], pa.int64()),
+            "amount": pa.array([0.5, 1.5][:rows], pa.float64()),
+        }
+    )
+
+
+def _cogroup(
+    function: Callable[..., Any], schema: StructType = KEY_VALUE, **settings: bool
+) -> PandasCogroupFunction:
+    return PandasCogroupFunction.of(
+        pandas_function(function), ["k"], schema, PandasSettings(ZONE, **settings)
+    )
+
+
+def test_a_cogroup_function_gets_both_sides_frames_as_spark_hands_them() -> None:
+    seen: list[tuple[pd.DataFrame, pd.DataFrame]] = []
+
+    def keep(left: pd.DataFrame, right: pd.DataFrame) -> pd.DataFrame:
+        seen.append((left, right))
+        return pd.DataFrame({"k": [len(left)], "v": [float(len(right))]})
+
+    out = _cogroup(keep)(_group(), _refunds(2))
+    assert out.to_pydict() == {"k": [3], "v": [2.0]}
+    [(left, right)] = seen
+    assert left.dtypes.to_dict()["small"] == np.dtype("float64")
+    assert left["ts"][0] == pd.Timestamp("2024-03-10 01:30:00")  # naive, in the session's zone
+    assert right.dtypes.to_dict() == {"k": np.dtype("float64"), "amount": np.dtype("float64")}
+
+
+def test_a_side_without_rows_is_an_empty_frame_of_its_columns() -> None:
+    seen: list[pd.DataFrame] = []
+
+    def keep(left: pd.DataFrame, right: pd.DataFrame) -> pd.DataFrame:
+        seen.append(right)
+        return pd.DataFrame()
+
+    assert _cogroup(keep)(_group(), _refunds(0)).num_rows == 0
+    [right] = seen
+    assert len(right) == 0
+    assert right.dtypes.to_dict() == {"k": np.dtype("int64"), "amount": np.dtype("float64")}
+
+
+def test_a_cogroups_key_is_the_lefts_or_else_the_rights_as_numpy_scalars() -> None:
+    keys: list[tuple[Any, ...]] = []
+
+    def keep_key(key: tuple[Any, ...], left: pd.DataFrame, right: pd.DataFrame) -> pd.DataFrame:
+        keys.append(key)
+        return pd.DataFrame({"k": [key[0]], "v": [1.0]})
+
+    wrapped = _cogroup(keep_key)
+    assert wrapped.pass_key
+    wrapped(_group().slice(0, 0), _refunds(2))
+    wrapped(_group(), _refunds(0))
+    assert keys == [(7.0,), (7,)]
+    assert [type(key[0]) for key in keys] == [np.float64, np.int64]  # the right's k has a null
+
+
+def test_a_cogroup_lambda_takes_the_key_by_its_parameters_as_spark_counts_them() -> None:
+    with_key = _cogroup(lambda key, left, right: pd.DataFrame({"k": [key[0]], "v": [0.5]}))
+    assert with_key(_group(), _refunds(1)).to_pydict() == {"k": [7], "v": [0.5]}
+    assert not _cogroup(lambda left, right: left[["k", "v"]]).pass_key
+
+
+def test_a_cogroups_result_is_checked_and_converted_as_a_groups() -> None:
+    named = _cogroup(lambda left, right: pd.DataFrame({"v": [1], "k": [2]}))
+    assert named(_group(), _refunds(1)).to_pydict() == {"k": [2], "v": [1.0]}
+    with pytest.raises(PySparkRuntimeError) as raised:
+        _cogroup(lambda left, right: pd.DataFrame({"k": [1], "more": [2], "add": [3]}))(
+            _group(), _refunds(1)
+        )
+    assert str(raised.value).startswith(f"[{NAMES_MISMATCH}]")
+    assert str(raised.value).endswith("Missing: v. Unexpected: add, more.")
+    with pytest.raises(PySparkTypeError, match=r"pandas\.DataFrame, but is int\.$"):
+        _cogroup(lambda left, right: len(left) + len(right))(_group(), _refunds(1))
+
+
+def test_the_cogroup_adapter_pickles_and_takes_two_tables() -> None:
+    adapter = _cogroup(_sizes_of_both)
+    assert list(inspect.signature(adapter).parameters) == ["left", "right"]
+    again = pickle.loads(pickle.dumps(adapter))
+    assert again == adapter
+    assert again(_group(), _refunds(2)).to_pydict() == {"k": [3], "v": [2.0]}
+
+
+def _sizes_of_both(left: pd.DataFrame, right: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({"k": [len(left)], "v": [len(right)]})
