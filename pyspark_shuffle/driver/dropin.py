@@ -45,6 +45,7 @@ from pyspark_shuffle.spark.grouped_api import (
     wrapped_classes,
 )
 from pyspark_shuffle.spark.link import is_connect
+from pyspark_shuffle.tasks.arrow_functions import ArrowCogroupFunction, ArrowGroupFunction
 from pyspark_shuffle.tasks.pandas_aggregates import PandasAggregate, PandasGroupAggregation
 from pyspark_shuffle.tasks.pandas_functions import PandasSettings, pandas_function
 from shuffle_api import InvalidOperationError, ShuffleError
@@ -117,9 +118,15 @@ class DropIn:
         try:
             grouping, keys = self._keys(grouped)
             self._check_function(function, arrow=arrow)
-            carried = function if arrow else pandas_function(function)
+            schema = spark_result.schema
+            settings = PandasSettings.of(self.spark)
+            carried = (
+                ArrowGroupFunction.of(function, keys, schema, settings)
+                if arrow
+                else pandas_function(function)
+            )
             result = self._through_pyshuffle(
-                lambda: self.shuffle.group_apply(grouping.frame, keys, carried, spark_result.schema)
+                lambda: self.shuffle.group_apply(grouping.frame, keys, carried, schema)
             )
         except _NotCarriedError as refusal:
             return self._left_to_spark(api, str(refusal), spark_result)
@@ -142,14 +149,16 @@ class DropIn:
                     f"the sides are grouped by different columns ({', '.join(left_keys)}"
                     f" and {', '.join(right_keys)})"
                 )
-            carried = function if arrow else pandas_function(function)
+            schema = spark_result.schema
+            settings = PandasSettings.of(self.spark)
+            carried = (
+                ArrowCogroupFunction.of(function, left_keys, schema, settings)
+                if arrow
+                else pandas_function(function)
+            )
             result = self._through_pyshuffle(
                 lambda: self.shuffle.cogroup_apply(
-                    left_grouping.frame,
-                    right_grouping.frame,
-                    left_keys,
-                    carried,
-                    spark_result.schema,
+                    left_grouping.frame, right_grouping.frame, left_keys, carried, schema
                 )
             )
         except _NotCarriedError as refusal:

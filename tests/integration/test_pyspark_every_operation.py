@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import functions as F  # noqa: N812 (Spark's own spelling)
-from pyspark.sql.functions import pandas_udf
+from pyspark.sql.pandas.functions import pandas_udf
 
 from external_shuffle.local_cluster import LocalCluster
 from pyspark_shuffle import SparkShuffle, enable, pandas_function
@@ -222,7 +222,7 @@ def test_unchanged_grouped_calls_after_enable(
     """The switch on this release: the user's own applyInPandas, cogroup and grouped-aggregate
     pandas UDF, each through pyshuffle, each equal to Spark's."""
 
-    @pandas_udf("double")  # type: ignore[call-overload, misc]
+    @pandas_udf("double")  # type: ignore[call-overload, untyped-decorator]
     def mean(values: pd.Series) -> float:
         return float(values.mean())
 

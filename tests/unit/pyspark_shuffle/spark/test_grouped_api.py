@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 (Spark's own spelling)
-from pyspark.sql.functions import pandas_udf
+from pyspark.sql.pandas.functions import pandas_udf
 
 from pyspark_shuffle.spark.compat import SPARK_VERSION
 from pyspark_shuffle.spark.grouped_api import (
@@ -85,7 +85,7 @@ def test_only_iterator_hints_choose_the_iterator_form() -> None:
 
 
 def test_a_udf_call_is_noted_and_kept_through_an_alias(spark: SparkSession) -> None:
-    @pandas_udf("double")  # type: ignore[call-overload, misc]
+    @pandas_udf("double")  # type: ignore[call-overload, untyped-decorator]
     def mean(values: pd.Series) -> float:
         return float(values.mean())
 
