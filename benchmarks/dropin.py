@@ -1,0 +1,596 @@
+"""Unchanged PySpark code with and without ``pyspark_shuffle.enable(spark)``, side by side in one
+run on the same Parquet files, beside the explicit API and the functions' own time.
+
+Data (written first, by Spark, with pipeline_vs_spark.py's ``write_data``): ``--rows`` events
+(default 10M) of a ``user`` with ``--users`` values (default 100k), a timestamp ``at``, a float64
+``amount``, a ``category`` and a ``text``; and ``--price-rows`` prices (default a tenth of the
+events) of a ``user``, a timestamp ``at`` and a float64 ``price``.
+
+Workloads (``--workloads``, default all), each a user's code as written for Spark, ending in a
+Parquet write (every row of the Python stage computed, nothing pruned):
+
+- ``a``: pipeline_vs_spark.py's per-user summary, ``groupBy("user").applyInPandas``
+  (``summarize_pandas``);
+- ``b``: the same with ``applyInArrow`` (``summarize``);
+- ``c``: per user an as-of join of the events with the prices,
+  ``groupBy("user").cogroup(prices.groupBy("user")).applyInPandas`` (``pandas.merge_asof``);
+- ``d``: a grouped-aggregate pandas UDF, ``groupBy("user").agg(mean_udf("amount"))``.
+
+Per workload: Spark's time (the switch off), the time with the switch on (the path each call
+took, from ``DropIn.calls``), the explicit API's time on the same functions
+(``SparkShuffle.group_apply`` / ``cogroup_apply`` with ``pandas_function``; for ``d``, which
+the explicit API has no form for, a pandas function per user that calls the UDF's own function:
+slower than the switch's own route, so its ``vs_explicit`` says little) and the functions' own
+time: every group through the function in this process, with the conversions it needs (per
+group Arrow to pandas, and the result back to Arrow), groups sliced beforehand, in processor
+seconds (as pipeline_vs_spark.py's floor). That time over ``--cores`` is a floor
+under any engine that calls the function once per group. Ratios: ``speedup`` = Spark / enabled,
+``vs_explicit`` = enabled / explicit, ``vs_function`` = enabled / (function / cores); goals are
+printed beside them.
+
+Every output is compared with Spark's (rows, and per column its sum and nulls): the run stops
+with an error at the first that differs. A warm-up first runs every path once on a small copy
+of the data (Python workers, imports) and checks its outputs the same way.
+
+Each figure is the median of ``--repeat`` runs. Printed, and saved as JSON (``--output``,
+default ``benchmarks/results/dropin.json``)::
+
+    python benchmarks/dropin.py
+    python benchmarks/dropin.py --rows 200000 --users 20000 --repeat 1 --workloads a,c
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import math
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from common import format_rows, machine, positive, save_results
+from pipeline_vs_spark import SUMMARY_SCHEMA, summarize, summarize_pandas, timed, write_data
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.pandas.functions import pandas_udf
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import DoubleType
+
+import pyspark_shuffle
+from pyspark_shuffle import DropIn, SparkShuffle, pandas_function
+from pyspark_shuffle.spark.local import local_spark_session
+
+BENCHMARKS = Path(__file__).resolve().parent
+DEFAULT_OUTPUT = BENCHMARKS / "results" / "dropin.json"
+CONFIG = {"pyspark-shuffle.progress.interval": 0}
+SUMMARY_COLUMNS = ("user", "at", "amount", "category")
+ASOF_SCHEMA = "user long, at timestamp, amount double, price double"
+MEAN_SCHEMA = "user long, mean_amount double"
+WARM_ROWS = 20_000
+WARM_USERS = 2_000
+GOAL_VS_EXPLICIT = 1.10
+GOAL_VS_FUNCTION = 1.15
+TIMESTAMP_BASE = 1_700_000_000  # seconds: keeps sums of timestamps small
+
+
+# -- the users' functions ----------------------------------------------------------------------
+
+
+def asof(events: pd.DataFrame, prices: pd.DataFrame) -> pd.DataFrame:
+    """One user's events, each with the user's last price at or before it (none before the
+    first). Prices of equal times are ordered by price, so that the one taken never depends
+    on the order rows arrive in."""
+    if prices.empty:  # a side without rows may come with columns of no dtype
+        return events.assign(price=float("nan"))[["user", "at", "amount", "price"]]
+    if events.empty:
+        return events.assign(price=pd.Series(dtype="float64"))[["user", "at", "amount", "price"]]
+    joined = pd.merge_asof(
+        events.sort_values("at"),
+        prices[["at", "price"]].sort_values(["at", "price"]),
+        on="at",
+        direction="backward",
+    )
+    return joined[["user", "at", "amount", "price"]]
+
+
+# DoubleType() rather than "double": a type string is parsed at once, by a running session.
+# (PySpark's stubs type the form told by hints through pandas' types, which mypy lacks here.)
+@pandas_udf(DoubleType())  # type: ignore[call-overload, untyped-decorator]
+def mean_udf(v: pd.Series) -> float:
+    return float(v.mean())
+
+
+MEAN = mean_udf.func
+"""The UDF's own function (what Spark's worker calls per group)."""
+
+
+def mean_per_user(key: tuple[Any, ...], frame: pd.DataFrame) -> pd.DataFrame:
+    """The grouped-aggregate UDF as a pandas function of one user's rows, for the explicit
+    API (which has no grouped aggregates)."""
+    return pd.DataFrame({"user": [key[0]], "mean_amount": [MEAN(frame["amount"])]})
+
+
+# -- the users' code, unchanged whether the switch is on or not -----------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Inputs:
+    events: str
+    prices: str
+
+
+def events_frame(spark: SparkSession, inputs: Inputs, columns: Sequence[str]) -> DataFrame:
+    return spark.read.parquet(inputs.events).select(*columns)
+
+
+def write(frame: DataFrame, out: str) -> None:
+    frame.write.mode("overwrite").parquet(out)
+
+
+def summary_pandas_code(spark: SparkSession, inputs: Inputs, out: str) -> None:
+    events = events_frame(spark, inputs, SUMMARY_COLUMNS)
+    write(events.groupBy("user").applyInPandas(summarize_pandas, SUMMARY_SCHEMA), out)
+
+
+def summary_arrow_code(spark: SparkSession, inputs: Inputs, out: str) -> None:
+    events = events_frame(spark, inputs, SUMMARY_COLUMNS)
+    write(events.groupBy("user").applyInArrow(summarize, SUMMARY_SCHEMA), out)
+
+
+def asof_code(spark: SparkSession, inputs: Inputs, out: str) -> None:
+    events = events_frame(spark, inputs, ("user", "at", "amount"))
+    prices = spark.read.parquet(inputs.prices)
+    cogrouped = events.groupBy("user").cogroup(prices.groupBy("user"))
+    write(cogrouped.applyInPandas(asof, ASOF_SCHEMA), out)
+
+
+def mean_code(spark: SparkSession, inputs: Inputs, out: str) -> None:
+    events = events_frame(spark, inputs, ("user", "amount"))
+    write(events.groupBy("user").agg(mean_udf("amount").alias("mean_amount")), out)
+
+
+# -- the same functions through the explicit API -------------------------------------------
+
+
+def summary_pandas_explicit(
+    spark: SparkSession, shuffle: SparkShuffle, inputs: Inputs, out: str
+) -> None:
+    events = events_frame(spark, inputs, SUMMARY_COLUMNS)
+    function = pandas_function(summarize_pandas)
+    write(shuffle.group_apply(events, "user", function, SUMMARY_SCHEMA), out)
+
+
+def summary_arrow_explicit(
+    spark: SparkSession, shuffle: SparkShuffle, inputs: Inputs, out: str
+) -> None:
+    events = events_frame(spark, inputs, SUMMARY_COLUMNS)
+    write(shuffle.group_apply(events, "user", summarize, SUMMARY_SCHEMA), out)
+
+
+def asof_explicit(spark: SparkSession, shuffle: SparkShuffle, inputs: Inputs, out: str) -> None:
+    events = events_frame(spark, inputs, ("user", "at", "amount"))
+    prices = spark.read.parquet(inputs.prices)
+    function: Any = pandas_function(asof)
+    write(shuffle.cogroup_apply(events, prices, "user", function, ASOF_SCHEMA), out)
+
+
+def mean_explicit(spark: SparkSession, shuffle: SparkShuffle, inputs: Inputs, out: str) -> None:
+    events = events_frame(spark, inputs, ("user", "amount"))
+    function = pandas_function(mean_per_user)
+    write(shuffle.group_apply(events, "user", function, MEAN_SCHEMA), out)
+
+
+# -- the functions alone -----------------------------------------------------------------------
+
+
+def groups_of(table: pa.Table, key: str) -> dict[Any, pa.Table]:
+    """``table``'s rows by ``key``, each group a slice of one sorted copy."""
+    ordered = table.take(pc.sort_indices(table, [(key, "ascending")]))
+    counts = pc.value_counts(ordered[key])  # in order of appearance: the keys' order
+    ends = itertools.accumulate(counts.field("counts").to_pylist())
+    groups: dict[Any, pa.Table] = {}
+    start = 0
+    for value, end in zip(counts.field("values").to_pylist(), ends, strict=True):
+        groups[value] = ordered.slice(start, end - start)
+        start = end
+    return groups
+
+
+def cpu_seconds(function: Callable[..., object], calls: Iterable[tuple[pa.Table, ...]]) -> float:
+    """Processor seconds of ``function(*arguments)`` for each of ``calls``."""
+    started = time.process_time()
+    for arguments in calls:
+        function(*arguments)
+    return time.process_time() - started
+
+
+def arrow_schema_of(spark: SparkSession, ddl: str) -> pa.Schema:
+    return to_arrow_schema(spark.createDataFrame([], ddl).schema, timezone="UTC")
+
+
+def summary_pandas_alone(spark: SparkSession, inputs: Inputs) -> float:
+    groups = groups_of(pq.read_table(inputs.events, columns=list(SUMMARY_COLUMNS)), "user")
+    schema = arrow_schema_of(spark, SUMMARY_SCHEMA)
+
+    def one(group: pa.Table) -> pa.Table:
+        result = summarize_pandas(group.to_pandas())
+        return pa.Table.from_pandas(result, schema=schema, preserve_index=False)
+
+    return cpu_seconds(one, ((group,) for group in groups.values()))
+
+
+def summary_arrow_alone(spark: SparkSession, inputs: Inputs) -> float:
+    groups = groups_of(pq.read_table(inputs.events, columns=list(SUMMARY_COLUMNS)), "user")
+    return cpu_seconds(summarize, ((group,) for group in groups.values()))
+
+
+def asof_alone(spark: SparkSession, inputs: Inputs) -> float:
+    events = groups_of(pq.read_table(inputs.events, columns=["user", "at", "amount"]), "user")
+    prices = groups_of(pq.read_table(inputs.prices), "user")
+    schema = arrow_schema_of(spark, ASOF_SCHEMA)
+    no_events = next(iter(events.values())).slice(0, 0)
+    no_prices = next(iter(prices.values())).slice(0, 0)
+    pairs = [
+        (events.get(key, no_events), prices.get(key, no_prices))
+        for key in sorted(events.keys() | prices.keys())
+    ]
+
+    def one(left: pa.Table, right: pa.Table) -> pa.Table:
+        result = asof(left.to_pandas(), right.to_pandas())
+        return pa.Table.from_pandas(result, schema=schema, preserve_index=False)
+
+    return cpu_seconds(one, pairs)
+
+
+def mean_alone(spark: SparkSession, inputs: Inputs) -> float:
+    groups = groups_of(pq.read_table(inputs.events, columns=["user", "amount"]), "user")
+    means: list[float] = []
+
+    def one(group: pa.Table) -> None:
+        means.append(MEAN(group["amount"].to_pandas()))
+
+    seconds = cpu_seconds(one, ((group,) for group in groups.values()))
+    started = time.process_time()
+    pa.table({"user": list(groups), "mean_amount": pa.array(means, pa.float64())})
+    return seconds + time.process_time() - started
+
+
+# -- the workloads -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    name: str
+    title: str
+    goal_speedup: float
+    code: Callable[[SparkSession, Inputs, str], None]
+    explicit: Callable[[SparkSession, SparkShuffle, Inputs, str], None]
+    alone: Callable[[SparkSession, Inputs], float]
+
+
+WORKLOADS = {
+    workload.name: workload
+    for workload in (
+        Workload(
+            "a",
+            "per-user summary, applyInPandas",
+            3.0,
+            summary_pandas_code,
+            summary_pandas_explicit,
+            summary_pandas_alone,
+        ),
+        Workload(
+            "b",
+            "per-user summary, applyInArrow",
+            1.5,
+            summary_arrow_code,
+            summary_arrow_explicit,
+            summary_arrow_alone,
+        ),
+        Workload(
+            "c",
+            "as-of join, cogroup.applyInPandas",
+            3.0,
+            asof_code,
+            asof_explicit,
+            asof_alone,
+        ),
+        Workload(
+            "d",
+            "grouped-aggregate pandas UDF",
+            1.5,
+            mean_code,
+            mean_explicit,
+            mean_alone,
+        ),
+    )
+}
+
+
+# -- outputs -----------------------------------------------------------------------------------
+
+Checksum = dict[str, float | int]
+
+
+def checksum(path: str) -> Checksum:
+    """Rows, and per column its nulls and its sum (integers and timestamps exactly, in whole
+    seconds from a base; floats as floats; strings by their lengths)."""
+    table = pq.read_table(path)
+    found: Checksum = {"rows": table.num_rows}
+    for name in sorted(table.column_names):
+        column = table[name]
+        found[f"{name}.nulls"] = column.null_count
+        if pa.types.is_timestamp(column.type):
+            seconds = pc.cast(pc.cast(column, pa.timestamp("s"), safe=False), pa.int64())
+            column = pc.subtract(seconds, TIMESTAMP_BASE)
+        elif pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+            column = pc.utf8_length(column)
+        total = pc.sum(column).as_py()
+        found[f"{name}.sum"] = 0 if total is None else total
+    return found
+
+
+def differences(expected: Checksum, found: Checksum) -> list[str]:
+    wrong = []
+    for key in sorted(expected.keys() | found.keys()):
+        want, got = expected.get(key), found.get(key)
+        if want is None or got is None:
+            wrong.append(f"{key}: {want} != {got}")
+        elif isinstance(want, float) or isinstance(got, float):
+            if not math.isclose(want, got, rel_tol=1e-9, abs_tol=1e-6):
+                wrong.append(f"{key}: {want!r} != {got!r}")
+        elif want != got:
+            wrong.append(f"{key}: {want} != {got}")
+    return wrong
+
+
+def check_same(workload: Workload, spark_out: str, others: dict[str, str]) -> int:
+    """Rows Spark wrote; raises ``SystemExit`` naming what differs if another path's output
+    differs from Spark's."""
+    expected = checksum(spark_out)
+    for label, path in others.items():
+        wrong = differences(expected, checksum(path))
+        if wrong:
+            raise SystemExit(
+                f"workload {workload.name} ({workload.title}): the {label} output differs from"
+                f" Spark's: {'; '.join(wrong)}"
+            )
+    return int(expected["rows"])
+
+
+# -- running -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Taken:
+    path: str
+    reason: str
+
+
+def path_taken(switch: DropIn, seen: int) -> Taken:
+    """The path of the calls the switch saw after its first ``seen``: one, or ``mixed``."""
+    calls = switch.calls[seen:]
+    if not calls:
+        return Taken("spark", "the switch saw no call")
+    paths = sorted({call.path for call in calls})
+    reasons = sorted({f"{call.api}: {call.reason}" for call in calls})
+    return Taken(paths[0] if len(paths) == 1 else "mixed", "; ".join(reasons))
+
+
+def run_enabled(spark: SparkSession, run: Callable[[], None]) -> tuple[Taken, float]:
+    with pyspark_shuffle.enable(spark, CONFIG) as switch:
+        seen = len(switch.calls)
+        started = time.perf_counter()
+        run()
+        return path_taken(switch, seen), time.perf_counter() - started
+
+
+def warm_up(
+    spark: SparkSession, shuffle: SparkShuffle, workloads: list[Workload], inputs: Inputs, out: Path
+) -> None:
+    """Every path of every workload once on small data, outputs checked."""
+    for workload in workloads:
+        outs = {label: str(out / f"warm-{workload.name}-{label}") for label in PATHS}
+        workload.code(spark, inputs, outs["spark"])
+        run_enabled(spark, functools.partial(workload.code, spark, inputs, outs["enabled"]))
+        workload.explicit(spark, shuffle, inputs, outs["explicit"])
+        check_same(workload, outs["spark"], {k: v for k, v in outs.items() if k != "spark"})
+
+
+PATHS = ("spark", "enabled", "explicit")
+
+
+def measure(
+    spark: SparkSession,
+    shuffle: SparkShuffle,
+    workload: Workload,
+    inputs: Inputs,
+    out: Path,
+    *,
+    repeat: int,
+    cores: int,
+) -> dict[str, Any]:
+    outs = {label: str(out / f"{workload.name}-{label}") for label in PATHS}
+    spark_s = timed(repeat, lambda: workload.code(spark, inputs, outs["spark"]))
+    taken: list[Taken] = []
+    enabled: list[float] = []
+    for _ in range(repeat):
+        path, seconds = run_enabled(spark, lambda: workload.code(spark, inputs, outs["enabled"]))
+        taken.append(path)
+        enabled.append(seconds)
+    explicit_s = timed(repeat, lambda: workload.explicit(spark, shuffle, inputs, outs["explicit"]))
+    rows = check_same(workload, outs["spark"], {k: v for k, v in outs.items() if k != "spark"})
+    function_s = workload.alone(spark, inputs)
+    enabled_s = statistics.median(enabled)
+    return {
+        "title": workload.title,
+        "spark_s": spark_s,
+        "enabled_s": enabled_s,
+        "explicit_s": explicit_s,
+        "function_s": function_s,
+        "speedup": spark_s / enabled_s,
+        "vs_explicit": enabled_s / explicit_s,
+        "vs_function": enabled_s / (function_s / cores),
+        "path": taken[-1].path,
+        "reason": taken[-1].reason,
+        "rows_out": rows,
+        "goal_speedup": workload.goal_speedup,
+    }
+
+
+def write_prices(spark: SparkSession, root: Path, rows: int, users: int) -> str:
+    prices = str(root / "prices")
+    spark.range(0, rows, 1, 4).selectExpr(
+        f"cast(pmod(xxhash64(id, 2), {users}) as long) as user",
+        "timestamp_seconds(1700000000 + pmod(xxhash64(id, 3), 2592000)) as at",
+        "rand(11) * 100 as price",
+    ).write.parquet(prices)
+    return prices
+
+
+def write_inputs(spark: SparkSession, root: Path, rows: int, users: int, prices: int) -> Inputs:
+    events, _ = write_data(spark, root, rows, users)
+    return Inputs(events, write_prices(spark, root, prices, users))
+
+
+# -- command line --------------------------------------------------------------------------
+
+
+def workload_list(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names or any(name not in WORKLOADS for name in names):
+        raise argparse.ArgumentTypeError(
+            f"workloads are a comma-separated subset of {','.join(WORKLOADS)}"
+        )
+    return list(dict.fromkeys(names))
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=positive, default=10_000_000)
+    parser.add_argument("--users", type=positive, default=100_000)
+    parser.add_argument(
+        "--price-rows", type=positive, default=None, help="default: a tenth of --rows"
+    )
+    parser.add_argument("--cores", type=positive, default=2)
+    parser.add_argument("--repeat", type=positive, default=3)
+    parser.add_argument("--workloads", type=workload_list, default=list(WORKLOADS))
+    parser.add_argument("--work", type=Path, default=None, help="directory for the files")
+    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    # The Python workers unpickle functions of pipeline_vs_spark.py by reference.
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(BENCHMARKS), os.environ.get("PYTHONPATH")])
+    )
+    work = args.work or Path(tempfile.mkdtemp(prefix="dropin-"))
+    price_rows = args.price_rows or max(1, args.rows // 10)
+    workloads = [WORKLOADS[name] for name in args.workloads]
+    spark = local_spark_session("dropin", cores=args.cores, driver_memory="6g")
+    figures: dict[str, dict[str, Any]] = {}
+    try:
+        inputs = write_inputs(spark, work / "data", args.rows, args.users, price_rows)
+        warm = write_inputs(
+            spark,
+            work / "warm",
+            min(args.rows, WARM_ROWS),
+            min(args.users, WARM_USERS),
+            min(price_rows, WARM_ROWS // 10),
+        )
+        with SparkShuffle(spark, config=CONFIG) as shuffle:
+            warm_up(spark, shuffle, workloads, warm, work)
+            for workload in workloads:
+                figures[workload.name] = measure(
+                    spark, shuffle, workload, inputs, work, repeat=args.repeat, cores=args.cores
+                )
+                print_row(workload.name, figures[workload.name], args.cores)
+    finally:
+        spark.stop()
+        if args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+    results: dict[str, Any] = {
+        "rows": args.rows,
+        "users": args.users,
+        "price_rows": price_rows,
+        "cores": args.cores,
+        "repeat": args.repeat,
+        "goals": {
+            "speedup": {name: WORKLOADS[name].goal_speedup for name in WORKLOADS},
+            "vs_explicit": GOAL_VS_EXPLICIT,
+            "vs_function": GOAL_VS_FUNCTION,
+        },
+        "workloads": figures,
+        "machine": machine(pyarrow=pa.__version__, pandas=pd.__version__),
+    }
+    print_results(results)
+    save_results(args.output, results)
+
+
+def print_row(name: str, row: dict[str, Any], cores: int) -> None:
+    print(
+        f"{name}: {row['title']}: Spark {row['spark_s']:.2f} s, enabled {row['enabled_s']:.2f} s"
+        f" ({row['path']}), explicit {row['explicit_s']:.2f} s,"
+        f" function alone / {cores} {row['function_s'] / cores:.2f} s",
+        flush=True,
+    )
+
+
+def _against(value: float, goal: float, *, at_least: bool) -> str:
+    met = value >= goal if at_least else value <= goal
+    return f"{value:.2f} ({'>=' if at_least else '<='}{goal:.2f} {'ok' if met else 'MISSED'})"
+
+
+def print_results(results: dict[str, Any]) -> None:
+    cores = results["cores"]
+    print(
+        f"\nunchanged PySpark code, pyspark_shuffle.enable on and off: {results['rows']:,} events,"
+        f" {results['users']:,} users, {results['price_rows']:,} prices, local[{cores}],"
+        f" median of {results['repeat']}"
+    )
+    headers = [
+        "workload",
+        "path",
+        "Spark s",
+        "enabled s",
+        "explicit s",
+        f"function/{cores} s",
+        "speedup (goal)",
+        "vs explicit (goal)",
+        "vs function (goal)",
+    ]
+    rows = []
+    for name, row in results["workloads"].items():
+        rows.append(
+            [
+                f"{name} {row['title']}",
+                row["path"],
+                f"{row['spark_s']:.2f}",
+                f"{row['enabled_s']:.2f}",
+                f"{row['explicit_s']:.2f}",
+                f"{row['function_s'] / cores:.2f}",
+                _against(row["speedup"], row["goal_speedup"], at_least=True),
+                _against(row["vs_explicit"], GOAL_VS_EXPLICIT, at_least=False),
+                _against(row["vs_function"], GOAL_VS_FUNCTION, at_least=False),
+            ]
+        )
+    print(format_rows(headers, rows))
+    print("paths, as the switch recorded them:")
+    for name, row in results["workloads"].items():
+        print(f"  {name}: {row['path']}: {row['reason']}")
+
+
+if __name__ == "__main__":
+    main()
