@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test check types lint java browser setup proto docs manifests clean connect \
-	spark-versions
+	spark-versions dropin
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit("pyshuffle needs Python >= 3.11, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
@@ -42,13 +42,21 @@ test: lint java browser
 	$(BIN)/pytest $(PARALLEL) --durations=25
 	$(MAKE) connect spark-versions
 
+# The drop-in switch's conformance suite (pyspark_shuffle.enable): the same user code run on
+# plain Spark and with the switch on, on both services; results, paths and errors compared.
+DROPIN_TESTS := $(wildcard tests/integration/test_pyspark_dropin*.py)
+dropin: java
+	$(BIN)/pytest -q $(PARALLEL) $(DROPIN_TESTS)
+
 # The PySpark operations' tests again from a Spark Connect client (pytest processes of their
 # own: a Connect client cannot share a process with a classic session): every operation once (a
 # broadcast join among them) and the failures, on the default service (what a Connect client
 # does differently is on the client side, the same for either service and store). The variants
 # of each operation (test_pyspark_operations.py, test_pyspark_broadcast_join.py) differ in
-# data, not in what a Connect client does.
-CONNECT_TESTS := $(addprefix tests/integration/test_pyspark_,failures.py every_operation.py)
+# data, not in what a Connect client does. The drop-in suite too: the switch wraps a Connect
+# client's own classes.
+CONNECT_TESTS := $(addprefix tests/integration/test_pyspark_,failures.py every_operation.py) \
+	$(DROPIN_TESTS)
 connect: java
 	TEST_SPARK_SESSION=connect $(BIN)/pytest -q $(PARALLEL) -k netty_like $(CONNECT_TESTS)
 
