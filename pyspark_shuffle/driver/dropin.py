@@ -44,11 +44,11 @@ from pyspark_shuffle.spark.grouped_api import (
     udf_call_of,
     wrapped_classes,
 )
-from pyspark_shuffle.spark.link import is_connect
+from pyspark_shuffle.spark.link import is_connect, session_flag
 from pyspark_shuffle.tasks.arrow_functions import ArrowCogroupFunction, ArrowGroupFunction
 from pyspark_shuffle.tasks.pandas_aggregates import PandasAggregate, PandasGroupAggregation
 from pyspark_shuffle.tasks.pandas_functions import PandasSettings, pandas_function
-from shuffle_api import InvalidOperationError, ShuffleError
+from shuffle_api import ConfigError, InvalidOperationError, ShuffleError
 
 __all__ = ["DropIn", "DropInCall", "disable", "enable"]
 
@@ -92,8 +92,12 @@ class DropIn:
     :func:`disable`. Results it made stay readable after ``disable``; their shuffle data is
     released with them, by :meth:`close`, or at the interpreter's exit."""
 
-    def __init__(self, spark: SparkSession, shuffle: SparkShuffle) -> None:
+    def __init__(
+        self, spark: SparkSession, shuffle: SparkShuffle, made_with: tuple[object, ...]
+    ) -> None:
         self.spark = spark
+        self.made_with = made_with
+        """The configuration :func:`enable` was given."""
         self.shuffle = shuffle
         """The :class:`SparkShuffle` the routed calls run through (its ``statistics`` of a
         routed call's result, say)."""
@@ -200,7 +204,7 @@ class DropIn:
         self, frame: DataFrame, columns: tuple[Any, ...]
     ) -> tuple[PandasAggregate, ...]:
         aggregates = []
-        case_sensitive = _true(self.spark, "spark.sql.caseSensitive")
+        case_sensitive = session_flag(self.spark, "spark.sql.caseSensitive")
         for column in columns:
             call = None if isinstance(column, dict) else udf_call_of(column)
             if call is None or call.eval_type != GROUPED_AGG_PANDAS:
@@ -232,7 +236,7 @@ class DropIn:
         if len(set(frame.columns)) != len(frame.columns):
             raise _NotCarriedError("the frame has duplicate column names")
         self._check_settings()
-        case_sensitive = _true(self.spark, "spark.sql.caseSensitive")
+        case_sensitive = session_flag(self.spark, "spark.sql.caseSensitive")
         keys = key_names(frame, grouping.keys, case_sensitive=case_sensitive)
         if keys is None:
             raise _NotCarriedError(
@@ -242,7 +246,7 @@ class DropIn:
 
     def _check_settings(self) -> None:
         for key in _SPARK_ONLY_SETTINGS:
-            if _true(self.spark, key):
+            if session_flag(self.spark, key):
                 raise _NotCarriedError(f"{key} is true")
         if self.spark.conf.get(_PROFILER, None):
             raise _NotCarriedError(f"{_PROFILER} is set")
@@ -295,10 +299,6 @@ class DropIn:
         disable(self.spark)
 
 
-def _true(spark: SparkSession, key: str) -> bool:
-    return str(spark.conf.get(key, "false")).strip().lower() == "true"
-
-
 # Switches by session: one per session, kept after disable (its results stay readable and a
 # second enable reuses its service), dropped when its session has stopped.
 _SWITCHES: dict[int, DropIn] = {}
@@ -314,13 +314,20 @@ def enable(
 ) -> DropIn:
     """Run ``spark``'s grouped and cogrouped map calls through pyshuffle from now on (the
     service configured as for ``SparkShuffle(spark, config, config_file=...)``). Enabling an
-    enabled session returns its switch."""
+    enabled session returns its switch; with another configuration, :class:`ConfigError`."""
+    made_with = (dict(config or {}), None if config_file is None else str(config_file))
     with _LOCK:
         _drop_stopped()
         switch = _SWITCHES.get(id(spark))
         if switch is None:
-            switch = DropIn(spark, SparkShuffle(spark, config, config_file=config_file))
+            shuffle = SparkShuffle(spark, config, config_file=config_file)
+            switch = DropIn(spark, shuffle, made_with)
             _SWITCHES[id(spark)] = switch
+        elif made_with != switch.made_with and (config or config_file):
+            raise ConfigError(
+                "pyshuffle is already enabled on this session with another configuration:"
+                " close() its switch first (which releases what it made)"
+            )
         switch.routing = True
         _install(connect=is_connect(spark))
     _LOG.info("pyshuffle enabled for grouped and cogrouped map calls")

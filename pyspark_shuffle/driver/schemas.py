@@ -20,6 +20,7 @@ from pyspark.sql.types import (
 )
 
 from pyspark_shuffle.spark.compat import spark_arrow_schema
+from pyspark_shuffle.spark.link import session_flag
 from shuffle_api import InvalidOperationError, UnsupportedTypeError
 
 __all__ = ["arrow_schema", "check_carried", "check_keys", "declared_schema", "join_schema"]
@@ -36,11 +37,10 @@ def arrow_schema(
 ) -> pa.Schema:
     """The Arrow schema Spark hands ``mapInArrow`` for ``schema`` (timestamps in the
     session's time zone; ``toArrow`` says ``timezone="UTC"``)."""
-    large = str(spark.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false"))
     return spark_arrow_schema(
         schema,
         timezone=timezone or str(spark.conf.get("spark.sql.session.timeZone")),
-        prefers_large_types=large.lower() == "true",
+        prefers_large_types=session_flag(spark, "spark.sql.execution.arrow.useLargeVarTypes"),
     )
 
 

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pyspark.accumulators import AccumulatorParam
+from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 (Spark's own spelling)
 
@@ -51,6 +52,7 @@ __all__ = [
     "application_identity",
     "byte_size",
     "is_connect",
+    "session_flag",
     "spark_link",
     "spark_settings",
 ]
@@ -66,6 +68,17 @@ _SHARED_LOADED = 8
 def is_connect(spark: SparkSession) -> bool:
     """Whether ``spark`` is a Spark Connect client's session (no SparkContext here)."""
     return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def session_flag(spark: SparkSession, key: str) -> bool:
+    """A boolean SQL setting as Spark's own code reads it: set, or else Spark's default for it
+    (a default given to ``conf.get`` would hide that: ``convertToArrowArraySafely`` is true by
+    default on Spark 4.3); false where this release has no such key."""
+    try:
+        value = spark.conf.get(key)
+    except PySparkException:  # a key this release lacks (classic and Connect alike)
+        return False
+    return str(value).strip().lower() == "true"
 
 
 def spark_settings(spark: SparkSession) -> dict[str, str]:

@@ -25,6 +25,7 @@ from pyspark_shuffle.spark.internals import (
     pandas_group,
     pandas_result_batch,
 )
+from pyspark_shuffle.spark.link import session_flag
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -52,10 +53,6 @@ def pandas_function(function: Callable[..., Any]) -> PandasFunction:
     return PandasFunction(function)
 
 
-def _setting(spark: SparkSession, key: str, default: str) -> bool:
-    return str(spark.conf.get(key, default)).strip().lower() == "true"
-
-
 @dataclass(frozen=True, slots=True)
 class PandasSettings:
     """The session's settings that change what a pandas function sees and what its result
@@ -79,22 +76,19 @@ class PandasSettings:
 
     @classmethod
     def of(cls, spark: SparkSession) -> Self:
-        """The settings of ``spark`` now (a key this Spark lacks reads as its default)."""
+        """The settings of ``spark`` now, with Spark's defaults (a key this Spark lacks: false)."""
+        legacy, sql = "spark.sql.legacy.execution.pandas", "spark.sql.execution"
         return cls(
             timezone=str(spark.conf.get("spark.sql.session.timeZone")),
-            assign_columns_by_name=_setting(
-                spark, "spark.sql.legacy.execution.pandas.groupedMap.assignColumnsByName", "true"
+            assign_columns_by_name=session_flag(spark, f"{legacy}.groupedMap.assignColumnsByName"),
+            safe_conversion=session_flag(spark, f"{sql}.pandas.convertToArrowArraySafely"),
+            int_to_decimal=session_flag(
+                spark, f"{sql}.pythonUDF.pandas.intToDecimalCoercionEnabled"
             ),
-            safe_conversion=_setting(
-                spark, "spark.sql.execution.pandas.convertToArrowArraySafely", "false"
+            prefer_int_extension=session_flag(
+                spark, f"{sql}.pythonUDF.pandas.preferIntExtensionDtype"
             ),
-            int_to_decimal=_setting(
-                spark, "spark.sql.execution.pythonUDF.pandas.intToDecimalCoercionEnabled", "false"
-            ),
-            prefer_int_extension=_setting(
-                spark, "spark.sql.execution.pythonUDF.pandas.preferIntExtensionDtype", "false"
-            ),
-            large_var_types=_setting(spark, "spark.sql.execution.arrow.useLargeVarTypes", "false"),
+            large_var_types=session_flag(spark, f"{sql}.arrow.useLargeVarTypes"),
         )
 
 

@@ -137,10 +137,11 @@ def run_both(spark: SparkSession, service: ShuffleService, make: Callable[[], Da
     return Runs(plain, switched, calls)
 
 
-def closed_switch(spark: SparkSession, service: ShuffleService) -> None:
-    """Close the session's switch (made on whatever service): ``enable`` returns a session's
-    switch as it was made, so each module and service starts and ends without one."""
-    pyspark_shuffle.enable(spark, config=service.config()).close()
+def closed_switch(spark: SparkSession) -> None:
+    """Close the session's switch, made on whatever service (``enable`` without a
+    configuration returns it as it is; with another, it refuses), so that each module and
+    service starts and ends without one."""
+    pyspark_shuffle.enable(spark).close()
 
 
 @contextlib.contextmanager

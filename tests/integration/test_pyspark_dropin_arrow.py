@@ -26,9 +26,9 @@ pytestmark = pytest.mark.skipif(SPARK_VERSION < (4, 0), reason="applyInArrow: Sp
 
 @pytest.fixture(scope="module", autouse=True)
 def _a_switch_per_service(spark: SparkSession, service: ShuffleService) -> Iterator[None]:
-    closed_switch(spark, service)
+    closed_switch(spark)
     yield
-    closed_switch(spark, service)
+    closed_switch(spark)
 
 
 @pytest.fixture(scope="module")

@@ -30,9 +30,9 @@ Rows = list[tuple[Any, ...]]
 
 @pytest.fixture(scope="module", autouse=True)
 def _a_switch_per_service(spark: SparkSession, service: ShuffleService) -> Iterator[None]:
-    closed_switch(spark, service)
+    closed_switch(spark)
     yield
-    closed_switch(spark, service)
+    closed_switch(spark)
 
 
 @pytest.fixture(scope="module")

@@ -27,9 +27,9 @@ BY_NAME = "spark.sql.legacy.execution.pandas.groupedMap.assignColumnsByName"
 
 @pytest.fixture(scope="module", autouse=True)
 def _a_switch_per_service(spark: SparkSession, service: ShuffleService) -> Iterator[None]:
-    closed_switch(spark, service)
+    closed_switch(spark)
     yield
-    closed_switch(spark, service)
+    closed_switch(spark)
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ import pytest
 import pyspark_shuffle
 from pyspark_shuffle.spark.compat import SPARK_VERSION
 from pyspark_shuffle.spark.link import is_connect
+from shuffle_api import ConfigError
 from tests.integration.dropin_runs import closed_switch, conf_set, outcome_of, run_both
 
 if TYPE_CHECKING:
@@ -26,9 +27,9 @@ SUMMARY = "k long, rows long, v_sum double"
 
 @pytest.fixture(scope="module", autouse=True)
 def _a_switch_per_service(spark: SparkSession, service: ShuffleService) -> Iterator[None]:
-    closed_switch(spark, service)
+    closed_switch(spark)
     yield
-    closed_switch(spark, service)
+    closed_switch(spark)
 
 
 @pytest.fixture(scope="module")
@@ -185,6 +186,16 @@ def test_enabling_an_enabled_session_gives_its_switch(
 ) -> None:
     with pyspark_shuffle.enable(spark, config=service.config()) as switch:
         assert pyspark_shuffle.enable(spark, config=service.config()) is switch
+
+
+def test_enabling_with_another_configuration_is_refused(
+    spark: SparkSession, service: ShuffleService
+) -> None:
+    with pyspark_shuffle.enable(spark, config=service.config()) as switch:
+        other = service.config(**{"pyspark-shuffle.map.target-size": "3m"})
+        with pytest.raises(ConfigError, match="another configuration"):
+            pyspark_shuffle.enable(spark, config=other)
+        assert pyspark_shuffle.enable(spark) is switch  # no configuration: the one made
 
 
 def test_after_disable_calls_go_to_spark_and_routed_results_still_read(
