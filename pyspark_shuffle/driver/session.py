@@ -49,6 +49,7 @@ from pyspark_shuffle.tasks.pandas_functions import (
     PandasCogroupFunction,
     PandasFunction,
     PandasGroupFunction,
+    PandasGroupsFunction,
     PandasSettings,
 )
 from scheduling.deployment import DescriptorCache
@@ -277,13 +278,16 @@ class SparkShuffle:
         names = column_names(keys)
         if isinstance(function, PandasFunction):
             settings = PandasSettings.of(self._spark)
-            function = PandasGroupFunction.of(function, names, declared, settings)
-        pass_key = len(inspect.signature(function).parameters) == 2
+            # Over a reducer's sorted rows: converted a run of groups at a time.
+            group = PandasGroupFunction.of(function, names, declared, settings)
+            operation = GroupApply(names, PandasGroupsFunction(group), whole_partition=True)
+        else:
+            pass_key = len(inspect.signature(function).parameters) == 2
+            operation = GroupApply(names, function, pass_key=pass_key)
         configuration = self.configuration
         exchange = self._stages.hash_exchange(
             configuration, frame, keys, num_partitions, "group_apply"
         )
-        operation = GroupApply(names, function, pass_key=pass_key)
         return self._stages.reduce(configuration, [exchange], operation, declared)
 
     def group_apply_sorted(

@@ -11,15 +11,17 @@ group (each cogroup), so that the per-group operation stays pure Arrow.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from inspect import getfullargspec
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Final, Self
 
+import numpy as np
 import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
+from pyspark_shuffle.kernels.operations import group_ids
 from pyspark_shuffle.spark.internals import (
     check_pandas_result,
     pandas_group,
@@ -34,6 +36,7 @@ __all__ = [
     "PandasCogroupFunction",
     "PandasFunction",
     "PandasGroupFunction",
+    "PandasGroupsFunction",
     "PandasSettings",
     "pandas_function",
 ]
@@ -106,6 +109,10 @@ def _key(frame: pd.DataFrame, keys: Sequence[str]) -> tuple[Any, ...]:
 def _result_table(result: Any, schema: StructType, settings: PandasSettings) -> pa.Table:
     """What the function returned, checked and converted to ``schema`` as Spark does."""
     check_pandas_result(result, schema, by_name=settings.assign_columns_by_name)
+    return _converted(result, schema, settings)
+
+
+def _converted(result: pd.DataFrame, schema: StructType, settings: PandasSettings) -> pa.Table:
     batch = pandas_result_batch(
         result,
         schema,
@@ -147,12 +154,13 @@ class PandasGroupFunction:
         return cls(marked.function, tuple(keys), schema, settings, pass_key)
 
     def __call__(self, table: pa.Table) -> pa.Table:
-        frame = _frame(table, self.settings)
+        return _result_table(self.called(_frame(table, self.settings)), self.schema, self.settings)
+
+    def called(self, frame: pd.DataFrame) -> Any:
+        """What the function returns for a group's frame."""
         if self.pass_key:
-            result = self.function(_key(frame, self.keys), frame)
-        else:
-            result = self.function(frame)
-        return _result_table(result, self.schema, self.settings)
+            return self.function(_key(frame, self.keys), frame)
+        return self.function(frame)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,3 +200,126 @@ class PandasCogroupFunction:
         else:
             result = self.function(left_frame, right_frame)
         return _result_table(result, self.schema, self.settings)
+
+
+_CHUNK_ROWS: Final = 1 << 16
+"""Rows of a reducer converted to pandas at once, and result rows converted back at once:
+enough that the conversions' fixed costs vanish, few enough to bound a reducer's memory."""
+
+
+def _sliceable(table: pa.Table, settings: PandasSettings) -> bool:
+    """Whether a run of groups converted at once and sliced hands each group the frame it
+    alone would get: not where an integer or boolean column has nulls (a group without them
+    gets integers and booleans, one with them floats and objects), nor for nested or
+    dictionary columns (left alone)."""
+    for column in table.columns:
+        data_type = column.type
+        if pa.types.is_nested(data_type) or pa.types.is_dictionary(data_type):
+            return False
+        if column.null_count and (
+            pa.types.is_boolean(data_type)
+            or (pa.types.is_integer(data_type) and not settings.prefer_int_extension)
+        ):
+            return False
+    return True
+
+
+def _group_bounds(table: pa.Table, keys: Sequence[str]) -> tuple[pa.Table, list[tuple[int, int]]]:
+    """The table with each group's rows together (as sorted by key they are: else gathered),
+    and each group's first and past-last row."""
+    ids, groups = group_ids(table, keys)
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+    if len(starts) != groups:
+        order = np.argsort(ids, kind="stable")
+        table, ids = table.take(order), ids[order]
+        starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+    ends = [*starts[1:].tolist(), table.num_rows]
+    return table, list(zip(starts.tolist(), ends, strict=True))
+
+
+@dataclass(frozen=True, slots=True)
+class PandasGroupsFunction:
+    """``group``'s function over every group of a reducer's rows sorted by key: what
+    ``group_apply`` runs for a pandas function. Each group gets the frame, key and checks
+    :class:`PandasGroupFunction` gives it, for less: the rows are converted to pandas a run of
+    groups at a time and each group's frame is a slice of them (indexed from 0, as Spark's),
+    and results of equal dtypes are converted back to Arrow together. A run whose
+    conversion fails is converted again result by result, so that the error raised is the
+    one Spark raises for that result."""
+
+    group: PandasGroupFunction
+
+    def __call__(self, table: pa.Table) -> Iterator[pa.RecordBatch]:
+        group, settings = self.group, self.group.settings
+        table, bounds = _group_bounds(table, group.keys)
+        if not _sliceable(table, settings):
+            for start, end in bounds:
+                yield from group(table.slice(start, end - start)).to_batches()
+            return
+        results = _ResultRuns(group.schema, settings)
+        run_start = 0
+        for index, (_, end) in enumerate(bounds):
+            last = index == len(bounds) - 1
+            if end - bounds[run_start][0] < _CHUNK_ROWS and not last:
+                continue
+            first_row = bounds[run_start][0]
+            frame = _frame(table.slice(first_row, end - first_row), settings)
+            for group_start, group_end in bounds[run_start : index + 1]:
+                rows = frame.iloc[group_start - first_row : group_end - first_row]
+                yield from results.add(group.called(rows.reset_index(drop=True)))
+            run_start = index + 1
+        yield from results.flush()
+
+
+class _ResultRuns:
+    """Results checked one by one as Spark checks them, aligned to the schema's columns and
+    gathered while their dtypes agree, then converted together."""
+
+    def __init__(self, schema: StructType, settings: PandasSettings) -> None:
+        self._schema, self._settings = schema, settings
+        self._names = list(schema.names)
+        self._frames: list[pd.DataFrame] = []
+        self._dtypes: tuple[Any, ...] = ()
+        self._rows = 0
+
+    def add(self, result: Any) -> Iterator[pa.RecordBatch]:
+        check_pandas_result(result, self._schema, by_name=self._settings.assign_columns_by_name)
+        aligned = self._aligned(result)
+        if aligned is None:  # not of the common shape: converted alone
+            yield from _converted(result, self._schema, self._settings).to_batches()
+            return
+        if len(aligned) == 0:
+            return
+        dtypes = tuple(aligned.dtypes)
+        if self._frames and (dtypes != self._dtypes or self._rows >= _CHUNK_ROWS):
+            yield from self.flush()
+        self._frames.append(aligned)
+        self._dtypes = dtypes
+        self._rows += len(aligned)
+
+    def _aligned(self, result: pd.DataFrame) -> pd.DataFrame | None:
+        """The result's columns in the schema's order under its names, as Spark takes them
+        (by name where a label is a string and the setting says so, else by position); None
+        for a result with no columns or with repeated labels."""
+        labels = result.columns
+        if len(labels) == 0 or labels.has_duplicates:
+            return None if len(result) else result
+        if self._settings.assign_columns_by_name and any(isinstance(x, str) for x in labels):
+            return result[self._names]
+        return result.iloc[:, : len(self._names)].set_axis(self._names, axis=1)
+
+    def flush(self) -> Iterator[pa.RecordBatch]:
+        frames, self._frames, self._rows = self._frames, [], 0
+        if not frames:
+            return
+        import pandas  # noqa: PLC0415 (loaded only in the workers of pandas functions)
+
+        try:
+            together = _converted(
+                pandas.concat(frames, ignore_index=True), self._schema, self._settings
+            )
+        except Exception:  # each result again: the error raised is the failing one's
+            for frame in frames:
+                yield from _converted(frame, self._schema, self._settings).to_batches()
+            return
+        yield from together.to_batches()

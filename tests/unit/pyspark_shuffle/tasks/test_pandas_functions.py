@@ -5,6 +5,7 @@ test_pyspark_pandas_group_apply.py and test_pyspark_pandas_cogroup.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import decimal
 import inspect
@@ -15,8 +16,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from pyspark.errors import PySparkRuntimeError, PySparkTypeError, PySparkValueError
+from pyspark.sql import SparkSession
 from pyspark.sql.types import (
     DataType,
     DecimalType,
@@ -35,6 +38,7 @@ from pyspark_shuffle.spark.compat import SPARK_VERSION
 from pyspark_shuffle.tasks.pandas_functions import (
     PandasCogroupFunction,
     PandasGroupFunction,
+    PandasGroupsFunction,
     PandasSettings,
 )
 
@@ -276,33 +280,30 @@ def test_the_adapter_pickles_as_the_driver_ships_it() -> None:
     assert again(_group()).column("v").to_pylist() == [0.75, 1.25, None]
 
 
-class _Conf:
-    def __init__(self, values: dict[str, str]) -> None:
-        self._values = values
-
-    def get(self, key: str, default: str | None = None) -> str | None:
-        return self._values.get(key, default)
-
-
-class _Session:
-    def __init__(self, values: dict[str, str]) -> None:
-        self.conf = _Conf(values)
+SETTING_KEYS = {
+    "assign_columns_by_name": "spark.sql.legacy.execution.pandas.groupedMap.assignColumnsByName",
+    "safe_conversion": "spark.sql.execution.pandas.convertToArrowArraySafely",
+    "large_var_types": "spark.sql.execution.arrow.useLargeVarTypes",
+}
 
 
-def test_settings_are_read_from_the_session_with_sparks_defaults() -> None:
-    session: Any = _Session({"spark.sql.session.timeZone": ZONE})
-    assert PandasSettings.of(session) == PandasSettings(ZONE)
-    session = _Session(
-        {
-            "spark.sql.session.timeZone": "UTC",
-            "spark.sql.legacy.execution.pandas.groupedMap.assignColumnsByName": "false",
-            "spark.sql.execution.pandas.convertToArrowArraySafely": "true",
-            "spark.sql.execution.pythonUDF.pandas.intToDecimalCoercionEnabled": "TRUE",
-        }
-    )
-    assert PandasSettings.of(session) == PandasSettings(
-        "UTC", assign_columns_by_name=False, safe_conversion=True, int_to_decimal=True
-    )
+def test_settings_are_read_from_the_session_with_sparks_own_defaults(spark: SparkSession) -> None:
+    for key in SETTING_KEYS.values():
+        spark.conf.unset(key)
+    defaults = PandasSettings.of(spark)
+    # Spark's default, not one pyshuffle assumes (convertToArrowArraySafely: true on 4.3)
+    for field, key in SETTING_KEYS.items():
+        assert getattr(defaults, field) == (str(spark.conf.get(key)).lower() == "true")
+    try:
+        for key in SETTING_KEYS.values():
+            spark.conf.set(key, "false")
+        spark.conf.set(SETTING_KEYS["large_var_types"], "TRUE")
+        assert PandasSettings.of(spark) == dataclasses.replace(
+            defaults, assign_columns_by_name=False, safe_conversion=False, large_var_types=True
+        )
+    finally:
+        for key in SETTING_KEYS.values():
+            spark.conf.unset(key)
 
 
 def _refunds(rows: int) -> pa.Table:
@@ -395,3 +396,88 @@ def test_the_cogroup_adapter_pickles_and_takes_two_tables() -> None:
 
 def _sizes_of_both(left: pd.DataFrame, right: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"k": [len(left)], "v": [len(right)]})
+
+
+def _partition(groups: int, with_nulls: bool) -> pa.Table:
+    """A reducer's rows sorted by key: ``groups`` keys of 1 to 4 rows each."""
+    keys = [key for key in range(groups) for _ in range(key % 4 + 1)]
+    counts = [None if with_nulls and index % 5 == 0 else index for index in range(len(keys))]
+    return pa.table(
+        {
+            "k": pa.array(keys, pa.int64()),
+            "n": pa.array(counts, pa.int64()),
+            "v": pa.array([index / 2 for index in range(len(keys))]),
+            "s": pa.array([f"s{index}" for index in range(len(keys))]),
+        }
+    )
+
+
+def _each_group_alone(function: Callable[..., Any], table: pa.Table) -> list[Any]:
+    per_group = PandasGroupFunction.of(pandas_function(function), ["k"], KEY_VALUE, SETTINGS)
+    rows = []
+    for key in table.column("k").unique().to_pylist():
+        group = table.filter(pc.equal(table.column("k"), key))
+        rows += per_group(group).to_pylist()
+    return sorted(rows, key=lambda row: (row["k"], row["v"]))
+
+
+def _all_groups(function: Callable[..., Any], table: pa.Table) -> list[Any]:
+    per_group = PandasGroupFunction.of(pandas_function(function), ["k"], KEY_VALUE, SETTINGS)
+    batches = list(PandasGroupsFunction(per_group)(table))
+    rows = pa.Table.from_batches(batches, schema=batches[0].schema).to_pylist() if batches else []
+    return sorted(rows, key=lambda row: (row["k"], row["v"]))
+
+
+SETTINGS = PandasSettings(ZONE)
+
+
+def _summary(pdf: pd.DataFrame) -> pd.DataFrame:
+    # The frame as Spark hands it: indexed from 0; n's dtype says whether it had nulls.
+    assert list(pdf.index) == list(range(len(pdf)))
+    total = pdf["v"].sum() + (0.5 if pdf["n"].dtype == np.dtype("int64") else 0.0)
+    return pd.DataFrame({"v": [total], "k": [pdf["k"][0]]})
+
+
+@pytest.mark.parametrize("with_nulls", [False, True])
+def test_every_group_of_a_partition_gets_what_it_alone_would_get(with_nulls: bool) -> None:
+    table = _partition(groups=3_000, with_nulls=with_nulls)  # more rows than one run
+    expected = _each_group_alone(_summary, table)
+    assert len(expected) == 3_000
+    assert _all_groups(_summary, table) == expected
+
+
+def _of_mixed_shapes(pdf: pd.DataFrame) -> pd.DataFrame:
+    key = int(pdf["k"][0])
+    if key % 3 == 0:
+        return pd.DataFrame()  # no rows
+    if key % 3 == 1:  # by position, integers cast to the schema's double
+        return pd.DataFrame([[key, len(pdf)]])
+    return pd.DataFrame({"v": [float(len(pdf))] * 2, "k": [key] * 2})
+
+
+def test_results_of_different_shapes_and_dtypes_convert_as_each_alone() -> None:
+    table = _partition(groups=50, with_nulls=False)
+    assert _all_groups(_of_mixed_shapes, table) == _each_group_alone(_of_mixed_shapes, table)
+
+
+def test_a_result_that_fails_to_convert_raises_its_own_error() -> None:
+    def text_for_one(pdf: pd.DataFrame) -> pd.DataFrame:
+        key = int(pdf["k"][0])
+        return pd.DataFrame({"k": [key], "v": ["many" if key == 7 else 1.0]})
+
+    table = _partition(groups=20, with_nulls=False)
+    with pytest.raises(Exception) as alone:
+        _each_group_alone(text_for_one, table)
+    with pytest.raises(type(alone.value)) as together:
+        _all_groups(text_for_one, table)
+    assert str(together.value) == str(alone.value)
+
+
+def _total(pdf: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({"k": pdf["k"][:1], "v": [pdf["v"].sum()]})
+
+
+def test_groups_out_of_order_are_gathered_first() -> None:
+    table = _partition(groups=30, with_nulls=False)
+    shuffled = table.take(np.random.default_rng(3).permutation(table.num_rows))
+    assert _all_groups(_total, shuffled) == _each_group_alone(_total, table)
