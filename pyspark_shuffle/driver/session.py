@@ -47,6 +47,7 @@ from pyspark_shuffle.spark.internals import SparkShuffleOutputs
 from pyspark_shuffle.spark.link import application_identity, spark_link
 from pyspark_shuffle.tasks.pandas_functions import (
     PandasCogroupFunction,
+    PandasCogroupsFunction,
     PandasFunction,
     PandasGroupFunction,
     PandasGroupsFunction,
@@ -389,8 +390,12 @@ class SparkShuffle:
         names = column_names(keys)
         if isinstance(function, PandasFunction):
             settings = PandasSettings.of(self._spark)
-            function = PandasCogroupFunction.of(function, names, declared, settings)
-        pass_key = len(inspect.signature(function).parameters) == 3
+            # Over a reducer's two sides whole: converted a run of keys at a time.
+            cogroup = PandasCogroupFunction.of(function, names, declared, settings)
+            operation = CogroupApply(names, PandasCogroupsFunction(cogroup), whole_partition=True)
+        else:
+            pass_key = len(inspect.signature(function).parameters) == 3
+            operation = CogroupApply(names, function, pass_key=pass_key)
         check_sides(left, right, names, "cogroup_apply")
         configuration = self.configuration
         exchanges = [
@@ -399,7 +404,6 @@ class SparkShuffle:
             )
             for side, frame in (("left", left), ("right", right))
         ]
-        operation = CogroupApply(names, function, pass_key=pass_key)
         return self._stages.reduce(configuration, exchanges, operation, declared)
 
     # -- lifecycle ------------------------------------------------------------------------

@@ -41,6 +41,7 @@ __all__ = [
     "PassThrough",
     "ReduceOperation",
     "SortWithin",
+    "cogroup_ids",
     "group_ids",
 ]
 
@@ -260,6 +261,16 @@ def _stacked_keys(left: pa.Table, right: pa.Table, keys: Sequence[str]) -> pa.Ta
     )
 
 
+def cogroup_ids(
+    left: pa.Table, right: pa.Table, keys: Sequence[str]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int]:
+    """Per row of each side, the number of its key (one number for a key on both sides, null
+    with null, as Spark cogroups them; numbered in order of first appearance, the left's rows
+    first), and the number of keys."""
+    ids, groups = group_ids(_stacked_keys(left, right, keys), keys)
+    return ids[: left.num_rows], ids[left.num_rows :], groups
+
+
 @dataclass(frozen=True, slots=True)
 class CogroupApply(ReduceOperation):
     """``function`` once per key present in either of two inputs hash-partitioned on ``keys``
@@ -270,22 +281,25 @@ class CogroupApply(ReduceOperation):
     keys: tuple[str, ...]
     function: CogroupFunction
     pass_key: bool = False
+    whole_partition: bool = False
+    """Call ``function`` once per reducer, on both sides' rows whole (it cogroups them)."""
 
     def apply(
         self, inputs: Sequence[Iterator[pa.RecordBatch]], schemas: Sequence[pa.Schema]
     ) -> Iterator[pa.RecordBatch]:
         left, right = conform_all(inputs[0], schemas[0]), conform_all(inputs[1], schemas[1])
+        if self.whole_partition:
+            yield from _results_as_batches(self.function(left, right))
+            return
         yield from _gathered(self._per_key(left, right))
 
     def _per_key(
         self, left: pa.Table, right: pa.Table
     ) -> Iterator[pa.Table | Iterable[pa.RecordBatch]]:
-        # Numbered together, so that a key has one number on both sides (null with null, as
-        # Spark cogroups them); the left's rows come first.
-        ids, groups = group_ids(_stacked_keys(left, right, self.keys), self.keys)
+        left_ids, right_ids, groups = cogroup_ids(left, right, self.keys)
         pairs = zip(
-            _groups_of(left, ids[: left.num_rows], groups),
-            _groups_of(right, ids[left.num_rows :], groups),
+            _groups_of(left, left_ids, groups),
+            _groups_of(right, right_ids, groups),
             strict=True,
         )
         for left_group, right_group in pairs:

@@ -17,11 +17,12 @@ from inspect import getfullargspec
 from typing import TYPE_CHECKING, Any, Final, Self
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
-from pyspark_shuffle.kernels.operations import group_ids
+from pyspark_shuffle.kernels.operations import cogroup_ids, group_ids
 from pyspark_shuffle.spark.internals import (
     check_pandas_result,
     pandas_group,
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PandasCogroupFunction",
+    "PandasCogroupsFunction",
     "PandasFunction",
     "PandasGroupFunction",
     "PandasGroupsFunction",
@@ -194,12 +196,14 @@ class PandasCogroupFunction:
 
     def __call__(self, left: pa.Table, right: pa.Table) -> pa.Table:
         left_frame, right_frame = _frame(left, self.settings), _frame(right, self.settings)
+        return _result_table(self.called(left_frame, right_frame), self.schema, self.settings)
+
+    def called(self, left: pd.DataFrame, right: pd.DataFrame) -> Any:
+        """What the function returns for a key's two frames."""
         if self.pass_key:
-            keyed = right_frame if left_frame.empty else left_frame
-            result = self.function(_key(keyed, self.keys), left_frame, right_frame)
-        else:
-            result = self.function(left_frame, right_frame)
-        return _result_table(result, self.schema, self.settings)
+            keyed = right if left.empty else left
+            return self.function(_key(keyed, self.keys), left, right)
+        return self.function(left, right)
 
 
 _CHUNK_ROWS: Final = 1 << 16
@@ -323,3 +327,64 @@ class _ResultRuns:
                 yield from _converted(frame, self._schema, self._settings).to_batches()
             return
         yield from together.to_batches()
+
+
+def _in_key_order(
+    table: pa.Table, ids: npt.NDArray[np.int64], groups: int
+) -> tuple[pa.Table, npt.NDArray[np.int64]]:
+    """The side's rows gathered key by key (in key number order), and where each key's rows
+    start (``groups + 1`` offsets)."""
+    order = np.argsort(ids, kind="stable")
+    offsets = np.searchsorted(ids[order], np.arange(groups + 1), side="left")
+    return table.take(order), offsets
+
+
+@dataclass(frozen=True, slots=True)
+class PandasCogroupsFunction:
+    """``cogroup``'s function over every key of a reducer's two sides: what ``cogroup_apply``
+    runs for a pandas function, converting as :class:`PandasGroupsFunction` does (each side a
+    run of keys at a time, each key's frames slices of them, results of equal dtypes back
+    together), each key's frames, key and checks those :class:`PandasCogroupFunction` gives."""
+
+    cogroup: PandasCogroupFunction
+
+    def __call__(self, left: pa.Table, right: pa.Table) -> Iterator[pa.RecordBatch]:
+        cogroup, settings = self.cogroup, self.cogroup.settings
+        left_ids, right_ids, groups = cogroup_ids(left, right, cogroup.keys)
+        left, left_offsets = _in_key_order(left, left_ids, groups)
+        right, right_offsets = _in_key_order(right, right_ids, groups)
+        if not (_sliceable(left, settings) and _sliceable(right, settings)):
+            for key in range(groups):
+                left_rows = left.slice(left_offsets[key], left_offsets[key + 1] - left_offsets[key])
+                right_rows = right.slice(
+                    right_offsets[key], right_offsets[key + 1] - right_offsets[key]
+                )
+                yield from cogroup(left_rows, right_rows).to_batches()
+            return
+        results = _ResultRuns(cogroup.schema, settings)
+        first = 0
+        for key in range(groups):
+            rows = (left_offsets[key + 1] - left_offsets[first]) + (
+                right_offsets[key + 1] - right_offsets[first]
+            )
+            if rows < _CHUNK_ROWS and key < groups - 1:
+                continue
+            sides = [
+                (
+                    _frame(
+                        table.slice(offsets[first], offsets[key + 1] - offsets[first]), settings
+                    ),
+                    offsets,
+                )
+                for table, offsets in ((left, left_offsets), (right, right_offsets))
+            ]
+            for each in range(first, key + 1):
+                left_frame, right_frame = (
+                    frame.iloc[
+                        offsets[each] - offsets[first] : offsets[each + 1] - offsets[first]
+                    ].reset_index(drop=True)
+                    for frame, offsets in sides
+                )
+                yield from results.add(cogroup.called(left_frame, right_frame))
+            first = key + 1
+        yield from results.flush()

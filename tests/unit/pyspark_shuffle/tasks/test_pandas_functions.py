@@ -37,6 +37,7 @@ from pyspark_shuffle import pandas_function
 from pyspark_shuffle.spark.compat import SPARK_VERSION
 from pyspark_shuffle.tasks.pandas_functions import (
     PandasCogroupFunction,
+    PandasCogroupsFunction,
     PandasGroupFunction,
     PandasGroupsFunction,
     PandasSettings,
@@ -481,3 +482,30 @@ def test_groups_out_of_order_are_gathered_first() -> None:
     table = _partition(groups=30, with_nulls=False)
     shuffled = table.take(np.random.default_rng(3).permutation(table.num_rows))
     assert _all_groups(_total, shuffled) == _each_group_alone(_total, table)
+
+
+def _both_sides(left: pd.DataFrame, right: pd.DataFrame) -> pd.DataFrame:
+    # Each side as Spark hands it: indexed from 0, its own columns even where empty.
+    assert list(left.index) == list(range(len(left)))
+    assert list(right.columns) == ["k", "n", "v", "s"]
+    key = left["k"][0] if len(left) else right["k"][0]
+    nulls = 0.5 if left["n"].dtype == np.dtype("float64") else 0.0
+    return pd.DataFrame({"k": [key], "v": [len(left) * 1000 + len(right) + nulls]})
+
+
+@pytest.mark.parametrize("with_nulls", [False, True])
+def test_every_key_of_two_sides_gets_what_it_alone_would_get(with_nulls: bool) -> None:
+    left = _partition(groups=3_000, with_nulls=with_nulls)
+    right = _partition(groups=4_000, with_nulls=False).filter(  # keys 3,000 and up: right only
+        pc.not_equal(pc.bit_wise_and(pc.field("k"), 1), 1)  # every odd key: left only
+    )
+    cogroup = PandasCogroupFunction.of(pandas_function(_both_sides), ["k"], KEY_VALUE, SETTINGS)
+    expected = []
+    for key in pc.unique(pa.chunked_array([left["k"], right["k"]])).to_pylist():
+        sides = [table.filter(pc.equal(table["k"], key)) for table in (left, right)]
+        expected += cogroup(*sides).to_pylist()
+    shuffled = right.take(np.random.default_rng(5).permutation(right.num_rows))
+    batches = list(PandasCogroupsFunction(cogroup)(left, shuffled))
+    together = pa.Table.from_batches(batches).to_pylist()
+    assert len(expected) == 3_000 + 500
+    assert sorted(together, key=lambda row: row["k"]) == sorted(expected, key=lambda row: row["k"])
