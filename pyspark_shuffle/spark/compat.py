@@ -4,6 +4,8 @@ and what it falls back to.
 
 - Spark Connect sessions: from 4.0 (:data:`CONNECT_SINCE`); refused before, naming the
   release.
+- A SQL setting this release lacks: ``conf.get`` raises a ``PySparkException`` from 4.0, a
+  bare ``Py4JJavaError`` on classic 3.5 (:data:`MISSING_SETTING_ERRORS`).
 - ``to_arrow_schema``: PySpark 4 takes the session's time zone and large-types setting;
   PySpark 3.5 takes the schema alone and gives timestamps in UTC (tested: 3.5.9, 4.0, 4.3).
 """
@@ -15,10 +17,11 @@ from typing import Final
 
 import pyarrow as pa
 import pyspark
+from pyspark.errors import PySparkException
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
-__all__ = ["CONNECT_SINCE", "SPARK_VERSION", "spark_arrow_schema"]
+__all__ = ["CONNECT_SINCE", "MISSING_SETTING_ERRORS", "SPARK_VERSION", "spark_arrow_schema"]
 
 SPARK_VERSION: Final = tuple(int(part) for part in pyspark.__version__.split(".")[:2])
 """The installed PySpark's (major, minor)."""
@@ -26,6 +29,15 @@ SPARK_VERSION: Final = tuple(int(part) for part in pyspark.__version__.split("."
 CONNECT_SINCE: Final = (4, 0)
 """pyshuffle under Spark Connect: tested from 4.0 (3.5's client wants NumPy 1, see
 pyproject.toml's ``connect`` extra)."""
+
+MISSING_SETTING_ERRORS: tuple[type[Exception], ...]
+"""What ``spark.conf.get`` raises for a key the running release does not know."""
+try:
+    from py4j.protocol import Py4JJavaError
+except ImportError:  # pyspark-client (Connect only) ships without Py4J
+    MISSING_SETTING_ERRORS = (PySparkException,)
+else:
+    MISSING_SETTING_ERRORS = (PySparkException, Py4JJavaError)
 
 _TAKES_TIMEZONE: Final = "timezone" in inspect.signature(to_arrow_schema).parameters
 

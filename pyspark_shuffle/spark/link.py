@@ -24,12 +24,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pyspark.accumulators import AccumulatorParam
-from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 (Spark's own spelling)
 
 from blob import BlobStore, process_blob_cache
-from pyspark_shuffle.spark.compat import CONNECT_SINCE, SPARK_VERSION
+from pyspark_shuffle.spark.compat import CONNECT_SINCE, MISSING_SETTING_ERRORS, SPARK_VERSION
 from pyspark_shuffle.spark.internals import context_running
 from shuffle_api import (
     ApplicationIdentity,
@@ -76,7 +75,7 @@ def session_flag(spark: SparkSession, key: str) -> bool:
     default on Spark 4.3); false where this release has no such key."""
     try:
         value = spark.conf.get(key)
-    except PySparkException:  # a key this release lacks (classic and Connect alike)
+    except MISSING_SETTING_ERRORS:  # a key this release lacks
         return False
     return str(value).strip().lower() == "true"
 
