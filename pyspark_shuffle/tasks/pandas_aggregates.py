@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from pyspark.sql.types import StructType
+from pyspark.sql.types import StructField, StructType
 
 from pyspark_shuffle.kernels.operations import group_ids
 from pyspark_shuffle.spark.compat import spark_arrow_schema
@@ -62,7 +62,14 @@ class PandasGroupAggregation:
         )
         columns = {name: frame[name] for name in arguments}
         values = [self._values(each, columns, starts, ends) for each in self.aggregates]
-        value_fields = self.schema.fields[len(self.schema.fields) - len(self.aggregates) :]
+        # Named by position, as Spark's worker names the UDFs' results (its conversion errors
+        # say "the column '_0'"); the schema's names go on at the end.
+        value_fields = [
+            StructField(f"_{index}", field.dataType, field.nullable)
+            for index, field in enumerate(
+                self.schema.fields[len(self.schema.fields) - len(self.aggregates) :]
+            )
+        ]
         batch = pandas_result_batch(
             _frame_of(dict(zip([field.name for field in value_fields], values, strict=True))),
             StructType(value_fields),
