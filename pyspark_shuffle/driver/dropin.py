@@ -212,11 +212,13 @@ class DropIn:
                     "an aggregate is not a grouped-aggregate pandas UDF (a built-in one, an"
                     " expression of one, an iterator or Arrow UDF)"
                 )
+            if call.keywords:
+                raise _NotCarriedError("a pandas UDF is called with keyword arguments")
             names = key_names(frame, call.arguments, case_sensitive=case_sensitive)
             if not names:
                 raise _NotCarriedError(
                     "a pandas UDF's argument is not a column of the frame (an expression,"
-                    " a literal, a keyword argument, or none)"
+                    " a literal, or none)"
                 )
             aggregates.append(PandasAggregate(call.function, names))
         return tuple(aggregates)

@@ -88,12 +88,14 @@ class Grouping:
 @dataclass(frozen=True, slots=True)
 class UdfCall:
     """A UDF called on columns: its function, declared return type and eval type (a
-    ``PythonEvalType``), and the arguments as given (keyword arguments: not noted)."""
+    ``PythonEvalType``), the positional arguments as given, and whether keyword arguments
+    were given too (their order is then the function's to decide)."""
 
     function: Callable[..., Any]
     return_type: DataType
     eval_type: int
     arguments: tuple[Any, ...]
+    keywords: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,11 +209,9 @@ def session_of(grouped: Any) -> SparkSession:
 
 
 def note_udf_call(column: Any, udf: Any, arguments: Sequence[Any], keywords: bool) -> None:
-    """Note on ``column`` that it is ``udf(*arguments)`` (not where keyword arguments were
-    given: their order is the function's to decide)."""
-    if not keywords:
-        call = UdfCall(udf.func, udf.returnType, int(udf.evalType), tuple(arguments))
-        setattr(column, _UDF_NOTE, call)
+    """Note on ``column`` that it is ``udf(*arguments)``, with keyword arguments or not."""
+    call = UdfCall(udf.func, udf.returnType, int(udf.evalType), tuple(arguments), keywords)
+    setattr(column, _UDF_NOTE, call)
 
 
 def _note(owner: Any, name: str) -> Any:

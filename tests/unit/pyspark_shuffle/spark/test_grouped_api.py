@@ -100,10 +100,13 @@ def test_a_udf_call_is_noted_and_kept_through_an_alias(spark: SparkSession) -> N
     assert udf_call_of(aliased) is None
     keep_udf_call(aliased, column)
     assert udf_call_of(aliased) == call
-    # Keyword arguments: not noted (their order is the function's to decide).
+    # Keyword arguments: noted as such (their order is the function's to decide).
     by_keyword = mean(values=F.col("value"))
     note_udf_call(by_keyword, udf, (), keywords=True)
-    assert udf_call_of(by_keyword) is None
+    keyword_call = udf_call_of(by_keyword)
+    assert keyword_call is not None
+    assert keyword_call.keywords and keyword_call.arguments == ()
+    assert not call.keywords
     assert udf_call_of(F.col("value")) is None
 
 
