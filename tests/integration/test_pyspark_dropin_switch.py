@@ -5,6 +5,7 @@ methods back as they were and leave results made while enabled readable."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +13,7 @@ import pandas as pd
 import pytest
 
 import pyspark_shuffle
+from pyspark_shuffle.driver import dropin
 from pyspark_shuffle.spark.compat import SPARK_VERSION
 from pyspark_shuffle.spark.link import is_connect
 from shuffle_api import ConfigError
@@ -87,12 +89,17 @@ def test_calls_the_switch_cannot_carry_give_sparks_own_result(
     service: ShuffleService,
     events: DataFrame,
     make: Callable[[DataFrame], DataFrame],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    runs = run_both(spark, service, lambda: make(events))
+    with caplog.at_level(logging.INFO, logger=dropin.__name__):
+        runs = run_both(spark, service, lambda: make(events))
     runs.assert_same()
     assert runs.spark.rows
     assert runs.paths() == ["spark"]
     assert runs.calls[0].reason
+    # ... and said at INFO, with its reason
+    said = [record.getMessage() for record in caplog.records if record.name == dropin.__name__]
+    assert f"{runs.calls[0].api} through spark: {runs.calls[0].reason}" in said
 
 
 def test_a_setting_the_switch_leaves_to_spark_gives_sparks_result(
