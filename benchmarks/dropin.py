@@ -38,6 +38,11 @@ default ``benchmarks/results/dropin.json``)::
 
     python benchmarks/dropin.py
     python benchmarks/dropin.py --rows 200000 --users 20000 --repeat 1 --workloads a,c
+    python benchmarks/dropin.py --rows 10000 --users 100 \
+        --set pyspark-shuffle.dropin.min-input-size=0
+
+The switch leaves a small input to Spark (``pyspark-shuffle.dropin.min-input-size``); ``--set``
+gives it, and any other pyshuffle option, for the switch and the explicit API.
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,7 +65,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from common import format_rows, machine, positive, save_results
+from common import format_rows, key_value, machine, positive, save_results
 from pipeline_vs_spark import SUMMARY_SCHEMA, summarize, summarize_pandas, timed, write_data
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.functions import pandas_udf
@@ -395,8 +400,10 @@ def path_taken(switch: DropIn, seen: int) -> Taken:
     return Taken(paths[0] if len(paths) == 1 else "mixed", "; ".join(reasons))
 
 
-def run_enabled(spark: SparkSession, run: Callable[[], None]) -> tuple[Taken, float]:
-    with pyspark_shuffle.enable(spark, CONFIG) as switch:
+def run_enabled(
+    spark: SparkSession, config: Mapping[str, object], run: Callable[[], None]
+) -> tuple[Taken, float]:
+    with pyspark_shuffle.enable(spark, config) as switch:
         seen = len(switch.calls)
         started = time.perf_counter()
         run()
@@ -404,13 +411,20 @@ def run_enabled(spark: SparkSession, run: Callable[[], None]) -> tuple[Taken, fl
 
 
 def warm_up(
-    spark: SparkSession, shuffle: SparkShuffle, workloads: list[Workload], inputs: Inputs, out: Path
+    spark: SparkSession,
+    shuffle: SparkShuffle,
+    workloads: list[Workload],
+    inputs: Inputs,
+    out: Path,
+    *,
+    config: Mapping[str, object],
 ) -> None:
     """Every path of every workload once on small data, outputs checked."""
     for workload in workloads:
         outs = {label: str(out / f"warm-{workload.name}-{label}") for label in PATHS}
         workload.code(spark, inputs, outs["spark"])
-        run_enabled(spark, functools.partial(workload.code, spark, inputs, outs["enabled"]))
+        run = functools.partial(workload.code, spark, inputs, outs["enabled"])
+        run_enabled(spark, config, run)
         workload.explicit(spark, shuffle, inputs, outs["explicit"])
         check_same(workload, outs["spark"], {k: v for k, v in outs.items() if k != "spark"})
 
@@ -425,6 +439,7 @@ def measure(
     inputs: Inputs,
     out: Path,
     *,
+    config: Mapping[str, object],
     repeat: int,
     cores: int,
 ) -> dict[str, Any]:
@@ -433,7 +448,9 @@ def measure(
     taken: list[Taken] = []
     enabled: list[float] = []
     for _ in range(repeat):
-        path, seconds = run_enabled(spark, lambda: workload.code(spark, inputs, outs["enabled"]))
+        path, seconds = run_enabled(
+            spark, config, lambda: workload.code(spark, inputs, outs["enabled"])
+        )
         taken.append(path)
         enabled.append(seconds)
     explicit_s = timed(repeat, lambda: workload.explicit(spark, shuffle, inputs, outs["explicit"]))
@@ -499,6 +516,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--workloads", type=workload_list, default=list(WORKLOADS))
     parser.add_argument("--work", type=Path, default=None, help="directory for the files")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
+    parser.add_argument(
+        "--set",
+        type=key_value,
+        action="append",
+        default=[],
+        help="KEY=VALUE, a pyshuffle option for the switch and the explicit API (e.g."
+        " pyspark-shuffle.dropin.min-input-size=0: every call through pyshuffle)",
+    )
     return parser.parse_args()
 
 
@@ -522,11 +547,19 @@ def main() -> None:
             min(args.users, WARM_USERS),
             min(price_rows, WARM_ROWS // 10),
         )
-        with SparkShuffle(spark, config=CONFIG) as shuffle:
-            warm_up(spark, shuffle, workloads, warm, work)
+        config = {**CONFIG, **dict(args.set)}
+        with SparkShuffle(spark, config=config) as shuffle:
+            warm_up(spark, shuffle, workloads, warm, work, config=config)
             for workload in workloads:
                 figures[workload.name] = measure(
-                    spark, shuffle, workload, inputs, work, repeat=args.repeat, cores=args.cores
+                    spark,
+                    shuffle,
+                    workload,
+                    inputs,
+                    work,
+                    config=config,
+                    repeat=args.repeat,
+                    cores=args.cores,
                 )
                 print_row(workload.name, figures[workload.name], args.cores)
     finally:
@@ -539,6 +572,7 @@ def main() -> None:
         "price_rows": price_rows,
         "cores": args.cores,
         "repeat": args.repeat,
+        "settings": dict(args.set),
         "goals": {
             "speedup": {name: WORKLOADS[name].goal_speedup for name in WORKLOADS},
             "vs_explicit": GOAL_VS_EXPLICIT,
