@@ -20,6 +20,7 @@ from shuffle_api.config import (
 from shuffle_api.plugins import OptionCatalog, OptionRole
 
 __all__ = [
+    "DROPIN_MIN_INPUT_SIZE",
     "JOIN_BROADCAST_THRESHOLD",
     "KEEP_RESULTS",
     "MAP_TARGET_SIZE",
@@ -114,6 +115,17 @@ WORKER_MEMORY_POOL = choice_option(
     ("jemalloc", "mimalloc", "system", "default"),
 )
 
+DROPIN_MIN_INPUT_SIZE = memory_option(
+    "pyspark-shuffle.dropin.min-input-size",
+    1 << 20,
+    "Unchanged code under enable(spark): a call whose input (both sides of a"
+    " cogroup) Spark estimates at fewer bytes runs through Spark, where a call costs less"
+    " than pyshuffle's two stages (measured in benchmarks/dropin.py: about 0.4 s more a call"
+    " on local[2], more than pyshuffle saves under ~100k rows); an input of unknown size goes"
+    " through pyshuffle; 0: every call it can carry.",
+    minimum=0,
+)
+
 PYSPARK_SHUFFLE_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
     MAX_SUBPARTITIONS,
     REDUCER_TARGET_SIZE,
@@ -125,6 +137,7 @@ PYSPARK_SHUFFLE_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
     PROGRESS_INTERVAL,
     MAX_RECOVERY_ATTEMPTS,
     WORKER_MEMORY_POOL,
+    DROPIN_MIN_INPUT_SIZE,
     *SCHEDULING_OPTIONS,
     *BLOB_OPTIONS,
 )

@@ -26,6 +26,7 @@ from typing import Any, Final, Self
 from pyspark.sql import DataFrame, SparkSession
 
 from pyspark_shuffle.driver.session import SparkShuffle
+from pyspark_shuffle.options import DROPIN_MIN_INPUT_SIZE
 from pyspark_shuffle.spark.grouped_api import (
     ALIASES,
     GROUP_BY,
@@ -44,6 +45,7 @@ from pyspark_shuffle.spark.grouped_api import (
     udf_call_of,
     wrapped_classes,
 )
+from pyspark_shuffle.spark.internals import estimated_bytes
 from pyspark_shuffle.spark.link import is_connect, session_flag
 from pyspark_shuffle.tasks.arrow_functions import ArrowCogroupFunction, ArrowGroupFunction
 from pyspark_shuffle.tasks.pandas_aggregates import PandasAggregate, PandasGroupAggregation
@@ -122,6 +124,7 @@ class DropIn:
         try:
             grouping, keys = self._keys(grouped)
             self._check_function(function, arrow=arrow)
+            self._check_size(grouping.frame)
             schema = spark_result.schema
             settings = PandasSettings.of(self.spark)
             carried = (
@@ -153,6 +156,7 @@ class DropIn:
                     f"the sides are grouped by different columns ({', '.join(left_keys)}"
                     f" and {', '.join(right_keys)})"
                 )
+            self._check_size(left_grouping.frame, right_grouping.frame)
             schema = spark_result.schema
             settings = PandasSettings.of(self.spark)
             carried = (
@@ -192,6 +196,7 @@ class DropIn:
             frame = grouping.frame
             if len(needed) < len(frame.columns):
                 frame = frame.select(*needed)
+            self._check_size(frame)
             result = self._through_pyshuffle(
                 lambda: self.shuffle.group_apply_sorted(frame, keys, aggregation, schema)
             )
@@ -252,6 +257,19 @@ class DropIn:
                 raise _NotCarriedError(f"{key} is true")
         if self.spark.conf.get(_PROFILER, None):
             raise _NotCarriedError(f"{_PROFILER} is set")
+
+    def _check_size(self, *frames: DataFrame) -> None:
+        """Refuses a call whose input Spark estimates under the smallest that pays."""
+        smallest = self.shuffle.configuration.get(DROPIN_MIN_INPUT_SIZE)
+        if smallest == 0:
+            return
+        sizes = [estimated_bytes(frame) for frame in frames]
+        known = [size for size in sizes if size is not None]
+        if len(known) == len(sizes) and sum(known) < smallest:
+            raise _NotCarriedError(
+                f"a small input: Spark estimates {sum(known):,} bytes, under"
+                f" {DROPIN_MIN_INPUT_SIZE.key} ({smallest:,})"
+            )
 
     @staticmethod
     def _check_function(function: Callable[..., Any], *, arrow: bool) -> None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyspark_shuffle
 from pyspark_shuffle import DropInCall
+from pyspark_shuffle.options import DROPIN_MIN_INPUT_SIZE
 from tests.integration.spark_rows import canonical
 
 if TYPE_CHECKING:
@@ -120,11 +121,17 @@ class Runs:
         raise AssertionError("\n".join([*differences, f"calls: {self.calls}"]))
 
 
+def switch_config(service: ShuffleService) -> dict[str, object]:
+    """The service's configuration, with every call the switch can carry carried (the suites'
+    inputs are far under the size from which pyshuffle pays)."""
+    return {**service.config(), DROPIN_MIN_INPUT_SIZE.key: 0}
+
+
 def run_both(spark: SparkSession, service: ShuffleService, make: Callable[[], DataFrame]) -> Runs:
     """``make`` and its action on plain Spark, then with the switch on the module's service
     (off again after)."""
     plain = outcome_of(make)
-    config = service.config()
+    config = switch_config(service)
     with pyspark_shuffle.enable(spark, config=config) as switch:
         # The switch must run on the service it was given (not one an earlier enable chose).
         values = switch.shuffle.configuration.values

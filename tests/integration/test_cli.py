@@ -24,7 +24,11 @@ def test_demo_runs_the_pyspark_pipeline_and_verifies_it(tmp_path: Path) -> None:
         "--users",
         "500",
         "--verify",
-        env={"PYSHUFFLE_NETTY_LIKE_STORAGE_URL": str(store)},
+        # 20,000 rows are under the size from which the switch takes a call: take them all
+        env={
+            "PYSHUFFLE_NETTY_LIKE_STORAGE_URL": str(store),
+            "PYSHUFFLE_PYSPARK_SHUFFLE_DROPIN_MIN_INPUT_SIZE": "0",
+        },
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "shuffle service: netty_like" in result.stdout

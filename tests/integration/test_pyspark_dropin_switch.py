@@ -17,7 +17,13 @@ from pyspark_shuffle.driver import dropin
 from pyspark_shuffle.spark.compat import SPARK_VERSION
 from pyspark_shuffle.spark.link import is_connect
 from shuffle_api import ConfigError
-from tests.integration.dropin_runs import closed_switch, conf_set, outcome_of, run_both
+from tests.integration.dropin_runs import (
+    closed_switch,
+    conf_set,
+    outcome_of,
+    run_both,
+    switch_config,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -191,15 +197,15 @@ def _apply(events: DataFrame) -> DataFrame:
 def test_enabling_an_enabled_session_gives_its_switch(
     spark: SparkSession, service: ShuffleService
 ) -> None:
-    with pyspark_shuffle.enable(spark, config=service.config()) as switch:
-        assert pyspark_shuffle.enable(spark, config=service.config()) is switch
+    with pyspark_shuffle.enable(spark, config=switch_config(service)) as switch:
+        assert pyspark_shuffle.enable(spark, config=switch_config(service)) is switch
 
 
 def test_enabling_with_another_configuration_is_refused(
     spark: SparkSession, service: ShuffleService
 ) -> None:
-    with pyspark_shuffle.enable(spark, config=service.config()) as switch:
-        other = service.config(**{"pyspark-shuffle.map.target-size": "3m"})
+    with pyspark_shuffle.enable(spark, config=switch_config(service)) as switch:
+        other = {**switch_config(service), "pyspark-shuffle.map.target-size": "3m"}
         with pytest.raises(ConfigError, match="another configuration"):
             pyspark_shuffle.enable(spark, config=other)
         assert pyspark_shuffle.enable(spark) is switch  # no configuration: the one made
@@ -210,7 +216,7 @@ def test_after_disable_calls_go_to_spark_and_routed_results_still_read(
 ) -> None:
     grouped_type = type(events.groupBy("k"))
     original = grouped_type.applyInPandas
-    switch = pyspark_shuffle.enable(spark, config=service.config())
+    switch = pyspark_shuffle.enable(spark, config=switch_config(service))
     try:
         routed = _apply(events)
         assert switch.calls[-1].path == "pyshuffle"
@@ -229,7 +235,7 @@ def test_the_context_manager_disables_on_exit(
     spark: SparkSession, service: ShuffleService, events: DataFrame
 ) -> None:
     original = type(events.groupBy("k")).applyInPandas
-    with pyspark_shuffle.enable(spark, config=service.config()) as switch:
+    with pyspark_shuffle.enable(spark, config=switch_config(service)) as switch:
         pass
     _apply(events)
     assert not switch.routing
@@ -247,11 +253,28 @@ def test_a_session_not_enabled_is_left_alone(
     other = spark.newSession()
     frame = other.range(0, 120, 1, 2).selectExpr("id % 4 as k", "cast(id % 11 as int) as v")
     expected = outcome_of(lambda: _apply(frame))
-    with pyspark_shuffle.enable(spark, config=service.config()) as switch:
+    with pyspark_shuffle.enable(spark, config=switch_config(service)) as switch:
         decided = len(switch.calls)
         got = outcome_of(lambda: _apply(frame))
         assert len(switch.calls) == decided
         _apply(events)  # the enabled session's own call is carried meanwhile
         assert switch.calls[-1].path == "pyshuffle"
+    assert got.comparable() == expected.comparable()
+    assert got.rows
+
+
+def test_a_small_input_is_left_to_spark_by_default(
+    spark: SparkSession, service: ShuffleService, events: DataFrame
+) -> None:
+    """Under ``pyspark-shuffle.dropin.min-input-size`` (by Spark's estimate) a call costs
+    Spark less than pyshuffle's two stages: Spark's own result, and the reason said."""
+    expected = outcome_of(lambda: _apply(events))
+    closed_switch(spark)  # the module's, which takes every call
+    with pyspark_shuffle.enable(spark, config=service.config()) as switch:
+        got = outcome_of(lambda: _apply(events))
+        call = switch.calls[-1]
+    switch.close()
+    assert (call.path, call.reason.split(":")[0]) == ("spark", "a small input")
+    assert "pyspark-shuffle.dropin.min-input-size" in call.reason
     assert got.comparable() == expected.comparable()
     assert got.rows

@@ -19,6 +19,7 @@ from pyspark.sql.pandas.functions import pandas_udf
 
 from external_shuffle.local_cluster import LocalCluster
 from pyspark_shuffle import SparkShuffle, enable, pandas_function
+from pyspark_shuffle.options import DROPIN_MIN_INPUT_SIZE
 from shuffle_api import InvalidOperationError, new_id
 from tests.integration.services import (
     ShuffleService,
@@ -236,7 +237,8 @@ def test_unchanged_grouped_calls_after_enable(
         ]
 
     expected = [multiset(result) for result in calls()]
-    with enable(spark, config=service.config()) as switch:
+    every_call = {**service.config(), DROPIN_MIN_INPUT_SIZE.key: 0}  # small inputs too
+    with enable(spark, config=every_call) as switch:
         routed = [multiset(result) for result in calls()]
     switch.close()
     assert routed == expected
