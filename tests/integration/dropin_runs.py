@@ -40,8 +40,9 @@ _RAISED = re.compile(r"^\s*((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Wa
 def error_line(error: BaseException) -> str:
     """What an error says went wrong, without the parts that differ per run (tracebacks,
     plans, SQLSTATE lines): for an error from a Python worker, its traceback's last raised
-    line; for any other, its text's first line."""
-    text = str(error)
+    line; for Py4J's, the Java exception's first line (not "calling o123.collect"); for any
+    other, its text's first line."""
+    text = str(getattr(error, "java_exception", error))
     if type(error).__name__ == "PythonException":
         raised = [
             f"{match[1]}: {match[2].strip()}"
