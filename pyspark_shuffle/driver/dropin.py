@@ -30,6 +30,7 @@ from pyspark_shuffle.options import DROPIN_MIN_INPUT_SIZE
 from pyspark_shuffle.spark.grouped_api import (
     ALIASES,
     GROUP_BY,
+    GROUPED_AGG_ARROW,
     GROUPED_AGG_PANDAS,
     GROUPED_MAP,
     Grouping,
@@ -45,10 +46,10 @@ from pyspark_shuffle.spark.grouped_api import (
     udf_call_of,
     wrapped_classes,
 )
-from pyspark_shuffle.spark.internals import estimated_bytes
+from pyspark_shuffle.spark.internals import arrow_aggregates_supported, estimated_bytes
 from pyspark_shuffle.spark.link import is_connect, session_flag
 from pyspark_shuffle.tasks.arrow_functions import ArrowCogroupFunction, ArrowGroupFunction
-from pyspark_shuffle.tasks.pandas_aggregates import PandasAggregate, PandasGroupAggregation
+from pyspark_shuffle.tasks.group_aggregates import GroupAggregate, GroupAggregation
 from pyspark_shuffle.tasks.pandas_functions import PandasSettings, pandas_function
 from shuffle_api import ConfigError, InvalidOperationError, ShuffleError
 
@@ -178,18 +179,17 @@ class DropIn:
         self, grouped: Any, columns: tuple[Any, ...], spark_result: DataFrame
     ) -> DataFrame:
         """``grouped.agg(*columns)``: through pyshuffle where every column is a call of a
-        grouped-aggregate pandas UDF on columns of the frame (aliased or not), else
-        ``spark_result`` (silently where no column calls a pandas UDF: not a call for this
-        switch)."""
+        grouped-aggregate UDF on columns of the frame (aliased or not; all pandas, or all
+        Arrow where the release runs them as 4.3 does), else ``spark_result`` (silently where
+        no column calls a UDF: not a call for this switch)."""
         if not any(udf_call_of(column) for column in columns if not isinstance(column, dict)):
             return spark_result
         try:
             grouping, keys = self._keys(grouped)
-            aggregates = self._pandas_aggregates(grouping.frame, columns)
+            arrow, aggregates = self._aggregates(grouping.frame, columns)
             schema = spark_result.schema
-            aggregation = PandasGroupAggregation(
-                keys, aggregates, schema, PandasSettings.of(self.spark)
-            )
+            settings = PandasSettings.of(self.spark)
+            aggregation = GroupAggregation(keys, aggregates, schema, settings, arrow=arrow)
             # Only the columns the UDFs read are shuffled, as Spark sends only those to Python.
             read = [*keys, *(name for each in aggregates for name in each.arguments)]
             needed = list(dict.fromkeys(read))
@@ -205,28 +205,36 @@ class DropIn:
         self._record(DropInCall("agg", PYSHUFFLE, f"grouped by {', '.join(keys)}"))
         return result
 
-    def _pandas_aggregates(
+    def _aggregates(
         self, frame: DataFrame, columns: tuple[Any, ...]
-    ) -> tuple[PandasAggregate, ...]:
+    ) -> tuple[bool, tuple[GroupAggregate, ...]]:
+        """Whether the aggregates are Arrow UDFs (else pandas ones), and each of them."""
+        calls = [None if isinstance(column, dict) else udf_call_of(column) for column in columns]
+        kinds = {None if call is None else call.eval_type for call in calls}
+        if not kinds <= {GROUPED_AGG_PANDAS, GROUPED_AGG_ARROW}:
+            raise _NotCarriedError(
+                "an aggregate is not a grouped-aggregate pandas or Arrow UDF (a built-in one,"
+                " an expression of one, an iterator UDF)"
+            )
+        if len(kinds) > 1:
+            raise _NotCarriedError("pandas and Arrow aggregate UDFs in one agg")
+        arrow = kinds == {GROUPED_AGG_ARROW}
+        if arrow and not arrow_aggregates_supported():
+            raise _NotCarriedError("Arrow aggregate UDFs before Spark 4.3")
         aggregates = []
         case_sensitive = session_flag(self.spark, "spark.sql.caseSensitive")
-        for column in columns:
-            call = None if isinstance(column, dict) else udf_call_of(column)
-            if call is None or call.eval_type != GROUPED_AGG_PANDAS:
-                raise _NotCarriedError(
-                    "an aggregate is not a grouped-aggregate pandas UDF (a built-in one, an"
-                    " expression of one, an iterator or Arrow UDF)"
-                )
+        for call in calls:
+            assert call is not None  # every kind is a UDF's
             if call.keywords:
-                raise _NotCarriedError("a pandas UDF is called with keyword arguments")
+                raise _NotCarriedError("an aggregate UDF is called with keyword arguments")
             names = key_names(frame, call.arguments, case_sensitive=case_sensitive)
             if not names:
                 raise _NotCarriedError(
-                    "a pandas UDF's argument is not a column of the frame (an expression,"
+                    "an aggregate UDF's argument is not a column of the frame (an expression,"
                     " a literal, or none)"
                 )
-            aggregates.append(PandasAggregate(call.function, names))
-        return tuple(aggregates)
+            aggregates.append(GroupAggregate(call.function, names))
+        return arrow, tuple(aggregates)
 
     def _keys(self, grouped: Any) -> tuple[Grouping, tuple[str, ...]]:
         grouping = grouping_of(grouped)

@@ -42,6 +42,7 @@ __all__ = [
     "ReduceOperation",
     "SortWithin",
     "cogroup_ids",
+    "group_bounds",
     "group_ids",
 ]
 
@@ -184,6 +185,21 @@ def group_ids(table: pa.Table, keys: Sequence[str]) -> tuple[npt.NDArray[np.int6
         pairs = pc.dictionary_encode(arrow_array(ids * count + codes))
         ids, groups = numpy_values(pairs.indices).astype(np.int64), len(pairs.dictionary)
     return ids, groups
+
+
+def group_bounds(table: pa.Table, keys: Sequence[str]) -> tuple[pa.Table, list[tuple[int, int]]]:
+    """The table with each group's rows together (as sorted by key they are: else gathered),
+    and each group's first and past-last row (none of a table of no rows)."""
+    if not table.num_rows:
+        return table, []
+    ids, groups = group_ids(table, keys)
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+    if len(starts) != groups:
+        order = np.argsort(ids, kind="stable")
+        table, ids = table.take(order), ids[order]
+        starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+    ends = [*starts[1:].tolist(), table.num_rows]
+    return table, list(zip(starts.tolist(), ends, strict=True))
 
 
 def _gathered(results: Iterable[pa.Table | Iterable[pa.RecordBatch]]) -> Iterator[pa.RecordBatch]:

@@ -36,6 +36,7 @@ from pyspark_shuffle.spark.compat import SPARK_VERSION
 
 __all__ = [
     "ALIASES",
+    "GROUPED_AGG_ARROW",
     "GROUPED_AGG_PANDAS",
     "GROUPED_MAP",
     "GROUP_BY",
@@ -67,6 +68,8 @@ ALIASES: Final = ("alias", "name")
 
 GROUPED_AGG_PANDAS: Final = 202
 """``PythonEvalType.SQL_GROUPED_AGG_PANDAS_UDF`` (3.5 to 4.3)."""
+GROUPED_AGG_ARROW: Final = 252
+"""``PythonEvalType.SQL_GROUPED_AGG_ARROW_UDF`` (4.1 to 4.3)."""
 
 # Set on a classic GroupedData by the wrapped groupBy: the columns it was called with.
 _NOTE: Final = "_pyshuffle_grouping"

@@ -53,7 +53,9 @@ without casts, 4.3 and later; ``verify_arrow_table``, 4.1 and 4.2, or ``verify_a
 4.0), against the Arrow types of :func:`arrow_result_schema`. Tested on 4.3.0, on the
 pyspark-client packages of 4.0.0, 4.1.0 and 4.2.0 (unit tests only) and, through pyshuffle's
 own :mod:`~pyspark_shuffle.spark.arrow_fallback` (4.3's checks, where a release has none: 3.5
-has no ``applyInArrow``), on 3.5.9.
+has no ``applyInArrow``), on 3.5.9. And the values of Arrow grouped-aggregate UDFs,
+:func:`arrow_aggregates`, enforced as the 4.3 worker enforces them (``enforce_schema`` with
+its casts); 4.1 and 4.2, which convert them otherwise, are left to Spark.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import FrameType
@@ -76,6 +78,7 @@ from pyspark.sql.types import StructType
 
 from pyspark_shuffle.spark import arrow_fallback
 from pyspark_shuffle.spark.compat import SPARK_VERSION, spark_arrow_schema
+from shuffle_api import InvalidOperationError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -83,6 +86,8 @@ if TYPE_CHECKING:
 __all__ = [
     "HeldShuffle",
     "SparkShuffleOutputs",
+    "arrow_aggregates",
+    "arrow_aggregates_supported",
     "arrow_result",
     "arrow_result_schema",
     "check_pandas_result",
@@ -437,6 +442,38 @@ def _spark_arrow_checks() -> Any | None:
     if verify is None and SPARK_VERSION == (4, 0):
         verify = _worker_function("verify_arrow_result")
     return verify
+
+
+def arrow_aggregates_supported() -> bool:
+    """Whether pyshuffle runs Arrow grouped-aggregate UDFs as this release's worker does: from
+    4.3 (``enforce_schema`` on each value's one-row array); 4.1 and 4.2 convert otherwise."""
+    return _enforce_schema() is not None
+
+
+def arrow_aggregates(values: Sequence[Sequence[Any]], expected: pa.Schema) -> pa.Table:
+    """The values of Arrow aggregate UDFs (one list per UDF, a value per group) as Spark's
+    worker makes them: each value a one-row ``pa.array``, the UDFs' arrays a table named as
+    ``expected``, its types enforced (cast, safely) with the release's errors. Groups whose
+    values have the same Arrow types are enforced together: casts are per value."""
+    enforce = _enforce_schema()
+    if enforce is None:
+        raise InvalidOperationError("Arrow aggregate UDFs need PySpark 4.3 or later")
+    arrays = [[pa.array([value]) for value in each] for each in values]
+    names = expected.names
+    if all(len({array.type for array in each}) <= 1 for each in arrays):
+        columns = [
+            pa.concat_arrays(each) if each else pa.nulls(0, field.type)
+            for each, field in zip(arrays, expected, strict=True)
+        ]
+        return pa.Table.from_batches(
+            [enforce(pa.RecordBatch.from_arrays(columns, names), expected)], expected
+        )
+    groups = len(arrays[0])
+    batches = [
+        enforce(pa.RecordBatch.from_arrays([each[group] for each in arrays], names), expected)
+        for group in range(groups)
+    ]
+    return pa.Table.from_batches(batches, expected)
 
 
 def arrow_result(result: Any, expected: pa.Schema, *, by_name: bool) -> pa.Table:

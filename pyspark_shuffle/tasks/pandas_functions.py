@@ -22,7 +22,7 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
-from pyspark_shuffle.kernels.operations import cogroup_ids, group_ids
+from pyspark_shuffle.kernels.operations import cogroup_ids, group_bounds
 from pyspark_shuffle.spark.internals import (
     check_pandas_result,
     pandas_group,
@@ -228,19 +228,6 @@ def _sliceable(table: pa.Table, settings: PandasSettings) -> bool:
     return True
 
 
-def _group_bounds(table: pa.Table, keys: Sequence[str]) -> tuple[pa.Table, list[tuple[int, int]]]:
-    """The table with each group's rows together (as sorted by key they are: else gathered),
-    and each group's first and past-last row."""
-    ids, groups = group_ids(table, keys)
-    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
-    if len(starts) != groups:
-        order = np.argsort(ids, kind="stable")
-        table, ids = table.take(order), ids[order]
-        starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
-    ends = [*starts[1:].tolist(), table.num_rows]
-    return table, list(zip(starts.tolist(), ends, strict=True))
-
-
 @dataclass(frozen=True, slots=True)
 class PandasGroupsFunction:
     """``group``'s function over every group of a reducer's rows sorted by key: what
@@ -255,7 +242,7 @@ class PandasGroupsFunction:
 
     def __call__(self, table: pa.Table) -> Iterator[pa.RecordBatch]:
         group, settings = self.group, self.group.settings
-        table, bounds = _group_bounds(table, group.keys)
+        table, bounds = group_bounds(table, group.keys)
         if not _sliceable(table, settings):
             for start, end in bounds:
                 yield from group(table.slice(start, end - start)).to_batches()

@@ -1,9 +1,9 @@
-"""The drop-in switch on ``groupBy(...).agg(...)`` of grouped-aggregate pandas UDFs: the same
-user code on plain Spark and with ``pyspark_shuffle.enable`` gives the same rows and schema
-(names such as ``mean(v)``, aliases, several UDFs in one ``agg``, several arguments, an array
-result, values cast to the declared type, nulls, ``spark.sql.retainGroupColumns``), the same
-error for a value of the wrong type, and leaves to Spark what it does not carry (the facts from
-PySpark's test_pandas_udf_grouped_agg.py)."""
+"""The drop-in switch on ``groupBy(...).agg(...)`` of grouped-aggregate pandas UDFs (and Arrow
+ones, 4.3 and later): the same user code on plain Spark and with ``pyspark_shuffle.enable``
+gives the same rows and schema (names such as ``mean(v)``, aliases, several UDFs in one
+``agg``, several arguments, an array result, values cast to the declared type, nulls,
+``spark.sql.retainGroupColumns``), the same error for a value of the wrong type, and leaves to
+Spark what it does not carry (the facts from PySpark's test_pandas_udf_grouped_agg.py)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from pyspark.sql import functions as F  # noqa: N812 (Spark's own spelling)
 from pyspark.sql.pandas.functions import pandas_udf
 from pyspark.sql.types import ArrayType, DoubleType, LongType, StringType
 
+from pyspark_shuffle.spark.internals import arrow_aggregates_supported
 from tests.integration.dropin_runs import closed_switch, conf_set, run_both
 
 if TYPE_CHECKING:
@@ -110,6 +113,82 @@ CASES: dict[str, Case] = {
 
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
 def test_pandas_aggregates_through_pyshuffle_give_sparks_result(
+    spark: SparkSession, service: ShuffleService, events: DataFrame, case: Case
+) -> None:
+    _carried_as_spark_runs_it(spark, service, events, case)
+
+
+# -- Arrow aggregate UDFs (4.1+; carried where they run as on 4.3) ---------------------------
+
+_ARROW_AGGREGATES = pytest.mark.skipif(
+    not arrow_aggregates_supported(), reason="Arrow aggregate UDFs through pyshuffle: 4.3+"
+)
+
+
+def _arrow_udf(function: Callable[..., Any], return_type: Any) -> Any:
+    from pyspark.sql.functions import arrow_udf  # type: ignore[attr-defined]  # noqa: PLC0415
+
+    return arrow_udf(function, return_type)
+
+
+def _arrow_mean(values: pa.Array) -> Any:
+    return pc.mean(values)  # a pyarrow scalar, as Arrow code returns
+
+
+def _arrow_weighted(values: pa.Array, weights: pa.Array) -> float:
+    present = pc.is_valid(values)
+    kept, by = pc.filter(values, present), pc.filter(weights, present)
+    return float(pc.sum(pc.multiply(kept, by)).as_py() / pc.sum(by).as_py())
+
+
+def _arrow_count(values: pa.Array) -> int:  # an integer into a double column: cast
+    return len(values)
+
+
+def _arrow_text(values: pa.Array) -> str:  # text into a double column: Spark's error class
+    return "many"
+
+
+ARROW_CASES: dict[str, Case] = {
+    "arrow-one": Case(("k",), lambda frame: [_arrow_udf(_arrow_mean, DoubleType())("v")]),
+    "arrow-several-aliased": Case(
+        ("k", "k2"),
+        lambda frame: [
+            _arrow_udf(_arrow_count, DoubleType())("w").alias("n"),
+            _arrow_udf(_arrow_weighted, DoubleType())(frame.v, "w"),
+        ],
+    ),
+    "arrow-text-into-double": Case(
+        ("k",),
+        lambda frame: [_arrow_udf(_arrow_text, DoubleType())("v")],
+        error="RESULT_COLUMN_TYPES_MISMATCH",
+    ),
+}
+
+
+@_ARROW_AGGREGATES
+@pytest.mark.parametrize("case", ARROW_CASES.values(), ids=ARROW_CASES.keys())
+def test_arrow_aggregates_through_pyshuffle_give_sparks_result(
+    spark: SparkSession, service: ShuffleService, events: DataFrame, case: Case
+) -> None:
+    _carried_as_spark_runs_it(spark, service, events, case)
+
+
+@_ARROW_AGGREGATES
+def test_pandas_and_arrow_aggregates_in_one_agg_are_sparks(
+    spark: SparkSession, service: ShuffleService, events: DataFrame
+) -> None:
+    def both() -> DataFrame:
+        return events.groupBy("k").agg(
+            _udf(_mean, DoubleType())("v"), _arrow_udf(_arrow_mean, DoubleType())("w")
+        )
+
+    runs = run_both(spark, service, both)
+    runs.assert_same()
+    assert runs.paths() == ["spark"]
+
+
+def _carried_as_spark_runs_it(
     spark: SparkSession, service: ShuffleService, events: DataFrame, case: Case
 ) -> None:
     with conf_set(spark, case.settings):
