@@ -7,9 +7,9 @@ import functools
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 import pyarrow as pa
-from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 (Spark's own spelling)
 from pyspark.sql.types import StructType
@@ -38,7 +38,7 @@ from scheduling.deployment import (
 from scheduling.graph import Stage, StageExchange, StageGraph
 from scheduling.groups import ConsumedPartitionGroup, PartitionGroups, build_groups
 from scheduling.skew import ConsumerPlan
-from shuffle_api import Configuration, ShuffleDescriptor
+from shuffle_api import Configuration, ShuffleDescriptor, StageFailedError
 from shuffle_runtime.batches import conform
 
 __all__ = ["DriverContext", "plan_reducers", "reduce_stage"]
@@ -171,47 +171,55 @@ def _shared_deployments(
     )
 
 
+_REDUCER_COLUMNS: Final = ["reducer", "result_id", "map_index", "producer"]
+
+
 def _reduce_partition(spec: ReduceStageSpec, output_schema: pa.Schema) -> Produce:
-    """A reduce task: its partition's rows name the map outputs Spark reran (see
-    ``_reducer_rows``); it yields its reducer's output, as ``output_schema``."""
+    """A reduce task: its partition's rows name its reducer and the map outputs Spark reran
+    (see ``_reducer_rows``); it yields its reducer's output, as ``output_schema``."""
 
     def reduce_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         task_starts()
+        reducers: set[int] = set()
         reruns: dict[tuple[str, int], bytes] = {}
         for batch in batches:
-            for result_id, map_index, producer in zip(
-                *batch.select(["result_id", "map_index", "producer"]).to_pydict().values(),
-                strict=True,
+            for reducer, result_id, map_index, producer in zip(
+                *batch.select(_REDUCER_COLUMNS).to_pydict().values(), strict=True
             ):
+                reducers.add(reducer)
                 if result_id is not None:
                     reruns[result_id, map_index] = producer
-        task = TaskContext.get()
-        assert task is not None
+        # By its rows, not the task's partition id: a user's plan may run this partition in a
+        # task of another number (a union, a cartesian product with another result).
+        if len(reducers) != 1:
+            raise StageFailedError(f"a reduce task's rows name reducers {sorted(reducers)}")
         # The declared types (an operation's function may return int32 for a long, say), so
         # that Spark, a fused stage and a sink all get the same.
-        for batch in run_reduce_task(spec, task.partitionId(), reruns):
+        for batch in run_reduce_task(spec, reducers.pop(), reruns):
             yield conform(batch, output_schema)
 
     return reduce_partition
 
 
 def _reducer_rows(spark: SparkSession, exchanges: Sequence[Exchange], count: int) -> DataFrame:
-    """The reduce stage's tasks: partition ``i`` is reducer ``i``, with a row for each map
-    output of its inputs that Spark reran inside the action (none, mostly).
+    """The reduce stage's tasks: partition ``i`` is reducer ``i``, its rows (``reducer`` is
+    ``i``) one with no map output and one for each map output of its inputs that Spark reran
+    inside the action (none, mostly).
 
     Made in the JVM, so a reduce task costs what a ``mapInArrow`` task over Spark's cheapest
     source does. Where map outputs live on executors, each task reads Spark's shuffle of the
     map tasks' rows (see ``Exchange.held_map_outputs``): a lost executor makes Spark rerun its
     map tasks inside the action, and the rows of attempts the driver does not know (reruns)
     reach every reducer; the rest are dropped in the JVM."""
-    reducers = spark.range(0, count, 1, max(count, 1))
+    reducers = spark.range(0, count, 1, max(count, 1)).withColumnRenamed("id", "reducer")
+    no_output = (
+        "cast(null as string) as result_id",
+        "cast(null as long) as map_index",
+        "cast(null as binary) as producer",
+    )
     held = [frame for exchange in exchanges if (frame := exchange.held_map_outputs())]
     if not held:
-        return reducers.selectExpr(
-            "cast(null as string) as result_id",
-            "cast(null as long) as map_index",
-            "cast(null as binary) as producer",
-        )
+        return reducers.selectExpr("reducer", *no_output)
     known = spark.createDataFrame(
         [
             (exchange.result_id, map_index, attempt)
@@ -222,10 +230,9 @@ def _reducer_rows(spark: SparkSession, exchanges: Sequence[Exchange], count: int
     )
     rows = functools.reduce(DataFrame.unionByName, held).coalesce(1)
     reruns = rows.join(F.broadcast(known), ["result_id", "map_index", "attempt"], "left_anti")
+    # With a row of no map output, so that every reducer has a row that names it.
+    outputs = reruns.select("result_id", "map_index", "producer")
+    outputs = outputs.unionByName(spark.range(0, 1, 1, 1).selectExpr(*no_output)).coalesce(1)
     # A cartesian product, never a broadcast of either side: each reduce task must read the
     # shuffle itself, for Spark to rerun what it lost.
-    return (
-        reducers.hint("shuffle_replicate_nl")
-        .crossJoin(reruns.select("result_id", "map_index", "producer"))
-        .select("result_id", "map_index", "producer")
-    )
+    return reducers.hint("shuffle_replicate_nl").crossJoin(outputs).select(*_REDUCER_COLUMNS)

@@ -5,6 +5,7 @@ server standing in): the default service's storage, and the external workers' st
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -165,6 +166,24 @@ def test_group_apply_both_ways(shuffle: SparkShuffle, events: DataFrame) -> None
 def _pandas_totals(pdf: pd.DataFrame) -> pd.DataFrame:
     # Named columns out of the schema's order: taken by name, as Spark takes them.
     return pd.DataFrame({"n": [len(pdf)], "total": [pdf["amount"].sum()], "k": pdf["k"][:1]})
+
+
+def test_a_result_read_inside_a_union_and_a_cartesian_product(
+    shuffle: SparkShuffle, events: DataFrame
+) -> None:
+    """Spark runs a result's reduce tasks as tasks of other numbers there (after another
+    frame's partitions in a union; as pairs in a cartesian product): each reducer's rows
+    still come once."""
+    totals = shuffle.group_apply(events, "k", _totals, "k long, total double, n long")
+    expected = multiset(_spark_totals(events))
+    nothing = _spark_totals(events.filter("id < 0")).repartition(5)
+    assert multiset(nothing.unionByName(totals)) == expected
+    pairs = totals.alias("a").hint("shuffle_replicate_nl").crossJoin(totals.alias("b"))
+    rows = sum(expected.values())
+    assert pairs.count() == rows * rows
+    assert multiset(pairs.select("a.k", "a.total", "a.n")) == Counter(
+        {row: count * rows for row, count in expected.items()}
+    )
 
 
 def test_group_apply_of_a_pandas_function(shuffle: SparkShuffle, events: DataFrame) -> None:
