@@ -10,6 +10,7 @@ import pytest
 
 from external_shuffle.local_cluster import LocalCluster
 from pyspark_shuffle import SparkShuffle
+from tests.integration.dropin_runs import closed_switch
 from tests.integration.services import ShuffleService, external_service, netty_service
 
 if TYPE_CHECKING:
@@ -34,3 +35,12 @@ def shuffle(spark: SparkSession, service: ShuffleService) -> Iterator[SparkShuff
     """A SparkShuffle on the module's service, closed after the module."""
     with SparkShuffle(spark, config=service.config()) as made:
         yield made
+
+
+@pytest.fixture(scope="module")
+def switch_per_service(spark: SparkSession, service: ShuffleService) -> Iterator[None]:
+    """No drop-in switch before or after the module on each service (a switch made on another
+    service's configuration would refuse the module's): ``pytest.mark.usefixtures`` of it."""
+    closed_switch(spark)
+    yield
+    closed_switch(spark)

@@ -7,7 +7,7 @@ Spark what it does not carry (the facts from PySpark's test_pandas_udf_grouped_a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -20,19 +20,14 @@ from pyspark.sql.pandas.functions import pandas_udf
 from pyspark.sql.types import ArrayType, DoubleType, LongType, StringType
 
 from pyspark_shuffle.spark.internals import arrow_aggregates_supported
-from tests.integration.dropin_runs import closed_switch, conf_set, run_both
+from tests.integration.dropin_runs import conf_set, run_both
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
     from tests.integration.services import ShuffleService
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _a_switch_per_service(spark: SparkSession, service: ShuffleService) -> Iterator[None]:
-    closed_switch(spark)
-    yield
-    closed_switch(spark)
+pytestmark = pytest.mark.usefixtures("switch_per_service")
 
 
 @pytest.fixture(scope="module")

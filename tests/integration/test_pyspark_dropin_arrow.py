@@ -5,7 +5,7 @@ from PySpark's test_arrow_grouped_map.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -14,21 +14,17 @@ import pyarrow.compute as pc
 import pytest
 
 from pyspark_shuffle.spark.compat import SPARK_VERSION
-from tests.integration.dropin_runs import closed_switch, run_both
+from tests.integration.dropin_runs import run_both
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from tests.integration.services import ShuffleService
 
-pytestmark = pytest.mark.skipif(SPARK_VERSION < (4, 0), reason="applyInArrow: Spark 4.0")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _a_switch_per_service(spark: SparkSession, service: ShuffleService) -> Iterator[None]:
-    closed_switch(spark)
-    yield
-    closed_switch(spark)
+pytestmark = [
+    pytest.mark.skipif(SPARK_VERSION < (4, 0), reason="applyInArrow: Spark 4.0"),
+    pytest.mark.usefixtures("switch_per_service"),
+]
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ test_arrow_cogrouped_map.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 import pytest
 
 from pyspark_shuffle.spark.compat import SPARK_VERSION
-from tests.integration.dropin_runs import closed_switch, run_both
+from tests.integration.dropin_runs import run_both
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -27,12 +27,7 @@ if TYPE_CHECKING:
 Sides = tuple["DataFrame", "DataFrame"]
 Rows = list[tuple[Any, ...]]
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _a_switch_per_service(spark: SparkSession, service: ShuffleService) -> Iterator[None]:
-    closed_switch(spark)
-    yield
-    closed_switch(spark)
+pytestmark = pytest.mark.usefixtures("switch_per_service")
 
 
 @pytest.fixture(scope="module")

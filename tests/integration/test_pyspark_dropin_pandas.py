@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from pyspark.sql import functions as F  # noqa: N812 (Spark's own spelling)
 
-from tests.integration.dropin_runs import Runs, closed_switch, conf_set, run_both
+from tests.integration.dropin_runs import Runs, conf_set, run_both
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -24,12 +24,7 @@ if TYPE_CHECKING:
 ZONE = "America/Los_Angeles"
 BY_NAME = "spark.sql.legacy.execution.pandas.groupedMap.assignColumnsByName"
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _a_switch_per_service(spark: SparkSession, service: ShuffleService) -> Iterator[None]:
-    closed_switch(spark)
-    yield
-    closed_switch(spark)
+pytestmark = pytest.mark.usefixtures("switch_per_service")
 
 
 @pytest.fixture(scope="module")

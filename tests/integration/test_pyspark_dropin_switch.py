@@ -32,12 +32,7 @@ if TYPE_CHECKING:
 
 SUMMARY = "k long, rows long, v_sum double"
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _a_switch_per_service(spark: SparkSession, service: ShuffleService) -> Iterator[None]:
-    closed_switch(spark)
-    yield
-    closed_switch(spark)
+pytestmark = pytest.mark.usefixtures("switch_per_service")
 
 
 @pytest.fixture(scope="module")
