@@ -104,7 +104,8 @@ class GroupAggregation:
         table, bounds = group_bounds(table, self.keys)
         arguments = sorted({name for each in self.aggregates for name in each.arguments})
         columns = (
-            {name: _one_array(table.column(name)) for name in arguments}
+            # One array a column, as Spark concatenates a group's batches.
+            {name: table.column(name).combine_chunks() for name in arguments}
             if self.arrow
             else self._series(table.select(arguments))
         )
@@ -143,13 +144,6 @@ class GroupAggregation:
             large_var_types=settings.large_var_types,
         )
         return list(batch.columns)
-
-
-def _one_array(column: pa.ChunkedArray) -> pa.Array:
-    """The column as one array (as Spark concatenates a group's batches)."""
-    if column.num_chunks == 1:
-        return column.chunk(0)
-    return pa.concat_arrays(column.chunks) if column.num_chunks else pa.array([], column.type)
 
 
 def _frame_of(columns: dict[str, list[Any]]) -> Any:
