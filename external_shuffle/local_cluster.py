@@ -90,9 +90,11 @@ class LocalCluster:
         store_root: str | None = None,
         settings: Mapping[str, object] | None = None,
         metrics: bool = False,
+        status_page: bool = False,
     ) -> None:
         """``store_root``: an fsspec URL under which each worker gets a store of its own
-        (``<root>/worker-<i>``, an object store's say); None: directories under ``directory``."""
+        (``<root>/worker-<i>``, an object store's say); None: directories under ``directory``.
+        ``status_page``: the first coordinator serves its status page on ``status_port``."""
         self.directory = directory
         self._store_root = store_root
         directory.mkdir(parents=True, exist_ok=True)
@@ -102,7 +104,13 @@ class LocalCluster:
         coordinator_names = ["coordinator", *(f"coordinator-{i}" for i in range(1, coordinators))]
         worker_names = [f"worker-{i}" for i in range(workers)]
         # Every port of the cluster at once: all distinct (gRPC servers share a port silently).
-        ports = free_ports(coordinators + 2 * workers + (coordinators + workers if metrics else 0))
+        ports = free_ports(
+            coordinators
+            + 2 * workers
+            + (coordinators + workers if metrics else 0)
+            + (1 if status_page else 0)
+        )
+        self.status_port = ports.pop() if status_page else None
         self.coordinator_targets = [f"127.0.0.1:{port}" for port in ports[:coordinators]]
         # The option's value: every coordinator, comma-separated.
         self.coordinator_address = ",".join(self.coordinator_targets)
@@ -130,6 +138,7 @@ class LocalCluster:
                 {
                     **shared,
                     **self._metrics_setting(name),
+                    **self._status_page_setting(name),
                     "external-shuffle.coordinator.port": int(target.rpartition(":")[2]),
                 },
             )
@@ -156,6 +165,11 @@ class LocalCluster:
         if name not in self.metrics_ports:
             return {}
         return {"external-shuffle.daemon.metrics-port": self.metrics_ports[name]}
+
+    def _status_page_setting(self, name: str) -> dict[str, object]:
+        if self.status_port is None or name != "coordinator":
+            return {}
+        return {"external-shuffle.coordinator.status-port": self.status_port}
 
     def _process(self, name: str, role: str, values: Mapping[str, object]) -> _Process:
         config = _write_toml(self.directory / f"{name}.toml", values)

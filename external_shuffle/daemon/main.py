@@ -189,6 +189,15 @@ class Daemon(Readiness):
         return served
 
     def start(self) -> None:
+        """Serve the role's ports. If one cannot be served, stops those already serving (their
+        gRPC threads would keep the process alive, answering nothing) and raises."""
+        try:
+            self._start_roles()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start_roles(self) -> None:
         config = self._config
         keep_message_buffers(config.get(MAX_MESSAGE_SIZE))
         if self._role in ("coordinator", "all"):

@@ -25,6 +25,7 @@ from prometheus_client import (
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from external_shuffle.ops.health import PROBE_HEADERS, Readiness, probe_answer
+from shuffle_api import ConfigError
 
 __all__ = ["COORDINATOR", "WORKER", "DaemonMetrics"]
 
@@ -186,6 +187,9 @@ class DaemonMetrics:
             address_family = found[0][0]
 
         app = _with_probes(make_wsgi_app(self.registry), readiness)
-        server = make_server(host, port, app, Server, handler_class=_QuietHandler)
+        try:
+            server = make_server(host, port, app, Server, handler_class=_QuietHandler)
+        except OSError as error:
+            raise ConfigError(f"cannot serve the metrics on {host}:{port}: {error}") from error
         threading.Thread(target=server.serve_forever, name="pyshuffle-metrics", daemon=True).start()
         return int(server.server_port)

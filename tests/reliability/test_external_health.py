@@ -13,25 +13,24 @@ from pathlib import Path
 import grpc
 import pytest
 
-from external_shuffle.local_cluster import LocalCluster, free_port
+from external_shuffle.local_cluster import LocalCluster
 from external_shuffle.wire.stubs import pb, pb_grpc
 from tests.eventually import eventually
 
-STATUS_PORT = "external-shuffle.coordinator.status-port"
 DAEMONS = ("coordinator", "worker-0")
 
 
 @pytest.fixture(scope="module")
-def status_port() -> int:
-    return free_port()
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    directory = tmp_path_factory.mktemp("health")
+    with LocalCluster(directory, workers=1, metrics=True, status_page=True) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, status_port: int) -> Iterator[LocalCluster]:
-    directory = tmp_path_factory.mktemp("health")
-    settings = {STATUS_PORT: status_port}
-    with LocalCluster(directory, workers=1, metrics=True, settings=settings) as running:
-        yield running
+def status_port(cluster: LocalCluster) -> int:
+    assert cluster.status_port is not None
+    return cluster.status_port
 
 
 def _get(port: int, path: str) -> tuple[int, str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from shuffle_api import (
     PartitionStatistics,
     ResultPartitionType,
 )
+from shuffle_api.errors import ShuffleError
 from shuffle_api.ids import new_id
 from shuffle_api.testing import (
     RecordingJobContext,
@@ -358,6 +360,27 @@ def test_sigterm_lets_the_push_in_flight_commit_and_exits_cleanly(
         cluster.start_worker(target)
         table = scenario.read(scenario.consumer, [shuffle_descriptor], ALL)
         assert rows_of(table) == list(range(8_000))
+
+
+@pytest.mark.parametrize(
+    "setting", ["external-shuffle.coordinator.status-port", "external-shuffle.daemon.metrics-port"]
+)
+def test_a_daemon_that_cannot_serve_a_port_exits_at_start_naming_it(
+    tmp_path: Path, setting: str
+) -> None:
+    # Both ports open after the coordinator's gRPC server started: its threads once kept the
+    # process alive, answering no call, until whoever started it gave up.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with (
+            pytest.raises(ShuffleError, match="coordinator exited at start") as failure,
+            LocalCluster(tmp_path / "cluster", workers=1, settings={setting: port}),
+        ):
+            pass
+    assert f"127.0.0.1:{port}" in str(failure.value)
+    assert "Address already in use" in str(failure.value)
 
 
 def test_sigint_drains_a_worker_as_sigterm_does(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from external_shuffle.local_cluster import LocalCluster, free_port
+from external_shuffle.local_cluster import LocalCluster
 from external_shuffle.wire.credentials import Role, application_token, operator_token
 from tests.eventually import eventually
 from tests.reliability.external_cluster import (
@@ -43,23 +43,16 @@ BROWSER_FLAGS = (
 )
 
 
-STATUS_PORT = "external-shuffle.coordinator.status-port"
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    settings = {STATUS_PORT: free_port()}
     directory = tmp_path_factory.mktemp("status")
-    with LocalCluster(directory, workers=2, settings=settings, metrics=True) as running:
+    with LocalCluster(directory, workers=2, metrics=True, status_page=True) as running:
         yield running
 
 
 def _port(cluster: LocalCluster) -> int:
-    """The status page's port, from the coordinator's config file."""
-    text = (cluster.directory / "coordinator.toml").read_text()
-    found = re.search(rf'"{re.escape(STATUS_PORT)}" = (\d+)', text)
-    assert found is not None
-    return int(found.group(1))
+    assert cluster.status_port is not None
+    return cluster.status_port
 
 
 def _browse(cluster: LocalCluster, profile: Path, *what: str) -> subprocess.CompletedProcess[str]:
