@@ -4,7 +4,8 @@ validates against the Kubernetes schemas, and the pods agree with the daemon con
 
 Every check of the objects runs on two renders: the plain manifests as checked in (the chart's
 defaults), and the chart with other values (TLS, a ServiceMonitor, the chart's own token Secret,
-other ports, sizes and counts), so that no value is right only by coincidence with a default.
+a tier store, a quota, extra variables, a service account, other ports, sizes and counts), so
+that no value is right only by coincidence with a default.
 What needs a cluster (helm's lookup keeping a generated token across upgrades, a real
 Prometheus Operator) is not checked here."""
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -36,10 +37,13 @@ from external_shuffle.options import (
     TLS_CERT_FILE,
     TLS_KEY_FILE,
     WORKER_ADVERTISED_HOST,
+    WORKER_APPLICATION_QUOTA,
     WORKER_DATA_PORT,
     WORKER_MEMORY_BUDGET,
     WORKER_PORT,
     WORKER_STORE_URL,
+    WORKER_TIER_HIGH_WATER,
+    WORKER_TIER_URL,
 )
 from shuffle_api.config import ENV_PREFIX, ConfigOption, Configuration
 from shuffle_api.options import CORE_OPTIONS
@@ -64,6 +68,16 @@ KUBERNETES_VERSIONS: Final = ("1.33.0", "1.37.0")
 CUSTOM_KINDS: Final = {"ServiceMonitor", "PrometheusRule"}
 DAEMON_ALL: Final[tuple[ConfigOption[Any], ...]] = (*CORE_OPTIONS, *DAEMON_OPTIONS)
 
+# The tier store's credentials as a user passes them: a plain value and one from a Secret.
+EXTRA_ENV: Final = (
+    {"name": "AWS_REGION", "value": "eu-west-1"},
+    {
+        "name": "AWS_SECRET_ACCESS_KEY",
+        "valueFrom": {"secretKeyRef": {"name": "shuffle-tier", "key": "secret-access-key"}},
+    },
+)
+ROLE_ARN: Final = "arn:aws:iam::123456789012:role/pyshuffle-tier"
+
 # The chart with every value that changes the objects set away from its default.
 FULL_VALUES: Final = (
     "auth.existingSecret=",
@@ -78,6 +92,7 @@ FULL_VALUES: Final = (
     "metrics.prometheusRule.authFailuresPer10m=3",
     "networkPolicy.enabled=true",
     "networkPolicy.clientPodSelector.matchLabels.spark-role=executor",
+    "networkPolicy.clientNamespaces={etl,batch}",
     "networkPolicy.clientNamespaceSelector.matchLabels.team=data",
     "networkPolicy.monitoringNamespaceSelector.matchLabels.name=monitoring",
     "worker.replicas=5",
@@ -85,6 +100,17 @@ FULL_VALUES: Final = (
     "worker.memoryBudgetMiB=3072",
     "worker.memoryOverheadMiB=1024",
     "worker.storage.storageClassName=local-ssd",
+    "worker.applicationQuotaMiB=2048",
+    "worker.tier.url=s3://shuffle-tier/pyshuffle",
+    "worker.tier.highWaterMiB=40960",
+    "extraEnv[0].name=AWS_REGION",
+    "extraEnv[0].value=eu-west-1",
+    "extraEnv[1].name=AWS_SECRET_ACCESS_KEY",
+    "extraEnv[1].valueFrom.secretKeyRef.name=shuffle-tier",
+    "extraEnv[1].valueFrom.secretKeyRef.key=secret-access-key",
+    "serviceAccount.create=true",
+    "serviceAccount.name=pyshuffle-daemons",
+    rf"serviceAccount.annotations.eks\.amazonaws\.com/role-arn={ROLE_ARN}",
     "coordinator.replicas=3",
     "coordinator.serviceName=coordinators",
     "coordinator.port=7000",
@@ -186,6 +212,10 @@ def test_the_plain_manifests_carry_no_token() -> None:
         ("config.logLevel=verbose", "logLevel"),
         ("worker.memoryBudgetMiB=1g", "memoryBudgetMiB"),
         ("coordinator.statusPort=0", "statusPort"),
+        ("worker.applicationQuotaMiB=2g", "applicationQuotaMiB"),
+        ("worker.tier.highWaterMiB=-1", "highWaterMiB"),
+        ("networkPolicy.clientNamespaces={Spark_Jobs}", "clientNamespaces"),
+        ("extraEnv[0].value=no-name", "extraEnv.0: name is required"),
     ],
 )
 def test_the_chart_refuses_bad_values(tmp_path: Path, value: str, complaint: str) -> None:
@@ -240,7 +270,13 @@ def test_the_renders_define_the_expected_kinds(manifests: Manifests, full: Manif
     kinds = {document["kind"] for _, document in manifests.documents}
     expected = {"ConfigMap", "Service", "StatefulSet", "PodDisruptionBudget"}
     if manifests is full:
-        expected |= {"Secret", "ServiceMonitor", "PrometheusRule", "NetworkPolicy"}
+        expected |= {
+            "Secret",
+            "ServiceMonitor",
+            "PrometheusRule",
+            "NetworkPolicy",
+            "ServiceAccount",
+        }
     assert kinds == expected
 
 
@@ -515,23 +551,78 @@ def test_the_alert_rules_parse_and_watch_metrics_the_daemons_export(full: Manife
     assert 'method="PushData"' in alerts["PyshufflePushesRefused"]["expr"]
 
 
+def _policy_of(manifests: Manifests, workload: Document) -> Document:
+    labels = workload["spec"]["template"]["metadata"]["labels"]
+    [policy] = [
+        policy
+        for policy in manifests.objects("NetworkPolicy")
+        if _selects(policy["spec"]["podSelector"], labels)
+    ]
+    return policy
+
+
+def _selects(selector: Document, labels: Mapping[str, str]) -> bool:
+    """Whether a Kubernetes label selector selects ``labels`` (``{}`` selects everything)."""
+    terms: list[Document] = selector.get("matchExpressions", [])
+    # The chart writes only In (a namespace by name); another operator would need reading here.
+    assert all(term["operator"] == "In" for term in terms), terms
+    return selector.get("matchLabels", {}).items() <= labels.items() and all(
+        labels.get(term["key"]) in term["values"] for term in terms
+    )
+
+
+def _admits(policy: Document, port: str, pod: Mapping[str, str], namespace: str, home: str) -> bool:
+    """Whether ``policy``, installed in namespace ``home``, lets a pod labelled ``pod`` in
+    ``namespace`` reach ``port``, as Kubernetes reads a NetworkPolicy's peers."""
+    # Kubernetes labels every namespace with its name.
+    namespace_labels = {"kubernetes.io/metadata.name": namespace}
+    for rule in policy["spec"]["ingress"]:
+        if port not in {item["port"] for item in rule["ports"]}:
+            continue
+        for peer in rule["from"]:
+            if "namespaceSelector" in peer:
+                in_namespace = _selects(peer["namespaceSelector"], namespace_labels)
+            else:
+                in_namespace = namespace == home
+            if in_namespace and _selects(peer.get("podSelector", {}), pod):
+                return True
+    return False
+
+
+def _documented_namespaces() -> tuple[str, str]:
+    """(pyshuffle's, Spark's): the namespaces deploy/README.md installs them in."""
+    readme = (REPO / "deploy" / "README.md").read_text(encoding="utf-8")
+    release = re.search(r"helm install pyshuffle deploy/helm/pyshuffle -n (\S+)", readme)
+    spark = re.search(r"kubectl -n (\S+) create secret generic pyshuffle-token --from-file", readme)
+    assert release is not None and spark is not None, "deploy/README.md's Kubernetes steps"
+    return release.group(1), spark.group(1)
+
+
 def test_network_policies_open_each_port_to_whom_it_is_for(full: Manifests) -> None:
     pyshuffle = {"app.kubernetes.io/name": "pyshuffle", "app.kubernetes.io/instance": "pyshuffle"}
-    clients = {
-        "podSelector": {"matchLabels": {"spark-role": "executor"}},
-        "namespaceSelector": {"matchLabels": {"team": "data"}},
-    }
+    executors = {"matchLabels": {"spark-role": "executor"}}
+    clients = [
+        {"podSelector": executors},
+        {
+            "podSelector": executors,
+            "namespaceSelector": {
+                "matchExpressions": [
+                    {
+                        "key": "kubernetes.io/metadata.name",
+                        "operator": "In",
+                        "values": ["etl", "batch"],
+                    }
+                ]
+            },
+        },
+        {"podSelector": executors, "namespaceSelector": {"matchLabels": {"team": "data"}}},
+    ]
     monitoring = {"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}
     for workload, served, watched in (
         (full.workload_of_role("coordinator"), {"grpc"}, {"metrics"}),
         (full.workload_of_role("worker"), {"grpc", "data"}, {"metrics"}),
     ):
-        labels = workload["spec"]["template"]["metadata"]["labels"]
-        [policy] = [
-            policy
-            for policy in full.objects("NetworkPolicy")
-            if policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
-        ]
+        policy = _policy_of(full, workload)
         assert policy["spec"]["policyTypes"] == ["Ingress"]
         allowed = {
             port["port"]: rule["from"]
@@ -541,9 +632,30 @@ def test_network_policies_open_each_port_to_whom_it_is_for(full: Manifests) -> N
         # Every port the container serves, and none it does not (FULL_VALUES has no status page).
         assert set(allowed) == {port["name"] for port in container(workload)["ports"]}
         for name in served:
-            assert allowed[name] == [clients, {"podSelector": {"matchLabels": pyshuffle}}]
+            assert allowed[name] == [*clients, {"podSelector": {"matchLabels": pyshuffle}}]
         for name in watched:
             assert allowed[name] == [monitoring]
+
+
+def test_the_default_network_policies_admit_spark_where_the_docs_run_it(tmp_path: Path) -> None:
+    release, spark = _documented_namespaces()
+    assert spark != release, "the docs run Spark beside pyshuffle: nothing to check"
+    executor = {"spark-role": "executor", "spark-app-selector": "spark-0123"}
+    by_default = _render(tmp_path / "default", "networkPolicy.enabled=true")
+    # A list given replaces the default whole.
+    moved = _render(
+        tmp_path / "moved", "networkPolicy.enabled=true", "networkPolicy.clientNamespaces={etl}"
+    )
+    for workload in by_default.workloads():
+        for port in {item["name"] for item in container(workload)["ports"]} & {"grpc", "data"}:
+            policy = _policy_of(by_default, workload)
+            assert _admits(policy, port, executor, spark, release), (port, spark)
+            assert _admits(policy, port, executor, release, release), (port, release)
+            assert not _admits(policy, port, executor, "elsewhere", release), port
+            policy = _policy_of(moved, workload)
+            assert _admits(policy, port, executor, "etl", release), port
+            assert not _admits(policy, port, executor, spark, release), port
+            assert _admits(policy, port, executor, release, release), port
 
 
 def test_values_reach_the_objects(full: Manifests, tmp_path: Path) -> None:
@@ -555,6 +667,44 @@ def test_values_reach_the_objects(full: Manifests, tmp_path: Path) -> None:
     (claim,) = workers["spec"]["volumeClaimTemplates"]
     assert claim["spec"]["storageClassName"] == "local-ssd"
     assert pod_spec(workers)["terminationGracePeriodSeconds"] == 75
+    assert config.get(WORKER_APPLICATION_QUOTA) == 2048 << 20
+    assert config.get(WORKER_TIER_URL) == "s3://shuffle-tier/pyshuffle"
+    assert config.get(WORKER_TIER_HIGH_WATER) == 40960 << 20
+    account = full.one("ServiceAccount")
+    assert account["metadata"]["name"] == "pyshuffle-daemons"
+    assert account["metadata"]["annotations"] == {"eks.amazonaws.com/role-arn": ROLE_ARN}
+    assert account["automountServiceAccountToken"] is False
     for workload in full.workloads():
         assert pod_spec(workload)["imagePullSecrets"] == [{"name": "registry"}]
+        # Both roles reach the tier: the workers move partitions, coordinators answer for them.
+        assert pod_spec(workload)["serviceAccountName"] == "pyshuffle-daemons"
+        env = container(workload)["env"]
+        assert all(variable in env for variable in EXTRA_ENV), workload["metadata"]["name"]
     assert full.one("Secret")["stringData"]["token"] == "a-test-token-of-the-chart"
+
+
+def test_the_plain_manifests_have_no_tier_quota_or_account_of_their_own(tmp_path: Path) -> None:
+    plain = Manifests.load(PLAIN)
+    config = _config(plain, tmp_path)
+    assert not config.contains(WORKER_TIER_URL)
+    assert not config.contains(WORKER_APPLICATION_QUOTA)
+    assert plain.objects("ServiceAccount") == []
+    for workload in plain.workloads():
+        assert "serviceAccountName" not in pod_spec(workload), "the namespace's default"
+
+
+@pytest.mark.parametrize(
+    ("values", "made", "used"),
+    [
+        (("serviceAccount.create=true",), True, "pyshuffle"),
+        (("serviceAccount.name=shared-identity",), False, "shared-identity"),
+    ],
+)
+def test_pods_run_as_the_service_account_made_or_named(
+    tmp_path: Path, values: tuple[str, ...], made: bool, used: str
+) -> None:
+    rendered = _render(tmp_path, *values)
+    accounts = [account["metadata"]["name"] for account in rendered.objects("ServiceAccount")]
+    assert accounts == ([used] if made else [])
+    for workload in rendered.workloads():
+        assert pod_spec(workload)["serviceAccountName"] == used

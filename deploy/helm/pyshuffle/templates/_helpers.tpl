@@ -38,6 +38,15 @@ headless Service, comma-separated. "domain" follows the Service's name: "" from 
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
 
+{{/* The pods' ServiceAccount; empty (the namespace's default) when none is created or named. */}}
+{{- define "pyshuffle.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{ .Values.serviceAccount.name | default (include "pyshuffle.fullname" .) }}
+{{- else -}}
+{{ .Values.serviceAccount.name }}
+{{- end -}}
+{{- end -}}
+
 {{- define "pyshuffle.tokenSecret" -}}
 {{ .Values.auth.existingSecret | default (printf "%s-token" (include "pyshuffle.fullname" .)) }}
 {{- end -}}
@@ -57,6 +66,9 @@ headless Service, comma-separated. "domain" follows the Service's name: "" from 
 # No Service environment variables (see values.yaml) and no API token: the daemon needs neither.
 enableServiceLinks: false
 automountServiceAccountToken: false
+{{- with include "pyshuffle.serviceAccountName" . }}
+serviceAccountName: {{ . }}
+{{- end }}
 terminationGracePeriodSeconds: {{ include "pyshuffle.terminationGracePeriod" . }}
 {{- with .Values.imagePullSecrets }}
 imagePullSecrets:
