@@ -62,6 +62,12 @@ die() {
     exit 1
 }
 
+# cluster_command ACTION: the command line for ACTION on this run directory, which it names:
+# without it the script would look in the default one, relative to where it is run.
+cluster_command() {
+    printf 'PYSHUFFLE_CLUSTER_DIR=%q %q %s' "$RUN_DIR" "$0" "$1"
+}
+
 is_count() {
     [[ $1 =~ ^[0-9]+$ ]]
 }
@@ -253,7 +259,7 @@ cmd_start() {
     done
     while read -r name; do
         if is_daemon "$(read_pid "$name")"; then
-            die "$name is already running (see '$0 status'); run '$0 stop' first"
+            die "$name is already running (see '$(cluster_command status)'); run '$(cluster_command stop)' first"
         fi
         rm -f "$RUN_DIR/$name.pid"
     done < <(recorded_names)
@@ -319,7 +325,7 @@ Spark:
   --conf spark.pyshuffle.shuffle-service-factory.class=$FACTORY
   --conf spark.pyshuffle.external-shuffle.coordinator.address=127.0.0.1:$COORDINATOR_PORT
   --conf spark.pyshuffle.external-shuffle.auth.token-file=$RUN_DIR/token
-Stop it with: $0 stop
+Stop it with: $(cluster_command stop)
 EOF
 }
 

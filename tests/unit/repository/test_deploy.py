@@ -552,7 +552,23 @@ def test_local_cluster_starts_lists_and_stops_its_daemons(
     assert status.returncode == 0, status.stdout + status.stderr
     assert all(f"{name} " in status.stdout for name in pids)
 
-    stopped = _cluster("stop", env=env)
+    # The stop command start prints works as printed, from another directory and without
+    # PYSHUFFLE_CLUSTER_DIR set: it names the run directory.
+    (hint,) = [
+        line.removeprefix("Stop it with: ")
+        for line in started.stdout.splitlines()
+        if line.startswith("Stop it with: ")
+    ]
+    elsewhere = {key: value for key, value in env.items() if key != "PYSHUFFLE_CLUSTER_DIR"}
+    stopped = subprocess.run(
+        ["bash", "-c", hint],
+        cwd=run_dir.parent,
+        capture_output=True,
+        text=True,
+        env=elsewhere,
+        timeout=120,
+        check=False,
+    )
     assert stopped.returncode == 0, stopped.stderr
     assert _all_gone(pids.values(), timeout=0.5), "stop returned before the daemons exited"
     assert _pids(run_dir) == {}
