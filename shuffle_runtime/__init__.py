@@ -11,7 +11,8 @@
 - :mod:`~shuffle_runtime.batches`, :mod:`~shuffle_runtime.ndarrays`,
   :mod:`~shuffle_runtime.splitting_writer`: vectorized record-batch helpers and the writers'
   shared front half;
-- :mod:`~shuffle_runtime.cli`: the ``pyshuffle`` command.
+- :mod:`~shuffle_runtime.cli`, :mod:`~shuffle_runtime.package_version`: the ``pyshuffle``
+  command and the version it says.
 
 It imports only :mod:`shuffle_api`.
 """

@@ -9,7 +9,6 @@ import argparse
 import os
 import sys
 from collections.abc import Iterable, Sequence
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Final
 
 from shuffle_api.config import ConfigOption, Configuration
@@ -25,8 +24,19 @@ from shuffle_api.plugins import (
     load_plugin,
     plugins,
 )
+from shuffle_runtime.package_version import package_version
 
-__all__ = ["OPTIONS_COMMAND", "catalogs", "main", "options_of", "print_options"]
+__all__ = [
+    "CLIENT",
+    "DAEMON",
+    "OPTIONS_COMMAND",
+    "catalogs",
+    "client_options",
+    "main",
+    "options_of",
+    "print_options",
+    "validate_for_role",
+]
 
 # The modules only an extra installs, by extra, and the command that sets up a source checkout
 # with it: a subcommand that misses one says what to install, not ModuleNotFoundError.
@@ -93,6 +103,39 @@ def _role_of(configuration: Configuration) -> str:
     return DAEMON if daemon_only & set(configuration.values) else CLIENT
 
 
+def validate_for_role(
+    configuration: Configuration, role: str, known: Sequence[ConfigOption[Any]]
+) -> None:
+    """ConfigError for a key of ``configuration`` that ``known`` (``role``'s options) does not
+    hold: when it is the other role's, that the file is for the other role (not a did-you-mean
+    for each of its keys); otherwise the key with the closest known one."""
+    other = DAEMON if role == CLIENT else CLIENT
+    keys = {option.key for option in known}
+    other_keys = {option.key for option in options_of(*ROLES[other])}
+    misplaced = sorted((other_keys - keys) & set(configuration.values))
+    if misplaced:
+        source = configuration.sources.get(misplaced[0], "the configuration")
+        own = (set(configuration.values) & keys) - other_keys
+        named = ", ".join(misplaced[:3]) + (
+            f" and {len(misplaced) - 3} more" if len(misplaced) > 3 else ""
+        )
+        raise ConfigError(
+            f"{source} sets {other} keys ({named})"
+            + (
+                f" beside {role} keys: give each its own file"
+                if own
+                else f": it is a {other}'s configuration, not a {role}'s"
+            )
+        )
+    configuration.validate(known)
+
+
+def client_options() -> tuple[ConfigOption[Any], ...]:
+    """Every key a client's file may set: the contract's and each installed client part's
+    (any implementation's, an engine's, ``pyshuffle admin``'s)."""
+    return _unique((*CORE_OPTIONS, *options_of(*ROLES[CLIENT])))
+
+
 def print_options(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="pyshuffle options",
@@ -112,13 +155,14 @@ def print_options(argv: list[str] | None = None) -> int:
         if not daemon:
             raise ConfigError("the daemon is not installed: pip install 'pyshuffle[external]'")
         known = (*CORE_OPTIONS, *daemon)
-        configuration.validate(known)
+        validate_for_role(configuration, DAEMON, known)
     else:
         # A client's file may be for any installed implementation or for `pyshuffle admin`
         # (which reads the external service's client keys whatever the factory): all their
         # keys are valid. Those the configured service does not read are named: a Spark
         # application on that service refuses them.
         client = options_of(*ROLES[CLIENT])
+        validate_for_role(configuration, CLIENT, client_options())
         factory = load_shuffle_service_factory(configuration, extra_options=client)
         service = (*CORE_OPTIONS, *factory.config_options(), *options_of(OptionRole.ENGINE))
         known = _unique((*service, *client))
@@ -141,13 +185,6 @@ def print_options(argv: list[str] | None = None) -> int:
         )
     _print_part(f"{role} options", known, configuration)
     return 0
-
-
-def _version() -> str:
-    try:
-        return version("pyshuffle")
-    except PackageNotFoundError:  # run from a source tree that was never installed
-        return "unknown (not installed)"
 
 
 def _command(name: str) -> Command:
@@ -186,7 +223,7 @@ def _missing_extra(error: ModuleNotFoundError) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else argv
     if arguments and arguments[0] in ("-V", "--version"):
-        print(f"pyshuffle {_version()}")
+        print(f"pyshuffle {package_version()}")
         return 0
     if not arguments or arguments[0] in ("-h", "--help") or arguments[0] not in plugins(COMMANDS):
         _print_usage()

@@ -31,6 +31,9 @@ R = TypeVar("R")
 # A coordinator that does not answer now may answer after a restart: these codes are retried.
 _RETRIED = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 _FIRST_BACKOFF = 0.1
+# After this long without an answer the wait is said at WARNING, naming the coordinators tried:
+# a restart is over by then, a wrong address or a network cut is not.
+_SILENCE_WARNING_SECONDS = 3.0
 _MAX_BACKOFF = 2.0
 
 
@@ -75,8 +78,10 @@ class Coordinators:
         """``call`` (given a coordinator's address) on the first coordinator that answers;
         while none does, again with backoff until the retry timeout. An answer that is an error
         is raised as its ShuffleError."""
-        deadline = time.monotonic() + self._retry_timeout
+        started = time.monotonic()
+        deadline = started + self._retry_timeout
         backoff = _FIRST_BACKOFF
+        warned = False
         while True:
             with self._lock:
                 start = self._preferred
@@ -94,16 +99,22 @@ class Coordinators:
                 with self._lock:
                     self._preferred = self.addresses.index(address)
                 return result
+            assert last_error is not None  # every coordinator was tried and failed
+            failed = translate_rpc_error(
+                last_error, f"{what} on coordinators {', '.join(self.addresses)}"
+            )
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                assert last_error is not None
-                failed = translate_rpc_error(
-                    last_error, f"{what} on coordinators {', '.join(self.addresses)}"
-                )
                 raise TransportError(
                     f"{failed} (gave up after retrying for {self._retry_timeout} s)"
                 ) from last_error
-            logger.info("no coordinator answers %s; retrying in %.1f s", what, backoff)
+            if not warned and time.monotonic() - started >= _SILENCE_WARNING_SECONDS:
+                warned = True
+                logger.warning(
+                    "no coordinator answers: %s; retrying for %.0f s more", failed, remaining
+                )
+            else:
+                logger.info("no coordinator answers %s; retrying in %.1f s", what, backoff)
             time.sleep(min(backoff, remaining))
             backoff = min(backoff * 2, _MAX_BACKOFF)
 

@@ -81,6 +81,8 @@ from scheduling.placement import new_placement_strategy
 from shuffle_api import ConfigError, Configuration, ShuffleError
 from shuffle_api.options import CORE_OPTIONS
 from shuffle_api.plugins import Command
+from shuffle_runtime.cli import DAEMON, validate_for_role
+from shuffle_runtime.package_version import package_version
 from shuffle_runtime.store import Store
 
 __all__ = ["COMMAND", "ROLES", "Daemon", "load_configuration", "main"]
@@ -131,7 +133,7 @@ class Daemon(Readiness):
     def __init__(self, configuration: Configuration, role: str) -> None:
         if role not in ROLES:
             raise ConfigError(f"unknown role {role!r}; choose one of {', '.join(ROLES)}")
-        configuration.validate([*CORE_OPTIONS, *DAEMON_OPTIONS])
+        validate_for_role(configuration, DAEMON, [*CORE_OPTIONS, *DAEMON_OPTIONS])
         self._config = configuration
         self._role = role
         self._token = load_token(configuration)
@@ -428,6 +430,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configuration = load_configuration(args.config, args.log_level)
     configure_logging(configuration.get(LOG_FORMAT), configuration.get(LOG_LEVEL))
+    logger.info(
+        "pyshuffle %s starting",
+        package_version(),
+        extra={
+            "role": args.role,
+            "config_file": args.config or "",
+            "environment": sorted(configuration.environment),  # names only: no secret logged
+        },
+    )
     # Blocked in every thread (they inherit the mask) and taken by sigwait below: a Python
     # handler that sets an Event can deadlock on the Event's lock when the signal lands while
     # the main thread waits on that Event, and the daemon then ignores SIGTERM for good. A

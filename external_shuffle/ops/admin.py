@@ -6,17 +6,16 @@ configuration: the coordinators' addresses, the token, TLS."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from collections.abc import Sequence
-
-import grpc
 
 from external_shuffle.client.coordinators import Coordinators
 from external_shuffle.ops.cluster_view import ClusterView, WorkerRow, merged_applications
 from external_shuffle.options import CLIENT_RETRY_TIMEOUT, coordinator_addresses
 from external_shuffle.wire.auth import load_token
-from external_shuffle.wire.channels import ChannelPool, ClientSettings, translate_rpc_error
+from external_shuffle.wire.channels import ChannelPool, ClientSettings
 from external_shuffle.wire.credentials import (
     CREDENTIAL_PREFIX,
     OPERATOR_ROLES,
@@ -25,15 +24,19 @@ from external_shuffle.wire.credentials import (
 )
 from external_shuffle.wire.errors import UnavailableError
 from external_shuffle.wire.messages import WorkerAddress
-from external_shuffle.wire.stubs import pb, pb_grpc
+from external_shuffle.wire.stubs import pb
 from shuffle_api import ConfigError, Configuration, InvalidOperationError
 from shuffle_api.plugins import Command
+from shuffle_runtime.cli import CLIENT, client_options, validate_for_role
 
 __all__ = ["COMMAND", "main"]
 
 _POLL_SECONDS = 1.0
 MAX_CREDENTIAL_DAYS = 366  # a leaked credential lives at most this long (else: a new secret)
 _HEARD_POLL_SECONDS = 0.1
+# An operator waits this long, at most, to hear that no coordinator answers (with its address),
+# not a running job's retry timeout: a command is run again, a job's calls are not.
+_PATIENCE_SECONDS = 3.0
 
 
 def format_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -50,11 +53,14 @@ class Admin:
     """Calls of an operator to the cluster's coordinators and workers."""
 
     def __init__(self, configuration: Configuration) -> None:
-        self._channels = ChannelPool(ClientSettings.from_configuration(configuration))
+        settings = ClientSettings.from_configuration(configuration)
+        self._channels = ChannelPool(
+            dataclasses.replace(settings, timeout=min(settings.timeout, _PATIENCE_SECONDS))
+        )
         self._coordinators = Coordinators(
             coordinator_addresses(configuration),
             self._channels,
-            retry_timeout=configuration.get(CLIENT_RETRY_TIMEOUT),
+            retry_timeout=min(configuration.get(CLIENT_RETRY_TIMEOUT), _PATIENCE_SECONDS),
         )
 
     def close(self) -> None:
@@ -95,36 +101,28 @@ class Admin:
         return ClusterView(workers, merged_applications(heard))
 
     def decommission(self, worker: str, wait: float, *, cancel: bool = False) -> int:
-        """Tell ``worker`` (its id or host:port) to take no new partitions, or with ``cancel``
-        to take them again; with ``wait``, wait up to that many seconds for its partitions to be
-        released or moved to its tier store. Returns those remaining."""
-        entries = {
-            key: entry
-            for entry in self._worker_entries()
-            for key in (entry.worker.worker_id, f"{entry.worker.host}:{entry.worker.port}")
-        }
-        entry = entries.get(worker)
-        if entry is None:
-            known = ", ".join(sorted(e.worker.worker_id for e in entries.values()))
-            raise InvalidOperationError(f"no worker {worker!r} is known; known: {known}")
-        address = WorkerAddress.from_pb(entry.worker)
-        stub = pb_grpc.WorkerStub(self._channels.get(address.target))
-        doing = "cancelling the decommission of" if cancel else "decommissioning"
-        try:
-            answer = stub.Decommission(
-                pb.DecommissionRequest(cancel=cancel), timeout=self._coordinators.timeout
-            )
-        except grpc.RpcError as error:
-            raise translate_rpc_error(error, f"{doing} {address.target}") from error
+        """Tell ``worker`` (its id, host:port, host or host name: a pod's name), through a
+        coordinator, to take no new partitions, or with ``cancel`` to take them again; with
+        ``wait``, wait up to that many seconds for its partitions to be released or moved to
+        its tier store. Returns those remaining."""
+        address = self._worker_named(worker)
+        coordinators = self._coordinators
+        answer = coordinators.first(
+            f"{'cancelling the decommission of' if cancel else 'decommissioning'} {worker}",
+            lambda at: coordinators.stub(at).DecommissionWorker(
+                pb.DecommissionWorkerRequest(worker_id=address.worker_id, cancel=cancel),
+                timeout=coordinators.timeout,
+            ),
+        )
         remaining = int(answer.partitions_remaining)
-        # The coordinator hears it on the worker's next heartbeat; until then it may still
-        # place partitions there (or not). Return once it knows (or say it does not yet).
-        deadline = time.monotonic() + self._coordinators.timeout
+        # The coordinator that passed it on knows at once, unless a heartbeat the worker sent
+        # before it heard overtook the answer: the next one says it. Return once it knows.
+        deadline = time.monotonic() + _PATIENCE_SECONDS
         while self._load(address.worker_id).decommissioning == cancel:
             if time.monotonic() > deadline:
                 raise UnavailableError(
-                    f"{doing} {address.target}: the coordinator has not heard it yet: check"
-                    " with `pyshuffle admin workers`"
+                    f"{worker}: the coordinator has not heard it yet: check with"
+                    " `pyshuffle admin workers`"
                 )
             time.sleep(_HEARD_POLL_SECONDS)
         if cancel:
@@ -135,6 +133,22 @@ class Admin:
             load = self._load(address.worker_id)
             remaining = load.partitions - load.partitions_on_tier  # moved ones outlive it
         return remaining
+
+    def _worker_named(self, name: str) -> WorkerAddress:
+        """The one worker ``name`` names: its id, host:port, host or host name."""
+        addresses = [WorkerAddress.from_pb(entry.worker) for entry in self._worker_entries()]
+        named = [
+            address
+            for address in addresses
+            if name in (address.worker_id, address.target, address.host, address.hostname)
+        ]
+        if len(named) == 1:
+            return named[0]
+        if named:
+            several = ", ".join(sorted(f"{a.worker_id} ({a.target})" for a in named))
+            raise InvalidOperationError(f"{name!r} names several workers: {several}; give its id")
+        known = ", ".join(sorted(address.worker_id for address in addresses))
+        raise InvalidOperationError(f"no worker {name!r} is known; known: {known}")
 
     def _load(self, worker_id: str) -> pb.WorkerLoad:
         """The load the coordinator last heard from ``worker_id`` (empty once it is gone)."""
@@ -203,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     configuration = Configuration.load(toml_file=args.config)
+    validate_for_role(configuration, CLIENT, client_options())
     if args.command == "credential":
         print(issue_credential(configuration, Role(args.role), args.name, args.days))
         return 0

@@ -4,7 +4,6 @@ roles it runs."""
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
 import socket
 import threading
@@ -26,6 +25,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 
 from external_shuffle.ops.health import PROBE_HEADERS, Readiness, probe_answer
 from shuffle_api import ConfigError
+from shuffle_runtime.package_version import package_version
 
 __all__ = ["COORDINATOR", "WORKER", "DaemonMetrics"]
 
@@ -65,13 +65,6 @@ def _with_probes(metrics: _WsgiApp, readiness: Readiness) -> _WsgiApp:
     return app
 
 
-def _version() -> str:
-    try:
-        return importlib.metadata.version("pyshuffle")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"  # run from a source tree that was never installed
-
-
 class DaemonMetrics:
     """What the roles of one daemon count. A metric of a role the process does not run is
     still there to be updated, but not exported (``registry=None``)."""
@@ -83,7 +76,7 @@ class DaemonMetrics:
         ProcessCollector(registry=every)
         every.register(PLATFORM_COLLECTOR)
         Info("pyshuffle_build", "The pyshuffle this daemon runs", registry=every).info(
-            {"version": _version(), "roles": ",".join(sorted(roles))}
+            {"version": package_version(), "roles": ",".join(sorted(roles))}
         )
         self._add_shared_metrics(every)
         self._add_worker_metrics(every if WORKER in roles else None)

@@ -90,7 +90,8 @@ def grpc_method(service: str, name: str) -> str:
 _READER_METHODS: Final = frozenset(
     {grpc_method("Coordinator", "ListWorkers"), grpc_method("Coordinator", "ListApplications")}
 )
-_ADMIN_METHODS: Final = frozenset({grpc_method("Worker", "Decommission")})
+# Operators decommission through a coordinator, which passes it on with the cluster's secret.
+_ADMIN_METHODS: Final = frozenset({grpc_method("Coordinator", "DecommissionWorker")})
 _REGISTER_APPLICATION: Final = grpc_method("Coordinator", "RegisterApplication")
 _FETCH_DATA: Final = grpc_method("Worker", "FetchData")
 _APPLICATION_METHODS: Final = frozenset(

@@ -120,6 +120,8 @@ class WorkerAddress:
     """Where the worker serves fetches over a plain socket (0: it does not)."""
     tier_url: str = ""
     """The shared store the worker moves committed partitions to ("": none)."""
+    hostname: str = ""
+    """The worker's host name (a pod's name on Kubernetes; "": not said)."""
 
     def __post_init__(self) -> None:
         validate_id(self.worker_id, "worker id")
@@ -138,6 +140,7 @@ class WorkerAddress:
             store_shared=self.store_shared,
             data_port=self.data_port,
             tier_url=self.tier_url,
+            hostname=self.hostname,
         )
 
     @classmethod
@@ -150,4 +153,5 @@ class WorkerAddress:
             message.store_shared,
             message.data_port,
             message.tier_url,
+            message.hostname,
         )

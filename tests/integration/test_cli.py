@@ -113,7 +113,17 @@ def test_options_refuses_a_file_that_mixes_the_roles(tmp_path: Path) -> None:
     result = _pyshuffle("options", "--config", str(mixed), env=WITHOUT_PYSHUFFLE_VARIABLES)
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
-    assert "unknown config key 'netty-like.sort-buffer.size'" in result.stderr
+    assert "sets client keys (netty-like.sort-buffer.size) beside daemon keys" in result.stderr
+
+
+def test_options_says_a_daemons_file_is_not_a_clients(tmp_path: Path) -> None:
+    daemon_file = ROOT / "deploy" / "pyshuffle-daemon.toml"
+    result = _pyshuffle(
+        "options", "--config", str(daemon_file), "--role", "client", env=WITHOUT_PYSHUFFLE_VARIABLES
+    )
+    assert result.returncode == 1
+    assert "it is a daemon's configuration, not a client's" in result.stderr
+    assert "did you mean" not in result.stderr
 
 
 def _minimal_client_file(path: Path) -> Path:

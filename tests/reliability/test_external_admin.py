@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ from shuffle_api import (
 )
 from shuffle_api.ids import new_id
 from tests.eventually import eventually
+from tests.port_forward import port_forward
 from tests.pyshuffle_command import WITHOUT_PYSHUFFLE_VARIABLES, pyshuffle
 from tests.reliability.external_cluster import (
     ALL,
@@ -126,6 +128,8 @@ def test_an_unknown_worker_is_a_clear_error(cluster: LocalCluster) -> None:
     assert done.returncode == 1
     assert "Traceback" not in done.stderr
     assert "no worker 'worker-nobody' is known" in done.stderr
+    for index in range(2):  # each known worker named once
+        assert done.stderr.count(_worker_id(cluster, index)) == 1
 
 
 def test_the_listings_as_json_carry_plain_numbers(cluster: LocalCluster) -> None:
@@ -197,14 +201,17 @@ def _credential(cluster: LocalCluster, role: str) -> str:
     return issued.stdout.strip()
 
 
-def _operator_config(cluster: LocalCluster, directory: Path, token: str) -> str:
-    """A config an operator holds: the coordinator's address and their own credential."""
+def _operator_config(
+    cluster: LocalCluster, directory: Path, token: str, coordinator: str | None = None
+) -> str:
+    """A config an operator holds: the coordinator's address (``coordinator``: another route to
+    it) and their own credential."""
     directory.mkdir()
     token_file = directory / "token"
     token_file.write_text(token)
     config = directory / "operator.toml"
     config.write_text(
-        f'"external-shuffle.coordinator.address" = "{cluster.coordinator_address}"\n'
+        f'"external-shuffle.coordinator.address" = "{coordinator or cluster.coordinator_address}"\n'
         f'"external-shuffle.auth.token-file" = "{token_file}"\n'
     )
     return str(config)
@@ -214,9 +221,11 @@ def _operator(config: str, *args: str) -> subprocess.CompletedProcess[str]:
     return pyshuffle("admin", "--config", config, *args, env=WITHOUT_PYSHUFFLE_VARIABLES)
 
 
-def _worker_refusals(cluster: LocalCluster) -> float:
-    method = grpc_method("Worker", "Decommission")
-    return scrape(cluster, "worker-1").get(f'pyshuffle_auth_failures_total{{method="{method}"}}', 0)
+def _coordinator_refusals(cluster: LocalCluster) -> float:
+    method = grpc_method("Coordinator", "DecommissionWorker")
+    return scrape(cluster, "coordinator").get(
+        f'pyshuffle_auth_failures_total{{method="{method}"}}', 0
+    )
 
 
 def test_a_reader_credential_lists_but_cannot_decommission_and_an_admin_one_can(
@@ -230,14 +239,14 @@ def test_a_reader_credential_lists_but_cannot_decommission_and_an_admin_one_can(
     }
     assert _operator(reader, "applications", "--json").returncode == 0
     target = cluster.worker_target(1)
-    refusals = _worker_refusals(cluster)
+    refusals = _coordinator_refusals(cluster)
     refused = _operator(reader, "decommission", target)
     assert refused.returncode == 1 and "Traceback" not in refused.stderr
     assert "PermissionDeniedError" in refused.stderr
     assert "reader 'reader-op': it needs an admin credential" in refused.stderr
-    assert _worker_refusals(cluster) == refusals + 1
-    assert f"refused {grpc_method('Worker', 'Decommission')}" in (
-        (cluster.directory / "worker-1.log").read_text()
+    assert _coordinator_refusals(cluster) == refusals + 1
+    assert f"refused {grpc_method('Coordinator', 'DecommissionWorker')}" in (
+        (cluster.directory / "coordinator.log").read_text()
     )
     assert _rows(listed.stdout)[_worker_id(cluster, 1)][2] == "alive"
     assert _rows(admin(cluster, "workers").stdout)[_worker_id(cluster, 1)][2] == "alive"
@@ -309,3 +318,70 @@ def test_an_application_is_listed_with_who_its_engine_says_it_is(cluster: LocalC
         "etl",
     )
     assert table[1:4] == ["local-1795950000000", listed["name"], "etl"]
+
+
+def test_decommission_goes_through_a_coordinator_only(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    # As through `kubectl port-forward` to one coordinator: the operator's only route, and an
+    # admin credential is refused by the workers themselves.
+    worker_id = _worker_id(cluster, 0)
+    token = _credential(cluster, "admin")
+    with pytest.raises(PermissionDeniedError, match="the cluster's secret"):
+        _direct_decommission(cluster.worker_target(0), token)
+    with port_forward(cluster.coordinator_targets[0]) as port:
+        operator = _operator_config(cluster, tmp_path / "op", token, f"127.0.0.1:{port}")
+        done = _operator(operator, "decommission", worker_id)
+        assert done.returncode == 0, done.stderr
+        assert _rows(_operator(operator, "workers").stdout)[worker_id][2] == "decommissioning"
+        # Every worker of this cluster shares the host's name: it names none alone.
+        several = _operator(operator, "cancel-decommission", socket.gethostname())
+        assert several.returncode == 1
+        assert "names several workers" in several.stderr and worker_id in several.stderr
+        assert _operator(operator, "cancel-decommission", worker_id).returncode == 0
+    assert _rows(admin(cluster, "workers").stdout)[worker_id][2] == "alive"
+    coordinator_log = (cluster.directory / "coordinator.log").read_text()
+    assert "decommissioning a worker, asked by admin 'admin-op'" in coordinator_log
+    assert "cancelling the decommission of a worker, asked by admin 'admin-op'" in coordinator_log
+    assert "no new partitions (asked by the cluster's secret)" in (
+        (cluster.directory / "worker-0.log").read_text()
+    )
+
+
+def _direct_decommission(target: str, token: str) -> None:
+    with grpc.insecure_channel(target) as channel:
+        try:
+            pb_grpc.WorkerStub(channel).Decommission(
+                pb.DecommissionRequest(),
+                metadata=[("authorization", f"Bearer {token}")],
+                timeout=10,
+            )
+        except grpc.RpcError as error:
+            raise translate_rpc_error(error, f"decommissioning {target}") from error
+
+
+def test_a_misspelled_key_is_refused_at_once_with_a_hint(tmp_path: Path) -> None:
+    config = tmp_path / "client.toml"
+    config.write_text('"external-shuffle.coordinator.adress" = "127.0.0.1:1"\n')
+    refused = pyshuffle(
+        "admin", "--config", str(config), "workers", env=WITHOUT_PYSHUFFLE_VARIABLES
+    )
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert "did you mean 'external-shuffle.coordinator.address'?" in refused.stderr
+
+
+def test_a_coordinator_that_does_not_answer_is_named_within_seconds(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{closed.getsockname()[1]}"
+        operator = _operator_config(
+            cluster, tmp_path / "op", cluster.token_file.read_text(), address
+        )
+        started = time.monotonic()
+        failed = _operator(operator, "workers")
+    assert failed.returncode == 1 and "Traceback" not in failed.stderr
+    assert f"listing workers on coordinators {address}" in failed.stderr
+    assert "gave up after retrying for 3.0 s" in failed.stderr
+    assert time.monotonic() - started < 30  # not the 60 s a job's calls retry for

@@ -124,6 +124,32 @@ def test_unregistering_a_job_deletes_its_partitions_but_persistent_ones_wait_for
     ]
 
 
+def test_at_debug_the_daemons_log_each_partition_and_at_start_their_version(
+    tmp_path: Path,
+) -> None:
+    settings = {"external-shuffle.daemon.log-level": "debug"}
+    with LocalCluster(tmp_path / "cluster", workers=1, settings=settings) as cluster:
+        with scenario_on(cluster) as scenario:
+            produced, _ = scenario.produce(batches(), partitions=2, subpartitions=SUBPARTITIONS)
+            for descriptor in produced:
+                scenario.master.release_partition_externally(descriptor)
+        logs = {
+            name: [json.loads(line) for line in (cluster.directory / f"{name}.log").open()]
+            for name in ("coordinator", "worker-0")
+        }
+    partitions = [str(descriptor.result_partition_id) for descriptor in produced]
+    for name, role in (("coordinator", "coordinator"), ("worker-0", "worker")):
+        first = logs[name][0]
+        assert first["message"].startswith("pyshuffle ") and first["message"].endswith(" starting")
+        assert first["role"] == role
+        assert first["config_file"] == str(cluster.directory / f"{name}.toml")
+    messages = {name: [entry["message"] for entry in log] for name, log in logs.items()}
+    for partition in partitions:
+        assert any(m.startswith(f"placed {partition} on worker-") for m in messages["coordinator"])
+        assert any(m.startswith(f"committed {partition}: ") for m in messages["worker-0"])
+        assert f"released {partition}" in messages["worker-0"]
+
+
 def test_client_environment_holds_nothing_locally_after_writing(cluster: LocalCluster) -> None:
     with scenario_on(cluster) as scenario:
         descriptors, _ = scenario.produce(

@@ -17,7 +17,7 @@ from external_shuffle.daemon.coordinator.tier_stores import TierStores
 from external_shuffle.daemon.error_statuses import reports_errors
 from external_shuffle.ops.cluster_view import ApplicationRow, ClusterView, WorkerRow
 from external_shuffle.ops.metrics import DaemonMetrics
-from external_shuffle.wire.channels import ChannelPool
+from external_shuffle.wire.channels import ChannelPool, translate_rpc_error
 from external_shuffle.wire.credentials import (
     CLUSTER_CREDENTIAL,
     Credential,
@@ -38,6 +38,7 @@ from external_shuffle.wire.stubs import pb, pb_grpc
 from scheduling.placement import PlacementStrategy
 from shuffle_api import (
     ApplicationIdentity,
+    InvalidOperationError,
     PermissionDeniedError,
     ResultPartitionID,
 )
@@ -221,6 +222,35 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             request.worker_id, f"unreachable for a client: {request.error[:200]}"
         )
         return pb.ReportUnreachableWorkerResponse(declared_dead=True)
+
+    @reports_errors
+    def DecommissionWorker(  # noqa: N802
+        self, request: pb.DecommissionWorkerRequest, context: grpc.ServicerContext
+    ) -> pb.DecommissionResponse:
+        """An operator's decommission (or its cancel), passed on to the worker with this
+        daemon's credential; logged with who asked."""
+        caller = self._caller(context)
+        address = self.state.live_address(request.worker_id)
+        if address is None:
+            raise InvalidOperationError(f"no live worker {request.worker_id!r} is known here")
+        doing = "cancelling the decommission of" if request.cancel else "decommissioning"
+        try:
+            answer: pb.DecommissionResponse = pb_grpc.WorkerStub(
+                self._peers.get(address.target)
+            ).Decommission(
+                pb.DecommissionRequest(cancel=request.cancel),
+                timeout=self._peers.settings.timeout,
+            )
+        except grpc.RpcError as error:
+            raise translate_rpc_error(error, f"{doing} {address.target}") from error
+        self.state.heard_decommission(request.worker_id, decommissioning=not request.cancel)
+        logger.info(
+            "%s a worker, asked by %s",
+            doing,
+            caller,
+            extra={"worker_id": request.worker_id, "target": address.target},
+        )
+        return answer
 
     # --- applications and jobs ----------------------------------------------------------------
 

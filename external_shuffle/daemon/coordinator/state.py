@@ -220,6 +220,14 @@ class CoordinatorState:
                 for worker in self._workers.values()
             ]
 
+    def heard_decommission(self, worker_id: str, *, decommissioning: bool) -> None:
+        """The worker took a decommission (or its cancel) passed on from here: placement here
+        follows at once, not from its next heartbeat."""
+        with self._lock:
+            worker = self._workers.get(worker_id)
+            if worker is not None:
+                worker.load.decommissioning = decommissioning
+
     def live_address(self, worker_id: str) -> WorkerAddress | None:
         with self._lock:
             worker = self._workers.get(worker_id)
@@ -461,6 +469,7 @@ class CoordinatorState:
                 else:
                     entry.replicas = self._place(partition, request)
                     self._track(entry)
+                    logger.debug("placed %s on %s", partition, ", ".join(entry.replicas))
             elif request.placed_on and not entry.job_id:
                 # Adopted from the workers that registered so far: the client knows them all.
                 self._restore_replicas(entry, request.placed_on, dialable=trusted)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -102,6 +103,7 @@ class WorkerService(pb_grpc.WorkerServicer):
             store_shared,
             data_port,
             "" if tier is None else tier.url,
+            socket.gethostname(),
         )
         state = self.state
         metrics.memory_in_use.set_function(lambda: state.buffered_bytes)
@@ -319,5 +321,7 @@ class WorkerService(pb_grpc.WorkerServicer):
     def Decommission(  # noqa: N802
         self, request: pb.DecommissionRequest, context: grpc.ServicerContext
     ) -> pb.DecommissionResponse:
-        remaining = self.state.decommission(cancel=request.cancel)
+        remaining = self.state.decommission(
+            cancel=request.cancel, asked_by=str(self._caller(context))
+        )
         return pb.DecommissionResponse(partitions_remaining=remaining)

@@ -411,18 +411,20 @@ class WorkerState:
         """Taking no new partitions: shutting down (:meth:`drain`), or decommissioning."""
         return self._shutting_down or self._decommissioning
 
-    def decommission(self, *, cancel: bool) -> int:
+    def decommission(self, *, cancel: bool, asked_by: str) -> int:
         """Take no new partitions (committed ones are still served, and move to the tier store
         if there is one), or with ``cancel`` take them again, unless shutting down. Returns the
-        partitions still held here (not moved to the tier)."""
+        partitions still held here (not moved to the tier). ``asked_by``: who, for the log."""
         if not cancel:
             self._decommissioning = True
-            logger.info("decommissioning: no new partitions")
+            logger.info("decommissioning: no new partitions (asked by %s)", asked_by)
         elif self._shutting_down:
             raise ShuffleServiceClosedError("the worker is shutting down: it stays drained")
         else:
             self._decommissioning = False
-            logger.info("decommission cancelled: taking new partitions again")
+            logger.info(
+                "decommission cancelled: taking new partitions again (asked by %s)", asked_by
+            )
         with self._lock:
             return sum(not committed.on_tier for committed in self._committed.values())
 
@@ -561,6 +563,12 @@ class WorkerState:
                 )
                 for watch in self._commit_watches:
                     watch.add(Commit(partition, application_id))
+            logger.debug(
+                "committed %s: %d bytes for application %r",
+                partition,
+                parsed.data_bytes,
+                application_id,
+            )
 
     def open_reader(
         self, partition: ResultPartitionID, subpartitions: SubpartitionRange
@@ -674,7 +682,9 @@ class WorkerState:
         released = 0
         for partition in partitions:
             with self._partition_lock(partition):
-                released += self._forget(partition)
+                was_here = self._forget(partition)
+            released += was_here
+            logger.debug("released %s%s", partition, "" if was_here else " (not here)")
         return released
 
     def _drop_charges(self, upload: Upload) -> None:

@@ -17,7 +17,7 @@ class PartitionKey(_message.Message):
     def __init__(self, result_id: _Optional[str] = ..., partition_index: _Optional[int] = ..., producer_attempt_id: _Optional[str] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("worker_id", "host", "port", "store_url", "store_shared", "data_port", "tier_url")
+    __slots__ = ("worker_id", "host", "port", "store_url", "store_shared", "data_port", "tier_url", "hostname")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
@@ -25,6 +25,7 @@ class WorkerInfo(_message.Message):
     STORE_SHARED_FIELD_NUMBER: _ClassVar[int]
     DATA_PORT_FIELD_NUMBER: _ClassVar[int]
     TIER_URL_FIELD_NUMBER: _ClassVar[int]
+    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     host: str
     port: int
@@ -32,7 +33,8 @@ class WorkerInfo(_message.Message):
     store_shared: bool
     data_port: int
     tier_url: str
-    def __init__(self, worker_id: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., store_url: _Optional[str] = ..., store_shared: _Optional[bool] = ..., data_port: _Optional[int] = ..., tier_url: _Optional[str] = ...) -> None: ...
+    hostname: str
+    def __init__(self, worker_id: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., store_url: _Optional[str] = ..., store_shared: _Optional[bool] = ..., data_port: _Optional[int] = ..., tier_url: _Optional[str] = ..., hostname: _Optional[str] = ...) -> None: ...
 
 class WorkerLoad(_message.Message):
     __slots__ = ("stored_bytes", "partitions", "buffered_bytes", "decommissioning", "store_free_bytes", "partitions_on_tier", "application_bytes")
@@ -430,6 +432,14 @@ class WorkerPartitionStatusResponse(_message.Message):
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     partitions: _containers.RepeatedCompositeFieldContainer[WorkerPartitionStatusResponse.Entry]
     def __init__(self, partitions: _Optional[_Iterable[_Union[WorkerPartitionStatusResponse.Entry, _Mapping]]] = ...) -> None: ...
+
+class DecommissionWorkerRequest(_message.Message):
+    __slots__ = ("worker_id", "cancel")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    cancel: bool
+    def __init__(self, worker_id: _Optional[str] = ..., cancel: _Optional[bool] = ...) -> None: ...
 
 class DecommissionRequest(_message.Message):
     __slots__ = ("cancel",)

@@ -101,6 +101,11 @@ class CoordinatorStub:
                 request_serializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.ListApplicationsRequest.SerializeToString,
                 response_deserializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.ListApplicationsResponse.FromString,
                 _registered_method=True)
+        self.DecommissionWorker = channel.unary_unary(
+                '/pyshuffle.v1.external_shuffle.Coordinator/DecommissionWorker',
+                request_serializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.DecommissionWorkerRequest.SerializeToString,
+                response_deserializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.DecommissionResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -191,6 +196,14 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DecommissionWorker(self, request, context):
+        """An operator's decommission of a worker (or its cancel), which the coordinator passes on
+        to the worker: an operator needs to reach a coordinator only (a port-forward to it, say).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -258,6 +271,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.ListApplications,
                     request_deserializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.ListApplicationsRequest.FromString,
                     response_serializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.ListApplicationsResponse.SerializeToString,
+            ),
+            'DecommissionWorker': grpc.unary_unary_rpc_method_handler(
+                    servicer.DecommissionWorker,
+                    request_deserializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.DecommissionWorkerRequest.FromString,
+                    response_serializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.DecommissionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -613,6 +631,33 @@ class Coordinator:
             '/pyshuffle.v1.external_shuffle.Coordinator/ListApplications',
             pyshuffle_dot_v1_dot_external__shuffle__pb2.ListApplicationsRequest.SerializeToString,
             pyshuffle_dot_v1_dot_external__shuffle__pb2.ListApplicationsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DecommissionWorker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pyshuffle.v1.external_shuffle.Coordinator/DecommissionWorker',
+            pyshuffle_dot_v1_dot_external__shuffle__pb2.DecommissionWorkerRequest.SerializeToString,
+            pyshuffle_dot_v1_dot_external__shuffle__pb2.DecommissionResponse.FromString,
             options,
             channel_credentials,
             insecure,

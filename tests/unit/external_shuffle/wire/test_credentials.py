@@ -23,7 +23,8 @@ SECRET = "the-cluster-secret"
 NOW = 1_800_000_000.0
 LIST_WORKERS = "/pyshuffle.v1.external_shuffle.Coordinator/ListWorkers"
 LIST_APPLICATIONS = "/pyshuffle.v1.external_shuffle.Coordinator/ListApplications"
-DECOMMISSION = "/pyshuffle.v1.external_shuffle.Worker/Decommission"
+DECOMMISSION = "/pyshuffle.v1.external_shuffle.Coordinator/DecommissionWorker"
+WORKER_DECOMMISSION = "/pyshuffle.v1.external_shuffle.Worker/Decommission"
 FETCH = "/pyshuffle.v1.external_shuffle.Worker/FetchData"
 REGISTER_WORKER = "/pyshuffle.v1.external_shuffle.Coordinator/RegisterWorker"
 REGISTER_APPLICATION = "/pyshuffle.v1.external_shuffle.Coordinator/RegisterApplication"
@@ -76,6 +77,9 @@ def test_a_reader_lists_an_admin_also_decommissions_neither_touches_data(
     admin.check_may_call(DECOMMISSION)
     with pytest.raises(PermissionDeniedError, match=r"reader 'r'.*needs an admin credential"):
         reader.check_may_call(DECOMMISSION)
+    # Through a coordinator only: it passes it on to the worker with the cluster's secret.
+    with pytest.raises(PermissionDeniedError, match=r"admin 'a'.*needs the cluster's secret"):
+        admin.check_may_call(WORKER_DECOMMISSION)
 
 
 def test_forged_foreign_and_malformed_tokens_are_refused_alike(check: CredentialCheck) -> None:

@@ -494,3 +494,15 @@ def test_a_copy_a_worker_holds_for_another_application_is_neither_a_replica_nor_
     [placement] = state.job_partitions("app-a", "job-1")[0]
     assert placement.replicas == (worker(0),)
     assert state.owners([partition(0)]) == {partition(0): "app-a"}
+
+
+def test_a_decommission_passed_on_from_here_moves_placement_at_once(clock: Clock) -> None:
+    state = new_state(clock)
+    for index in range(2):
+        state.register_worker(worker(index), pb.WorkerLoad(), [])
+    state.register_application("app-1")
+    state.register_job("app-1", "job-1")
+    state.heard_decommission("worker-0", decommissioning=True)  # before its next heartbeat
+    assert {register(state, index)[0].worker_id for index in range(4)} == {"worker-1"}
+    state.heard_decommission("worker-0", decommissioning=False)
+    assert "worker-0" in {register(state, index)[0].worker_id for index in range(4, 8)}

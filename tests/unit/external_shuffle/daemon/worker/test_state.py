@@ -147,17 +147,17 @@ def test_a_draining_worker_takes_no_new_partition_but_finishes_those_under_way(
     state = _state(store, clock)
     under_way, new = build_partition(), build_partition()
     _push(state, under_way)
-    assert state.decommission(cancel=False) == 0
+    assert state.decommission(cancel=False, asked_by="an operator") == 0
     assert state.draining and state.load().decommissioning
     with pytest.raises(UnavailableError):
         state.begin_push(new.partition)
     assert state.begin_push(under_way.partition) is not None  # a retried push goes on
     _commit(state, under_way)
-    assert state.decommission(cancel=True) == 1
+    assert state.decommission(cancel=True, asked_by="an operator") == 1
     assert not state.draining
     state.drain()  # SIGTERM: for good
     with pytest.raises(ShuffleServiceClosedError):
-        state.decommission(cancel=True)
+        state.decommission(cancel=True, asked_by="an operator")
     assert state.draining
 
 
@@ -322,10 +322,10 @@ def test_a_decommissioned_worker_moves_everything_and_counts_what_is_left(
         _push(state, each)
         _commit(state, each)
     assert state.partitions_to_move(0, 0) == []  # no high-water mark, no decommission
-    assert state.decommission(cancel=False) == 2
+    assert state.decommission(cancel=False, asked_by="an operator") == 2
     assert state.partitions_to_move(0, 0) == [each.partition for each in built]
     state.move_to_tier(built[0].partition)
-    assert state.decommission(cancel=False) == 1
+    assert state.decommission(cancel=False, asked_by="an operator") == 1
 
 
 def test_a_restart_without_the_tier_its_partitions_moved_to_is_refused_naming_it(
