@@ -249,7 +249,7 @@ cmd_start() {
         die "LOCAL_CLUSTER_START_TIMEOUT and LOCAL_CLUSTER_STOP_TIMEOUT are whole seconds"
     fi
     command -v "$PYSHUFFLE_COMMAND" >/dev/null 2>&1 \
-        || die "command not found: $PYSHUFFLE_COMMAND (pip install \"pyshuffle[external]\", or set PYSHUFFLE)"
+        || die "command not found: $PYSHUFFLE_COMMAND (install pyshuffle's wheel with its external extra: README.md's Install; or set PYSHUFFLE)"
     (umask 077 && mkdir -p "$RUN_DIR")
     RUN_DIR=$(cd "$RUN_DIR" && pwd)
 
