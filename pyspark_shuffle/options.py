@@ -26,6 +26,7 @@ __all__ = [
     "MAP_TARGET_SIZE",
     "MAX_RECOVERY_ATTEMPTS",
     "MAX_SUBPARTITIONS",
+    "PROGRESS_BAR",
     "PROGRESS_INTERVAL",
     "PYSPARK_SHUFFLE_CATALOG",
     "PYSPARK_SHUFFLE_OPTIONS",
@@ -99,6 +100,19 @@ PROGRESS_INTERVAL = float_option(
     "Seconds between progress lines of a running map stage on the driver's stderr; 0: none.",
     minimum=0.0,
 )
+PROGRESS_BAR = choice_option(
+    "pyspark-shuffle.progress.bar",
+    "auto",
+    "A one-line bar of a running map stage on the driver's stderr, redrawn in place once the"
+    " stage has run half a second, as Spark's console progress draws its stages"
+    " ([pyshuffle map 3: ====>   (12 + 2) / 40]). auto: where the driver's output shows on a"
+    " terminal (spark-submit's too, when Spark logs no INFO lines there) or in a Jupyter/IPython"
+    " kernel, unless spark.ui.showConsoleProgress is false or Spark draws its own bar there,"
+    " which shows the same stages (a classic session's when that setting is true, as PySpark"
+    " sets it for a session it starts itself; a Spark Connect shell's); true: always; false:"
+    " never.",
+    ("auto", "true", "false"),
+)
 MAX_RECOVERY_ATTEMPTS = int_option(
     "pyspark-shuffle.recovery.max-attempts",
     3,
@@ -135,6 +149,7 @@ PYSPARK_SHUFFLE_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
     JOIN_BROADCAST_THRESHOLD,
     KEEP_RESULTS,
     PROGRESS_INTERVAL,
+    PROGRESS_BAR,
     MAX_RECOVERY_ATTEMPTS,
     WORKER_MEMORY_POOL,
     DROPIN_MIN_INPUT_SIZE,

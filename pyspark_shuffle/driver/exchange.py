@@ -25,11 +25,11 @@ from pyspark_shuffle.driver.map_outputs import (
     MapOutputRegistry,
     decode_producer,
 )
-from pyspark_shuffle.driver.progress import StageProgress, StageTallies
+from pyspark_shuffle.driver.progress import StageProgress, StageTallies, bar_stream
 from pyspark_shuffle.driver.registry import RegisteredExchange
 from pyspark_shuffle.kernels.partitioners import Partitioner
 from pyspark_shuffle.kernels.planning import MapOutputBytes
-from pyspark_shuffle.options import MAX_RECOVERY_ATTEMPTS, PROGRESS_INTERVAL
+from pyspark_shuffle.options import MAX_RECOVERY_ATTEMPTS, PROGRESS_BAR, PROGRESS_INTERVAL
 from pyspark_shuffle.spark.internals import HeldShuffle, SparkShuffleOutputs, held_shuffle
 from pyspark_shuffle.spark.link import SparkLink, TaskAccumulator
 from pyspark_shuffle.tasks.map_reduce import (
@@ -304,6 +304,8 @@ class Exchange(RegisteredExchange):
                 description,
                 tallies=self._tallies,
                 interval=self._configuration.get(PROGRESS_INTERVAL),
+                tasks=tasks,
+                bar=bar_stream(self._link.spark, self._configuration.get(PROGRESS_BAR)),
             ):
                 rows = job()
         except Exception as error:  # Py4J and PySpark errors carry the task's error as text

@@ -1,22 +1,34 @@
 """Progress of a running map stage: its Spark jobs labelled inside the user's own job group
-and description (under Spark Connect: tagged, besides the user's own tags), and a progress
-line logged every few seconds."""
+and description (under Spark Connect: tagged, besides the user's own tags), a progress line
+logged every few seconds, and a progress bar on the driver's stderr where it is a console."""
 
 from __future__ import annotations
 
+import itertools
 import logging
+import sys
 import threading
 import time
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Final, Self
+from typing import TYPE_CHECKING, Final, Self, TextIO
 
-from pyspark_shuffle.spark.link import TaskAccumulator, is_connect
+from pyspark_shuffle.driver.progress_bar import (
+    BAR_REFRESH,
+    ConsoleBar,
+    StageCounts,
+    auto_bar,
+    console_width,
+    is_console,
+    spark_boolean,
+)
+from pyspark_shuffle.spark.internals import connect_progress_bar, submitted_to_terminal
+from pyspark_shuffle.spark.link import TaskAccumulator, is_connect, spark_settings
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["JobLabel", "StageProgress", "StageTallies"]
+__all__ = ["JobLabel", "StageProgress", "StageTallies", "bar_stream"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -28,6 +40,9 @@ JOB_PROPERTIES: Final = (JOB_GROUP, JOB_DESCRIPTION, INTERRUPT_ON_CANCEL)
 PYSHUFFLE_TAG: Final = "pyshuffle"
 """Under Spark Connect, the tag on every job pyshuffle runs (``spark.interruptTag`` of it
 stops them all; the user's own tags are on them too, so theirs stop them as well)."""
+SHOW_CONSOLE_PROGRESS: Final = "spark.ui.showConsoleProgress"
+_BAR_NUMBERS = itertools.count(1)
+"""Numbers the bars of this driver's map stages, as Spark's bars show stage ids."""
 
 
 class JobLabel:
@@ -95,11 +110,51 @@ class StageTallies:
         return self.tasks.value, self.rows.value, self.size.value
 
 
+def bar_stream(spark: SparkSession, setting: str) -> TextIO | None:
+    """The driver's stderr when a map stage's bar is drawn on it, by
+    ``pyspark-shuffle.progress.bar`` (``setting``: true, false, or auto, see
+    :func:`auto_bar`), else ``None``."""
+    stream = sys.stderr
+    if setting != "auto":
+        return stream if setting == "true" else None
+    console_progress = spark_settings(spark).get(SHOW_CONSOLE_PROGRESS)
+    if is_connect(spark):
+        console, spark_draws = is_console(stream), connect_progress_bar()
+    else:
+        # spark-submit relays a Python driver's stderr (a pipe) to its terminal. A classic
+        # session's SparkContext draws its own bar when the setting is true, as PySpark
+        # makes it for every session it starts itself.
+        console = is_console(stream) or submitted_to_terminal(spark)
+        spark_draws = spark_boolean(console_progress) is True
+    wanted = auto_bar(console=console, console_progress=console_progress, spark_draws=spark_draws)
+    return stream if wanted else None
+
+
+class _DrawnBar:
+    """A stage's bar on the console it is drawn on."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._bar = ConsoleBar(f"pyshuffle map {next(_BAR_NUMBERS)}")
+
+    def update(self, elapsed: float, counts: StageCounts | None) -> None:
+        self._write(self._bar.update(elapsed, counts, console_width(self._stream)))
+
+    def clear(self) -> None:
+        self._write(self._bar.clear())
+
+    def _write(self, text: str) -> None:
+        if text:
+            self._stream.write(text)
+            self._stream.flush()
+
+
 class StageProgress:
     """A map stage's jobs under a :class:`JobLabel`; every ``interval`` seconds (0: never)
     a line with its map tasks done, the Spark tasks running (its inputs' too) and the rows
     and bytes written, is logged at INFO. Where the tasks cannot count as they go (Spark
-    Connect), the line says only that the stage runs."""
+    Connect), the line says only that the stage runs. On ``bar`` (a console, or ``None``),
+    a one-line bar of its ``tasks`` map tasks, as Spark draws its stages."""
 
     def __init__(
         self,
@@ -108,11 +163,15 @@ class StageProgress:
         *,
         tallies: StageTallies | None,
         interval: float,
+        tasks: int | None,
+        bar: TextIO | None,
     ) -> None:
         self._spark = spark
         self._description = description
         self._tallies = tallies
         self._interval = interval
+        self._tasks = tasks
+        self._bar = None if bar is None else _DrawnBar(bar)
         self._label = JobLabel(spark, description)
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._report, name="pyshuffle-progress", daemon=True)
@@ -145,16 +204,35 @@ class StageProgress:
             f" {rows:,} rows, {size / 1e6:,.1f} MB written, {seconds}"
         )
 
+    def _counts(self) -> StageCounts | None:
+        if self._label.connect or self._tallies is None or self._tasks is None:
+            return None
+        done = self._tallies.tasks.value - self._before[0]
+        return StageCounts(done, self._running(), self._tasks)
+
     def _report(self) -> None:
-        while not self._done.wait(self._interval):
-            _LOG.info("%s", self.line())
+        # One thread logs and draws: a line is logged with the bar erased, not behind it.
+        bar = self._bar
+        tick = min(p for p in (self._interval, BAR_REFRESH if bar else 0.0) if p > 0)
+        every = round(self._interval / tick) if self._interval > 0 else 0
+        for ticks in itertools.count(1):
+            if self._done.wait(tick):
+                break
+            if every and ticks % every == 0 and _LOG.isEnabledFor(logging.INFO):
+                if bar is not None:
+                    bar.clear()
+                _LOG.info("%s", self.line())
+            if bar is not None:
+                bar.update(time.perf_counter() - self._started, self._counts())
+        if bar is not None:
+            bar.clear()
 
     def __enter__(self) -> Self:
         self._started = time.perf_counter()
         if self._tallies is not None and not self._label.connect:
             self._before = self._tallies.values()
         self._label.__enter__()
-        if self._interval > 0:
+        if self._interval > 0 or self._bar is not None:
             self._thread.start()
         return self
 

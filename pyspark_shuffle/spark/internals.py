@@ -56,6 +56,14 @@ own :mod:`~pyspark_shuffle.spark.arrow_fallback` (4.3's checks, where a release 
 has no ``applyInArrow``), on 3.5.9. And the values of Arrow grouped-aggregate UDFs,
 :func:`arrow_aggregates`, enforced as the 4.3 worker enforces them (``enforce_schema`` with
 its casts); 4.1 and 4.2, which convert them otherwise, are left to Spark.
+
+For a map stage's progress bar, where the driver's output shows: :func:`submitted_to_terminal`
+(under spark-submit, whose JVM started the Python driver, as PySpark's ``PYSPARK_GATEWAY_PORT``
+says, and relays its output to the JVM's stdout: whether that is a terminal, by the JVM's
+``System.console()``, and Spark's log4j root logger shows no INFO lines there; false where
+any of it cannot be asked), and on a Spark Connect client whether the client draws its own
+bar, :func:`connect_progress_bar` (``pyspark.sql.connect.shell.progress_bar_enabled``: the
+variable PySpark's Connect shell sets; false where a release has none, 3.5). Tested on 4.3.
 """
 
 from __future__ import annotations
@@ -91,11 +99,13 @@ __all__ = [
     "arrow_result",
     "arrow_result_schema",
     "check_pandas_result",
+    "connect_progress_bar",
     "context_running",
     "estimated_bytes",
     "held_shuffle",
     "pandas_group",
     "pandas_result_batch",
+    "submitted_to_terminal",
     "task_connection",
 ]
 
@@ -131,6 +141,37 @@ def context_running(spark: SparkSession) -> bool:
     """False once the SparkContext is stopped (PySpark drops its JVM handle; no public API
     says so)."""
     return spark.sparkContext._jsc is not None
+
+
+def submitted_to_terminal(spark: SparkSession) -> bool:
+    """Whether this Python driver runs under spark-submit, whose JVM relays its output to a
+    terminal that Spark writes no INFO lines to."""
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+        return False
+    try:
+        jvm: Any = spark.sparkContext._jvm
+        console = jvm.java.lang.System.console()
+        info_shown = jvm.org.apache.logging.log4j.LogManager.getRootLogger().isInfoEnabled()
+    except Exception as error:  # Py4J raises several kinds; any means "not known"
+        _LOG.debug("cannot tell whether spark-submit relays to a terminal: %s", error)
+        return False
+    if console is None or info_shown:
+        return False
+    try:
+        return bool(console.isTerminal())
+    except Exception:  # Py4J: no isTerminal before Java 22, where a console is a terminal
+        return True
+
+
+def connect_progress_bar() -> bool:
+    """Whether this Spark Connect client draws a progress bar of its own queries."""
+    try:
+        # Not at the top: pyspark.sql.connect fails to import without the Connect client's
+        # own dependencies, which a classic session need not have.
+        from pyspark.sql.connect.shell import progress_bar_enabled  # noqa: PLC0415
+    except ImportError:
+        return False
+    return bool(progress_bar_enabled())
 
 
 # Spark 4.2 and later (by default; 4.1 when asked) checksum each map task's shuffled rows and,

@@ -1,11 +1,11 @@
 """``pyspark_shuffle.spark.internals``: a Spark Connect frame sized by its optimized plan's
-statistics."""
+statistics, and whether a Connect client draws a progress bar of its own."""
 
 from __future__ import annotations
 
 import pytest
 
-from pyspark_shuffle.spark.internals import estimated_bytes
+from pyspark_shuffle.spark.internals import connect_progress_bar, estimated_bytes
 
 
 class _PrintedPlan:
@@ -48,3 +48,12 @@ def test_a_connect_frame_is_sized_by_its_optimized_plans_root(root: str, estimat
 )
 def test_a_plan_printed_without_statistics_gives_no_estimate(text: str) -> None:
     assert estimated_bytes(_PrintedPlan(text)) is None  # type: ignore[arg-type]
+
+
+def test_a_connect_client_draws_its_own_bar_where_its_shell_turned_it_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("SPARK_CONNECT_PROGRESS_BAR_ENABLED", raising=False)
+    assert not connect_progress_bar()
+    monkeypatch.setenv("SPARK_CONNECT_PROGRESS_BAR_ENABLED", "1")  # what PySpark's shell sets
+    assert connect_progress_bar()
