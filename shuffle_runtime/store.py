@@ -29,7 +29,7 @@ import fsspec
 import pyarrow as pa
 from fsspec.implementations.local import LocalFileSystem
 
-from shuffle_api.errors import StorageError, StorageFullError
+from shuffle_api.errors import ShuffleError, StorageError, StorageFullError
 from shuffle_api.ids import new_id, validate_id
 
 __all__ = ["RangeReader", "Sender", "Store", "default_store_url", "storage_errors"]
@@ -64,7 +64,8 @@ class _StorageErrors:
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, trace: object
     ) -> None:
-        if not isinstance(error, OSError) or isinstance(error, FileNotFoundError | StorageError):
+        # A ShuffleError keeps its class (a refused push is an OSError too: PermissionError).
+        if not isinstance(error, OSError) or isinstance(error, FileNotFoundError | ShuffleError):
             return
         if error.errno in _FULL:
             raise StorageFullError(

@@ -164,8 +164,13 @@ class _DataStream:
         return size
 
     def _send_pending(self) -> None:
-        self._sink.send(self._pending, self._pending_bytes)
-        self._pending, self._pending_bytes = [], 0
+        try:
+            self._sink.send(self._pending, self._pending_bytes)
+        finally:
+            # Emptied in place, for the frames that hold it too (a dropped replica's error
+            # keeps them): no view of the writer's buffers outlives the call.
+            self._pending.clear()
+            self._pending_bytes = 0
 
     def flush(self) -> None:
         """Chunks go out when full; the rest on close."""

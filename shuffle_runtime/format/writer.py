@@ -80,8 +80,18 @@ class _HashingSink:
     def drain(self) -> None:
         """Write what is gathered to the store."""
         write_all(self._target, self._pending)
-        self._pending.clear()
+        # A new buffer, not the old one emptied: a bytearray with views cannot be resized, and
+        # a sink's error that it logged or kept (a dropped replica's) holds frames with views.
+        self._pending = bytearray()
         self._pending_start = self._position
+
+    def discard(self) -> None:
+        """Close without writing what is gathered (the attempt is aborted; a failed write's
+        traceback may hold views of the buffer, which is let go as in :meth:`drain`)."""
+        if not self.closed:
+            self.closed = True
+            self._pending = bytearray()
+            self._target.close()
 
     def tell(self) -> int:
         return self._position
@@ -421,8 +431,8 @@ class PartitionFileWriter:
         self._spiller.shutdown()
         if self._data is not None:
             # The directory is removed next; a close error changes nothing.
-            with contextlib.suppress(OSError):
-                self._data.close()
+            with contextlib.suppress(OSError, ShuffleError):
+                self._data.discard()
         self._sink.abort()
 
 

@@ -27,7 +27,10 @@ from shuffle_api import (
     ResultPartitionID,
     SerializationError,
     ShuffleError,
+    StorageFullError,
+    TransportError,
 )
+from shuffle_api.testing.harness import route
 from shuffle_runtime.format import partition_directory
 from shuffle_runtime.format.manifest import DATA_FILE
 from shuffle_runtime.store import Store
@@ -37,6 +40,7 @@ from tests.reliability.external_cluster import (
     ROWS,
     SUBPARTITIONS,
     batches,
+    placed_on,
     replicas,
     rows_of,
     scenario_on,
@@ -211,3 +215,51 @@ def test_a_partition_whose_only_copy_is_corrupt_reads_as_lost_and_names_itself(
             scenario.read(scenario.consumer, [descriptor], ALL)
         assert lost.value.partition_id == descriptor.result_partition_id
         assert "ChecksumMismatch" in str(lost.value) or "checksum" in str(lost.value)
+
+
+@pytest.mark.parametrize("replication", [1, 2])
+def test_a_full_store_fails_the_writer_with_storage_full_error(
+    replicated: LocalCluster, replication: int
+) -> None:
+    """Every replica's data file is a link to /dev/full, whose writes fail with the kernel's
+    own ENOSPC: the writer must say so, whatever it was doing when the worker gave up."""
+    settings = {
+        "external-shuffle.replication-factor": replication,
+        "external-shuffle.client.chunk-size": "64k",
+    }
+    with scenario_on(replicated, **settings) as scenario:
+        descriptor = scenario.partition_descriptor(0, partitions=1, subpartitions=SUBPARTITIONS)
+        shuffle_descriptor, writer = scenario.new_writer(descriptor)
+        partition = shuffle_descriptor.result_partition_id
+        for replica in replicas(shuffle_descriptor):
+            data_file = Path(partition_directory(Store(replica.store_url), partition)) / DATA_FILE
+            data_file.parent.mkdir(parents=True)
+            data_file.symlink_to("/dev/full")
+        with pytest.raises(StorageFullError, match="no space left"), writer:
+            for batch in batches(200_000):
+                writer.write(batch, route(batch, SUBPARTITIONS))
+            writer.finish()
+
+
+def test_a_writer_whose_only_worker_is_gone_fails_with_transport_error(
+    replicated: LocalCluster,
+) -> None:
+    # Not a StorageError: the push sink raises it inside a write to the data file.
+    settings = {
+        "external-shuffle.replication-factor": 1,
+        "external-shuffle.client.chunk-size": "64k",
+    }
+    with scenario_on(replicated, **settings) as scenario:
+        descriptor = scenario.partition_descriptor(0, partitions=1, subpartitions=SUBPARTITIONS)
+        shuffle_descriptor, writer = scenario.new_writer(descriptor)
+        [target] = placed_on(replicated, shuffle_descriptor)
+        replicated.stop_worker(target)
+        try:
+            with pytest.raises(TransportError) as failed, writer:
+                for batch in batches(200_000):
+                    writer.write(batch, route(batch, SUBPARTITIONS))
+                writer.finish()
+        finally:
+            replicated.start_worker(target)
+    assert type(failed.value) is TransportError
+    assert replicated.worker_target(target) in str(failed.value)

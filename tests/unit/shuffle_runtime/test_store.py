@@ -5,6 +5,7 @@ dropped when deleted, evicted past a bound or when idle, and never closed under 
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import uuid
@@ -12,8 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from shuffle_api import InvalidIdentifierError, StorageError
-from shuffle_runtime.store import Store, _OpenFiles
+from shuffle_api import (
+    AuthenticationError,
+    InvalidIdentifierError,
+    PermissionDeniedError,
+    ShuffleError,
+    StorageError,
+    StorageFullError,
+    TransportError,
+)
+from shuffle_runtime.store import Store, _OpenFiles, storage_errors
 from tests.unit.shuffle_runtime.stores import files_under
 
 
@@ -221,3 +230,31 @@ def test_a_store_is_opened_only_where_it_exists_and_never_created(tmp_path: Path
     missing.mkdir()
     found = Store.open_existing(str(missing))
     assert found is not None and found.url == str(missing)
+
+
+@pytest.mark.parametrize(
+    "raised",
+    [
+        AuthenticationError("the application ended"),
+        PermissionDeniedError("pushed for another application"),
+        TransportError("the worker went away"),
+        StorageFullError("no space left on the worker's store"),
+    ],
+    ids=lambda error: type(error).__name__,
+)
+def test_a_shuffle_error_keeps_its_class_through_storage_errors(raised: ShuffleError) -> None:
+    # Each is an OSError too (a refusal is a PermissionError, a lost peer a ConnectionError):
+    # a push sink raises them inside a write, which must not make them a StorageError.
+    with pytest.raises(type(raised)) as caught, storage_errors("workers 127.0.0.1:1"):
+        raise raised
+    assert caught.value is raised
+
+
+def test_an_os_error_of_the_store_becomes_a_storage_error() -> None:
+    full = pytest.raises(StorageFullError, match="no space left on the store while writing here")
+    with full, storage_errors("here"):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    failing = pytest.raises(StorageError, match="store operation on here failed")
+    with failing as failed, storage_errors("here"):
+        raise OSError(errno.EIO, "Input/output error")
+    assert type(failed.value) is StorageError
