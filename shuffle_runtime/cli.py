@@ -106,9 +106,10 @@ def _role_of(configuration: Configuration) -> str:
 def validate_for_role(
     configuration: Configuration, role: str, known: Sequence[ConfigOption[Any]]
 ) -> None:
-    """ConfigError for a key of ``configuration`` that ``known`` (``role``'s options) does not
-    hold: when it is the other role's, that the file is for the other role (not a did-you-mean
-    for each of its keys); otherwise the key with the closest known one."""
+    """ConfigError for a key of ``configuration``'s file that ``known`` (``role``'s options)
+    does not hold: when it is the other role's, that the file is for the other role (not a
+    did-you-mean for each of its keys); otherwise the key with the closest known one. A
+    ``PYSHUFFLE_*`` variable may name either role's key."""
     other = DAEMON if role == CLIENT else CLIENT
     keys = {option.key for option in known}
     other_keys = {option.key for option in options_of(*ROLES[other])}
@@ -127,7 +128,9 @@ def validate_for_role(
                 else f": it is a {other}'s configuration, not a {role}'s"
             )
         )
-    configuration.validate(known)
+    # A file is one role's, but an environment may be shared by both (a daemon's container,
+    # where an operator runs `pyshuffle admin`): there a key of either role is no mistake.
+    configuration.validate(_unique((*known, *options_of(*ROLES[other]))))
 
 
 def client_options() -> tuple[ConfigOption[Any], ...]:

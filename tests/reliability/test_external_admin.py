@@ -360,6 +360,18 @@ def _direct_decommission(target: str, token: str) -> None:
             raise translate_rpc_error(error, f"decommissioning {target}") from error
 
 
+def test_admin_runs_beside_a_daemon_whose_variables_it_shares(cluster: LocalCluster) -> None:
+    # As `kubectl exec` into a daemon's container: its PYSHUFFLE_* variables set daemon keys.
+    listed = pyshuffle(
+        "admin",
+        "--config",
+        str(cluster.client_config_file()),
+        "workers",
+        env={**WITHOUT_PYSHUFFLE_VARIABLES, "PYSHUFFLE_EXTERNAL_SHUFFLE_WORKER_PORT": "9098"},
+    )
+    assert listed.returncode == 0, listed.stderr
+
+
 def test_a_misspelled_key_is_refused_at_once_with_a_hint(tmp_path: Path) -> None:
     config = tmp_path / "client.toml"
     config.write_text('"external-shuffle.coordinator.adress" = "127.0.0.1:1"\n')
