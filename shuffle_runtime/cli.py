@@ -112,7 +112,8 @@ def validate_for_role(
     ``PYSHUFFLE_*`` variable may name either role's key."""
     other = DAEMON if role == CLIENT else CLIENT
     keys = {option.key for option in known}
-    other_keys = {option.key for option in options_of(*ROLES[other])}
+    other_options = options_of(*ROLES[other])
+    other_keys = {option.key for option in other_options}
     misplaced = sorted((other_keys - keys) & set(configuration.values))
     if misplaced:
         source = configuration.sources.get(misplaced[0], "the configuration")
@@ -130,7 +131,7 @@ def validate_for_role(
         )
     # A file is one role's, but an environment may be shared by both (a daemon's container,
     # where an operator runs `pyshuffle admin`): there a key of either role is no mistake.
-    configuration.validate(_unique((*known, *options_of(*ROLES[other]))))
+    configuration.validate(_unique((*known, *other_options)))
 
 
 def client_options() -> tuple[ConfigOption[Any], ...]:
