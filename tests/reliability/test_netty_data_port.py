@@ -47,6 +47,7 @@ from shuffle_runtime.connections import ConnectionPool
 from shuffle_runtime.format import partition_directory
 from shuffle_runtime.sockets import open_handshake, write_frame
 from shuffle_runtime.store import Store
+from tests.eventually import eventually
 from tests.tls_files import write_tls_files
 
 MAX_FRAME = 1 << 20
@@ -644,9 +645,6 @@ def test_idle_and_half_sent_connections_time_out(tmp_path: Path) -> None:
             open_handshake(half, secret, "the data port")
             half.sendall(struct.pack("!IB", 100, FrameType.STATUS) + b"x" * 10)
             assert half.recv(1) == b""
-        deadline = time.monotonic() + 5
-        while server.connection_count and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert server.connection_count == 0
+        eventually(lambda: server.connection_count == 0, "both connections closed", timeout=5)
     finally:
         server.stop()

@@ -32,6 +32,7 @@ from shuffle_runtime.sockets import (
     write_frame,
 )
 from shuffle_runtime.tls import TlsFiles, TlsSocket, buffered
+from tests.eventually import eventually
 from tests.tls_files import write_tls_files
 
 SECRET = b"s" * 32
@@ -230,6 +231,8 @@ def test_pooled_connections_run_the_secret_handshake_inside_tls(files: TlsFiles)
             open_connection(
                 "127.0.0.1", port, secret=b"w" * 32, timeout=5, tls=files.client_context()
             )
+        # The client reads the refusal before the listener's thread records it.
+        eventually(lambda: len(refused) == 1, "the wrong secret counted", timeout=5)
     assert len(served) == 1
     assert len(refused) == 1  # the wrong secret, inside TLS
 
@@ -245,9 +248,7 @@ def test_a_plaintext_client_is_told_the_port_takes_tls_and_counted(files: TlsFil
         with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
             sock.sendall(b"GET / HTTP/1.0\r\n\r\n")
             assert sock.recv(100) == b""
-        deadline = time.monotonic() + 5
-        while len(refused) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        eventually(lambda: len(refused) >= 2, "both refusals counted", timeout=5)
     assert not served
     assert len(refused) == 2
 
