@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from google.protobuf.message import DecodeError
 
-from external_shuffle.wire.messages import WorkerAddress
+from external_shuffle.wire.messages import WorkerAddress, partition_of
 from external_shuffle.wire.stubs import pb
 from shuffle_api import (
     InvalidIdentifierError,
@@ -25,15 +25,28 @@ __all__ = ["ExternalShuffleDescriptor"]
 class ExternalShuffleDescriptor(ShuffleDescriptor):
     """Where a consumer finds a partition of the external service: its replicas, in the order
     to try them. A replica whose ``store_shared`` is set may be read straight from its store.
-    The data lives in the daemon, so no client process has to stay alive for it."""
+    The data lives in the daemon, so no client process has to stay alive for it. ``placement``:
+    the coordinator's signature that it placed the partition for its application, which the
+    producer's pushes and commit carry."""
 
     kind: ClassVar[str] = "external_shuffle"
     partition: ResultPartitionID
     replicas: tuple[WorkerAddress, ...]
+    placement: bytes = field(default=b"", repr=False)
 
     def __post_init__(self) -> None:
         if not self.replicas:
             raise InvalidIdentifierError(f"partition {self.partition} has no worker")
+
+    @classmethod
+    def placed(cls, response: pb.RegisterPartitionResponse) -> ExternalShuffleDescriptor:
+        """The descriptor of the partition a coordinator placed in ``response``."""
+        location = response.location
+        return cls(
+            partition_of(location.partition),
+            tuple(WorkerAddress.from_pb(replica) for replica in location.replicas),
+            response.placement,
+        )
 
     @property
     def result_partition_id(self) -> ResultPartitionID:
@@ -44,7 +57,7 @@ class ExternalShuffleDescriptor(ShuffleDescriptor):
 
     def details_to_bytes(self) -> bytes:
         details: bytes = pb.ExternalShuffleDescriptorDetails(
-            replicas=[replica.to_pb() for replica in self.replicas]
+            replicas=[replica.to_pb() for replica in self.replicas], placement=self.placement
         ).SerializeToString()
         return details
 
@@ -56,7 +69,7 @@ class ExternalShuffleDescriptor(ShuffleDescriptor):
         try:
             message.ParseFromString(details)
             replicas = tuple(WorkerAddress.from_pb(replica) for replica in message.replicas)
-            return cls(result_partition_id, replicas)
+            return cls(result_partition_id, replicas, message.placement)
         except (DecodeError, InvalidIdentifierError) as error:
             raise SerializationError(
                 f"external_shuffle descriptor details do not decode: {error}"

@@ -155,20 +155,18 @@ class ExternalShuffleEnvironment(ShuffleEnvironment):
         now if the descriptor does not name them yet)."""
         partition = descriptor.result_partition_id
         shuffle_descriptor = descriptor.shuffle_descriptor
-        if isinstance(shuffle_descriptor, ExternalShuffleDescriptor):
-            replicas = shuffle_descriptor.replicas
-        elif shuffle_descriptor.is_unknown:
-            replicas = self._place(descriptor.partition_descriptor, partition)
-        else:
+        if shuffle_descriptor.is_unknown:
+            shuffle_descriptor = self._place(descriptor.partition_descriptor, partition)
+        elif not isinstance(shuffle_descriptor, ExternalShuffleDescriptor):
             raise ShuffleError(
                 f"external_shuffle cannot write {partition}: its descriptor is a"
                 f" {type(shuffle_descriptor).__name__}"
             )
-        return PushSink(partition, replicas, self._channels, self._push, self.report_unreachable)
+        return PushSink(shuffle_descriptor, self._channels, self._push, self.report_unreachable)
 
     def _place(
         self, descriptor: PartitionDescriptor, partition: ResultPartitionID
-    ) -> tuple[WorkerAddress, ...]:
+    ) -> ExternalShuffleDescriptor:
         """Ask the coordinator where to push a partition whose descriptor is still unknown
         (the engine registers it with the master after the task; it gets the same place).
         Placed for the application the master named, if it did: kept while it lives."""
@@ -188,7 +186,7 @@ class ExternalShuffleEnvironment(ShuffleEnvironment):
         )
         # One that misses it learns it from the driver (this partition's registration).
         self._coordinators.announce(request, response.location)
-        return tuple(WorkerAddress.from_pb(replica) for replica in response.location.replicas)
+        return ExternalShuffleDescriptor.placed(response)
 
     def report_unreachable(self, worker: WorkerAddress, error: ShuffleError) -> None:
         """Tell the coordinators, which check the worker at once (best effort)."""

@@ -33,7 +33,6 @@ from external_shuffle.wire.channels import ChannelPool, ClientSettings, translat
 from external_shuffle.wire.credentials import CLIENT_CREDENTIAL_PREFIX, application_id_for
 from external_shuffle.wire.errors import NotRegisteredError
 from external_shuffle.wire.messages import (
-    WorkerAddress,
     identity_to_pb,
     key_of,
     partition_of,
@@ -64,13 +63,6 @@ R = TypeVar("R")
 _REGISTRATION_THREADS = 8
 # Partitions named in one release call (each key is ~100 bytes; messages stay small).
 _RELEASE_BATCH = 1000
-
-
-def descriptor_of(location: pb.PartitionLocation) -> ExternalShuffleDescriptor:
-    return ExternalShuffleDescriptor(
-        partition_of(location.partition),
-        tuple(WorkerAddress.from_pb(replica) for replica in location.replicas),
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,7 +386,7 @@ class ExternalShuffleMaster(ShuffleMaster):
             f"registering {partition}",
             lambda stub: stub.RegisterPartition(request, timeout=self._settings.timeout),
         )
-        descriptor = descriptor_of(response.location)
+        descriptor = ExternalShuffleDescriptor.placed(response)
         placed, missed = self._coordinators.announce(request, response.location)
         with self._lock:
             self._registered[job_id][partition] = _Registered(descriptor, placed)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import grpc
 import pyarrow as pa
 
+from external_shuffle.client.descriptor import ExternalShuffleDescriptor
 from external_shuffle.wire.channels import ChannelPool, translate_rpc_error
 from external_shuffle.wire.framing import frame_push, push_data_call
 from external_shuffle.wire.messages import WorkerAddress, key_of
@@ -185,18 +186,19 @@ class _DataStream:
 
 
 class PushSink(PartitionSink):
-    """Sends one partition attempt's files to its replicas."""
+    """Sends one partition attempt's files to the replicas its descriptor names, with the
+    coordinator's placement."""
 
     def __init__(
         self,
-        partition: ResultPartitionID,
-        replicas: tuple[WorkerAddress, ...],
+        descriptor: ExternalShuffleDescriptor,
         channels: ChannelPool,
         settings: PushSettings,
         on_unreachable: Callable[[WorkerAddress, ShuffleError], None],
     ) -> None:
-        self._partition = partition
-        self._replicas = replicas
+        self._partition = partition = descriptor.partition
+        self._replicas = replicas = descriptor.replicas
+        self._placement = descriptor.placement
         self._channels = channels
         self.settings = settings
         self._on_unreachable = on_unreachable
@@ -236,7 +238,16 @@ class PushSink(PartitionSink):
     def send(self, parts: Sequence[memoryview], size: int) -> None:
         """Frame the chunk made of ``parts`` (``size`` bytes) and queue it for every replica;
         each gets the same messages, so the same sequence numbers."""
-        message = frame_push(self._key, self._sequence, parts, size, self.settings.application_id)
+        message = frame_push(
+            pb.PushDataRequest(
+                partition=self._key,
+                sequence=self._sequence,
+                application_id=self.settings.application_id,
+                placement=self._placement,
+            ),
+            parts,
+            size,
+        )
         self._sequence += 1
         for push in list(self._pushes):
             try:
@@ -257,6 +268,7 @@ class PushSink(PartitionSink):
             index=index,
             manifest=manifest,
             application_id=self.settings.application_id,
+            placement=self._placement,
         )
         for worker in list(self._live):
             try:

@@ -15,6 +15,9 @@ may only register applications. A coordinator issues, to the driver that registe
 application, an ``application`` credential named by the application's id: it may make that
 application's calls (its jobs, placements, pushes, commits, fetches, releases) and touch no
 other application's partitions; its drivers give it to its executors in place of any other.
+Its pushes and commits carry the coordinator's signed placement of the partition for it
+(:meth:`CredentialCheck.placement`): a partition placed for one application is written by it
+alone, even before its first push.
 """
 
 from __future__ import annotations
@@ -31,7 +34,12 @@ from typing import Final
 
 from external_shuffle.wire.auth import AUTHORIZATION
 from external_shuffle.wire.stubs import pb
-from shuffle_api import AuthenticationError, InvalidIdentifierError, PermissionDeniedError
+from shuffle_api import (
+    AuthenticationError,
+    InvalidIdentifierError,
+    PermissionDeniedError,
+    ResultPartitionID,
+)
 from shuffle_api.ids import new_id, validate_id
 
 __all__ = [
@@ -55,6 +63,7 @@ _PREFIX: Final = "pyshuffle"
 CREDENTIAL_PREFIX: Final = _PREFIX + _SEPARATOR
 """How every operator's credential starts (the cluster's secret must not)."""
 _SIGNING_KEY_LABEL: Final = b"pyshuffle operator credential v1"
+_PLACEMENT_KEY_LABEL: Final = b"pyshuffle placement v1"
 _MAX_CLIENT_NAME: Final = 64
 _CLIENT_APPLICATION: Final = ".app-"  # between a client's name and its application's id
 _MAX_TOKEN: Final = 512  # a longer one is no credential of ours: refused before any parsing
@@ -174,9 +183,13 @@ class Credential:
         self.check_application(owner, f"{action} partition {partition} of")
 
 
+def _derived_key(secret: str, label: bytes) -> bytes:
+    # Keys of their own, derived from the secret: the secret itself keys the data ports' HMACs.
+    return hmac.new(secret.encode(), label, hashlib.sha256).digest()
+
+
 def _signing_key(secret: str) -> bytes:
-    # A key of its own, derived from the secret: the secret itself keys the data ports' HMACs.
-    return hmac.new(secret.encode(), _SIGNING_KEY_LABEL, hashlib.sha256).digest()
+    return _derived_key(secret, _SIGNING_KEY_LABEL)
 
 
 def _signed(key: bytes, payload: str) -> str:
@@ -250,7 +263,30 @@ class CredentialCheck:
         self._secret = secret
         self._secret_bytes = secret.encode()
         self._signing_key = _signing_key(secret)
+        self._placement_key = _derived_key(secret, _PLACEMENT_KEY_LABEL)
         self._clock = clock
+
+    def placement(self, partition: ResultPartitionID, application_id: str) -> bytes:
+        """A coordinator's signature that it placed ``partition`` for ``application_id``:
+        what a worker asks of that application's pushes and commits (ids hold no '/', '#' or
+        '@', so the signed text names one pair only)."""
+        signed = f"{application_id}/{partition}".encode()
+        return hmac.new(self._placement_key, signed, hashlib.sha256).digest()
+
+    def check_placement(
+        self, caller: Credential, partition: ResultPartitionID, placement: bytes, action: str
+    ) -> None:
+        """PermissionDeniedError unless ``caller`` holds the cluster's secret or ``placement``
+        is the coordinator's for ``partition`` and the caller's application: an application
+        may ``action`` (``"push into"``) only what was placed for it."""
+        if caller.role is Role.CLUSTER:
+            return
+        if not hmac.compare_digest(placement, self.placement(partition, caller.name)):
+            raise PermissionDeniedError(
+                f"{caller} may not {action} {partition}: no coordinator placed it for"
+                f" application {caller.name}"
+                + ("" if placement else " (the request carries no placement)")
+            )
 
     def data_port_key(self, identity: bytes) -> bytes:
         """What a data port client that names ``identity`` proves: the cluster's secret (no

@@ -150,18 +150,10 @@ def _parse(message_type: type[MessageType], data: bytes) -> MessageType:
         raise SerializationError(f"malformed {message_type.DESCRIPTOR.name}: {error}") from error
 
 
-def frame_push(
-    partition: pb.PartitionKey,
-    sequence: int,
-    parts: Sequence[Bytes],
-    size: int,
-    application_id: str = "",
-) -> bytes:
-    """The serialized ``PushDataRequest`` of one chunk: ``parts``, ``size`` bytes in all."""
-    header = pb.PushDataRequest(
-        partition=partition, sequence=sequence, application_id=application_id
-    ).SerializeToString()
-    return _with_data(header, _PUSH_DATA_FIELD, parts, size)
+def frame_push(header: pb.PushDataRequest, parts: Sequence[Bytes], size: int) -> bytes:
+    """The serialized ``PushDataRequest`` of one chunk: ``header`` (its ``data`` unset) with
+    ``parts``, ``size`` bytes in all, as its data."""
+    return _with_data(header.SerializeToString(), _PUSH_DATA_FIELD, parts, size)
 
 
 def read_push(message: bytes) -> PushChunk:

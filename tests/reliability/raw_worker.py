@@ -140,10 +140,15 @@ def code_of(call: Callable[[], object]) -> grpc.StatusCode:
 
 
 def push_requests(
-    key: pb.PartitionKey, chunks: Sequence[bytes], sequences: Sequence[int]
+    key: pb.PartitionKey,
+    chunks: Sequence[bytes],
+    sequences: Sequence[int],
+    placement: bytes = b"",
 ) -> Iterator[pb.PushDataRequest]:
     for sequence in sequences:
-        yield pb.PushDataRequest(partition=key, sequence=sequence, data=chunks[sequence])
+        yield pb.PushDataRequest(
+            partition=key, sequence=sequence, data=chunks[sequence], placement=placement
+        )
 
 
 def push(cluster: LocalCluster, worker: pb_grpc.WorkerStub, built: BuiltPartition) -> None:

@@ -22,6 +22,7 @@ import trustme
 import xxhash
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from external_shuffle.client.descriptor import ExternalShuffleDescriptor
 from external_shuffle.client.push import PushSettings, PushSink
 from external_shuffle.local_cluster import LocalCluster, free_port
 from external_shuffle.options import MIN_CHUNK_SIZE
@@ -545,8 +546,7 @@ def test_the_push_stream_sends_every_write_once_whatever_its_buffer_does_after(
     settings = PushSettings(chunk_size=4 << 10, max_in_flight=64 << 10, timeout=30.0)
     unreachable: list[WorkerAddress] = []
     sink = PushSink(
-        built.partition,
-        (WorkerAddress.from_pb(entry.worker),),
+        ExternalShuffleDescriptor(built.partition, (WorkerAddress.from_pb(entry.worker),)),
         channels,
         settings,
         lambda address, _: unreachable.append(address),

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 import grpc
 import pytest
 
+from external_shuffle.client.descriptor import ExternalShuffleDescriptor
 from external_shuffle.client.master import ExternalShuffleMaster
 from external_shuffle.local_cluster import LocalCluster
 from external_shuffle.options import APPLICATION_CREDENTIAL
@@ -29,14 +30,22 @@ from external_shuffle.wire.stubs import pb, pb_grpc
 from shuffle_api import (
     AuthenticationError,
     Configuration,
+    IntermediateResultPartitionID,
     PermissionDeniedError,
+    ResultPartitionID,
     ShuffleDescriptor,
     ShuffleError,
     SubpartitionRange,
 )
+from shuffle_api.ids import new_id
 from shuffle_api.testing import ConformanceHarness, ShuffleScenario, make_batches
 from tests.reliability.external_cluster import scrape
-from tests.reliability.raw_worker import build_partition, push_requests
+from tests.reliability.raw_worker import (
+    SUBPARTITIONS,
+    build_partition,
+    new_partition,
+    push_requests,
+)
 
 ROWS = 3_000
 
@@ -203,6 +212,93 @@ def test_an_application_reaches_its_own_partitions_and_no_other(
     refused = [line for line in log.splitlines() if "may not fetch" in line]
     assert len(refused) >= 2  # on the data port and over gRPC
     assert all(first_id in line and second_id in line for line in refused)
+
+
+def test_a_partition_placed_for_one_application_is_written_by_it_alone(
+    cluster: LocalCluster, team_config: Configuration
+) -> None:
+    """B, knowing the id of a partition the coordinator placed for A and A has not pushed
+    yet, can neither push nor commit it (without a placement, with its own placement of
+    another partition, or after asking the coordinator for one): A then pushes, commits and
+    reads every row, and its driver sees the partition available."""
+    with (
+        _application(team_config) as first,
+        _application(team_config) as second,
+        grpc.insecure_channel(cluster.coordinator_address) as coordinator_channel,
+        grpc.insecure_channel(cluster.worker_target(0)) as worker_channel,
+    ):
+        coordinator = pb_grpc.CoordinatorStub(coordinator_channel)
+        worker = pb_grpc.WorkerStub(worker_channel)
+        first_id = first.master.application_id  # type: ignore[attr-defined]
+        second_id = second.master.application_id  # type: ignore[attr-defined]
+        owner, intruder = _credential(first), _credential(second)
+
+        def place(application_id: str, job_id: str, partition: ResultPartitionID) -> bytes:
+            response = coordinator.RegisterPartition(
+                pb.RegisterPartitionRequest(
+                    application_id=application_id,
+                    job_id=job_id,
+                    partition=key_of(partition),
+                    number_of_subpartitions=SUBPARTITIONS,
+                ),
+                metadata=owner if application_id == first_id else intruder,
+                timeout=10,
+            )
+            assert len(response.location.replicas) == 1  # the cluster's one worker
+            return bytes(response.placement)
+
+        for application_id in (first_id, second_id):
+            coordinator.RegisterJob(
+                pb.RegisterJobRequest(application_id=application_id, job_id="job"),
+                metadata=owner if application_id == first_id else intruder,
+                timeout=10,
+            )
+        mine = ResultPartitionID(
+            IntermediateResultPartitionID(first.result_id, 0), "attempt-" + new_id()
+        )
+        placement = place(first_id, "job", mine)
+        built = build_partition(partition=mine)
+        chunks = built.chunks()
+        others = place(second_id, "job", new_partition())
+        assert placement and others and placement != others
+
+        def push(metadata: list[tuple[str, str]], signed: bytes) -> object:
+            requests = push_requests(built.key, chunks, range(len(chunks)), signed)
+            return worker.PushData(requests, metadata=metadata, timeout=30)
+
+        def commit(metadata: list[tuple[str, str]], signed: bytes) -> object:
+            request = pb.CommitPartitionRequest(
+                partition=built.key, index=built.index, manifest=built.manifest, placement=signed
+            )
+            return worker.CommitPartition(request, metadata=metadata, timeout=30)
+
+        refusals = [
+            _refusal(functools.partial(call, intruder, signed), call.__name__)
+            for call in (push, commit)
+            for signed in (b"", others, placement[:-1] + bytes([placement[-1] ^ 1]))
+        ]
+        refusals.append(
+            _refusal(functools.partial(place, second_id, "job", mine), "RegisterPartition")
+        )
+        for refusal in refusals:
+            assert type(refusal) is PermissionDeniedError, refusal
+            assert second_id in str(refusal), refusal
+        placed_for_no_one = "no coordinator placed it for application"
+        assert sum(placed_for_no_one in str(refusal) for refusal in refusals) == 6
+
+        push(owner, placement)
+        commit(owner, placement)
+        status = coordinator.GetPartitionStatus(
+            pb.GetPartitionStatusRequest(application_id=first_id, job_id="job"),
+            metadata=owner,
+            timeout=10,
+        )
+        assert [entry.available for entry in status.partitions] == [True]
+        descriptor = ExternalShuffleDescriptor.placed(
+            pb.RegisterPartitionResponse(location=status.partitions[0].location)
+        )
+        table = first.read(first.consumer, [descriptor], SubpartitionRange(0, SUBPARTITIONS - 1))
+        assert sorted(table.column("row").to_pylist()) == built.rows
 
 
 def test_a_client_credential_only_registers_and_an_expired_application_is_refused(

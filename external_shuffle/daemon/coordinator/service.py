@@ -404,7 +404,13 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         placement = self.state.register_partition(
             request, partition, trusted=caller.role is Role.CLUSTER
         )
-        return pb.RegisterPartitionResponse(location=_location(placement))
+        return pb.RegisterPartitionResponse(
+            location=_location(placement),
+            # Signed only once the state has taken the partition as this application's.
+            placement=self._credentials.placement(partition, request.application_id)
+            if self._credentials is not None and request.application_id
+            else b"",
+        )
 
     @reports_errors
     def ReleasePartitions(  # noqa: N802

@@ -157,7 +157,7 @@ class WorkerService(pb_grpc.WorkerServicer):
                     first = message.partition
                     partition = partition_of(first)
                     application = self._writer_of(
-                        context, message.application_id, partition, "push into"
+                        context, message.application_id, partition, message.placement, "push into"
                     )
                     upload = self.state.begin_push(partition, application)
                 elif message.partition != first:
@@ -186,7 +186,9 @@ class WorkerService(pb_grpc.WorkerServicer):
         self, request: pb.CommitPartitionRequest, context: grpc.ServicerContext
     ) -> pb.CommitPartitionResponse:
         partition = partition_of(request.partition)
-        application = self._writer_of(context, request.application_id, partition, "commit")
+        application = self._writer_of(
+            context, request.application_id, partition, request.placement, "commit"
+        )
         self.state.commit(partition, application, request.index, request.manifest)
         return pb.CommitPartitionResponse()
 
@@ -198,16 +200,24 @@ class WorkerService(pb_grpc.WorkerServicer):
         return caller
 
     def _writer_of(
-        self, context: grpc.ServicerContext, named: str, partition: ResultPartitionID, verb: str
+        self,
+        context: grpc.ServicerContext,
+        named: str,
+        partition: ResultPartitionID,
+        placement: bytes,
+        verb: str,
     ) -> str:
         """The application a push or commit of ``partition`` is for: the one it names, or an
-        application credential's own; PermissionDeniedError if the caller may not write it."""
+        application credential's own; PermissionDeniedError if the caller may not write it
+        (an application's credential: another's partition, or one no coordinator placed for
+        it, which another application may have been placed and not yet pushed)."""
         caller = self._caller(context)
-        if caller.role is not Role.APPLICATION:
+        if self._credentials is None or caller.role is not Role.APPLICATION:
             return named
         application = named or caller.name
         caller.check_application(application, "write for")
         self._check_owns(caller, partition, verb)
+        self._credentials.check_placement(caller, partition, placement, verb)
         return application
 
     def _check_still_valid(self, caller: Credential) -> None:

@@ -277,10 +277,12 @@ class RegisterPartitionRequest(_message.Message):
     def __init__(self, application_id: _Optional[str] = ..., job_id: _Optional[str] = ..., partition: _Optional[_Union[PartitionKey, _Mapping]] = ..., number_of_subpartitions: _Optional[int] = ..., producer_host: _Optional[str] = ..., replicas: _Optional[int] = ..., persistent: _Optional[bool] = ..., placed_on: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ...) -> None: ...
 
 class RegisterPartitionResponse(_message.Message):
-    __slots__ = ("location",)
+    __slots__ = ("location", "placement")
     LOCATION_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_FIELD_NUMBER: _ClassVar[int]
     location: PartitionLocation
-    def __init__(self, location: _Optional[_Union[PartitionLocation, _Mapping]] = ...) -> None: ...
+    placement: bytes
+    def __init__(self, location: _Optional[_Union[PartitionLocation, _Mapping]] = ..., placement: _Optional[bytes] = ...) -> None: ...
 
 class ReleasePartitionsRequest(_message.Message):
     __slots__ = ("application_id", "partitions")
@@ -323,16 +325,18 @@ class GetPartitionStatusResponse(_message.Message):
     def __init__(self, partitions: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ...) -> None: ...
 
 class PushDataRequest(_message.Message):
-    __slots__ = ("partition", "sequence", "data", "application_id")
+    __slots__ = ("partition", "sequence", "data", "application_id", "placement")
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     APPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_FIELD_NUMBER: _ClassVar[int]
     partition: PartitionKey
     sequence: int
     data: bytes
     application_id: str
-    def __init__(self, partition: _Optional[_Union[PartitionKey, _Mapping]] = ..., sequence: _Optional[int] = ..., data: _Optional[bytes] = ..., application_id: _Optional[str] = ...) -> None: ...
+    placement: bytes
+    def __init__(self, partition: _Optional[_Union[PartitionKey, _Mapping]] = ..., sequence: _Optional[int] = ..., data: _Optional[bytes] = ..., application_id: _Optional[str] = ..., placement: _Optional[bytes] = ...) -> None: ...
 
 class PushDataResponse(_message.Message):
     __slots__ = ("received_bytes", "duplicates_dropped")
@@ -343,16 +347,18 @@ class PushDataResponse(_message.Message):
     def __init__(self, received_bytes: _Optional[int] = ..., duplicates_dropped: _Optional[int] = ...) -> None: ...
 
 class CommitPartitionRequest(_message.Message):
-    __slots__ = ("partition", "index", "manifest", "application_id")
+    __slots__ = ("partition", "index", "manifest", "application_id", "placement")
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_FIELD_NUMBER: _ClassVar[int]
     APPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_FIELD_NUMBER: _ClassVar[int]
     partition: PartitionKey
     index: bytes
     manifest: bytes
     application_id: str
-    def __init__(self, partition: _Optional[_Union[PartitionKey, _Mapping]] = ..., index: _Optional[bytes] = ..., manifest: _Optional[bytes] = ..., application_id: _Optional[str] = ...) -> None: ...
+    placement: bytes
+    def __init__(self, partition: _Optional[_Union[PartitionKey, _Mapping]] = ..., index: _Optional[bytes] = ..., manifest: _Optional[bytes] = ..., application_id: _Optional[str] = ..., placement: _Optional[bytes] = ...) -> None: ...
 
 class CommitPartitionResponse(_message.Message):
     __slots__ = ()
@@ -454,10 +460,12 @@ class DecommissionResponse(_message.Message):
     def __init__(self, partitions_remaining: _Optional[int] = ...) -> None: ...
 
 class ExternalShuffleDescriptorDetails(_message.Message):
-    __slots__ = ("replicas",)
+    __slots__ = ("replicas", "placement")
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_FIELD_NUMBER: _ClassVar[int]
     replicas: _containers.RepeatedCompositeFieldContainer[WorkerInfo]
-    def __init__(self, replicas: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ...) -> None: ...
+    placement: bytes
+    def __init__(self, replicas: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ..., placement: _Optional[bytes] = ...) -> None: ...
 
 class ListApplicationsRequest(_message.Message):
     __slots__ = ()

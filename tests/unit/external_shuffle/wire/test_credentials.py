@@ -17,7 +17,13 @@ from external_shuffle.wire.credentials import (
     Role,
     operator_token,
 )
-from shuffle_api import AuthenticationError, InvalidIdentifierError, PermissionDeniedError
+from shuffle_api import (
+    AuthenticationError,
+    IntermediateResultPartitionID,
+    InvalidIdentifierError,
+    PermissionDeniedError,
+    ResultPartitionID,
+)
 
 SECRET = "the-cluster-secret"
 NOW = 1_800_000_000.0
@@ -158,3 +164,30 @@ def test_a_client_only_registers_and_an_application_acts_for_itself_only(
     # An application's credential is the coordinator's to issue, not an operator's.
     with pytest.raises(InvalidIdentifierError):
         operator_token(SECRET, Role.APPLICATION, "app-a", int(NOW) + 60)
+
+
+def _partition(result_id: str, attempt: str = "attempt-1") -> ResultPartitionID:
+    return ResultPartitionID(IntermediateResultPartitionID(result_id, 0), attempt)
+
+
+def test_a_placement_holds_for_its_partition_and_application_only(check: CredentialCheck) -> None:
+    partition = _partition("result-a")
+    mine = Credential(Role.APPLICATION, "app-a", int(NOW) + 60)
+    placement = check.placement(partition, "app-a")
+    check.check_placement(mine, partition, placement, "push into")
+    # Any secret's placement is the same (any coordinator signs it), another secret's is not.
+    assert CredentialCheck(SECRET).placement(partition, "app-a") == placement
+    assert CredentialCheck("another-secret").placement(partition, "app-a") != placement
+    refused = [
+        (mine, _partition("result-a", "attempt-2"), placement),  # another attempt
+        (mine, _partition("result-b"), placement),  # another partition
+        (Credential(Role.APPLICATION, "app-b", int(NOW) + 60), partition, placement),
+        (mine, partition, b""),
+        (mine, partition, placement[:-1]),
+        (mine, partition, CredentialCheck("another-secret").placement(partition, "app-a")),
+    ]
+    for caller, placed, presented in refused:
+        with pytest.raises(PermissionDeniedError, match="no coordinator placed it"):
+            check.check_placement(caller, placed, presented, "push into")
+    # The cluster's secret is trusted with every partition.
+    check.check_placement(CLUSTER_CREDENTIAL, partition, b"", "push into")

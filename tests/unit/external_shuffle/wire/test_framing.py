@@ -16,9 +16,12 @@ DATA = bytes(range(256)) * 700  # 179,200 bytes: a multi-byte length prefix
 
 def test_a_framed_push_is_what_protobuf_serializes() -> None:
     parts = [memoryview(DATA)[:1000], memoryview(DATA)[1000:]]
-    framed = frame_push(KEY, 5, parts, len(DATA))
-    # data is the last field, so the bytes are the same as protobuf's, not just equivalent.
-    assert framed == pb.PushDataRequest(partition=KEY, sequence=5, data=DATA).SerializeToString()
+    header = pb.PushDataRequest(
+        partition=KEY, sequence=5, application_id="app-a", placement=b"p" * 32
+    )
+    framed = frame_push(header, parts, len(DATA))
+    header.data = DATA  # framed after the fields numbered past it: equal once parsed
+    assert pb.PushDataRequest.FromString(framed) == header
 
 
 @pytest.mark.parametrize("sequence", [0, 1, 2**40])
