@@ -18,7 +18,6 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Self
 
 import grpc
@@ -29,8 +28,9 @@ from external_shuffle.options import TLS_CA_FILE
 from external_shuffle.wire.channels import ChannelPool, ClientSettings
 from external_shuffle.wire.stubs import pb, pb_grpc
 from shuffle_api import Configuration, ShuffleError
+from shuffle_api.testing import LocalDeployment
 
-__all__ = ["LocalCluster", "free_port", "free_ports"]
+__all__ = ["LocalCluster", "chaos_deployment", "free_port", "free_ports"]
 
 _START_TIMEOUT = 60.0
 
@@ -77,7 +77,7 @@ class _Process:
     popen: subprocess.Popen[bytes] | None = None
 
 
-class LocalCluster:
+class LocalCluster(LocalDeployment):
     """Daemons of one cluster, their configs, logs and stores under ``directory``."""
 
     def __init__(
@@ -286,6 +286,53 @@ class LocalCluster:
         self.wait_for_workers({self.worker_target(i) for i in range(len(self.worker_ports))})
         return self
 
+    @property
+    def daemons(self) -> tuple[str, ...]:
+        return tuple(process.name for process in self._processes)
+
+    def _named(self, daemon: str) -> _Process:
+        for process in self._processes:
+            if process.name == daemon:
+                return process
+        raise ShuffleError(f"no daemon {daemon!r} in this cluster: {', '.join(self.daemons)}")
+
+    def kill(self, daemon: str) -> None:
+        self._kill(self._named(daemon))
+
+    def terminate(self, daemon: str) -> int:
+        return self._terminate(self._named(daemon))
+
+    def restart(self, daemon: str) -> None:
+        process = self._named(daemon)
+        self._launch(process)
+        self._wait_serving(process)
+        if process.role == "worker":
+            self.wait_for_workers({self._port(process)})
+
+    def running(self, daemon: str) -> bool:
+        popen = self._named(daemon).popen
+        return popen is not None and popen.poll() is None
+
+    def partition_files(self, index: int) -> list[Path]:
+        """Files of partitions on a worker's local store (not its identity file). A directory
+        the worker deletes during the walk is skipped (``os.walk`` ignores it; ``rglob``
+        raises)."""
+        return sorted(
+            Path(directory, name)
+            for directory, _, names in os.walk(self.worker_store(index))
+            for name in names
+            if not name.startswith(".")
+        )
+
+    def stored_files(self) -> list[str]:
+        if self._store_root is not None:
+            raise ShuffleError("stored_files lists the workers' local stores only")
+        return [
+            str(path)
+            for index in range(len(self.worker_ports))
+            for path in self.partition_files(index)
+        ]
+
     def _worker(self, index: int) -> _Process:
         return self._processes[len(self.coordinator_targets) + index]
 
@@ -300,25 +347,23 @@ class LocalCluster:
 
     def kill_worker(self, index: int) -> None:
         """SIGKILL: the worker dies without a word (its store stays)."""
-        self._kill(self._worker(index))
+        self.kill(self._worker(index).name)
 
     def stop_worker(self, index: int) -> int:
         """SIGTERM: the worker drains and exits; returns its exit code."""
-        return self._terminate(self._worker(index))
+        return self.terminate(self._worker(index).name)
 
     def kill_coordinator(self, index: int = 0) -> None:
         """SIGKILL: the coordinator dies without a word, and with it all it knew."""
-        self._kill(self._processes[index])
+        self.kill(self._processes[index].name)
 
     def stop_coordinator(self, index: int = 0) -> int:
         """SIGTERM: the coordinator drains and exits; returns its exit code."""
-        return self._terminate(self._processes[index])
+        return self.terminate(self._processes[index].name)
 
     def start_coordinator(self, index: int = 0) -> None:
         """(Re)start a coordinator on its port; it knows nothing until told."""
-        process = self._processes[index]
-        self._launch(process)
-        self._wait_serving(process)
+        self.restart(self._processes[index].name)
 
     @staticmethod
     def _kill(process: _Process) -> None:
@@ -328,10 +373,7 @@ class LocalCluster:
 
     def start_worker(self, index: int) -> None:
         """(Re)start a worker on its port and store."""
-        process = self._worker(index)
-        self._launch(process)
-        self._wait_serving(process)
-        self.wait_for_workers({self.worker_target(index)})
+        self.restart(self._worker(index).name)
 
     def _terminate(self, process: _Process) -> int:
         if process.popen is None or process.popen.poll() is not None:
@@ -349,17 +391,18 @@ class LocalCluster:
         for process in reversed(self._processes):
             self._terminate(process)
 
-    def __enter__(self) -> Self:
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()  # what did start must not outlive the failure
-            raise
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
+# What a chaos run breaks: a worker or a coordinator may go at any moment, so each partition
+# has two replicas and two coordinators answer; failures are seen within seconds.
+_CHAOS_SETTINGS: Mapping[str, object] = {
+    "external-shuffle.worker.heartbeat-interval": 0.25,
+    "external-shuffle.coordinator.worker-timeout": 3.0,
+}
+
+
+def chaos_deployment(directory: Path, settings: Mapping[str, object]) -> LocalCluster:
+    """The ``pyshuffle.local_deployments`` entry of the external service: three workers and
+    two coordinators, failures seen within seconds."""
+    return LocalCluster(
+        directory, workers=3, coordinators=2, settings={**_CHAOS_SETTINGS, **settings}
+    )

@@ -9,7 +9,10 @@ finds them by name, whichever distribution installed them:
 - ``pyshuffle.descriptor_kinds``: a :class:`~shuffle_api.descriptors.ShuffleDescriptor`
   subclass, by its ``kind``, so that any process decodes the descriptors a service makes;
 - ``pyshuffle.option_catalogs``: an :class:`OptionCatalog`, the keys a part reads;
-- ``pyshuffle.commands``: a :class:`Command` of the ``pyshuffle`` command line.
+- ``pyshuffle.commands``: a :class:`Command` of the ``pyshuffle`` command line;
+- ``pyshuffle.local_deployments``: a service's
+  :data:`~shuffle_api.testing.deployment.LocalDeploymentFactory`, by the service's name, for
+  what runs its daemons on one host to break them (``pyshuffle chaos``).
 
 Entry points are read from installed distributions' metadata, so a part found this way must be
 installed (``pip install``), not only importable.
@@ -30,6 +33,7 @@ from shuffle_api.errors import ConfigError
 __all__ = [
     "COMMANDS",
     "DESCRIPTOR_KINDS",
+    "LOCAL_DEPLOYMENTS",
     "OPTION_CATALOGS",
     "SERVICES",
     "Command",
@@ -44,6 +48,7 @@ SERVICES: Final = "pyshuffle.services"
 DESCRIPTOR_KINDS: Final = "pyshuffle.descriptor_kinds"
 OPTION_CATALOGS: Final = "pyshuffle.option_catalogs"
 COMMANDS: Final = "pyshuffle.commands"
+LOCAL_DEPLOYMENTS: Final = "pyshuffle.local_deployments"
 
 
 class OptionRole(enum.Enum):

@@ -11,11 +11,14 @@ Use it from an implementation's tests::
 """
 
 from shuffle_api.master import RecordingJobContext
+from shuffle_api.testing.deployment import LocalDeployment, LocalDeploymentFactory
 from shuffle_api.testing.harness import ConformanceHarness, ShuffleScenario, make_batches
 from shuffle_api.testing.suite import PipelinedPartitionConformance, ShuffleServiceConformance
 
 __all__ = [
     "ConformanceHarness",
+    "LocalDeployment",
+    "LocalDeploymentFactory",
     "PipelinedPartitionConformance",
     "RecordingJobContext",
     "ShuffleScenario",

@@ -3,7 +3,6 @@ and what the workers' stores hold."""
 
 from __future__ import annotations
 
-import os
 import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -84,14 +83,8 @@ def placed_on(cluster: LocalCluster, descriptor: ShuffleDescriptor) -> set[int]:
 
 
 def partition_files(cluster: LocalCluster, index: int) -> list[Path]:
-    """Files of partitions on a worker's store (not its identity file). A directory the
-    worker deletes during the walk is skipped (``os.walk`` ignores it; ``rglob`` raises)."""
-    return sorted(
-        Path(directory, name)
-        for directory, _, names in os.walk(cluster.worker_store(index))
-        for name in names
-        if not name.startswith(".")
-    )
+    """Files of partitions on a worker's store (not its identity file)."""
+    return cluster.partition_files(index)
 
 
 def on_store(cluster: LocalCluster, index: int, partition: ResultPartitionID) -> bool:
