@@ -27,9 +27,12 @@ from shuffle_api import ConfigError
 
 __all__ = [
     "MINIMUM_JAVA",
+    "executor_pids",
     "java_version",
+    "local_cluster_session",
     "local_connect_server",
     "local_spark_session",
+    "python_worker_pids",
     "require_java",
 ]
 
@@ -107,6 +110,73 @@ def local_spark_session(
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session
+
+
+def local_cluster_session(
+    app_name: str, work: Path, conf: Mapping[str, str] | None = None
+) -> SparkSession:
+    """A ``local-cluster[2,1,1024]`` session: two executor JVMs, as two hosts, each with its
+    own local directory under ``work / "local"`` (so its own store); their Python workers run
+    this interpreter with this one's path."""
+    require_java()
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = (
+        SparkSession.builder.master("local-cluster[2,1,1024]")
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.local.dir", str(work / "local"))
+        .config("spark.executorEnv.TMPDIR", str(work / "executor-tmp"))
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.task.maxFailures", "4")
+        .config("spark.executorEnv.PYTHONPATH", os.pathsep.join(sys.path))
+    )
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    for name, value in os.environ.items():
+        if name.startswith("AWS_"):  # an object store's endpoint and keys, as on a cluster
+            builder = builder.config(f"spark.executorEnv.{name}", value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+def _command_lines() -> Iterator[tuple[int, list[str]]]:
+    """Each process's pid and arguments (processes gone meanwhile skipped)."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                arguments = (entry / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            yield int(entry.name), arguments.split("\0")
+
+
+def executor_pids(application_id: str) -> dict[str, int]:
+    """The JVMs of the application's executors on this host: executor id -> pid."""
+    return {
+        arguments[arguments.index("--executor-id") + 1]: pid
+        for pid, arguments in _command_lines()
+        if "org.apache.spark.executor.CoarseGrainedExecutorBackend" in arguments
+        and application_id in arguments
+        and "--executor-id" in arguments
+    }
+
+
+def python_worker_pids() -> list[int]:
+    """Python workers on this host running tasks: the processes PySpark's daemons forked
+    (each daemon's own pid left out)."""
+    daemons = {pid for pid, arguments in _command_lines() if "pyspark.daemon" in arguments}
+    workers = []
+    for pid in daemons:
+        try:
+            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent in daemons:
+            workers.append(pid)
+    return sorted(workers)
 
 
 def _free_port() -> int:

@@ -33,7 +33,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from external_shuffle.local_cluster import LocalCluster
 from pyspark_shuffle import SparkShuffle
-from pyspark_shuffle.spark.local import require_java
+from pyspark_shuffle.spark.local import executor_pids, local_cluster_session
 from tests.integration.spark_rows import multiset
 from tests.s3_stand_in import objects_under, running_stand_in
 from tests.tls_files import write_tls_files
@@ -64,28 +64,7 @@ DYNAMIC_ALLOCATION = {
 
 
 def cluster_session(work: Path, conf: Mapping[str, str] | None = None) -> SparkSession:
-    require_java()
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    builder = (
-        SparkSession.builder.master("local-cluster[2,1,1024]")
-        .appName("pyshuffle-cluster-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.local.dir", str(work / "local"))
-        .config("spark.executorEnv.TMPDIR", str(work / "executor-tmp"))
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.task.maxFailures", "4")
-    )
-    for key, value in (conf or {}).items():
-        builder = builder.config(key, value)
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = builder.config("spark.executorEnv.PYTHONPATH", os.pathsep.join(sys.path))
-    for name, value in os.environ.items():
-        if name.startswith("AWS_"):  # the object store's endpoint and keys, as on a cluster
-            builder = builder.config(f"spark.executorEnv.{name}", value)
-    session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
-    return session
+    return local_cluster_session("pyshuffle-cluster-tests", work, conf)
 
 
 def stored_files(roots: list[Path]) -> list[str]:
@@ -106,24 +85,6 @@ def stored_objects(settings: Mapping[str, object]) -> list[str]:
     none)."""
     url = settings.get("netty-like.storage.url")
     return [] if url is None else objects_under(str(url))
-
-
-def executor_pids(app_id: str) -> dict[str, int]:
-    """Executor id -> pid of its JVM."""
-    found: dict[str, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            arguments = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if (
-            "org.apache.spark.executor.CoarseGrainedExecutorBackend" in arguments
-            and app_id in arguments
-        ):
-            found[arguments[arguments.index("--executor-id") + 1]] = int(entry.name)
-    return found
 
 
 def without_stack_frames(message: str) -> str:

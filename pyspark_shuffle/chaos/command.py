@@ -1,0 +1,83 @@
+"""``pyshuffle chaos``: N randomized jobs on ``local-cluster[2,1,1024]``, each with 1-3 faults
+at random moments (an executor's JVM or a Python worker killed, a daemon killed, stopped or
+restarted), each checked against Spark's own result, the stores empty after it, no daemon
+crashed. Run K is seed ``--seed + K``: ``--seed S --runs 1`` repeats a run exactly as planned.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import tempfile
+from pathlib import Path
+
+from pyspark_shuffle.chaos.plans import ChaosSummary, plan_run
+from pyspark_shuffle.chaos.runner import SESSION_SETTINGS, ChaosRunner
+from pyspark_shuffle.spark.local import local_cluster_session
+from shuffle_api.plugins import LOCAL_DEPLOYMENTS, Command, load_plugin, plugins
+from shuffle_api.testing import LocalDeployment, LocalDeploymentFactory
+
+__all__ = ["COMMAND", "main"]
+
+_SERVICES = ("netty_like", "external_shuffle")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pyshuffle chaos", description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=10, help="randomized runs (default 10)")
+    parser.add_argument("--seed", type=int, default=1, help="the first run's seed (default 1)")
+    parser.add_argument(
+        "--services",
+        default=",".join(_SERVICES),
+        help="comma-separated services to draw from (default: %(default)s)",
+    )
+    parser.add_argument("--output", type=Path, help="write the summary as JSON here")
+    parser.add_argument(
+        "--work", type=Path, help="directory for Spark's and the daemons' files (default: temp)"
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    services = tuple(name.strip() for name in args.services.split(",") if name.strip())
+    with contextlib.ExitStack() as resources:
+        work = args.work or Path(resources.enter_context(tempfile.TemporaryDirectory()))
+        summary = _run(args, services, work, resources)
+    print(json.dumps({k: v for k, v in summary.items() if k != "failures"}, indent=1))
+    sound = not (summary["wrong_results"] or summary["files_left"] or summary["daemon_crashes"])
+    return 0 if sound and not summary["failed_runs"] else 1
+
+
+def _run(
+    args: argparse.Namespace, services: tuple[str, ...], work: Path, resources: contextlib.ExitStack
+) -> dict[str, object]:
+    # Spark's JVM first, before any gRPC channel has threads: PySpark forks it.
+    spark = local_cluster_session("pyshuffle-chaos", work, SESSION_SETTINGS)
+    resources.callback(spark.stop)
+    deployments: dict[str, LocalDeployment] = {}
+    for service in services:
+        if service in plugins(LOCAL_DEPLOYMENTS):
+            factory: LocalDeploymentFactory = load_plugin(LOCAL_DEPLOYMENTS, service)
+            deployments[service] = resources.enter_context(factory(work / service, {}))
+    runner = ChaosRunner(spark, work, deployments)
+    daemons = {service: len(found.daemons) for service, found in deployments.items()}
+    summary = ChaosSummary()
+    for seed in range(args.seed, args.seed + args.runs):
+        plan = plan_run(seed, services, daemons)
+        outcome = runner.run(plan)
+        summary.add(outcome)
+        if args.output is not None:  # after each run: a long run stopped keeps what it found
+            args.output.parent.mkdir(parents=True, exist_ok=True)
+            args.output.write_text(json.dumps(summary.to_json(), indent=1) + "\n")
+        faults = ", ".join(f"{f.kind} {f.target or '(none)'} in {f.phase}" for f in outcome.faults)
+        print(
+            f"run {seed}: {plan.service} {plan.operation} {plan.rows} rows"
+            f" {plan.map_tasks}x{plan.reducers} replicas {plan.replicas}: {outcome.result}"
+            f" ({outcome.seconds} s, files left {outcome.files_left}, crashed"
+            f" {list(outcome.crashed_daemons)}) faults: {faults}",
+            flush=True,
+        )
+    return summary.to_json()
+
+
+COMMAND = Command("randomized jobs with faults at random moments, checked against Spark", main)

@@ -1,0 +1,74 @@
+"""Chaos plans come from their seed alone, draw daemon faults only for a service with daemons,
+and the summary counts what went wrong by kind, keeping the seeds to run again."""
+
+from __future__ import annotations
+
+from pyspark_shuffle.chaos.plans import (
+    DAEMON_FAULTS,
+    EXECUTOR_FAULTS,
+    OPERATIONS,
+    ChaosSummary,
+    FaultRecord,
+    RunOutcome,
+    plan_run,
+)
+
+SERVICES = ("netty_like", "external_shuffle")
+DAEMONS = {"external_shuffle": 5}
+
+
+def test_a_seed_gives_the_same_plan_every_time_and_seeds_differ() -> None:
+    plans = [plan_run(seed, SERVICES, DAEMONS) for seed in range(200)]
+    assert plans == [plan_run(seed, SERVICES, DAEMONS) for seed in range(200)]
+    assert len(set(plans)) == 200
+    assert {plan.service for plan in plans} == set(SERVICES)
+    assert {plan.operation for plan in plans} == set(OPERATIONS)
+    assert any(plan.straggler for plan in plans) and not all(plan.straggler for plan in plans)
+
+
+def test_each_plan_has_one_to_three_faults_in_time_order_daemon_ones_where_daemons_run() -> None:
+    kinds: set[str] = set()
+    for seed in range(300):
+        plan = plan_run(seed, SERVICES, DAEMONS)
+        assert 1 <= len(plan.faults) <= 3
+        assert [fault.at for fault in plan.faults] == sorted(fault.at for fault in plan.faults)
+        for fault in plan.faults:
+            kinds.add(fault.kind)
+            if plan.service == "netty_like":
+                assert fault.kind in EXECUTOR_FAULTS
+            if fault.kind in ("daemon-kill", "daemon-term"):
+                assert 0.5 <= fault.down_for <= 3.0  # a supervisor brings it back
+            else:
+                assert fault.down_for == 0.0
+        assert plan.replicas == 1 or plan.service == "external_shuffle"
+    assert kinds == set(EXECUTOR_FAULTS + DAEMON_FAULTS)
+
+
+def test_the_summary_counts_each_kind_of_trouble_and_keeps_the_seeds() -> None:
+    summary = ChaosSummary()
+    faults = (FaultRecord("executor-kill", "map", "executor 1"),)
+    outcomes = [
+        RunOutcome(plan_run(1, SERVICES, DAEMONS), "exact", 5.0, 0, (), faults),
+        RunOutcome(plan_run(2, SERVICES, DAEMONS), "wrong", 6.0, 0, (), faults),
+        RunOutcome(plan_run(3, SERVICES, DAEMONS), "failed: TransportError: x", 7.0, 2, (), ()),
+        RunOutcome(
+            plan_run(4, SERVICES, DAEMONS),
+            "exact",
+            8.0,
+            0,
+            ("worker-1",),
+            (FaultRecord("python-worker-kill", "reduce", ""),),
+        ),
+    ]
+    for outcome in outcomes:
+        summary.add(outcome)
+    result = summary.to_json()
+    assert (result["runs"], result["exact"], result["wrong_results"]) == (4, 2, 1)
+    assert (result["failed_runs"], result["files_left"], result["daemon_crashes"]) == (1, 2, 1)
+    assert result["seconds"] == 26.0
+    assert result["failure_seeds"] == [2, 3, 4]
+    assert result["faults"] == {
+        "executor-kill": {"map": 2},
+        "python-worker-kill": {"no target": 1},
+    }
+    assert [outcome.sound for outcome in outcomes] == [True, False, False, False]
