@@ -22,7 +22,7 @@ from pyspark.sql import functions as sf
 
 from pyspark_shuffle.chaos.plans import FaultPlan, FaultRecord, RunOutcome, RunPlan
 from pyspark_shuffle.driver.session import SparkShuffle
-from pyspark_shuffle.spark.compat import SPARK_VERSION
+from pyspark_shuffle.spark.compat import collected_arrow
 from pyspark_shuffle.spark.local import executor_pids, python_worker_pids
 from shuffle_api.testing import LocalDeployment
 
@@ -61,12 +61,6 @@ def stored_files(local_directory: Path) -> list[str]:
 
 def _canonical_rows(table: pa.Table) -> Counter[Hashable]:
     return Counter(tuple(row.values()) for row in table.to_pylist())
-
-
-def _collect(frame: DataFrame) -> pa.Table:
-    if SPARK_VERSION >= (4, 0):  # toArrow is Spark 4's; Spark 3.5 has a private one
-        return frame.toArrow()
-    return pa.Table.from_batches(frame._collect_as_arrow())  # type: ignore[operator]
 
 
 def _per_group(table: pa.Table) -> pa.Table:
@@ -246,7 +240,9 @@ class ChaosRunner:
     ) -> Counter[Hashable] | list[tuple[object, ...]]:
         """Spark's own answer, before any fault."""
         if plan.operation == "sort":
-            return [tuple(row.values()) for row in _collect(frame.orderBy("x", "id")).to_pylist()]
+            return [
+                tuple(row.values()) for row in collected_arrow(frame.orderBy("x", "id")).to_pylist()
+            ]
         spark_result = {
             "repartition": lambda: frame,
             "group_apply": lambda: frame.groupBy("k").agg(
@@ -254,7 +250,7 @@ class ChaosRunner:
             ),
             "join": lambda: frame.join(dimension, "k", "inner"),
         }[plan.operation]()
-        return _canonical_rows(_collect(spark_result))
+        return _canonical_rows(collected_arrow(spark_result))
 
     def _through_pyshuffle(
         self,
@@ -293,7 +289,7 @@ class ChaosRunner:
     ) -> Counter[Hashable] | list[tuple[object, ...]]:
         if plan.operation == "sort":
             return [tuple(row.values()) for row in shuffle.to_arrow(result).to_pylist()]
-        return _canonical_rows(_collect(result))
+        return _canonical_rows(collected_arrow(result))
 
     def _config(self, plan: RunPlan) -> dict[str, object]:
         if plan.service not in self.deployments:

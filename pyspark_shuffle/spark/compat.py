@@ -6,6 +6,8 @@ and what it falls back to.
   release.
 - A SQL setting this release lacks: ``conf.get`` raises a ``PySparkException`` from 4.0, a
   bare ``Py4JJavaError`` on classic 3.5 (:data:`MISSING_SETTING_ERRORS`).
+- ``DataFrame.toArrow``: Spark 4's; on 3.5 its private ``_collect_as_arrow``
+  (:func:`collected_arrow`).
 - ``to_arrow_schema``: PySpark 4 takes the session's time zone and large-types setting;
   PySpark 3.5 takes the schema alone and gives timestamps in UTC (tested: 3.5.9, 4.0, 4.3).
 """
@@ -18,10 +20,17 @@ from typing import Final
 import pyarrow as pa
 import pyspark
 from pyspark.errors import PySparkException
+from pyspark.sql import DataFrame
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
-__all__ = ["CONNECT_SINCE", "MISSING_SETTING_ERRORS", "SPARK_VERSION", "spark_arrow_schema"]
+__all__ = [
+    "CONNECT_SINCE",
+    "MISSING_SETTING_ERRORS",
+    "SPARK_VERSION",
+    "collected_arrow",
+    "spark_arrow_schema",
+]
 
 SPARK_VERSION: Final = tuple(int(part) for part in pyspark.__version__.split(".")[:2])
 """The installed PySpark's (major, minor)."""
@@ -76,3 +85,11 @@ def spark_arrow_schema(
         [field.with_type(_in_timezone(field.type, timezone)) for field in plain],
         metadata=plain.metadata,
     )
+
+
+def collected_arrow(frame: DataFrame) -> pa.Table:
+    """``frame`` collected by Spark as an Arrow table, in its order."""
+    if SPARK_VERSION >= (4, 0):
+        table: pa.Table = frame.toArrow()
+        return table
+    return pa.Table.from_batches(frame._collect_as_arrow())  # type: ignore[operator]

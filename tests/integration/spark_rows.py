@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from pyspark import TaskContext
 
-from pyspark_shuffle.spark.compat import SPARK_VERSION
+from pyspark_shuffle.spark.compat import collected_arrow
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -30,11 +30,7 @@ def canonical(value: object) -> Hashable:
 
 def rows_of(frame: DataFrame) -> list[dict[str, Any]]:
     """The rows in the DataFrame's order, through Arrow (fast for lists and decimals)."""
-    if SPARK_VERSION >= (4, 0):  # toArrow is Spark 4's; Spark 3.5 has a private one
-        table = frame.toArrow()
-    else:
-        table = pa.Table.from_batches(frame._collect_as_arrow())  # type: ignore[operator]
-    rows: list[dict[str, Any]] = table.to_pylist()
+    rows: list[dict[str, Any]] = collected_arrow(frame).to_pylist()
     return rows
 
 
