@@ -49,11 +49,12 @@ _RESTART_ATTEMPTS: Final = 3
 
 def stored_files(local_directory: Path) -> list[str]:
     """Files under the default service's stores below a Spark local directory (each
-    executor's ``pyshuffle`` directory)."""
+    executor's ``pyshuffle`` directory). Spark deletes directories there at any moment:
+    ``os.walk`` passes over one that goes during the walk (``Path.glob`` raises)."""
     return sorted(
         os.path.join(directory, name)
-        for store in local_directory.glob("**/pyshuffle")
-        for directory, _, names in os.walk(store)
+        for directory, _, names in os.walk(local_directory)
+        if "pyshuffle" in Path(directory).parts
         for name in names
         if not name.startswith(".")
     )
