@@ -1,10 +1,10 @@
 """moto's S3 server on 127.0.0.1, standing in for S3 (no real S3 is reachable here), with a
-counter of the requests it answers and a share of them refused as S3 throttles (503 SlowDown).
+counter of the requests it answers and every n-th of them refused as an S3 throttle (503 SlowDown).
 
 Run as a process of its own (``python -m tests.s3_stand_in --port-file F``), so that Spark's
 driver and executors reach it as they would reach S3: by the environment :meth:`environment`
-gives. ``/_stand_in/counts`` answers the counts so far (JSON), ``/_stand_in/throttle?share=x``
-sets the share refused, ``/_stand_in/reset`` zeroes the counts.
+gives. ``/_stand_in/counts`` answers the counts so far (JSON), ``/_stand_in/throttle?every=n``
+refuses every n-th request from then on (0: none), ``/_stand_in/reset`` zeroes the counts.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import contextlib
 import json
 import logging
 import os
-import random
 import subprocess
 import sys
 import tempfile
@@ -60,13 +59,16 @@ def request_kind(method: str, path: str) -> str:
 
 
 class _Counting:
-    """moto's WSGI application behind a counter, refusing a share of requests as throttled."""
+    """moto's WSGI application behind a counter, refusing every n-th request as throttled.
 
-    def __init__(self, app: _App, seed: int) -> None:
+    Every n-th, not a random share: a test of throttling must see throttles whatever the
+    number of requests its job happens to make, and a retry right after one goes through."""
+
+    def __init__(self, app: _App) -> None:
         self._app = app
         self._counts: Counter[str] = Counter()
-        self._share = 0.0
-        self._random = random.Random(seed)
+        self._every = 0
+        self._since_throttle_set = 0
         self._lock = threading.Lock()
 
     def __call__(self, environ: _Environ, start_response: _StartResponse) -> Iterable[bytes]:
@@ -75,7 +77,8 @@ class _Counting:
             return self._control(path[len(_CONTROL) :], environ, start_response)
         kind = request_kind(environ["REQUEST_METHOD"], path)
         with self._lock:
-            throttled = self._random.random() < self._share
+            self._since_throttle_set += 1
+            throttled = self._every > 0 and self._since_throttle_set % self._every == 0
             self._counts["THROTTLED" if throttled else kind] += 1
         if throttled:
             start_response("503 Slow Down", [("Content-Type", "application/xml")])
@@ -87,8 +90,9 @@ class _Counting:
     ) -> Iterable[bytes]:
         with self._lock:
             if command == "throttle":
-                share = parse_qs(environ.get("QUERY_STRING", "")).get("share", ["0"])[0]
-                self._share = float(share)
+                every = parse_qs(environ.get("QUERY_STRING", "")).get("every", ["0"])[0]
+                self._every = int(every)
+                self._since_throttle_set = 0
             elif command == "reset":
                 self._counts.clear()
             answer = json.dumps(dict(self._counts)).encode()
@@ -123,9 +127,9 @@ class S3StandIn:
     def reset(self) -> None:
         self._control("reset")
 
-    def throttle(self, share: float) -> None:
-        """Refuse this share of requests (chosen at random) with 503 SlowDown."""
-        self._control(f"throttle?share={share}")
+    def throttle(self, every: int) -> None:
+        """Refuse every ``every``-th request from now on with 503 SlowDown (0: none)."""
+        self._control(f"throttle?every={every}")
 
     def make_bucket(self, name: str) -> None:
         request = urllib.request.Request(f"{self.endpoint}/{name}", method="PUT")
@@ -174,10 +178,9 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port-file", required=True, type=Path)
-    parser.add_argument("--seed", type=int, default=0)
     arguments = parser.parse_args()
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # not a line per request
-    app = _Counting(DomainDispatcherApplication(create_backend_app), arguments.seed)
+    app = _Counting(DomainDispatcherApplication(create_backend_app))
     server = make_server("127.0.0.1", 0, app, threaded=True)
     written = arguments.port_file.with_suffix(".tmp")
     written.write_text(f"{server.server_port}\n")

@@ -79,12 +79,12 @@ def test_throttled_requests_are_ridden_out(
 ) -> None:
     batches = make_batches(8_000, batch_rows=1_000)
     s3_stand_in.reset()
-    s3_stand_in.throttle(0.2)
+    s3_stand_in.throttle(every=4)
     try:
         descriptors, _ = scenario.produce(batches, partitions=2, subpartitions=3)
         whole = scenario.read(scenario.consumer, descriptors, SubpartitionRange(0, 2))
     finally:
-        s3_stand_in.throttle(0.0)
+        s3_stand_in.throttle(every=0)
     assert _rows(whole) == list(range(8_000))
     counts = s3_stand_in.counts()
     assert counts.get("THROTTLED", 0) > 0, counts
