@@ -230,7 +230,11 @@ class LocalCluster(LocalDeployment):
     def _port(self, process: _Process) -> str:
         if process.role == "coordinator":
             return self.coordinator_targets[self._processes.index(process)]
-        return self.worker_target(int(process.name.rsplit("-", 1)[1]))
+        return self.worker_target(self._worker_index(process))
+
+    @staticmethod
+    def _worker_index(process: _Process) -> int:
+        return int(process.name.rsplit("-", 1)[1])
 
     def _wait_serving(self, process: _Process) -> None:
         deadline = time.monotonic() + _START_TIMEOUT
@@ -312,6 +316,27 @@ class LocalCluster(LocalDeployment):
     def running(self, daemon: str) -> bool:
         popen = self._named(daemon).popen
         return popen is not None and popen.poll() is None
+
+    def process_id(self, daemon: str) -> int | None:
+        popen = self._named(daemon).popen
+        return popen.pid if popen is not None and popen.poll() is None else None
+
+    def ports(self, daemon: str) -> tuple[int, ...]:
+        process = self._named(daemon)
+        metrics = (self.metrics_ports[daemon],) if daemon in self.metrics_ports else ()
+        if process.role == "coordinator":
+            index = self._processes.index(process)
+            status = (self.status_port,) if index == 0 and self.status_port is not None else ()
+            return (int(self.coordinator_targets[index].rpartition(":")[2]), *status, *metrics)
+        index = self._worker_index(process)
+        return (self.worker_ports[index], self.worker_data_ports[index], *metrics)
+
+    def store_directories(self) -> dict[str, Path]:
+        if self._store_root is not None:
+            return {}
+        return {
+            f"worker-{index}": self.worker_store(index) for index in range(len(self.worker_ports))
+        }
 
     def partition_files(self, index: int) -> list[Path]:
         """Files of partitions on a worker's local store (not its identity file). A directory

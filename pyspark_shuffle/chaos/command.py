@@ -1,7 +1,12 @@
 """``pyshuffle chaos``: N randomized jobs on ``local-cluster[2,1,1024]``, each with 1-3 faults
-at random moments (an executor's JVM or a Python worker killed, a daemon killed, stopped or
-restarted), each checked against Spark's own result, the stores empty after it, no daemon
-crashed. Run K is seed ``--seed + K``: ``--seed S --runs 1`` repeats a run exactly as planned.
+at random moments (an executor's JVM or a Python worker killed, an executor or a daemon paused,
+a daemon killed, stopped or restarted, a daemon's connections dropped, a store filled), each
+checked against Spark's own result, the stores empty after it, no daemon crashed. Run K is seed
+``--seed + K``: ``--seed S --runs 1`` repeats a run exactly as planned.
+
+Dropped connections need ``ss -K`` to work (root), full stores a ``tmpfs`` of their own (root,
+and a service whose stores are directories of their own: the external one); where the host
+refuses either, runs do not draw it, and the summary says which kinds a service drew from.
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ import logging
 import tempfile
 from pathlib import Path
 
-from pyspark_shuffle.chaos.plans import ChaosSummary, plan_run
+from pyspark_shuffle.chaos.connections import can_abort_connections
+from pyspark_shuffle.chaos.disks import SmallDisk, SmallDisks
+from pyspark_shuffle.chaos.plans import ChaosSummary, fault_kinds, plan_run
 from pyspark_shuffle.chaos.runner import SESSION_SETTINGS, ChaosRunner
 from pyspark_shuffle.spark.local import local_cluster_session
 from shuffle_api.plugins import LOCAL_DEPLOYMENTS, Command, load_plugin, plugins
@@ -22,6 +29,8 @@ from shuffle_api.testing import LocalDeployment, LocalDeploymentFactory
 __all__ = ["COMMAND", "main"]
 
 _SERVICES = ("netty_like", "external_shuffle")
+# Room for the largest run's files (a few MB) many times over; a fault fills it to the brim.
+_SMALL_DISK_BYTES = 256 << 20
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,6 +60,11 @@ def main(argv: list[str] | None = None) -> int:
 def _run(
     args: argparse.Namespace, services: tuple[str, ...], work: Path, resources: contextlib.ExitStack
 ) -> dict[str, object]:
+    disks = resources.enter_context(SmallDisks(_SMALL_DISK_BYTES))
+    # The default service's stores are in Spark's local directory, which local-cluster's
+    # driver shares: filling it fails Spark's own files (PySpark's broadcasts), a fault of the
+    # driver's disk, not of a store. So only stores of their own are filled.
+    small_disks: dict[str, list[SmallDisk]] = {}
     # Spark's JVM first, before any gRPC channel has threads: PySpark forks it.
     spark = local_cluster_session("pyshuffle-chaos", work, SESSION_SETTINGS)
     resources.callback(spark.stop)
@@ -58,17 +72,31 @@ def _run(
     for service in services:
         if service in plugins(LOCAL_DEPLOYMENTS):
             factory: LocalDeploymentFactory = load_plugin(LOCAL_DEPLOYMENTS, service)
-            deployments[service] = resources.enter_context(factory(work / service, {}))
-    runner = ChaosRunner(spark, work, deployments)
-    daemons = {service: len(found.daemons) for service, found in deployments.items()}
+            deployment = factory(work / service, {})
+            stores = [disks.mount(store) for store in deployment.store_directories().values()]
+            if stores and all(stores):
+                small_disks[service] = [store for store in stores if store is not None]
+            deployments[service] = resources.enter_context(deployment)
+    runner = ChaosRunner(spark, work, deployments, small_disks)
+    droppable = can_abort_connections()
+    kinds = {
+        service: fault_kinds(
+            service in deployments,
+            connections_droppable=droppable,
+            stores_fillable=service in small_disks,
+        )
+        for service in services
+    }
     summary = ChaosSummary()
+    found: dict[str, object] = {**summary.to_json(), "fault_kinds": kinds}
     for seed in range(args.seed, args.seed + args.runs):
-        plan = plan_run(seed, services, daemons)
+        plan = plan_run(seed, kinds)
         outcome = runner.run(plan)
         summary.add(outcome)
+        found = {**summary.to_json(), "fault_kinds": kinds}
         if args.output is not None:  # after each run: a long run stopped keeps what it found
             args.output.parent.mkdir(parents=True, exist_ok=True)
-            args.output.write_text(json.dumps(summary.to_json(), indent=1) + "\n")
+            args.output.write_text(json.dumps(found, indent=1) + "\n")
         faults = ", ".join(f"{f.kind} {f.target or '(none)'} in {f.phase}" for f in outcome.faults)
         print(
             f"run {seed}: {plan.service} {plan.operation} {plan.rows} rows"
@@ -77,7 +105,7 @@ def _run(
             f" {list(outcome.crashed_daemons)}) faults: {faults}",
             flush=True,
         )
-    return summary.to_json()
+    return found
 
 
 COMMAND = Command("randomized jobs with faults at random moments, checked against Spark", main)

@@ -8,41 +8,61 @@ from __future__ import annotations
 
 import random
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 __all__ = [
+    "CONNECTION_FAULT",
     "DAEMON_FAULTS",
     "EXECUTOR_FAULTS",
     "OPERATIONS",
+    "STORE_FAULT",
     "ChaosSummary",
     "FaultPlan",
     "FaultRecord",
     "RunOutcome",
     "RunPlan",
+    "fault_kinds",
     "plan_run",
 ]
 
 OPERATIONS: Final = ("repartition", "group_apply", "join", "sort")
-EXECUTOR_FAULTS: Final = ("executor-kill", "executor-term", "python-worker-kill")
+EXECUTOR_FAULTS: Final = ("executor-kill", "executor-term", "executor-stall", "python-worker-kill")
 """Faults of a Spark application's processes: SIGKILL or SIGTERM of an executor's JVM (Spark's
-standalone worker starts another), SIGKILL of a Python worker running a task."""
-DAEMON_FAULTS: Final = ("daemon-kill", "daemon-term", "daemon-restart")
+standalone worker starts another), an executor's JVM stopped (SIGSTOP) for a while, as in a
+long pause, SIGKILL of a Python worker running a task."""
+DAEMON_FAULTS: Final = ("daemon-kill", "daemon-term", "daemon-restart", "daemon-stall")
 """Faults of a service's daemons (a worker or a coordinator): down by SIGKILL or SIGTERM and
-back after a supervisor's delay, or SIGKILL and back at once."""
+back after a supervisor's delay, SIGKILL and back at once, or stopped (SIGSTOP) for a while:
+its connections stall, and past the coordinator's worker timeout it is taken for dead."""
+CONNECTION_FAULT: Final = "connection-drop"
+"""Every TCP connection to a daemon's ports aborted at once, both ends (where the host lets a
+process abort sockets: ``ss -K``)."""
+STORE_FAULT: Final = "store-full"
+"""A store's filesystem filled to the last byte for a while (where stores sit on small
+filesystems of their own): writes fail with ENOSPC, as on a full disk."""
 _MAX_FAULTS: Final = 3
 # A fault lands within this many seconds of the job's start: the jobs below last 2-15 s on
 # two cores, so faults fall before, during and after each stage.
 _FAULT_WINDOW_SECONDS: Final = 6.0
-_SUPERVISOR_DELAYS: Final = (0.5, 3.0)
+# How long a fault lasts, by kind: a supervisor's delay before a daemon is started again; a
+# stop long enough, at its end, to outlast the chaos deployment's 3 s worker timeout.
+_DURATIONS: Final = {
+    "daemon-kill": (0.5, 3.0),
+    "daemon-term": (0.5, 3.0),
+    "daemon-stall": (0.5, 6.0),
+    "executor-stall": (0.5, 6.0),
+    STORE_FAULT: (0.5, 4.0),
+}
 
 
 @dataclass(frozen=True, slots=True)
 class FaultPlan:
     """One fault: its kind, when (seconds after the job starts), whom among its kind's
-    targets (an index, taken modulo the targets there are then) and, for a daemon taken
-    down, how long until its supervisor starts it again."""
+    targets (an index, taken modulo the targets there are then) and, for a fault that lasts,
+    how long (until a supervisor starts a daemon again, a stopped process goes on, a full
+    store is freed)."""
 
     kind: str
     at: float
@@ -66,18 +86,28 @@ class RunPlan:
     faults: tuple[FaultPlan, ...]
 
 
-def plan_run(seed: int, services: Sequence[str], daemons: dict[str, int]) -> RunPlan:
-    """The plan ``seed`` gives: a service of ``services``, an operation, sizes and 1-3 faults
-    (daemon faults only where the service has daemons, ``daemons[service]`` of them)."""
+def fault_kinds(
+    has_daemons: bool, *, connections_droppable: bool, stores_fillable: bool
+) -> tuple[str, ...]:
+    """The faults a run on a service may draw: daemon ones only where it has daemons, and
+    those the host can carry out."""
+    kinds = EXECUTOR_FAULTS + ((STORE_FAULT,) if stores_fillable else ())
+    if has_daemons:
+        kinds += DAEMON_FAULTS + ((CONNECTION_FAULT,) if connections_droppable else ())
+    return kinds
+
+
+def plan_run(seed: int, kinds_by_service: Mapping[str, Sequence[str]]) -> RunPlan:
+    """The plan ``seed`` gives: a service of ``kinds_by_service``, an operation, sizes and 1-3
+    faults of the kinds that service may draw (:func:`fault_kinds`)."""
     rng = random.Random(seed)
-    service = rng.choice(list(services))
-    kinds = EXECUTOR_FAULTS + (DAEMON_FAULTS if daemons.get(service, 0) else ())
+    service = rng.choice(list(kinds_by_service))
+    kinds = tuple(kinds_by_service[service])
+    has_daemons = any(kind in DAEMON_FAULTS for kind in kinds)
     faults = []
     for _ in range(rng.randint(1, _MAX_FAULTS)):
         kind = rng.choice(kinds)
-        down_for = (
-            0.0 if kind not in ("daemon-kill", "daemon-term") else rng.uniform(*_SUPERVISOR_DELAYS)
-        )
+        down_for = rng.uniform(*_DURATIONS[kind]) if kind in _DURATIONS else 0.0
         faults.append(
             FaultPlan(
                 kind,
@@ -93,7 +123,7 @@ def plan_run(seed: int, services: Sequence[str], daemons: dict[str, int]) -> Run
         rows=rng.choice((2_000, 20_000, 100_000)),
         map_tasks=rng.randint(2, 12),
         reducers=rng.randint(1, 16),
-        replicas=rng.choice((1, 2)) if daemons.get(service, 0) else 1,
+        replicas=rng.choice((1, 2)) if has_daemons else 1,
         straggler=rng.random() < 0.3,
         faults=tuple(sorted(faults, key=lambda fault: fault.at)),
     )

@@ -12,7 +12,7 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -20,7 +20,17 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as sf
 
-from pyspark_shuffle.chaos.plans import FaultPlan, FaultRecord, RunOutcome, RunPlan
+from pyspark_shuffle.chaos.connections import abort_connections
+from pyspark_shuffle.chaos.disks import SmallDisk
+from pyspark_shuffle.chaos.plans import (
+    CONNECTION_FAULT,
+    EXECUTOR_FAULTS,
+    STORE_FAULT,
+    FaultPlan,
+    FaultRecord,
+    RunOutcome,
+    RunPlan,
+)
 from pyspark_shuffle.driver.session import SparkShuffle
 from pyspark_shuffle.spark.compat import collected_arrow
 from pyspark_shuffle.spark.local import executor_pids, python_worker_pids
@@ -86,7 +96,8 @@ def _straggling(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
 
 
 class _Faults(threading.Thread):
-    """Fires a run's faults at their moments; after the job, those left at once."""
+    """Fires a run's faults at their moments; after the job, those left at once. A fault that
+    lasts is ended by a timer (:meth:`wait_for_endings` waits for them all)."""
 
     def __init__(self, runner: ChaosRunner, plan: RunPlan) -> None:
         super().__init__(name=f"chaos-faults-{plan.seed}", daemon=True)
@@ -96,7 +107,7 @@ class _Faults(threading.Thread):
         self.records: list[FaultRecord] = []
         self.taken_down: set[str] = set()
         self.unclean_stops: list[str] = []
-        self._supervisors: list[threading.Timer] = []
+        self._endings: list[threading.Timer] = []
         self._job_done = threading.Event()
         self._begun = time.monotonic()
 
@@ -115,15 +126,13 @@ class _Faults(threading.Thread):
         self._job_done.set()
 
     def _fire(self, fault: FaultPlan) -> str:
-        runner = self._runner
-        if fault.kind in ("executor-kill", "executor-term"):
-            pids = executor_pids(runner.spark.sparkContext.applicationId)
-            if not pids:
-                return ""
-            executor = sorted(pids)[fault.target % len(pids)]
-            kill = signal.SIGKILL if fault.kind == "executor-kill" else signal.SIGTERM
-            os.kill(pids[executor], kill)
-            return f"executor {executor}"
+        if fault.kind in EXECUTOR_FAULTS:
+            return self._executor_fault(fault)
+        if fault.kind == STORE_FAULT:
+            return self._fill_store(fault)
+        return self._daemon_fault(fault)
+
+    def _executor_fault(self, fault: FaultPlan) -> str:
         if fault.kind == "python-worker-kill":
             workers = python_worker_pids()
             if not workers:
@@ -132,11 +141,41 @@ class _Faults(threading.Thread):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
             return f"python worker {pid}"
-        deployment = runner.deployments[self._plan.service]
+        pids = executor_pids(self._runner.spark.sparkContext.applicationId)
+        if not pids:
+            return ""
+        executor = sorted(pids)[fault.target % len(pids)]
+        if fault.kind == "executor-stall":
+            self._stop_for(pids[executor], fault.down_for)
+        else:
+            os.kill(
+                pids[executor], signal.SIGKILL if fault.kind == "executor-kill" else signal.SIGTERM
+            )
+        return f"executor {executor}"
+
+    def _fill_store(self, fault: FaultPlan) -> str:
+        disks = self._runner.small_disks.get(self._plan.service, ())
+        if not disks:
+            return ""
+        disk = disks[fault.target % len(disks)]
+        disk.fill()
+        self._end_later(fault.down_for, disk.free)
+        return f"store {disk.directory.name}"
+
+    def _daemon_fault(self, fault: FaultPlan) -> str:
+        deployment = self._runner.deployments[self._plan.service]
         running = [name for name in deployment.daemons if deployment.running(name)]
         if not running:
             return ""
         daemon = running[fault.target % len(running)]
+        if fault.kind == CONNECTION_FAULT:
+            return f"{daemon} ({abort_connections(deployment.ports(daemon))} sockets)"
+        if fault.kind == "daemon-stall":
+            pid = deployment.process_id(daemon)
+            if pid is None:
+                return ""
+            self._stop_for(pid, fault.down_for)
+            return daemon
         self.taken_down.add(daemon)
         if fault.kind == "daemon-term":
             status = deployment.terminate(daemon)
@@ -147,10 +186,18 @@ class _Faults(threading.Thread):
         if fault.kind == "daemon-restart":
             deployment.restart(daemon)
         else:
-            supervisor = threading.Timer(fault.down_for, self._supervise, (deployment, daemon))
-            self._supervisors.append(supervisor)
-            supervisor.start()
+            self._end_later(fault.down_for, self._supervise, deployment, daemon)
         return daemon
+
+    def _stop_for(self, pid: int, seconds: float) -> None:
+        """``pid`` stopped (SIGSTOP) and, ``seconds`` later, going on."""
+        os.kill(pid, signal.SIGSTOP)
+        self._end_later(seconds, _resume, pid)
+
+    def _end_later(self, seconds: float, ending: Callable[..., None], *arguments: object) -> None:
+        timer = threading.Timer(seconds, ending, arguments)
+        self._endings.append(timer)
+        timer.start()
 
     @staticmethod
     def _supervise(deployment: LocalDeployment, daemon: str) -> None:
@@ -160,26 +207,34 @@ class _Faults(threading.Thread):
         except Exception as error:
             _LOG.warning("the supervisor could not start %s again: %s", daemon, error)
 
-    def wait_for_supervisors(self) -> None:
-        for supervisor in self._supervisors:
-            supervisor.join()
+    def wait_for_endings(self) -> None:
+        for ending in self._endings:
+            ending.join()
+
+
+def _resume(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGCONT)
 
 
 class ChaosRunner:
     """Runs plans one after another on ``spark`` (a ``local-cluster`` session, its local
     directory under ``work``), with ``deployments`` (by service) for the services with
-    daemons, started already."""
+    daemons, started already, and ``small_disks`` (by service): the small filesystems its
+    stores are on, which the store-full fault fills."""
 
     def __init__(
         self,
         spark: SparkSession,
         work: Path,
         deployments: Mapping[str, LocalDeployment],
+        small_disks: Mapping[str, Sequence[SmallDisk]],
         settings: Mapping[str, object] | None = None,
     ) -> None:
         self.spark = spark
         self._local = work / "local"
         self.deployments = deployments
+        self.small_disks = small_disks
         self._settings = {"pyspark-shuffle.progress.interval": "0", **(settings or {})}
 
     def run(self, plan: RunPlan) -> RunOutcome:
@@ -207,7 +262,7 @@ class ChaosRunner:
             finally:
                 faults.job_done()
                 faults.join()
-                faults.wait_for_supervisors()
+                faults.wait_for_endings()
                 crashed = self._crashed(plan.service, faults)
                 self._heal(plan.service)
         files = self._files_left(plan.service)

@@ -57,6 +57,18 @@ class LocalDeployment(abc.ABC):
     def stored_files(self) -> list[str]:
         """Every partition file the daemons' stores hold."""
 
+    @abc.abstractmethod
+    def process_id(self, daemon: str) -> int | None:
+        """``daemon``'s process id while it runs, else None."""
+
+    @abc.abstractmethod
+    def ports(self, daemon: str) -> tuple[int, ...]:
+        """The TCP ports ``daemon`` serves on (on 127.0.0.1)."""
+
+    @abc.abstractmethod
+    def store_directories(self) -> dict[str, Path]:
+        """Each daemon's store, by daemon, where it is a local directory (none otherwise)."""
+
     def __enter__(self) -> Self:
         try:
             return self.start()

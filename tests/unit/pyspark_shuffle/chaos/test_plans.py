@@ -1,25 +1,33 @@
-"""Chaos plans come from their seed alone, draw daemon faults only for a service with daemons,
-and the summary counts what went wrong by kind, keeping the seeds to run again."""
+"""Chaos plans come from their seed alone, draw daemon faults only for a service with daemons
+and only the faults the host can carry out, and the summary counts what went wrong by kind,
+keeping the seeds to run again."""
 
 from __future__ import annotations
 
 from pyspark_shuffle.chaos.plans import (
+    CONNECTION_FAULT,
     DAEMON_FAULTS,
     EXECUTOR_FAULTS,
     OPERATIONS,
+    STORE_FAULT,
     ChaosSummary,
     FaultRecord,
     RunOutcome,
+    fault_kinds,
     plan_run,
 )
 
 SERVICES = ("netty_like", "external_shuffle")
-DAEMONS = {"external_shuffle": 5}
+KINDS = {
+    "netty_like": fault_kinds(False, connections_droppable=True, stores_fillable=True),
+    "external_shuffle": fault_kinds(True, connections_droppable=True, stores_fillable=True),
+}
+LASTING = {"daemon-kill", "daemon-term", "daemon-stall", "executor-stall", STORE_FAULT}
 
 
 def test_a_seed_gives_the_same_plan_every_time_and_seeds_differ() -> None:
-    plans = [plan_run(seed, SERVICES, DAEMONS) for seed in range(200)]
-    assert plans == [plan_run(seed, SERVICES, DAEMONS) for seed in range(200)]
+    plans = [plan_run(seed, KINDS) for seed in range(200)]
+    assert plans == [plan_run(seed, KINDS) for seed in range(200)]
     assert len(set(plans)) == 200
     assert {plan.service for plan in plans} == set(SERVICES)
     assert {plan.operation for plan in plans} == set(OPERATIONS)
@@ -29,30 +37,43 @@ def test_a_seed_gives_the_same_plan_every_time_and_seeds_differ() -> None:
 def test_each_plan_has_one_to_three_faults_in_time_order_daemon_ones_where_daemons_run() -> None:
     kinds: set[str] = set()
     for seed in range(300):
-        plan = plan_run(seed, SERVICES, DAEMONS)
+        plan = plan_run(seed, KINDS)
         assert 1 <= len(plan.faults) <= 3
         assert [fault.at for fault in plan.faults] == sorted(fault.at for fault in plan.faults)
         for fault in plan.faults:
             kinds.add(fault.kind)
             if plan.service == "netty_like":
-                assert fault.kind in EXECUTOR_FAULTS
+                assert fault.kind in (*EXECUTOR_FAULTS, STORE_FAULT)
             if fault.kind in ("daemon-kill", "daemon-term"):
                 assert 0.5 <= fault.down_for <= 3.0  # a supervisor brings it back
+            elif fault.kind in LASTING:
+                assert 0.5 <= fault.down_for <= 6.0
             else:
                 assert fault.down_for == 0.0
         assert plan.replicas == 1 or plan.service == "external_shuffle"
-    assert kinds == set(EXECUTOR_FAULTS + DAEMON_FAULTS)
+    assert kinds == {*EXECUTOR_FAULTS, *DAEMON_FAULTS, CONNECTION_FAULT, STORE_FAULT}
+
+
+def test_a_host_that_cannot_drop_connections_or_fill_stores_draws_neither() -> None:
+    plain = {
+        service: fault_kinds(
+            service == "external_shuffle", connections_droppable=False, stores_fillable=False
+        )
+        for service in SERVICES
+    }
+    drawn = {fault.kind for seed in range(300) for fault in plan_run(seed, plain).faults}
+    assert drawn == {*EXECUTOR_FAULTS, *DAEMON_FAULTS}
 
 
 def test_the_summary_counts_each_kind_of_trouble_and_keeps_the_seeds() -> None:
     summary = ChaosSummary()
     faults = (FaultRecord("executor-kill", "map", "executor 1"),)
     outcomes = [
-        RunOutcome(plan_run(1, SERVICES, DAEMONS), "exact", 5.0, 0, (), faults),
-        RunOutcome(plan_run(2, SERVICES, DAEMONS), "wrong", 6.0, 0, (), faults),
-        RunOutcome(plan_run(3, SERVICES, DAEMONS), "failed: TransportError: x", 7.0, 2, (), ()),
+        RunOutcome(plan_run(1, KINDS), "exact", 5.0, 0, (), faults),
+        RunOutcome(plan_run(2, KINDS), "wrong", 6.0, 0, (), faults),
+        RunOutcome(plan_run(3, KINDS), "failed: TransportError: x", 7.0, 2, (), ()),
         RunOutcome(
-            plan_run(4, SERVICES, DAEMONS),
+            plan_run(4, KINDS),
             "exact",
             8.0,
             0,
