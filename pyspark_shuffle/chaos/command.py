@@ -17,6 +17,7 @@ import json
 import logging
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from pyspark_shuffle.chaos.connections import can_abort_connections
 from pyspark_shuffle.chaos.disks import SmallDisk, SmallDisks
@@ -42,11 +43,23 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(_SERVICES),
         help="comma-separated services to draw from (default: %(default)s)",
     )
-    parser.add_argument("--output", type=Path, help="write the summary as JSON here")
+    parser.add_argument(
+        "--output", type=Path, help="write the summary as JSON here (after every run)"
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on from --output's summary: its runs count toward --runs, seeds follow its last",
+    )
     parser.add_argument(
         "--work", type=Path, help="directory for Spark's and the daemons' files (default: temp)"
     )
+    parser.add_argument(
+        "--label", default="", help="recorded with this run's stretch of seeds (a commit, say)"
+    )
     args = parser.parse_args(argv)
+    if args.resume and args.output is None:
+        parser.error("--resume goes on from --output's summary: name it")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     services = tuple(name.strip() for name in args.services.split(",") if name.strip())
     with contextlib.ExitStack() as resources:
@@ -87,13 +100,18 @@ def _run(
         )
         for service in services
     }
-    summary = ChaosSummary()
-    found: dict[str, object] = {**summary.to_json(), "fault_kinds": kinds}
-    for seed in range(args.seed, args.seed + args.runs):
+    previous = _previous(args)
+    summary = ChaosSummary() if previous is None else ChaosSummary.from_json(previous)
+    first = args.seed if summary.last_seed is None else summary.last_seed + 1
+    segments = [] if previous is None else list(previous.get("segments", []))
+    segments.append({"first_seed": first, "runs": 0, "label": args.label, "fault_kinds": kinds})
+    found: dict[str, object] = {**summary.to_json(), "fault_kinds": kinds, "segments": segments}
+    for seed in range(first, first + max(0, args.runs - summary.runs)):
         plan = plan_run(seed, kinds)
         outcome = runner.run(plan)
         summary.add(outcome)
-        found = {**summary.to_json(), "fault_kinds": kinds}
+        segments[-1].update(last_seed=seed, runs=int(segments[-1]["runs"]) + 1)
+        found = {**summary.to_json(), "fault_kinds": kinds, "segments": segments}
         if args.output is not None:  # after each run: a long run stopped keeps what it found
             args.output.parent.mkdir(parents=True, exist_ok=True)
             args.output.write_text(json.dumps(found, indent=1) + "\n")
@@ -106,6 +124,14 @@ def _run(
             flush=True,
         )
     return found
+
+
+def _previous(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The summary a resumed run goes on from (none yet: it starts afresh)."""
+    if not args.resume or not args.output.exists():
+        return None
+    document: dict[str, Any] = json.loads(args.output.read_text())
+    return document
 
 
 COMMAND = Command("randomized jobs with faults at random moments, checked against Spark", main)

@@ -161,6 +161,8 @@ class ChaosSummary:
     """The runs so far, as benchmarks/results/chaos.json keeps them."""
 
     runs: int = 0
+    first_seed: int | None = None
+    last_seed: int | None = None
     exact: int = 0
     wrong_results: int = 0
     failed_runs: int = 0
@@ -173,6 +175,9 @@ class ChaosSummary:
 
     def add(self, outcome: RunOutcome) -> None:
         self.runs += 1
+        if self.first_seed is None:
+            self.first_seed = outcome.plan.seed
+        self.last_seed = outcome.plan.seed
         self.seconds += outcome.seconds
         self.by_service[outcome.plan.service] += 1
         self.exact += outcome.result == "exact"
@@ -201,6 +206,8 @@ class ChaosSummary:
     def to_json(self) -> dict[str, Any]:
         return {
             "runs": self.runs,
+            "first_seed": self.first_seed,
+            "last_seed": self.last_seed,
             "exact": self.exact,
             "wrong_results": self.wrong_results,
             "failed_runs": self.failed_runs,
@@ -212,3 +219,23 @@ class ChaosSummary:
             "failure_seeds": [failure["seed"] for failure in self.failures],
             "failures": self.failures,
         }
+
+    @classmethod
+    def from_json(cls, document: Mapping[str, Any]) -> ChaosSummary:
+        """The summary :meth:`to_json` gave, to go on adding runs to."""
+        summary = cls(
+            runs=document["runs"],
+            first_seed=document["first_seed"],
+            last_seed=document["last_seed"],
+            exact=document["exact"],
+            wrong_results=document["wrong_results"],
+            failed_runs=document["failed_runs"],
+            files_left=document["files_left"],
+            daemon_crashes=document["daemon_crashes"],
+            seconds=document["seconds"],
+            by_service=Counter(document["runs_by_service"]),
+            failures=list(document["failures"]),
+        )
+        for kind, phases in document["faults"].items():
+            summary.faults[kind].update(phases)
+        return summary

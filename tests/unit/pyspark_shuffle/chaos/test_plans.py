@@ -93,3 +93,27 @@ def test_the_summary_counts_each_kind_of_trouble_and_keeps_the_seeds() -> None:
         "python-worker-kill": {"no target": 1},
     }
     assert [outcome.sound for outcome in outcomes] == [True, False, False, False]
+
+
+def test_a_summary_taken_up_again_goes_on_counting_as_if_never_stopped() -> None:
+    faults = (FaultRecord("daemon-stall", "map", "worker-0"),)
+    outcomes = [
+        RunOutcome(plan_run(seed, KINDS), result, 3.0, left, (), faults)
+        for seed, result, left in (
+            (7, "exact", 0),
+            (8, "wrong", 0),
+            (9, "exact", 1),
+            (10, "exact", 0),
+        )
+    ]
+    whole, first_half = ChaosSummary(), ChaosSummary()
+    for outcome in outcomes:
+        whole.add(outcome)
+    for outcome in outcomes[:2]:
+        first_half.add(outcome)
+    taken_up = ChaosSummary.from_json(first_half.to_json())
+    assert taken_up.to_json() == first_half.to_json()
+    for outcome in outcomes[2:]:
+        taken_up.add(outcome)
+    assert taken_up.to_json() == whole.to_json()
+    assert (whole.first_seed, whole.last_seed) == (7, 10)
