@@ -33,7 +33,7 @@ from pyspark_shuffle.chaos.plans import (
 )
 from pyspark_shuffle.driver.session import SparkShuffle
 from pyspark_shuffle.spark.compat import collected_arrow
-from pyspark_shuffle.spark.local import executor_pids, python_worker_pids
+from pyspark_shuffle.spark.local import executor_pids, python_worker_pids, wait_for_two_executors
 from shuffle_api.testing import LocalDeployment
 
 __all__ = ["SESSION_SETTINGS", "ChaosRunner", "stored_files"]
@@ -388,18 +388,7 @@ class ChaosRunner:
                         if attempt == _RESTART_ATTEMPTS - 1:
                             raise
                         _LOG.warning("%s did not start again (%s); retrying", name, error)
-        self._wait_for_two_executors()
-
-    def _wait_for_two_executors(self) -> None:
-        tracker = self.spark.sparkContext._jsc.sc().statusTracker()
-        deadline = time.monotonic() + _EXECUTORS_WAIT_SECONDS
-        while (
-            len(executor_pids(self.spark.sparkContext.applicationId)) != 2
-            or len(tracker.getExecutorInfos()) != 3  # the driver's entry is among them
-        ):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"not two executors within {_EXECUTORS_WAIT_SECONDS:.0f} s")
-            time.sleep(0.5)
+        wait_for_two_executors(self.spark, _EXECUTORS_WAIT_SECONDS)
 
     def _stored(self, service: str) -> list[str]:
         deployment = self.deployments.get(service)

@@ -34,6 +34,7 @@ __all__ = [
     "local_spark_session",
     "python_worker_pids",
     "require_java",
+    "wait_for_two_executors",
 ]
 
 _CONNECT_SERVER_CLASS: Final = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -162,6 +163,22 @@ def executor_pids(application_id: str) -> dict[str, int]:
         and application_id in arguments
         and "--executor-id" in arguments
     }
+
+
+def wait_for_two_executors(spark: SparkSession, timeout: float = 120.0) -> None:
+    """Until the application runs two executor JVMs and the driver knows just those two: a
+    killed one is gone from ``/proc`` once its worker reaped it, Spark's standalone worker
+    starts one in its place, and the driver drops the lost one and registers the new one.
+    (Tasks started before that all run on the survivor, whose loss then reruns them all.)"""
+    tracker = spark.sparkContext._jsc.sc().statusTracker()
+    deadline = time.monotonic() + timeout
+    while (
+        len(executor_pids(spark.sparkContext.applicationId)) != 2
+        or len(tracker.getExecutorInfos()) != 3  # the driver's entry is among them
+    ):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not two executors within {timeout:.0f} s")
+        time.sleep(0.5)
 
 
 def python_worker_pids() -> list[int]:

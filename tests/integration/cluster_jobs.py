@@ -33,7 +33,11 @@ from pyspark.sql import DataFrame, SparkSession
 
 from external_shuffle.local_cluster import LocalCluster
 from pyspark_shuffle import SparkShuffle
-from pyspark_shuffle.spark.local import executor_pids, local_cluster_session
+from pyspark_shuffle.spark.local import (
+    executor_pids,
+    local_cluster_session,
+    wait_for_two_executors,
+)
 from tests.integration.spark_rows import multiset
 from tests.s3_stand_in import objects_under, running_stand_in
 from tests.tls_files import write_tls_files
@@ -96,22 +100,6 @@ def without_stack_frames(message: str) -> str:
 
 Kill = Callable[[], int]
 """Kills one victim (an executor's JVM, or a worker daemon); returns its pid."""
-
-
-def wait_for_two_executors(spark: SparkSession, timeout: float = 120.0) -> None:
-    """Until the application runs two executor JVMs and the driver knows just those two: a
-    killed one is gone from ``/proc`` once its worker reaped it, Spark's standalone worker
-    starts one in its place, and the driver drops the lost one and registers the new one.
-    (Tasks started before that all run on the survivor, whose loss then reruns them all.)"""
-    tracker = spark.sparkContext._jsc.sc().statusTracker()
-    deadline = time.monotonic() + timeout
-    while (
-        len(executor_pids(spark.sparkContext.applicationId)) != 2
-        or len(tracker.getExecutorInfos()) != 3  # the driver's entry is among them
-    ):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not two executors within {timeout:.0f} s")
-        time.sleep(0.5)
 
 
 def executor_killer(spark: SparkSession) -> Kill:
