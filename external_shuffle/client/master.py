@@ -12,14 +12,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
 import grpc
 
-from external_shuffle.client.coordinators import Coordinators
+from external_shuffle.client.coordinators import Answer, Coordinators
 from external_shuffle.client.descriptor import ExternalShuffleDescriptor
 from external_shuffle.options import (
     APPLICATION_CREDENTIAL,
@@ -109,6 +109,8 @@ class ExternalShuffleMaster(ShuffleMaster):
         # holding a client's credential: every later call, and the executors', present it.
         self._credential = ""
         self._closed = False
+        # Coordinators whose last heartbeat went unanswered (by the heartbeat thread only).
+        self._silent: set[str] = set()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -163,7 +165,23 @@ class ExternalShuffleMaster(ShuffleMaster):
             try:
                 self.heartbeat()
             except ShuffleError as error:
-                logger.warning("application heartbeat failed: %s", error)
+                if set(self._coordinators.addresses) <= self._silent:
+                    logger.debug("application heartbeat failed: %s", error)  # said already
+                else:
+                    logger.warning("application heartbeat failed: %s", error)
+
+    def _note_silence(self, answers: Sequence[Answer[object]]) -> None:
+        """Each coordinator's silence said once, at WARNING, and its return at INFO: a
+        coordinator down for minutes is not a warning each heartbeat."""
+        for answer in answers:
+            if answer.error is None and answer.address in self._silent:
+                self._silent.discard(answer.address)
+                logger.info("coordinator %s answers again", answer.address)
+            elif answer.error is not None and answer.address not in self._silent:
+                self._silent.add(answer.address)
+                logger.warning("%s (said once, until it answers again)", answer.error)
+            elif answer.error is not None:
+                logger.debug("%s", answer.error)
 
     def heartbeat(self) -> None:
         """Keep the application alive on each coordinator; tell one that does not know it
@@ -175,6 +193,7 @@ class ExternalShuffleMaster(ShuffleMaster):
                 request, timeout=self._settings.timeout
             ),
         )
+        self._note_silence(answers)
         errors = [answer.error for answer in answers if answer.error is not None]
         if len(errors) == len(answers):
             raise errors[0]
@@ -182,8 +201,8 @@ class ExternalShuffleMaster(ShuffleMaster):
         restored = False
         for answer in answers:
             if answer.error is not None:
-                logger.warning("%s", answer.error)
-            elif answer.result is not None and not answer.result.known:
+                continue
+            if answer.result is not None and not answer.result.known:
                 logger.warning(
                     "coordinator %s does not know application %s (it restarted, or the"
                     " application expired there): registering it again",

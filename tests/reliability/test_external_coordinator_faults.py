@@ -4,6 +4,7 @@ workers' stores are empty once the application is done. Real daemon processes on
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -223,3 +224,22 @@ def _applications(cluster: LocalCluster, coordinator: int) -> set[str]:
         pb.ListApplicationsRequest(), timeout=10
     )
     return {entry.application_id for entry in answer.applications}
+
+
+def test_a_coordinator_down_is_warned_of_once_and_its_return_is_said(
+    two_coordinators: LocalCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    with scenario_on(two_coordinators) as scenario:
+        master = external(scenario.master)
+        down = two_coordinators.coordinator_targets[1]
+        two_coordinators.kill_coordinator(1)
+        with caplog.at_level(logging.INFO, logger="external_shuffle.client.master"):
+            for _ in range(3):
+                master.heartbeat()  # the other coordinator answers
+            warned = [r for r in caplog.records if r.levelno >= logging.WARNING]
+            assert len(warned) == 1 and down in warned[0].getMessage(), warned
+            caplog.clear()
+            two_coordinators.start_coordinator(1)
+            master.heartbeat()
+        said = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+        assert f"coordinator {down} answers again" in said, said
