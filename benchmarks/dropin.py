@@ -27,7 +27,12 @@ seconds (as pipeline_vs_spark.py's floor); and the function itself, its input co
 beforehand: that time over ``--cores`` is a floor under any engine that calls the function once
 per group, so ``ceiling`` = Spark / (function itself / cores) is the most any could gain. Ratios:
 ``speedup`` = Spark / enabled, ``vs_explicit`` = enabled / explicit, ``vs_function`` = enabled /
-(function with conversions / cores); goals are printed beside them.
+(function with conversions / cores); goals are printed beside them. The switch's floor
+(``floor_s``): the same code with a function that returns a group's first row, enabled; its
+work but that function's own (``floor_function_s``, with its conversions, measured as the
+functions' own time is) adds to the function's on the same cores, so ``vs_function`` cannot come
+under ``vs_function_bound`` = (floor - floor function / cores + function / cores) / (function /
+cores).
 
 Every output is compared with Spark's (rows, and per column its sum and nulls): the run stops
 with an error at the first that differs. A warm-up first runs every path once on a small copy
@@ -126,6 +131,50 @@ def mean_per_user(key: tuple[Any, ...], frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"user": [key[0]], "mean_amount": [MEAN(frame["amount"])]})
 
 
+# -- functions that do next to nothing, for the engine's floor --------------------------------
+# Same inputs and output schemas as the users' functions: one row a group out of its first.
+
+
+def first_summary_pandas(frame: pd.DataFrame) -> pd.DataFrame:
+    first = frame.iloc[:1]
+    return pd.DataFrame(
+        {
+            "user": first["user"],
+            "category": first["category"],
+            "events": 1,
+            "amount": first["amount"],
+            "first_at": first["at"],
+            "last_at": first["at"],
+        }
+    )
+
+
+def first_summary(table: pa.Table) -> pa.Table:
+    first = table.slice(0, 1)
+    return pa.table(
+        {
+            "user": first["user"],
+            "category": first["category"],
+            "events": pa.array([1], pa.int64()),
+            "amount": first["amount"],
+            "first_at": first["at"].cast(pa.timestamp("us", tz="UTC")),
+            "last_at": first["at"].cast(pa.timestamp("us", tz="UTC")),
+        }
+    )
+
+
+def first_asof(events: pd.DataFrame, prices: pd.DataFrame) -> pd.DataFrame:
+    return events.iloc[:1].assign(price=float("nan"))[["user", "at", "amount", "price"]]
+
+
+@pandas_udf(DoubleType())  # type: ignore[call-overload, untyped-decorator]
+def zero_udf(v: pd.Series) -> float:
+    return 0.0
+
+
+ZERO = zero_udf.func
+
+
 # -- the users' code, unchanged whether the switch is on or not -----------------------------
 
 
@@ -163,6 +212,28 @@ def asof_code(spark: SparkSession, inputs: Inputs, out: str) -> None:
 def mean_code(spark: SparkSession, inputs: Inputs, out: str) -> None:
     events = events_frame(spark, inputs, ("user", "amount"))
     write(events.groupBy("user").agg(mean_udf("amount").alias("mean_amount")), out)
+
+
+def summary_pandas_floor(spark: SparkSession, inputs: Inputs, out: str) -> None:
+    events = events_frame(spark, inputs, SUMMARY_COLUMNS)
+    write(events.groupBy("user").applyInPandas(first_summary_pandas, SUMMARY_SCHEMA), out)
+
+
+def summary_arrow_floor(spark: SparkSession, inputs: Inputs, out: str) -> None:
+    events = events_frame(spark, inputs, SUMMARY_COLUMNS)
+    write(events.groupBy("user").applyInArrow(first_summary, SUMMARY_SCHEMA), out)
+
+
+def asof_floor(spark: SparkSession, inputs: Inputs, out: str) -> None:
+    events = events_frame(spark, inputs, ("user", "at", "amount"))
+    prices = spark.read.parquet(inputs.prices)
+    cogrouped = events.groupBy("user").cogroup(prices.groupBy("user"))
+    write(cogrouped.applyInPandas(first_asof, ASOF_SCHEMA), out)
+
+
+def mean_floor(spark: SparkSession, inputs: Inputs, out: str) -> None:
+    events = events_frame(spark, inputs, ("user", "amount"))
+    write(events.groupBy("user").agg(zero_udf("amount").alias("mean_amount")), out)
 
 
 # -- the same functions through the explicit API -------------------------------------------
@@ -224,26 +295,32 @@ def arrow_schema_of(spark: SparkSession, ddl: str) -> pa.Schema:
     return to_arrow_schema(spark.createDataFrame([], ddl).schema, timezone="UTC")
 
 
-def summary_pandas_alone(spark: SparkSession, inputs: Inputs) -> tuple[float, float]:
+def summary_pandas_alone(
+    spark: SparkSession, inputs: Inputs, function: Callable[..., Any]
+) -> tuple[float, float]:
     groups = groups_of(pq.read_table(inputs.events, columns=list(SUMMARY_COLUMNS)), "user")
     schema = arrow_schema_of(spark, SUMMARY_SCHEMA)
 
     def one(group: pa.Table) -> pa.Table:
-        result = summarize_pandas(group.to_pandas())
+        result = function(group.to_pandas())
         return pa.Table.from_pandas(result, schema=schema, preserve_index=False)
 
     frames = [(group.to_pandas(),) for group in groups.values()]
     converting = cpu_seconds(one, ((group,) for group in groups.values()))
-    return converting, cpu_seconds(summarize_pandas, frames)
+    return converting, cpu_seconds(function, frames)
 
 
-def summary_arrow_alone(spark: SparkSession, inputs: Inputs) -> tuple[float, float]:
+def summary_arrow_alone(
+    spark: SparkSession, inputs: Inputs, function: Callable[..., Any]
+) -> tuple[float, float]:
     groups = groups_of(pq.read_table(inputs.events, columns=list(SUMMARY_COLUMNS)), "user")
-    seconds = cpu_seconds(summarize, ((group,) for group in groups.values()))
+    seconds = cpu_seconds(function, ((group,) for group in groups.values()))
     return seconds, seconds  # Arrow in, Arrow out: nothing to convert
 
 
-def asof_alone(spark: SparkSession, inputs: Inputs) -> tuple[float, float]:
+def asof_alone(
+    spark: SparkSession, inputs: Inputs, function: Callable[..., Any]
+) -> tuple[float, float]:
     events = groups_of(pq.read_table(inputs.events, columns=["user", "at", "amount"]), "user")
     prices = groups_of(pq.read_table(inputs.prices), "user")
     schema = arrow_schema_of(spark, ASOF_SCHEMA)
@@ -255,25 +332,27 @@ def asof_alone(spark: SparkSession, inputs: Inputs) -> tuple[float, float]:
     ]
 
     def one(left: pa.Table, right: pa.Table) -> pa.Table:
-        result = asof(left.to_pandas(), right.to_pandas())
+        result = function(left.to_pandas(), right.to_pandas())
         return pa.Table.from_pandas(result, schema=schema, preserve_index=False)
 
     frames = [(left.to_pandas(), right.to_pandas()) for left, right in pairs]
-    return cpu_seconds(one, pairs), cpu_seconds(asof, frames)
+    return cpu_seconds(one, pairs), cpu_seconds(function, frames)
 
 
-def mean_alone(spark: SparkSession, inputs: Inputs) -> tuple[float, float]:
+def mean_alone(
+    spark: SparkSession, inputs: Inputs, function: Callable[..., Any]
+) -> tuple[float, float]:
     groups = groups_of(pq.read_table(inputs.events, columns=["user", "amount"]), "user")
     means: list[float] = []
 
     def one(group: pa.Table) -> None:
-        means.append(MEAN(group["amount"].to_pandas()))
+        means.append(function(group["amount"].to_pandas()))
 
     seconds = cpu_seconds(one, ((group,) for group in groups.values()))
     started = time.process_time()
     pa.table({"user": list(groups), "mean_amount": pa.array(means, pa.float64())})
     series = [(group["amount"].to_pandas(),) for group in groups.values()]
-    return seconds + time.process_time() - started, cpu_seconds(MEAN, series)
+    return seconds + time.process_time() - started, cpu_seconds(function, series)
 
 
 # -- the workloads -------------------------------------------------------------------------
@@ -286,9 +365,16 @@ class Workload:
     goal_speedup: float
     code: Callable[[SparkSession, Inputs, str], None]
     explicit: Callable[[SparkSession, SparkShuffle, Inputs, str], None]
-    alone: Callable[[SparkSession, Inputs], tuple[float, float]]
-    """Processor seconds of the function over every group: with the conversions it needs,
-    and of the function itself (its input converted beforehand)."""
+    function: Callable[..., Any]
+    """The users' function, as Spark's worker calls it per group."""
+    alone: Callable[[SparkSession, Inputs, Callable[..., Any]], tuple[float, float]]
+    """Processor seconds of a function (``function``, ``floor_function``) over every group:
+    with the conversions it needs, and of the function itself (its input converted
+    beforehand)."""
+    floor: Callable[[SparkSession, Inputs, str], None]
+    """The same code with a function that does next to nothing (a group's first row)..."""
+    floor_function: Callable[..., Any]
+    """... this one (``alone`` measures it too)."""
 
 
 WORKLOADS = {
@@ -300,7 +386,10 @@ WORKLOADS = {
             3.0,
             summary_pandas_code,
             summary_pandas_explicit,
+            summarize_pandas,
             summary_pandas_alone,
+            summary_pandas_floor,
+            first_summary_pandas,
         ),
         Workload(
             "b",
@@ -308,7 +397,10 @@ WORKLOADS = {
             1.5,
             summary_arrow_code,
             summary_arrow_explicit,
+            summarize,
             summary_arrow_alone,
+            summary_arrow_floor,
+            first_summary,
         ),
         Workload(
             "c",
@@ -316,7 +408,10 @@ WORKLOADS = {
             3.0,
             asof_code,
             asof_explicit,
+            asof,
             asof_alone,
+            asof_floor,
+            first_asof,
         ),
         Workload(
             "d",
@@ -324,7 +419,10 @@ WORKLOADS = {
             1.5,
             mean_code,
             mean_explicit,
+            MEAN,
             mean_alone,
+            mean_floor,
+            ZERO,
         ),
     )
 }
@@ -455,8 +553,15 @@ def measure(
         enabled.append(seconds)
     explicit_s = timed(repeat, lambda: workload.explicit(spark, shuffle, inputs, outs["explicit"]))
     rows = check_same(workload, outs["spark"], {k: v for k, v in outs.items() if k != "spark"})
-    function_s, itself_s = workload.alone(spark, inputs)
+    floor_out = str(out / f"{workload.name}-floor")
+    floor_s = statistics.median(
+        run_enabled(spark, config, lambda: workload.floor(spark, inputs, floor_out))[1]
+        for _ in range(repeat)
+    )
+    function_s, itself_s = workload.alone(spark, inputs, workload.function)
+    floor_function_s, _ = workload.alone(spark, inputs, workload.floor_function)
     enabled_s = statistics.median(enabled)
+    function_wall_s = function_s / cores
     return {
         "title": workload.title,
         "spark_s": spark_s,
@@ -465,7 +570,15 @@ def measure(
         "function_s": function_s,
         "speedup": spark_s / enabled_s,
         "vs_explicit": enabled_s / explicit_s,
-        "vs_function": enabled_s / (function_s / cores),
+        "vs_function": enabled_s / function_wall_s,
+        # The switch's own floor: the same code and data with a function that does next to
+        # nothing. Its work but that function's (and the conversions it needs, which
+        # function_s counts) adds to the function's on the same cores, so vs_function cannot
+        # come under this bound.
+        "floor_s": floor_s,
+        "floor_function_s": floor_function_s,
+        "vs_function_bound": (floor_s - floor_function_s / cores + function_wall_s)
+        / function_wall_s,
         "function_itself_s": itself_s,
         # What no engine that calls the function once per group can beat: Spark's time over
         # the function's own (its input converted for free), on every core.
@@ -617,6 +730,8 @@ def print_results(results: dict[str, Any]) -> None:
         "ceiling",
         "vs explicit (goal)",
         "vs function (goal)",
+        "floor s",
+        "vs function bound",
     ]
     rows = []
     for name, row in results["workloads"].items():
@@ -632,6 +747,8 @@ def print_results(results: dict[str, Any]) -> None:
                 f"{row['ceiling_speedup']:.2f}",
                 _against(row["vs_explicit"], GOAL_VS_EXPLICIT, at_least=False),
                 _against(row["vs_function"], GOAL_VS_FUNCTION, at_least=False),
+                f"{row['floor_s']:.2f}",
+                f"{row['vs_function_bound']:.2f}",
             ]
         )
     print(format_rows(headers, rows))
