@@ -62,9 +62,9 @@ from common import machine, save_results
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as sf
 
-from external_shuffle.local_cluster import free_port
 from pyspark_shuffle import SparkShuffle
 from pyspark_shuffle.spark.local import local_spark_session
+from shuffle_runtime.ports import free_ports
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "pipeline_vs_spark.json"
 UTC = pa.timestamp("us", tz="UTC")
@@ -409,7 +409,7 @@ def main() -> None:
         "pipeline-vs-spark",
         cores=args.cores,
         driver_memory="6g",
-        conf={"spark.ui.enabled": "true", "spark.ui.port": str(free_port())},
+        conf={"spark.ui.enabled": "true", "spark.ui.port": str(free_ports(1)[0])},
     )
     try:
         events, dimension = write_data(spark, work, args.rows, args.users)

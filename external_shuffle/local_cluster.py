@@ -8,10 +8,10 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,28 +29,14 @@ from external_shuffle.wire.channels import ChannelPool, ClientSettings
 from external_shuffle.wire.stubs import pb, pb_grpc
 from shuffle_api import Configuration, ShuffleError
 from shuffle_api.testing import LocalDeployment
+from shuffle_runtime.ports import address_in_use, free_ports
 
-__all__ = ["LocalCluster", "chaos_deployment", "free_port", "free_ports"]
+__all__ = ["LocalCluster", "chaos_deployment"]
 
 _START_TIMEOUT = 60.0
+_START_ATTEMPTS = 3
 
-
-def free_port() -> int:
-    [port] = free_ports(1)
-    return port
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct ports free on 127.0.0.1 now (each probe is held until all are
-    chosen, so the kernel never hands out one twice)."""
-    probes = [socket.socket() for _ in range(count)]
-    try:
-        for probe in probes:
-            probe.bind(("127.0.0.1", 0))
-        return [int(probe.getsockname()[1]) for probe in probes]
-    finally:
-        for probe in probes:
-            probe.close()
+logger = logging.getLogger(__name__)
 
 
 def _write_toml(path: Path, values: Mapping[str, object]) -> Path:
@@ -75,6 +61,7 @@ class _Process:
     config: Path
     log: Path
     popen: subprocess.Popen[bytes] | None = None
+    log_start: int = 0  # where this run's lines begin in the log
 
 
 class LocalCluster(LocalDeployment):
@@ -101,20 +88,33 @@ class LocalCluster(LocalDeployment):
         self.token_file = directory / "token"
         self.token_file.write_text(secrets.token_urlsafe(32))
         self.token_file.chmod(0o600)
+        self._coordinators = coordinators
+        self._workers = workers
+        self._store_shared = store_shared
+        self._settings = dict(settings or {})
+        self._metrics = metrics
+        self._status_page = status_page
+        self._ca_file = str(self._settings.get(TLS_CA_FILE.key, ""))
+        self._processes: list[_Process] = []
+        self._draw_ports()
+        self._channels = ChannelPool(ClientSettings.from_configuration(self._admin_config()))
+
+    def _draw_ports(self) -> None:
+        """Every port of the cluster, drawn at once (all distinct: gRPC servers share a port
+        silently), and the daemons' configs that name them."""
+        coordinators, workers = self._coordinators, self._workers
         coordinator_names = ["coordinator", *(f"coordinator-{i}" for i in range(1, coordinators))]
         worker_names = [f"worker-{i}" for i in range(workers)]
-        # Every port of the cluster at once: all distinct (gRPC servers share a port silently).
         ports = free_ports(
             coordinators
             + 2 * workers
-            + (coordinators + workers if metrics else 0)
-            + (1 if status_page else 0)
+            + (coordinators + workers if self._metrics else 0)
+            + (1 if self._status_page else 0)
         )
-        self.status_port = ports.pop() if status_page else None
+        self.status_port = ports.pop() if self._status_page else None
         self.coordinator_targets = [f"127.0.0.1:{port}" for port in ports[:coordinators]]
         # The option's value: every coordinator, comma-separated.
         self.coordinator_address = ",".join(self.coordinator_targets)
-        self._ca_file = str((settings or {}).get(TLS_CA_FILE.key, ""))
         self.worker_ports = ports[coordinators : coordinators + workers]
         self.worker_data_ports = ports[coordinators + workers : coordinators + 2 * workers]
         shared: dict[str, object] = {
@@ -124,11 +124,11 @@ class LocalCluster(LocalDeployment):
             "external-shuffle.coordinator.worker-timeout": 5.0,
             "external-shuffle.worker.heartbeat-interval": 0.5,
             "external-shuffle.daemon.shutdown-grace": 5.0,
-            **(settings or {}),
+            **self._settings,
         }
         # metrics: each process serves /metrics on a port of its own (by process name).
         self.metrics_ports: dict[str, int] = {}
-        if metrics:
+        if self._metrics:
             names = [*coordinator_names, *worker_names]
             self.metrics_ports = dict(zip(names, ports[coordinators + 2 * workers :], strict=True))
         self._processes = [
@@ -155,11 +155,10 @@ class LocalCluster(LocalDeployment):
                         "external-shuffle.worker.port": port,
                         "external-shuffle.worker.data-port": self.worker_data_ports[index],
                         "external-shuffle.worker.store-url": self.worker_store_url(index),
-                        "external-shuffle.worker.store-shared": store_shared,
+                        "external-shuffle.worker.store-shared": self._store_shared,
                     },
                 )
             )
-        self._channels = ChannelPool(ClientSettings.from_configuration(self._admin_config()))
 
     def _metrics_setting(self, name: str) -> dict[str, object]:
         if name not in self.metrics_ports:
@@ -216,6 +215,7 @@ class LocalCluster(LocalDeployment):
 
     def _launch(self, process: _Process) -> None:
         log = process.log.open("ab")
+        process.log_start = log.tell()
         process.popen = subprocess.Popen(
             [
                 *(sys.executable, "-m", daemon_main.__name__),
@@ -253,7 +253,10 @@ class LocalCluster(LocalDeployment):
         raise ShuffleError(f"{process.name} did not start serving:\n{self._tail(process)}")
 
     def _tail(self, process: _Process) -> str:
-        return "\n".join(process.log.read_text(errors="replace").splitlines()[-20:])
+        with process.log.open("rb") as log:
+            log.seek(process.log_start)
+            lines = log.read().decode(errors="replace").splitlines()
+        return "\n".join(lines[-20:])
 
     def coordinator_stub(self, index: int = 0) -> pb_grpc.CoordinatorStub:
         """A stub of a coordinator, on a channel that carries the token."""
@@ -283,10 +286,22 @@ class LocalCluster(LocalDeployment):
         raise ShuffleError(f"workers {sorted(targets)} never became {'alive' if alive else 'dead'}")
 
     def start(self) -> Self:
-        for process in self._processes:
-            self._launch(process)
-        for process in self._processes:
-            self._wait_serving(process)
+        for attempt in range(1, _START_ATTEMPTS + 1):
+            for process in self._processes:
+                self._launch(process)
+            try:
+                for process in self._processes:
+                    self._wait_serving(process)
+            except ShuffleError as error:
+                if attempt == _START_ATTEMPTS or not address_in_use(str(error)):
+                    raise
+                # Another process took a port between its drawing and the daemon's bind.
+                logger.warning("a port was taken at start; drawing others: %s", error)
+                for process in self._processes:
+                    self._terminate(process)
+                self._draw_ports()
+                continue
+            break
         self.wait_for_workers({self.worker_target(i) for i in range(len(self.worker_ports))})
         return self
 

@@ -11,6 +11,7 @@
 - :mod:`~shuffle_runtime.batches`, :mod:`~shuffle_runtime.ndarrays`,
   :mod:`~shuffle_runtime.splitting_writer`: vectorized record-batch helpers and the writers'
   shared front half;
+- :mod:`~shuffle_runtime.ports`: ports for daemons started on 127.0.0.1 by local clusters;
 - :mod:`~shuffle_runtime.cli`, :mod:`~shuffle_runtime.package_version`: the ``pyshuffle``
   command and the version it says.
 

@@ -24,6 +24,7 @@ import pyspark
 from pyspark.sql import SparkSession
 
 from shuffle_api import ConfigError
+from shuffle_runtime.ports import free_ports
 
 __all__ = [
     "MINIMUM_JAVA",
@@ -196,13 +197,6 @@ def python_worker_pids() -> list[int]:
     return sorted(workers)
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def _wait_for_port(port: int, server: subprocess.Popen[bytes], log: Path) -> None:
     deadline = time.monotonic() + _CONNECT_START_SECONDS
     while time.monotonic() < deadline:
@@ -230,7 +224,7 @@ def local_connect_server(
     session's own); yields its ``sc://`` URL for ``SparkSession.builder.remote``, and stops
     it on exit. The server's own log is in a temporary file, shown if it fails to start."""
     require_java()
-    port = _free_port()
+    [port] = free_ports(1)
     submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
     settings = {
         "spark.connect.grpc.binding.address": "127.0.0.1",

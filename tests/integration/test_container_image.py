@@ -25,7 +25,6 @@ from typing import Any
 
 import pytest
 
-from external_shuffle.local_cluster import free_ports
 from external_shuffle.options import (
     AUTH_TOKEN_FILE,
     BIND_HOST,
@@ -38,6 +37,7 @@ from external_shuffle.options import (
     WORKER_STORE_URL,
 )
 from shuffle_api.config import ConfigOption
+from shuffle_runtime.ports import free_ports
 from tests.containerfile import stages
 from tests.source_tree import ROOT
 

@@ -109,3 +109,14 @@ def test_a_worker_paused_past_the_worker_timeout_is_taken_for_dead_and_rejoins_e
         assert cluster.running("worker-0")
         again, _ = scenario.produce(batches(), partitions=4, subpartitions=2)
         assert rows_of(scenario.read(scenario.consumer, again, ALL)) == list(range(4_000))
+
+
+def test_a_port_taken_before_the_daemons_bind_is_drawn_again(tmp_path: Path) -> None:
+    """Another process takes a worker's data port between the drawing and the bind: the
+    cluster draws its ports again and starts, rather than failing the test that wanted it."""
+    cluster = LocalCluster(tmp_path, workers=1)
+    taken = cluster.worker_data_ports[0]
+    with socket.create_server(("127.0.0.1", taken)), cluster:
+        assert cluster.worker_data_ports[0] != taken
+        assert _answers(cluster.worker_data_ports[0])
+        assert cluster.alive_workers() == {cluster.worker_target(0)}

@@ -24,7 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from external_shuffle.client.descriptor import ExternalShuffleDescriptor
 from external_shuffle.client.push import PushSettings, PushSink
-from external_shuffle.local_cluster import LocalCluster, free_port
+from external_shuffle.local_cluster import LocalCluster
 from external_shuffle.options import MIN_CHUNK_SIZE
 from external_shuffle.wire.channels import ChannelPool, ClientSettings
 from external_shuffle.wire.messages import WorkerAddress, key_of
@@ -41,6 +41,7 @@ from shuffle_runtime.format import (
     partition_directory,
 )
 from shuffle_runtime.format.manifest import DATA_FILE
+from shuffle_runtime.ports import free_ports
 from shuffle_runtime.sockets import open_connection
 from shuffle_runtime.store import Store
 from shuffle_runtime.tls import TlsFiles
@@ -726,7 +727,7 @@ def test_tls_cluster_refuses_plaintext_and_untrusted_clients(
 @pytest.mark.parametrize("token_file", ["absent", "empty"])
 def test_daemon_without_a_token_refuses_to_start(tmp_path: Path, token_file: str) -> None:
     lines = [
-        f'"external-shuffle.coordinator.address" = "127.0.0.1:{free_port()}"',
+        f'"external-shuffle.coordinator.address" = "127.0.0.1:{free_ports(1)[0]}"',
         '"external-shuffle.daemon.metrics-port" = -1',
     ]
     if token_file == "empty":
