@@ -15,7 +15,8 @@ from pathlib import Path
 __all__ = ["address_in_use", "free_ports"]
 
 _EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
-_LOWEST = 10_000
+# From 20000: deploy/local-cluster.sh and its tests listen on fixed ports in 19097-19301.
+_LOWEST = 20_000
 # Linux's default ephemeral range, where the host does not say.
 _DEFAULT_EPHEMERAL_LOW = 32_768
 _DRAWS_PER_PORT = 50

@@ -92,7 +92,7 @@ def test_a_handshake_trickled_byte_by_byte_is_cut_at_its_deadline() -> None:
                 finally:
                     sock.settimeout(10)
             assert refused is not None and refused[0] == REFUSED
-            assert time.monotonic() - started < 3
+            assert time.monotonic() - started < 5  # a ceiling, not a measure
         assert served == []
 
 

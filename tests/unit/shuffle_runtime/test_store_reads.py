@@ -34,7 +34,7 @@ class _SlowMemory(MemoryFileSystem):  # type: ignore[misc]  # fsspec has no type
     """memory:// whose reads take a while, counting how many run at once."""
 
     protocol = "slowmemory"
-    delay: ClassVar[float] = 0.05
+    delay: ClassVar[float] = 0.3  # long enough that reads overlap on a busy host
     running: ClassVar[int] = 0
     most_at_once: ClassVar[int] = 0
     lock: ClassVar[threading.Lock] = threading.Lock()

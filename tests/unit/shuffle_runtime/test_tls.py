@@ -279,7 +279,7 @@ def test_a_peer_trickling_its_proof_inside_tls_is_cut_at_the_handshake_deadline(
             else:
                 cut = False
             elapsed = time.monotonic() - started
-    assert cut and elapsed < 2.5, elapsed  # the listener's handshake timeout is 1 s
+    assert cut and elapsed < 5, elapsed  # the listener's handshake timeout is 1 s: a ceiling
     assert answer is None or answer[0] == REFUSED
     assert refused and not served
 
