@@ -287,11 +287,9 @@ class LocalCluster(LocalDeployment):
 
     def start(self) -> Self:
         for attempt in range(1, _START_ATTEMPTS + 1):
-            for process in self._processes:
-                self._launch(process)
             try:
-                for process in self._processes:
-                    self._wait_serving(process)
+                self._start_processes()
+                break
             except ShuffleError as error:
                 if attempt == _START_ATTEMPTS or not address_in_use(str(error)):
                     raise
@@ -300,10 +298,14 @@ class LocalCluster(LocalDeployment):
                 for process in self._processes:
                     self._terminate(process)
                 self._draw_ports()
-                continue
-            break
         self.wait_for_workers({self.worker_target(i) for i in range(len(self.worker_ports))})
         return self
+
+    def _start_processes(self) -> None:
+        for process in self._processes:
+            self._launch(process)
+        for process in self._processes:
+            self._wait_serving(process)
 
     @property
     def daemons(self) -> tuple[str, ...]:
