@@ -1,10 +1,11 @@
 """``pyshuffle daemon --role coordinator|worker|all --config FILE``.
 
 Each role serves its own gRPC port with the token interceptor, message limits, optional TLS and
-the gRPC health service; one HTTP endpoint serves the process's Prometheus metrics and the
-probes' ``/healthz`` and ``/readyz``. SIGTERM (or SIGINT) drains: health turns NOT_SERVING (and
-``/readyz`` 503), a worker takes no new partitions, in-flight streams
-get ``external-shuffle.daemon.shutdown-grace`` seconds to finish, then the process exits.
+the gRPC health service (SERVING once all the process's ports are up); one HTTP endpoint serves
+the process's Prometheus metrics and the probes' ``/healthz`` and ``/readyz``. SIGTERM (or
+SIGINT) drains: health turns NOT_SERVING (and ``/readyz`` 503), a worker takes no new
+partitions, in-flight streams get ``external-shuffle.daemon.shutdown-grace`` seconds to finish,
+then the process exits.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from typing import Final
 
 import grpc
-from grpc_health.v1 import health, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from external_shuffle.allocator import keep_message_buffers
 from external_shuffle.daemon.coordinator.service import CoordinatorService
@@ -185,6 +186,7 @@ class Daemon(Readiness):
         if bound == 0:
             raise ConfigError(f"cannot listen on {address} (port in use?)")
         health_servicer = health.HealthServicer()
+        health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         served = _Served(server, bound, health_servicer)
         self._served.append(served)
@@ -210,6 +212,9 @@ class Daemon(Readiness):
         if metrics_port >= 0:
             self.metrics_port = self.metrics.serve(self._bind, metrics_port, self)
             logger.info("metrics serving", extra={"port": self.metrics_port})
+        # Only now: a client that waits for SERVING finds every port of the process up.
+        for served in self._served:
+            served.health.set("", health_pb2.HealthCheckResponse.SERVING)
         self._started = True
 
     def _start_coordinator(self) -> None:
