@@ -21,7 +21,7 @@ from tests.integration.spark_rows import multiset
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-APPLICATION_TIMEOUT = 2.0
+APPLICATION_TIMEOUT = 4.0
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ import pytest
 from pyspark_shuffle import SparkShuffle
 from pyspark_shuffle.options import PROGRESS_INTERVAL, SPARK_CONF_PREFIX
 from shuffle_api import ConfigError
+from tests.eventually import eventually
 from tests.integration.services import netty_service
 from tests.integration.spark_rows import multiset
 
@@ -69,12 +70,16 @@ def test_an_operation_keeps_the_users_job_group_and_labels_its_jobs_inside(
         "true",
     ]
     # pyshuffle's own jobs (map stages, the sort's sample) ran in the user's group, so
-    # cancelJobGroup reaches them, and say what they are after the user's description.
-    descriptions = _descriptions_of_group(spark, "nightly-etl")
-    ours = [text for text in descriptions if text.startswith("nightly load | pyshuffle: ")]
-    assert any("map stage of repartition" in text for text in ours), descriptions
-    assert any("map stage of sort" in text for text in ours), descriptions
-    assert any("sample of id" in text for text in ours), descriptions
+    # cancelJobGroup reaches them, and say what they are after the user's description. The
+    # status store hears of a job from Spark's listener bus, a moment after it ends.
+    labels = ("map stage of repartition", "map stage of sort", "sample of id")
+
+    def labelled() -> bool:
+        descriptions = _descriptions_of_group(spark, "nightly-etl")
+        ours = [text for text in descriptions if text.startswith("nightly load | pyshuffle: ")]
+        return all(any(label in text for text in ours) for label in labels)
+
+    eventually(labelled, f"jobs of the group labelled {labels}")
 
 
 @pytest.mark.usefixtures("clean_job_properties")

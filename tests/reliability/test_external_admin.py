@@ -33,6 +33,7 @@ from shuffle_api.ids import new_id
 from tests.eventually import eventually
 from tests.port_forward import port_forward
 from tests.pyshuffle_command import WITHOUT_PYSHUFFLE_VARIABLES, pyshuffle
+from tests.refused_port import refused_port
 from tests.reliability.external_cluster import (
     ALL,
     PARTITIONS,
@@ -385,9 +386,8 @@ def test_a_misspelled_key_is_refused_at_once_with_a_hint(tmp_path: Path) -> None
 def test_a_coordinator_that_does_not_answer_is_named_within_seconds(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
-    with socket.socket() as closed:  # a port nothing listens on
-        closed.bind(("127.0.0.1", 0))
-        address = f"127.0.0.1:{closed.getsockname()[1]}"
+    with refused_port() as port:
+        address = f"127.0.0.1:{port}"
         operator = _operator_config(
             cluster, tmp_path / "op", cluster.token_file.read_text(), address
         )

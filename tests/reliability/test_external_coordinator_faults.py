@@ -197,7 +197,8 @@ def available_at(
 def test_an_application_one_coordinator_no_longer_hears_lives_while_another_does(
     tmp_path: Path,
 ) -> None:
-    settings = {**SETTINGS, "external-shuffle.coordinator.application-timeout": 1.5}
+    timeout = 4.0  # far above a heartbeat's gap on a loaded machine
+    settings = {**SETTINGS, "external-shuffle.coordinator.application-timeout": timeout}
     with LocalCluster(tmp_path, workers=1, coordinators=2, settings=settings) as cluster:
         application = "app-" + new_id()
         for index in (0, 1):
@@ -205,7 +206,7 @@ def test_an_application_one_coordinator_no_longer_hears_lives_while_another_does
                 pb.RegisterApplicationRequest(application_id=application), timeout=10
             )
         # The driver reaches coordinator 1 only, for twice the application timeout.
-        deadline = time.monotonic() + 3.0
+        deadline = time.monotonic() + 2 * timeout
         while time.monotonic() < deadline:
             cluster.coordinator_stub(1).ApplicationHeartbeat(
                 pb.ApplicationHeartbeatRequest(application_id=application), timeout=10

@@ -197,7 +197,7 @@ def test_prometheus_endpoints_count_bytes_pushed_and_fetched(cluster: LocalClust
 @pytest.fixture(scope="module")
 def crash_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     settings = {
-        "external-shuffle.coordinator.worker-timeout": 2.0,
+        "external-shuffle.coordinator.worker-timeout": 3.0,
         "external-shuffle.worker.heartbeat-interval": 0.25,
     }
     with LocalCluster(tmp_path_factory.mktemp("crash"), workers=2, settings=settings) as running:
@@ -299,7 +299,9 @@ def test_replicated_partitions_are_read_in_full_after_a_worker_is_killed(
 def test_silent_application_expires_and_its_partitions_are_deleted(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    settings = {"external-shuffle.coordinator.application-timeout": 1.5}
+    # Long enough that producing outlasts no heartbeat on a loaded machine: `silent` sends
+    # its last one just before it produces.
+    settings = {"external-shuffle.coordinator.application-timeout": 5.0}
     with (
         LocalCluster(tmp_path_factory.mktemp("expiry"), workers=2, settings=settings) as cluster,
         scenario_on(cluster, **{"external-shuffle.client.heartbeat-interval": 0.25}) as alive,
@@ -322,7 +324,7 @@ def test_silent_application_expires_and_its_partitions_are_deleted(
         assert sorted(silent.job.lost) == ids(doomed)
         assert alive.job.lost == []
         expired = (
-            f"application {external(silent.master).application_id} expired after 1.5 s without"
+            f"application {external(silent.master).application_id} expired after 5.0 s without"
             " heartbeats: 2 partitions deleted"
         )
         assert expired in (cluster.directory / "coordinator.log").read_text()

@@ -24,7 +24,7 @@ from tests.reliability.external_cluster import ALL, batches, placed_on, rows_of,
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     settings = {
-        "external-shuffle.coordinator.worker-timeout": 2.0,
+        "external-shuffle.coordinator.worker-timeout": 3.0,
         "external-shuffle.worker.heartbeat-interval": 0.25,
     }
     directory = tmp_path_factory.mktemp("deployment")

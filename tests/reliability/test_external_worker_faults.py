@@ -94,7 +94,7 @@ def test_a_data_file_truncated_during_a_fetch_fails_that_fetch_only(
     cluster: LocalCluster, worker: pb_grpc.WorkerStub
 ) -> None:
     # Many runs of small chunks: the worker is still reading runs when the file is cut.
-    built = build_partition(rows=60_000, memory_budget=256 << 10)
+    built = build_partition(rows=600_000, memory_budget=256 << 10)
     stored(cluster, worker, built)
     stream = worker.FetchData(
         pb.FetchDataRequest(
@@ -355,9 +355,10 @@ def _silent_pushes(
         yield pb.PushDataRequest(partition=built.key, sequence=0, data=built.chunks()[0])
         stop.wait()
 
+    # Built first: the pushes start together, well within one idle timeout.
+    partitions = [build_partition(rows=500) for _ in range(count)]
     return [
-        worker.PushData.future(half_sent(build_partition(rows=500)), metadata=auth(cluster))
-        for _ in range(count)
+        worker.PushData.future(half_sent(built), metadata=auth(cluster)) for built in partitions
     ]
 
 

@@ -48,6 +48,7 @@ from shuffle_runtime.format import partition_directory
 from shuffle_runtime.sockets import open_handshake, write_frame
 from shuffle_runtime.store import Store
 from tests.eventually import eventually
+from tests.refused_port import refused_port
 from tests.tls_files import write_tls_files
 
 MAX_FRAME = 1 << 20
@@ -341,9 +342,16 @@ def test_a_reader_asks_the_next_producers_ahead_within_its_budget(
         with scenario.gate(reader, descriptors, SubpartitionRange(0, 0)) as gate:
             reading = iter(gate)
             rows = next(reading).column("row").to_pylist()
-            asked = [_requests(producer) for producer in producers]
+            # A request sent ahead is counted by its producer a moment later; then no more
+            # come while the reader waits.
+            ahead = [1, 1, 0] if in_flight == 2 else [1, 0, 0]
+            eventually(
+                lambda: [_requests(producer) for producer in producers] == ahead,
+                f"producers asked {ahead} times",
+            )
+            time.sleep(0.3)
+            assert [_requests(producer) for producer in producers] == ahead
             rows.extend(row for batch in reading for row in batch.column("row").to_pylist())
-        assert asked == [1, 1, 0] if in_flight == 2 else [1, 0, 0]
         assert [_requests(producer) for producer in producers] == [1, 1, 1]
         assert sorted(rows) == sorted(
             row for batch in data[:6] for row in batch.column("row").to_pylist()
@@ -451,35 +459,35 @@ def test_a_reader_that_pauses_in_a_batch_gets_every_row(tmp_path: Path) -> None:
 
 
 def test_a_reader_connects_again_before_it_gives_a_producer_up() -> None:
-    with socket.create_server(("127.0.0.1", 0)) as closed:
-        port = closed.getsockname()[1]  # refused from now on, as a producer that died
-    settings = CreditSettings(
-        initial_credit=1,
-        max_credit=1,
-        max_frame_size=MAX_FRAME,
-        connect_timeout=5.0,
-        connect_retries=2,
-        connect_retry_wait=0.3,
-    )
-    partition = ResultPartitionID(IntermediateResultPartitionID("result", 0), "attempt")
-    connections = ConnectionPool(b"secret")
-    started = time.monotonic()
-    try:
-        with pytest.raises(TransportError, match="3 attempts"):
-            list(
-                read_remote(
-                    "127.0.0.1",
-                    port,
-                    [partition],
-                    SubpartitionRange(0, 0),
-                    pipelined=False,
-                    settings=settings,
-                    connections=connections,
+    # Refused throughout, as a producer that died.
+    with refused_port() as port:
+        settings = CreditSettings(
+            initial_credit=1,
+            max_credit=1,
+            max_frame_size=MAX_FRAME,
+            connect_timeout=5.0,
+            connect_retries=2,
+            connect_retry_wait=0.3,
+        )
+        partition = ResultPartitionID(IntermediateResultPartitionID("result", 0), "attempt")
+        connections = ConnectionPool(b"secret")
+        started = time.monotonic()
+        try:
+            with pytest.raises(TransportError, match="3 attempts"):
+                list(
+                    read_remote(
+                        "127.0.0.1",
+                        port,
+                        [partition],
+                        SubpartitionRange(0, 0),
+                        pipelined=False,
+                        settings=settings,
+                        connections=connections,
+                    )
                 )
-            )
-    finally:
-        connections.close()
-    assert time.monotonic() - started >= 0.6
+        finally:
+            connections.close()
+        assert time.monotonic() - started >= 0.6
 
 
 # --- the handshake and the bounds on what a peer can make the data port hold ------------------

@@ -4,7 +4,6 @@ before the retry timeout ends it."""
 from __future__ import annotations
 
 import logging
-import socket
 
 import pytest
 
@@ -12,14 +11,14 @@ from external_shuffle.client.coordinators import Coordinators
 from external_shuffle.wire.channels import ChannelPool, ClientSettings
 from external_shuffle.wire.stubs import pb
 from shuffle_api import TransportError
+from tests.refused_port import refused_port
 
 
 def test_coordinators_that_do_not_answer_are_named_at_warning_then_given_up(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    with socket.socket() as closed:  # a port nothing listens on
-        closed.bind(("127.0.0.1", 0))
-        address = f"127.0.0.1:{closed.getsockname()[1]}"
+    with refused_port() as port:
+        address = f"127.0.0.1:{port}"
         channels = ChannelPool(
             ClientSettings(token="t", credentials=None, max_message_size=1 << 20, timeout=1.0)
         )

@@ -41,6 +41,7 @@ from shuffle_runtime.format.manifest import (
     MAX_SUBPARTITIONS,
 )
 from shuffle_runtime.store import Store
+from tests.eventually import eventually
 from tests.unit.shuffle_runtime.format.compressibility import MIB, compressible, incompressible
 from tests.unit.shuffle_runtime.format.partitions import (
     SCHEMA,
@@ -242,9 +243,9 @@ def test_writer_holds_at_most_its_budget_while_the_store_is_slow(
 
     producer = threading.Thread(target=produce)
     producer.start()
-    producer.join(0.5)
-
     # Writes 0-1 (a region) are stuck in the store; write 3 fills the next region and waits.
+    eventually(lambda: len(added) >= 3, "three writes added")
+    producer.join(0.3)
     assert producer.is_alive()
     assert added == [0, 1, 2]
     assert max(held) <= budget
