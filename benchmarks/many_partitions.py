@@ -36,6 +36,14 @@ and counts as failed (ratio 0), not skipped. Saved per cell: both times and thei
     python benchmarks/many_partitions.py --maps 16,200 --reducers 200,1000 --services netty_like
     python benchmarks/many_partitions.py --conf spark.python.unix.domain.socket.enabled=true
 
+With ``--uncoalesced``, pyshuffle runs one map task a partition
+(``pyspark-shuffle.map.target-size=0``), as a stage of big splits does, on the grid map tasks
+{1,000, 4,000} x reducers {1,000, 4,000} (unless ``--maps``/``--reducers`` say otherwise), and
+the figures are saved in the same file beside the coalesced grid's (``uncoalesced``), with
+``speedup_min_uncoalesced`` (goal >= 2.0) and ``per_block_us_uncoalesced`` (goal <= 3)::
+
+    python benchmarks/many_partitions.py --uncoalesced
+
 With ``--master local-cluster[2,1,1024]``: two executor JVMs, the default service keeping each
 executor's partitions in its own Spark local directory, so reducers read across executors
 through the data ports, as on two hosts::
@@ -49,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import sys
 import tempfile
@@ -75,6 +84,13 @@ SPARK = "spark"
 FLOOR = "python_tasks"
 FUSED = "+fused"
 COUNT_SCHEMA = "rows long"
+COALESCED_GRID = ([16, 200, 1000], [200, 1000, 4000])
+UNCOALESCED_GRID = ([1000, 4000], [1000, 4000])
+# One map task a partition: nothing is read together, as with splits of 128 MiB.
+UNCOALESCED = {"pyspark-shuffle.map.target-size": 0}
+GOALS = {"speedup_min": 1.0, "reduce_task_overhead_ms": 0.0, "per_block_us": 20.0}
+UNCOALESCED_GOALS = {"speedup_min": 2.0, "per_block_us": 3.0}
+UNCOALESCED_KEYS = ("speedup_min_uncoalesced", "per_block_us_uncoalesced", "uncoalesced")
 
 
 def count_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -203,21 +219,30 @@ def open_session(master: str, work: Path, settings: dict[str, str]) -> SparkSess
     return session
 
 
-def open_shuffle(stack: contextlib.ExitStack, session: SparkSession, service: str) -> SparkShuffle:
+def open_shuffle(
+    stack: contextlib.ExitStack, session: SparkSession, service: str, settings: dict[str, Any]
+) -> SparkShuffle:
     # The default service as a user gets it: each executor's store is its own local directory.
-    options: dict[str, Any] = {}
+    options: dict[str, Any] = dict(settings)
     if service != "netty_like":
         # Stores apart: reducers read through the workers, as on hosts of their own.
         directory = stack.enter_context(tempfile.TemporaryDirectory(prefix=f"many-{service}-"))
         cluster = stack.enter_context(LocalCluster(Path(directory), workers=2, store_shared=False))
-        options = cluster.client_config()
+        options.update(cluster.client_config())
     return stack.enter_context(SparkShuffle(session, options))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--maps", type=counts, default=[16, 200, 1000])
-    parser.add_argument("--reducers", type=counts, default=[200, 1000, 4000])
+    parser.add_argument("--maps", type=counts, help="default 16,200,1000 (uncoalesced 1000,4000)")
+    parser.add_argument(
+        "--reducers", type=counts, help="default 200,1000,4000 (uncoalesced 1000,4000)"
+    )
+    parser.add_argument(
+        "--uncoalesced",
+        action="store_true",
+        help="one map task a partition; saved beside the coalesced grid's figures",
+    )
     parser.add_argument("--services", type=service_list, default=list(SERVICES))
     parser.add_argument("--rows-per-block", type=positive, default=4)
     parser.add_argument("--min-rows", type=positive, default=1_000_000)
@@ -234,11 +259,13 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     args = parser.parse_args()
     settings = dict(args.conf)
+    grid_maps, grid_reducers = UNCOALESCED_GRID if args.uncoalesced else COALESCED_GRID
+    shuffle_settings: dict[str, Any] = UNCOALESCED if args.uncoalesced else {}
 
     cells = [
         Cell(maps, reducers, max(args.min_rows, args.rows_per_block * maps * reducers))
-        for maps in sorted(args.maps)
-        for reducers in sorted(args.reducers)
+        for maps in sorted(args.maps or grid_maps)
+        for reducers in sorted(args.reducers or grid_reducers)
     ]
     with contextlib.ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="many-partitions-")))
@@ -246,7 +273,7 @@ def main() -> None:
         stack.callback(session.stop)
         jobs: dict[str, tuple[Job, SparkShuffle | None]] = {SPARK: (spark_job, None)}
         for service in args.services:
-            opened = open_shuffle(stack, session, service)
+            opened = open_shuffle(stack, session, service, shuffle_settings)
             jobs[service] = (pyshuffle_job(opened, fused=False), opened)
             jobs[service + FUSED] = (pyshuffle_job(opened, fused=True), opened)
         runs = [name for name in jobs if name != SPARK]
@@ -269,46 +296,62 @@ def main() -> None:
             times[FLOOR][cell.name] = python_tasks_floor(session, cell, min(ran, default=cell.maps))
             print(_row(cell, times, runs), flush=True)
 
-    summary = summarize(times, cells, runs)
+    summary = summarize(times, cells, runs, UNCOALESCED_GOALS if args.uncoalesced else GOALS)
     print(_summary_lines(summary))
-    save_results(
-        args.output,
-        {
-            "benchmark": "many_partitions",
-            "machine": machine(pyspark=pyspark.__version__, pyarrow=pa.__version__),
-            "parameters": {
-                "master": args.master,
-                "adaptive": False,
-                "spark_settings": settings,
-                "rows_per_block": args.rows_per_block,
-                "min_rows": args.min_rows,
-                "cell_timeout_s": args.cell_timeout,
-            },
-            "cells": [
-                {
-                    "maps": cell.maps,
-                    "reducers": cell.reducers,
-                    "rows": cell.rows,
-                    "spark_s": times[SPARK][cell.name],
-                    "python_tasks_floor_s": times[FLOOR][cell.name],
-                    **{
-                        run: {
-                            "seconds": times[run][cell.name],
-                            "speedup": _speedup(times[SPARK][cell.name], times[run][cell.name]),
-                            "map_tasks": map_tasks[run][cell.name],
-                        }
-                        for run in runs
-                    },
-                }
-                for cell in cells
-            ],
-            **summary,
+    grid = {
+        "machine": machine(pyspark=pyspark.__version__, pyarrow=pa.__version__),
+        "parameters": {
+            "master": args.master,
+            "adaptive": False,
+            "spark_settings": settings,
+            "pyshuffle_settings": shuffle_settings,
+            "rows_per_block": args.rows_per_block,
+            "min_rows": args.min_rows,
+            "cell_timeout_s": args.cell_timeout,
         },
-    )
+        "cells": [
+            {
+                "maps": cell.maps,
+                "reducers": cell.reducers,
+                "rows": cell.rows,
+                "spark_s": times[SPARK][cell.name],
+                "python_tasks_floor_s": times[FLOOR][cell.name],
+                **{
+                    run: {
+                        "seconds": times[run][cell.name],
+                        "speedup": _speedup(times[SPARK][cell.name], times[run][cell.name]),
+                        "map_tasks": map_tasks[run][cell.name],
+                    }
+                    for run in runs
+                },
+            }
+            for cell in cells
+        ],
+        **summary,
+    }
+    save_results(args.output, with_grid(args.output, grid, uncoalesced=args.uncoalesced))
+
+
+def with_grid(path: Path, grid: dict[str, Any], *, uncoalesced: bool) -> dict[str, Any]:
+    """The document to save: the coalesced grid's figures at the top, the uncoalesced grid's
+    under ``uncoalesced`` with its two headline figures beside them; the other grid's kept
+    from ``path``."""
+    saved = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    if not uncoalesced:
+        kept = {key: saved[key] for key in UNCOALESCED_KEYS if key in saved}
+        return {"benchmark": "many_partitions", **grid, **kept}
+    headline = {
+        "speedup_min_uncoalesced": grid["speedup_min"],
+        "per_block_us_uncoalesced": grid["per_block_us"],
+    }
+    return {"benchmark": "many_partitions", **saved, **headline, "uncoalesced": grid}
 
 
 def summarize(
-    times: dict[str, dict[str, float | None]], cells: list[Cell], runs: list[str]
+    times: dict[str, dict[str, float | None]],
+    cells: list[Cell],
+    runs: list[str],
+    goals: dict[str, float],
 ) -> dict[str, Any]:
     """``speedup_min`` over every cell and pyshuffle run, per run the per-reducer and
     per-block costs beyond Spark's (None where the grid lacks the cells they need), and
@@ -341,7 +384,7 @@ def summarize(
         "speedup_ceiling_min": min(known_ceilings) if known_ceilings else None,
         "reduce_task_overhead_ms": overhead,
         "per_block_us": per_block,
-        "goals": {"speedup_min": 1.0, "reduce_task_overhead_ms": 0.0, "per_block_us": 20.0},
+        "goals": goals,
     }
 
 
@@ -387,14 +430,19 @@ def _summary_lines(summary: dict[str, Any]) -> str:
     def shown(value: float | None, unit: str) -> str:
         return "n/a" if value is None else f"{value:.2f}{unit}"
 
+    goals = summary["goals"]
     lines = [
-        f"\nspeedup_min {shown(summary['speedup_min'], 'x')} (goal >= 1.0; the Python tasks'"
-        f" floor allows {shown(summary['speedup_ceiling_min'], 'x')})"
+        f"\nspeedup_min {shown(summary['speedup_min'], 'x')} (goal >= {goals['speedup_min']};"
+        f" the Python tasks' floor allows {shown(summary['speedup_ceiling_min'], 'x')})"
     ]
     for run, value in summary["reduce_task_overhead_ms"].items():
-        lines.append(f"reduce_task_overhead_ms {run}: {shown(value, ' ms')} (goal <= 0)")
+        goal = goals.get("reduce_task_overhead_ms")
+        lines.append(
+            f"reduce_task_overhead_ms {run}: {shown(value, ' ms')}"
+            + ("" if goal is None else f" (goal <= {goal})")
+        )
     for run, value in summary["per_block_us"].items():
-        lines.append(f"per_block_us {run}: {shown(value, ' us')} (goal <= 20)")
+        lines.append(f"per_block_us {run}: {shown(value, ' us')} (goal <= {goals['per_block_us']})")
     return "\n".join(lines)
 
 
