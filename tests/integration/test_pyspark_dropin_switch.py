@@ -103,17 +103,25 @@ def test_calls_the_switch_cannot_carry_give_sparks_own_result(
     assert f"{runs.calls[0].api} through spark: {runs.calls[0].reason}" in said
 
 
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("spark.sql.execution.arrow.useLargeVarTypes", "true"),
+        # PySpark cannot read LZ4 batches with an empty buffer, as pyshuffle's frames have.
+        ("spark.sql.execution.arrow.compression.codec", "lz4"),
+    ],
+)
 def test_a_setting_the_switch_leaves_to_spark_gives_sparks_result(
-    spark: SparkSession, service: ShuffleService, events: DataFrame
+    spark: SparkSession, service: ShuffleService, events: DataFrame, key: str, value: str
 ) -> None:
-    with conf_set(spark, {"spark.sql.execution.arrow.useLargeVarTypes": "true"}):
+    with conf_set(spark, {key: value}):
         runs = run_both(
             spark, service, lambda: events.groupBy("k").applyInPandas(_summary, SUMMARY)
         )
     runs.assert_same()
     assert runs.spark.rows
     assert runs.paths() == ["spark"]
-    assert "useLargeVarTypes" in runs.calls[0].reason
+    assert key in runs.calls[0].reason
 
 
 def test_a_group_by_made_before_enable(
