@@ -6,7 +6,7 @@ grouped-aggregate pandas UDFs (``groupBy(...).agg(udf(column), ...)``) run throu
 Each call is first made as Spark makes it: PySpark's own method checks the function and the
 schema, so a call Spark refuses fails with Spark's error, at the same point, and its result
 gives the schema Spark would produce. Then the switch decides: a call it can carry runs through
-pyshuffle; any other (a rollup, an expression key, an iterator form, a setting pyshuffle does not
+pyshuffle; any other (a rollup, an ordinal key, an iterator form, a setting pyshuffle does not
 mirror, a type it refuses) returns Spark's own result untouched. Every decision is logged at
 INFO and kept in :attr:`DropIn.calls`.
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Self
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 
 from pyspark_shuffle.driver.session import SparkShuffle
 from pyspark_shuffle.options import DROPIN_MIN_INPUT_SIZE
@@ -50,7 +50,7 @@ from pyspark_shuffle.spark.internals import arrow_aggregates_supported, estimate
 from pyspark_shuffle.spark.link import is_connect, session_flag
 from pyspark_shuffle.tasks.arrow_functions import ArrowCogroupFunction, ArrowGroupFunction
 from pyspark_shuffle.tasks.group_aggregates import GroupAggregate, GroupAggregation
-from pyspark_shuffle.tasks.pandas_functions import PandasSettings, pandas_function
+from pyspark_shuffle.tasks.pandas_functions import PandasFunction, PandasSettings
 from shuffle_api import ConfigError, InvalidOperationError, ShuffleError
 
 __all__ = ["DropIn", "DropInCall", "disable", "enable"]
@@ -127,22 +127,23 @@ class DropIn:
         ``spark_result`` (Spark's own, made already)."""
         arrow = api.endswith("Arrow")
         try:
-            grouping, keys = self._keys(grouped)
+            grouping, resolved = self._keys(grouped)
             self._check_function(function, arrow=arrow)
             self._check_size(grouping.frame)
+            frame, keys, key_only = _keyed(grouping.frame, resolved)
             schema = spark_result.schema
             settings = PandasSettings.of(self.spark)
             carried = (
-                ArrowGroupFunction.of(function, keys, schema, settings)
+                ArrowGroupFunction.of(function, keys, schema, settings, key_only)
                 if arrow
-                else pandas_function(function)
+                else PandasFunction(function, key_only)
             )
             result = self._through_pyshuffle(
-                lambda: self.shuffle.group_apply(grouping.frame, keys, carried, schema)
+                lambda: self.shuffle.group_apply(frame, keys, carried, schema)
             )
         except _NotCarriedError as refusal:
             return self._left_to_spark(api, str(refusal), spark_result)
-        self._record(DropInCall(api, PYSHUFFLE, f"grouped by {', '.join(keys)}"))
+        self._record(DropInCall(api, PYSHUFFLE, f"grouped by {_described(resolved)}"))
         return result
 
     def cogroup_map(
@@ -152,31 +153,31 @@ class DropIn:
         arrow = api.endswith("Arrow")
         left, right = cogrouped(operations)
         try:
-            (left_grouping, left_keys), (right_grouping, right_keys) = (
+            (left_grouping, left_resolved), (right_grouping, right_resolved) = (
                 self._keys(left),
                 self._keys(right),
             )
-            if left_keys != right_keys:
-                raise _NotCarriedError(
-                    f"the sides are grouped by different columns ({', '.join(left_keys)}"
-                    f" and {', '.join(right_keys)})"
-                )
+            if len(left_resolved) != len(right_resolved):
+                raise _NotCarriedError("the sides are grouped by different numbers of keys")
             self._check_size(left_grouping.frame, right_grouping.frame)
+            left_keyed, right_keyed = _paired(
+                left_grouping.frame, left_resolved, right_grouping.frame, right_resolved
+            )
+            left_frame, keys, key_only = _keyed(left_grouping.frame, left_keyed)
+            right_frame, _, _ = _keyed(right_grouping.frame, right_keyed)
             schema = spark_result.schema
             settings = PandasSettings.of(self.spark)
             carried = (
-                ArrowCogroupFunction.of(function, left_keys, schema, settings)
+                ArrowCogroupFunction.of(function, keys, schema, settings, key_only)
                 if arrow
-                else pandas_function(function)
+                else PandasFunction(function, key_only)
             )
             result = self._through_pyshuffle(
-                lambda: self.shuffle.cogroup_apply(
-                    left_grouping.frame, right_grouping.frame, left_keys, carried, schema
-                )
+                lambda: self.shuffle.cogroup_apply(left_frame, right_frame, keys, carried, schema)
             )
         except _NotCarriedError as refusal:
             return self._left_to_spark(api, str(refusal), spark_result)
-        self._record(DropInCall(api, PYSHUFFLE, f"cogrouped by {', '.join(left_keys)}"))
+        self._record(DropInCall(api, PYSHUFFLE, f"cogrouped by {_described(left_resolved)}"))
         return result
 
     def aggregate(
@@ -189,7 +190,10 @@ class DropIn:
         if not any(udf_call_of(column) for column in columns if not isinstance(column, dict)):
             return spark_result
         try:
-            grouping, keys = self._keys(grouped)
+            grouping, resolved = self._keys(grouped)
+            keys = tuple(key for key in resolved if isinstance(key, str))
+            if len(keys) < len(resolved):
+                raise _NotCarriedError("a key is an expression, not a column of the frame")
             arrow, aggregates = self._aggregates(grouping.frame, columns)
             schema = spark_result.schema
             settings = PandasSettings.of(self.spark)
@@ -240,7 +244,9 @@ class DropIn:
             aggregates.append(GroupAggregate(call.function, names))
         return arrow, tuple(aggregates)
 
-    def _keys(self, grouped: Any) -> tuple[Grouping, tuple[str, ...]]:
+    def _keys(self, grouped: Any) -> tuple[Grouping, tuple[str | Column, ...]]:
+        """The plain grouping behind ``grouped`` and each key: the name of a column of the
+        frame, or a Column of the frame that computes it (an expression, a nested field)."""
         grouping = grouping_of(grouped)
         if grouping is None:
             raise _NotCarriedError(
@@ -256,12 +262,7 @@ class DropIn:
             raise _NotCarriedError("the frame has duplicate column names")
         self._check_settings()
         case_sensitive = session_flag(self.spark, "spark.sql.caseSensitive")
-        keys = key_names(frame, grouping.keys, case_sensitive=case_sensitive)
-        if keys is None:
-            raise _NotCarriedError(
-                "a key is not a column of the frame (an expression, an ordinal or a field)"
-            )
-        return grouping, keys
+        return grouping, tuple(_resolved(frame, key, case_sensitive) for key in grouping.keys)
 
     def _check_settings(self) -> None:
         for key in _SPARK_ONLY_SETTINGS:
@@ -332,6 +333,72 @@ class DropIn:
         traceback: TracebackType | None,
     ) -> None:
         disable(self.spark)
+
+
+_KEY_COLUMN: Final = "__pyshuffle_key_{}"
+"""The name of the column that carries the values of a key expression (by its position)."""
+
+
+def _resolved(frame: DataFrame, key: Any, case_sensitive: bool) -> str | Column:
+    """``key`` of ``frame.groupBy``: a column's name, or the Column that computes it."""
+    names = key_names(frame, [key], case_sensitive=case_sensitive)
+    if names:
+        return names[0]
+    if isinstance(key, str):  # a nested field, a quoted name
+        return frame[key]
+    if isinstance(key, Column) or type(key).__name__ == "Column":
+        column: Column = key  # classic or Connect's
+        return column
+    raise _NotCarriedError(f"a key is not a column or an expression of the frame ({key!r})")
+
+
+def _paired(
+    left: DataFrame,
+    left_keys: tuple[str | Column, ...],
+    right: DataFrame,
+    right_keys: tuple[str | Column, ...],
+) -> tuple[tuple[str | Column, ...], tuple[str | Column, ...]]:
+    """The two sides' keys to cogroup by position, as Spark does: a name where both sides
+    name the same column, else each side's Column (carried under one name on both)."""
+    pairs = [
+        (ours, theirs)
+        if isinstance(ours, str) and ours == theirs
+        else (
+            left[ours] if isinstance(ours, str) else ours,
+            right[theirs] if isinstance(theirs, str) else theirs,
+        )
+        for ours, theirs in zip(left_keys, right_keys, strict=True)
+    ]
+    return tuple(ours for ours, _ in pairs), tuple(theirs for _, theirs in pairs)
+
+
+def _keyed(
+    frame: DataFrame, keys: tuple[str | Column, ...]
+) -> tuple[DataFrame, tuple[str, ...], tuple[str, ...]]:
+    """``frame`` with a column for each key expression, the key columns' names, and those
+    of the added ones (which only carry a key: the function never sees them)."""
+    names = [
+        key if isinstance(key, str) else _KEY_COLUMN.format(index) for index, key in enumerate(keys)
+    ]
+    key_only = tuple(
+        name for name, key in zip(names, keys, strict=True) if not isinstance(key, str)
+    )
+    if not key_only:
+        return frame, tuple(names), ()
+    if set(key_only) & set(frame.columns):
+        raise _NotCarriedError("the frame has a column named as pyshuffle's key columns")
+    try:
+        for name, key in zip(names, keys, strict=True):
+            if not isinstance(key, str):
+                frame = frame.withColumn(name, key)
+        _ = frame.schema  # analysed now: a key Spark cannot resolve is Spark's to report
+    except Exception as error:
+        raise _NotCarriedError(f"a key expression pyshuffle cannot add: {error}") from error
+    return frame, tuple(names), key_only
+
+
+def _described(keys: tuple[str | Column, ...]) -> str:
+    return ", ".join(key if isinstance(key, str) else str(key) for key in keys)
 
 
 # Switches by session: one per session, kept after disable (its results stay readable and a

@@ -42,6 +42,12 @@ def _key(table: pa.Table, keys: Sequence[str]) -> tuple[pa.Scalar, ...]:
     return tuple(table.column(name)[0] for name in keys)
 
 
+def _as_handed(table: pa.Table, key_only: tuple[str, ...]) -> pa.Table:
+    """``table`` as the function gets it: without the columns that only carry a key, every
+    column nullable."""
+    return _as_spark_hands_it(table.drop_columns(list(key_only)) if key_only else table)
+
+
 @dataclass(frozen=True, slots=True)
 class ArrowGroupFunction:
     """An Arrow function of a group, ``f(table)`` or ``f(key, table)``, whose result is
@@ -57,6 +63,7 @@ class ArrowGroupFunction:
     """The result's Arrow types, as this release's Spark expects them."""
     by_name: bool
     pass_key: bool
+    key_only: tuple[str, ...]
 
     @classmethod
     def of(
@@ -65,19 +72,23 @@ class ArrowGroupFunction:
         keys: Sequence[str],
         schema: StructType,
         settings: PandasSettings,
+        key_only: Sequence[str] = (),
     ) -> Self:
         """``function`` (one parameter, or two with the key first: Spark's test of its named
-        positional ones) declared ``schema``, under the session's ``settings``."""
+        positional ones) declared ``schema``, under the session's ``settings``; ``key_only``:
+        columns that carry a key but are not the frame's (a key expression's values), never
+        handed to it."""
         expected = arrow_result_schema(schema, large_var_types=settings.large_var_types)
         pass_key = len(getfullargspec(function).args) == 2
-        return cls(function, tuple(keys), expected, settings.assign_columns_by_name, pass_key)
+        by_name = settings.assign_columns_by_name
+        return cls(function, tuple(keys), expected, by_name, pass_key, tuple(key_only))
 
     def __call__(self, table: pa.Table) -> pa.Table:
-        table = _as_spark_hands_it(table)
+        handed = _as_handed(table, self.key_only)
         if self.pass_key:
-            result = self.function(_key(table, self.keys), table)
+            result = self.function(_key(table, self.keys), handed)
         else:
-            result = self.function(table)
+            result = self.function(handed)
         return arrow_result(result, self.expected, by_name=self.by_name)
 
 
@@ -93,6 +104,7 @@ class ArrowCogroupFunction:
     """The result's Arrow types, as this release's Spark expects them."""
     by_name: bool
     pass_key: bool
+    key_only: tuple[str, ...]
 
     @classmethod
     def of(
@@ -101,18 +113,22 @@ class ArrowCogroupFunction:
         keys: Sequence[str],
         schema: StructType,
         settings: PandasSettings,
+        key_only: Sequence[str] = (),
     ) -> Self:
         """``function`` (two parameters, or three with the key first, as Spark tells them)
-        declared ``schema``, under the session's ``settings``."""
+        declared ``schema``, under the session's ``settings``; ``key_only``: columns
+        that carry a key but are not the frame's (a key expression's values), never handed
+        to it."""
         expected = arrow_result_schema(schema, large_var_types=settings.large_var_types)
         pass_key = len(getfullargspec(function).args) == 3
-        return cls(function, tuple(keys), expected, settings.assign_columns_by_name, pass_key)
+        by_name = settings.assign_columns_by_name
+        return cls(function, tuple(keys), expected, by_name, pass_key, tuple(key_only))
 
     def __call__(self, left: pa.Table, right: pa.Table) -> pa.Table:
-        left, right = _as_spark_hands_it(left), _as_spark_hands_it(right)
+        handed = _as_handed(left, self.key_only), _as_handed(right, self.key_only)
         if self.pass_key:
             key = _key(left if left.num_rows else right, self.keys)
-            result = self.function(key, left, right)
+            result = self.function(key, *handed)
         else:
-            result = self.function(left, right)
+            result = self.function(*handed)
         return arrow_result(result, self.expected, by_name=self.by_name)

@@ -50,6 +50,9 @@ class PandasFunction:
     ``applyInPandas`` takes it, marked by :func:`pandas_function`."""
 
     function: Callable[..., Any]
+    key_only: tuple[str, ...] = ()
+    """Columns that carry a key but are not the frame's (the values of a key expression):
+    read for the key, never handed to the function."""
 
 
 def pandas_function(function: Callable[..., Any]) -> PandasFunction:
@@ -108,6 +111,11 @@ def _key(frame: pd.DataFrame, keys: Sequence[str]) -> tuple[Any, ...]:
     return tuple(frame[name].iloc[0] for name in keys)
 
 
+def _as_handed(frame: pd.DataFrame, key_only: tuple[str, ...]) -> pd.DataFrame:
+    """``frame`` without the columns that only carry a key."""
+    return frame.drop(columns=list(key_only)) if key_only else frame
+
+
 def _result_table(result: Any, schema: StructType, settings: PandasSettings) -> pa.Table:
     """What the function returned, checked and converted to ``schema`` as Spark does."""
     check_pandas_result(result, schema, by_name=settings.assign_columns_by_name)
@@ -142,6 +150,7 @@ class PandasGroupFunction:
     schema: StructType
     settings: PandasSettings
     pass_key: bool
+    key_only: tuple[str, ...]
 
     @classmethod
     def of(
@@ -153,16 +162,17 @@ class PandasGroupFunction:
     ) -> Self:
         # As Spark decides: by the named positional parameters (a lambda's too).
         pass_key = len(getfullargspec(marked.function).args) == 2
-        return cls(marked.function, tuple(keys), schema, settings, pass_key)
+        return cls(marked.function, tuple(keys), schema, settings, pass_key, marked.key_only)
 
     def __call__(self, table: pa.Table) -> pa.Table:
         return _result_table(self.called(_frame(table, self.settings)), self.schema, self.settings)
 
     def called(self, frame: pd.DataFrame) -> Any:
         """What the function returns for a group's frame."""
+        handed = _as_handed(frame, self.key_only)
         if self.pass_key:
-            return self.function(_key(frame, self.keys), frame)
-        return self.function(frame)
+            return self.function(_key(frame, self.keys), handed)
+        return self.function(handed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +192,7 @@ class PandasCogroupFunction:
     schema: StructType
     settings: PandasSettings
     pass_key: bool
+    key_only: tuple[str, ...]
 
     @classmethod
     def of(
@@ -192,7 +203,7 @@ class PandasCogroupFunction:
         settings: PandasSettings,
     ) -> Self:
         pass_key = len(getfullargspec(marked.function).args) == 3  # as Spark decides
-        return cls(marked.function, tuple(keys), schema, settings, pass_key)
+        return cls(marked.function, tuple(keys), schema, settings, pass_key, marked.key_only)
 
     def __call__(self, left: pa.Table, right: pa.Table) -> pa.Table:
         left_frame, right_frame = _frame(left, self.settings), _frame(right, self.settings)
@@ -200,10 +211,11 @@ class PandasCogroupFunction:
 
     def called(self, left: pd.DataFrame, right: pd.DataFrame) -> Any:
         """What the function returns for a key's two frames."""
+        handed = _as_handed(left, self.key_only), _as_handed(right, self.key_only)
         if self.pass_key:
             keyed = right if left.empty else left
-            return self.function(_key(keyed, self.keys), left, right)
-        return self.function(left, right)
+            return self.function(_key(keyed, self.keys), *handed)
+        return self.function(*handed)
 
 
 _CHUNK_ROWS: Final = 1 << 16

@@ -211,6 +211,7 @@ LEFT_TO_SPARK: dict[str, Callable[[DataFrame], DataFrame]] = {
     "expression-argument": lambda frame: frame.groupBy("k").agg(
         _udf(_mean, DoubleType())(frame.v * 2)
     ),
+    "expression-key": lambda frame: frame.groupBy(frame.k % 2).agg(_udf(_mean, DoubleType())("v")),
 }
 
 

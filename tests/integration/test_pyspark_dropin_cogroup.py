@@ -15,6 +15,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from pyspark.sql import functions as F  # noqa: N812 (Spark's own spelling)
 
 from pyspark_shuffle.spark.compat import SPARK_VERSION
 from tests.integration.dropin_runs import run_both
@@ -195,3 +196,82 @@ def test_cogroup_through_pyshuffle_gives_sparks_result(
         assert runs.spark.rows
     if case.check is not None:  # what the function saw, as Spark's tests check it
         assert case.check(runs.switched.rows or []), runs.switched.rows
+
+
+SEEN_SCHEMA = "key string, lcols string, rcols string, nl long, nr long"
+
+
+def _pandas_seen(key: tuple[Any, ...], left: pd.DataFrame, right: pd.DataFrame) -> pd.DataFrame:
+    """The key as the function got it and the columns each side was handed."""
+    return pd.DataFrame(
+        {
+            "key": [",".join(f"{type(part).__name__}:{part}" for part in key)],
+            "lcols": [",".join(left.columns)],
+            "rcols": [",".join(right.columns)],
+            "nl": [len(left)],
+            "nr": [len(right)],
+        }
+    )
+
+
+def _arrow_seen(key: tuple[Any, ...], left: pa.Table, right: pa.Table) -> pa.Table:
+    return pa.table(
+        {
+            "key": [",".join(f"{type(part).__name__}:{part.as_py()}" for part in key)],
+            "lcols": [",".join(left.column_names)],
+            "rcols": [",".join(right.column_names)],
+            "nl": pa.array([left.num_rows], pa.int64()),
+            "nr": pa.array([right.num_rows], pa.int64()),
+        }
+    )
+
+
+Groupings = Callable[["DataFrame", "DataFrame"], tuple[Any, Any]]
+
+# Spark cogroups by position, whatever each side's keys are named or computed from.
+SIDE_KEYS: dict[str, Groupings] = {
+    "expressions": lambda left, right: (
+        left.groupBy((left.k / 4).cast("int")),
+        right.groupBy((F.col("k") / 4).cast("int")),
+    ),
+    "other-names": lambda left, right: (
+        left.groupBy("k"),
+        right.withColumnRenamed("k", "j").groupBy("j"),
+    ),
+    "name-and-expression": lambda left, right: (
+        left.groupBy("k", (left.v % 2).alias("odd")),
+        right.groupBy("k", (right.k % 2).cast("int")),
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        pytest.param(("applyInPandas", _pandas_seen), id="pandas"),
+        pytest.param(("applyInArrow", _arrow_seen), id="arrow", marks=_ARROW),
+    ],
+)
+@pytest.mark.parametrize("keys", SIDE_KEYS.values(), ids=SIDE_KEYS.keys())
+def test_sides_keyed_otherwise_cogroup_by_position_as_spark_does(
+    spark: SparkSession,
+    service: ShuffleService,
+    sides: Sides,
+    keys: Groupings,
+    form: tuple[str, Callable[..., Any]],
+) -> None:
+    api, function = form
+
+    def cogroup() -> DataFrame:
+        left, right = keys(*sides)
+        made: DataFrame = getattr(left.cogroup(right), api)(function, SEEN_SCHEMA)
+        return made
+
+    runs = run_both(spark, service, cogroup)
+    runs.assert_same()
+    assert [call.path for call in runs.calls] == ["pyshuffle"]
+    rows = runs.switched.rows or []
+    assert rows
+    # each side handed its own columns, none that carries a key expression
+    assert {row[1][1] for row in rows} == {"k,v"}
+    assert {row[2][1] for row in rows} <= {"k,w,name", "j,w,name"}

@@ -77,6 +77,15 @@ def _key_text(key: tuple[Any, ...], pdf: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"key": [text], "rows": [len(pdf)], "v_sum": [pdf["v"].sum()]})
 
 
+SEEN_SCHEMA = "key string, columns string, rows long"
+
+
+def _key_and_columns(key: tuple[Any, ...], pdf: pd.DataFrame) -> pd.DataFrame:
+    """The key as the function got it, and the columns it was handed."""
+    text = ",".join(f"{type(part).__name__}:{part}" for part in key)
+    return pd.DataFrame({"key": [text], "columns": [",".join(pdf.columns)], "rows": [len(pdf)]})
+
+
 def _some_empty(pdf: pd.DataFrame) -> pd.DataFrame:
     """No rows and no columns for odd and null keys, a group filtered to nothing (its
     columns kept) for key 2, the rows of the others."""
@@ -149,6 +158,11 @@ def _dict_structs(rows: Rows) -> bool:
     return len(rows) == 240 and {row[9][2] for row in rows} == {("str", "dict")}
 
 
+def _frame_columns_only(rows: Rows) -> bool:
+    """Every group handed the frame's own columns: none that carries a key expression."""
+    return {row[1][1] for row in rows} == {"k,k2,v,x,s,t,day,dec,arr,st"}
+
+
 def _names(*names: str) -> Keys:
     return lambda frame: list(names)
 
@@ -172,6 +186,16 @@ CASES = {
     "key-in-another-case": Case(_names("K"), _key_text, KEY_SCHEMA),
     "key-as-frame-column": Case(lambda frame: [frame.k], _key_text, KEY_SCHEMA),
     "key-as-col": Case(lambda frame: [F.col("k")], _key_text, KEY_SCHEMA),
+    "key-expression": Case(
+        lambda frame: [(frame.k % 4).cast("int")],
+        _key_and_columns,
+        SEEN_SCHEMA,
+        check=_frame_columns_only,
+    ),
+    "name-and-expression": Case(
+        lambda frame: ["k2", F.expr("upper(s)")], _key_and_columns, SEEN_SCHEMA
+    ),
+    "nested-field-key": Case(_names("st.b"), _key_and_columns, SEEN_SCHEMA),
     "empty-results": Case(_names("k"), _some_empty, "k long, v int"),
     "reordered-by-name": Case(_names("k"), _reordered, "k long, s_max string, x_sum double"),
     "unlabelled-by-position": Case(_names("k"), _unlabelled, "k long, rows long"),

@@ -56,10 +56,6 @@ def _summaries(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         yield _summary(pdf)
 
 
-def _cogroup_summary(left: pd.DataFrame, right: pd.DataFrame) -> pd.DataFrame:
-    return pd.DataFrame({"k": [len(left)], "rows": [len(right)], "v_sum": [left["v"].sum()]})
-
-
 _ITERATOR = pytest.mark.skipif(
     SPARK_VERSION < (4, 1), reason="applyInPandas's iterator form: Spark 4.1"
 )
@@ -68,13 +64,7 @@ FALLBACKS: dict[str, Callable[[DataFrame], DataFrame]] = {
     "rollup": lambda frame: frame.rollup("k").applyInPandas(_summary, SUMMARY),
     "pivot": lambda frame: frame.groupBy("k").pivot("k2").applyInPandas(_summary, SUMMARY),
     "no-keys": lambda frame: frame.groupBy().applyInPandas(_summary, SUMMARY),
-    "expression-key": lambda frame: frame.groupBy(frame.k % 2).applyInPandas(_summary, SUMMARY),
     "iterator-form": lambda frame: frame.groupBy("k").applyInPandas(_summaries, SUMMARY),
-    "sides-by-other-names": lambda frame: (
-        frame.groupBy("k")
-        .cogroup(frame.withColumnRenamed("k", "j").groupBy("j"))
-        .applyInPandas(_cogroup_summary, SUMMARY)
-    ),
 }
 
 

@@ -111,6 +111,21 @@ def test_the_wrapper_takes_the_table_alone_whatever_the_function_takes() -> None
     assert ArrowGroupFunction.of(with_key, ["k"], KEY_VALUE, PandasSettings(ZONE)).pass_key
 
 
+def test_a_column_that_only_carries_a_key_gives_the_key_and_is_not_handed_over() -> None:
+    seen: list[tuple[tuple[pa.Scalar, ...], list[str]]] = []
+
+    def keep(key: tuple[pa.Scalar, ...], table: pa.Table) -> pa.Table:
+        seen.append((key, table.column_names))
+        return table.select(["k", "v"])
+
+    wrapped = ArrowGroupFunction.of(
+        keep, ["k", "odd"], KEY_VALUE, PandasSettings(ZONE), key_only=["odd"]
+    )
+    group = _group().append_column("odd", pa.array([True] * 3))
+    assert wrapped(group).num_rows == 3
+    assert seen == [((pa.scalar(7, pa.int64()), pa.scalar(True)), ["k", "v", "pairs", "t"])]
+
+
 def test_named_columns_are_taken_by_name_in_the_schemas_order() -> None:
     out = _run(lambda table: table.select(["v", "k"]))
     assert out.schema.names == ["k", "v"]
