@@ -74,6 +74,7 @@ import logging
 import os
 import re
 import sys
+import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -81,6 +82,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
@@ -429,29 +431,43 @@ def pandas_result_batch(
     errors (``safecheck``: Spark's ``convertToArrowArraySafely``; ``int_to_decimal``: its
     ``intToDecimalCoercionEnabled``)."""
     conversion = _conversion()
-    if conversion is None:
-        fallback_batch: pa.RecordBatch = _pandas()[1].to_arrow_batch(
+    try:
+        if conversion is None:
+            fallback_batch: pa.RecordBatch = _pandas()[1].to_arrow_batch(
+                result,
+                schema,
+                timezone=timezone,
+                safecheck=safecheck,
+                arrow_cast=SPARK_VERSION >= _GROUPED_MAP_CASTS_SINCE,
+                by_name=by_name,
+                int_to_decimal=int_to_decimal,
+                large_var_types=large_var_types,
+            )
+            return fallback_batch
+        batch: pa.RecordBatch = conversion.PandasToArrowConversion.convert(
             result,
             schema,
             timezone=timezone,
             safecheck=safecheck,
-            arrow_cast=SPARK_VERSION >= _GROUPED_MAP_CASTS_SINCE,
-            by_name=by_name,
-            int_to_decimal=int_to_decimal,
-            large_var_types=large_var_types,
+            arrow_cast=True,
+            prefers_large_types=large_var_types,
+            assign_cols_by_name=by_name,
+            int_to_decimal_coercion_enabled=int_to_decimal,
         )
-        return fallback_batch
-    batch: pa.RecordBatch = conversion.PandasToArrowConversion.convert(
-        result,
-        schema,
-        timezone=timezone,
-        safecheck=safecheck,
-        arrow_cast=True,
-        prefers_large_types=large_var_types,
-        assign_cols_by_name=by_name,
-        int_to_decimal_coercion_enabled=int_to_decimal,
-    )
+    except PySparkException as error:
+        _tell_cause(error)
+        raise
     return batch
+
+
+def _tell_cause(error: BaseException) -> None:
+    """Add to ``error``'s text what caused it (Arrow's own complaint: "int or Decimal object
+    expected, got datetime.date"). Spark's worker shows the cause of an error raised in its
+    conversion, but drops it from a traceback through other code, as a pyshuffle task's is."""
+    cause = error.__cause__
+    if cause is not None:
+        told = "".join(traceback.format_exception_only(type(cause), cause)).strip()
+        error.add_note(f"The direct cause: {told}")
 
 
 def arrow_result_schema(schema: StructType, *, large_var_types: bool) -> pa.Schema:

@@ -6,6 +6,8 @@ and message, at the same point (the facts from PySpark's test_pandas_grouped_map
 
 from __future__ import annotations
 
+import datetime
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -257,6 +259,28 @@ def test_a_chain_of_apply_in_pandas_gives_sparks_result(
     runs.assert_same()
     assert runs.paths() == ["pyshuffle", "pyshuffle"]
     assert runs.spark.rows
+
+
+def _date_for_decimal(pdf: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame([(1, datetime.date(2020, 10, 5))])
+
+
+def test_a_failed_conversion_tells_its_cause_as_sparks_does(
+    spark: SparkSession, service: ShuffleService, events: DataFrame
+) -> None:
+    """Spark's error for a result it cannot convert carries Arrow's own complaint (its
+    test_column_order matches "[Dd]ecimal.*got.*date"), not only PySpark's message."""
+    case = Case(
+        _names("k"),
+        _date_for_decimal,
+        "id long, v decimal",
+        settings={"spark.sql.execution.pandas.convertToArrowArraySafely": "false"},
+    )
+    runs = _both(spark, service, events, case)
+    runs.assert_same()
+    assert runs.paths() == ["pyshuffle"]
+    for outcome in (runs.spark, runs.switched):
+        assert re.search("[Dd]ecimal.*got.*date", str(outcome.error)), outcome.error
 
 
 def _reordered_by_k2(pdf: pd.DataFrame) -> pd.DataFrame:
