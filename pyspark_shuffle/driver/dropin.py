@@ -74,10 +74,6 @@ _SPARK_ONLY_SETTINGS: Final = (
     "spark.sql.legacy.execution.pythonUDF.pandas.conversion.enabled",
 )
 _PROFILER: Final = "spark.sql.pyspark.udf.profiler"
-# LZ4 of Arrow batches from the JVM: PySpark (4.3) cannot read a batch with an empty buffer (a
-# column of nulls, of empty strings) so compressed, which pyshuffle's own stage frames have.
-_ARROW_CODEC: Final = "spark.sql.execution.arrow.compression.codec"
-_UNREADABLE_CODECS: Final = frozenset({"lz4"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,9 +266,6 @@ class DropIn:
                 raise _NotCarriedError(f"{key} is true")
         if self.spark.conf.get(_PROFILER, None):
             raise _NotCarriedError(f"{_PROFILER} is set")
-        codec = str(self.spark.conf.get(_ARROW_CODEC, None) or "").lower()
-        if codec in _UNREADABLE_CODECS:
-            raise _NotCarriedError(f"{_ARROW_CODEC} is {codec}")
 
     def _check_size(self, *frames: DataFrame) -> None:
         """Refuses a call whose input Spark estimates under the smallest that pays."""

@@ -172,6 +172,15 @@ def _shared_deployments(
 
 
 _REDUCER_COLUMNS: Final = ["reducer", "result_id", "map_index", "producer"]
+# The row of a reducer that names no map output: no column null or empty, for PySpark cannot
+# read an LZ4-compressed batch (spark.sql.execution.arrow.compression.codec) with an empty
+# buffer, as a column of nulls has.
+_NO_MAP_INDEX: Final = -1
+_NO_OUTPUT: Final = (
+    "'-' as result_id",
+    f"cast({_NO_MAP_INDEX} as long) as map_index",
+    "cast('-' as binary) as producer",
+)
 
 
 def _reduce_partition(spec: ReduceStageSpec, output_schema: pa.Schema) -> Produce:
@@ -187,7 +196,7 @@ def _reduce_partition(spec: ReduceStageSpec, output_schema: pa.Schema) -> Produc
                 *batch.select(_REDUCER_COLUMNS).to_pydict().values(), strict=True
             ):
                 reducers.add(reducer)
-                if result_id is not None:
+                if map_index != _NO_MAP_INDEX:
                     reruns[result_id, map_index] = producer
         # By its rows, not the task's partition id: a user's plan may run this partition in a
         # task of another number (a union, a cartesian product with another result).
@@ -212,14 +221,9 @@ def _reducer_rows(spark: SparkSession, exchanges: Sequence[Exchange], count: int
     map tasks inside the action, and the rows of attempts the driver does not know (reruns)
     reach every reducer; the rest are dropped in the JVM."""
     reducers = spark.range(0, count, 1, max(count, 1)).withColumnRenamed("id", "reducer")
-    no_output = (
-        "cast(null as string) as result_id",
-        "cast(null as long) as map_index",
-        "cast(null as binary) as producer",
-    )
     held = [frame for exchange in exchanges if (frame := exchange.held_map_outputs())]
     if not held:
-        return reducers.selectExpr("reducer", *no_output)
+        return reducers.selectExpr("reducer", *_NO_OUTPUT)
     known = spark.createDataFrame(
         [
             (exchange.result_id, map_index, attempt)
@@ -232,7 +236,7 @@ def _reducer_rows(spark: SparkSession, exchanges: Sequence[Exchange], count: int
     reruns = rows.join(F.broadcast(known), ["result_id", "map_index", "attempt"], "left_anti")
     # With a row of no map output, so that every reducer has a row that names it.
     outputs = reruns.select("result_id", "map_index", "producer")
-    outputs = outputs.unionByName(spark.range(0, 1, 1, 1).selectExpr(*no_output)).coalesce(1)
+    outputs = outputs.unionByName(spark.range(0, 1, 1, 1).selectExpr(*_NO_OUTPUT)).coalesce(1)
     # A cartesian product, never a broadcast of either side: each reduce task must read the
     # shuffle itself, for Spark to rerun what it lost.
     return reducers.hint("shuffle_replicate_nl").crossJoin(outputs).select(*_REDUCER_COLUMNS)

@@ -97,8 +97,6 @@ def test_calls_the_switch_cannot_carry_give_sparks_own_result(
     ("key", "value"),
     [
         ("spark.sql.execution.arrow.useLargeVarTypes", "true"),
-        # PySpark cannot read LZ4 batches with an empty buffer, as pyshuffle's frames have.
-        ("spark.sql.execution.arrow.compression.codec", "lz4"),
     ],
 )
 def test_a_setting_the_switch_leaves_to_spark_gives_sparks_result(
@@ -112,6 +110,31 @@ def test_a_setting_the_switch_leaves_to_spark_gives_sparks_result(
     assert runs.spark.rows
     assert runs.paths() == ["spark"]
     assert key in runs.calls[0].reason
+
+
+def _with_empty_columns(pdf: pd.DataFrame) -> pd.DataFrame:
+    """A column of nulls and one of empty strings: buffers of no bytes."""
+    return pd.DataFrame(
+        {"k": [pdf["k"].min()], "rows": [len(pdf)], "nothing": [None], "blank": [""]}
+    )
+
+
+def test_a_call_under_the_lz4_arrow_codec_is_carried(
+    spark: SparkSession, service: ShuffleService, events: DataFrame
+) -> None:
+    """PySpark cannot read an LZ4-compressed batch from the JVM with an empty buffer (a column
+    of nulls): pyshuffle's stage frames have none, so such calls run through it."""
+    with conf_set(spark, {"spark.sql.execution.arrow.compression.codec": "lz4"}):
+        runs = run_both(
+            spark,
+            service,
+            lambda: events.groupBy("k").applyInPandas(
+                _with_empty_columns, "k long, rows long, nothing string, blank string"
+            ),
+        )
+    runs.assert_same()
+    assert runs.spark.rows
+    assert runs.paths() == ["pyshuffle"]
 
 
 def test_a_group_by_made_before_enable(
