@@ -9,6 +9,12 @@ hand-written pyarrow shuffle of the same blocks, in one run.
   are this process's own: read from its store, no data port). With ``--service
   external_shuffle``: pushed to one worker daemon, each reducer reading over its data port
   (``store_shared=False``, as from another host).
+- **merged** (default service): the same map outputs merged per subpartition
+  (``shuffle_runtime.format.merge_partitions``: each reducer's runs of every map output copied
+  as they are into one run of one partition, ``--merged-partitions`` of them, a host's each),
+  then each reducer reading its run of each merged partition with the format's reader (the
+  partition reader a gate uses, without the gate). The merge's time and the merged reads'
+  are both per block of the map outputs.
 - **minimal**: per map output, the rows gathered by subpartition (a stable argsort and a
   ``take``), one IPC file of one batch per subpartition (``pa.ipc.new_file``), the byte range
   of each batch kept in memory; each reducer memory-maps every file (once: the maps are kept,
@@ -23,6 +29,7 @@ process's and, on the external service, the worker's); the rows read are counted
     python benchmarks/small_blocks.py
     python benchmarks/small_blocks.py --maps 1000 --reducers 4000
     python benchmarks/small_blocks.py --service external_shuffle
+    python benchmarks/small_blocks.py --maps 1000 --reducers 1000 --rows-per-block 2
 """
 
 from __future__ import annotations
@@ -47,12 +54,16 @@ from shuffle_api import (
     Configuration,
     InputGateDeploymentDescriptor,
     ResultPartitionType,
+    IntermediateResultPartitionID,
+    ResultPartitionID,
     ShuffleDescriptor,
     ShuffleIOOwner,
     SubpartitionRange,
     new_id,
 )
 from shuffle_api.testing import ConformanceHarness, ShuffleScenario
+from shuffle_runtime.format import Layouts, PartitionFileReader, merge_partitions
+from shuffle_runtime.store import Store
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "small_blocks.json"
 SERVICES = ("netty_like", "external_shuffle")
@@ -103,6 +114,31 @@ class Service:
             )
             with gate:
                 rows += sum(batch.num_rows for batch in gate)
+        return rows
+
+    def merge(
+        self, store: Store, descriptors: list[ShuffleDescriptor], merged: int
+    ) -> list[ResultPartitionID]:
+        """The map outputs merged into ``merged`` partitions (consecutive map outputs each)."""
+        result_id = f"merged-{new_id()}"
+        outputs = [descriptor.result_partition_id for descriptor in descriptors]
+        groups = np.array_split(np.arange(len(outputs)), merged)
+        made = []
+        for index, group in enumerate(groups):
+            partition = ResultPartitionID(IntermediateResultPartitionID(result_id, index), new_id())
+            sources = [(store, outputs[position]) for position in group.tolist()]
+            made.append(merge_partitions(sources, store, partition).partition)
+        return made
+
+    @staticmethod
+    def read_merged(store: Store, merged: list[ResultPartitionID], reducers: int) -> int:
+        """Each reducer's run of every merged partition, through the format's reader."""
+        rows = 0
+        for reducer in range(reducers):
+            wanted = SubpartitionRange.single(reducer)
+            for partition in merged:
+                reader = PartitionFileReader(store, partition, Layouts.MAPPED)
+                rows += sum(batch.num_rows for batch in reader.read(wanted))
         return rows
 
     def release(self, descriptors: list[ShuffleDescriptor]) -> None:
@@ -198,6 +234,12 @@ def main() -> None:
     parser.add_argument("--rows-per-block", type=positive, default=5)
     parser.add_argument("--repeat", type=positive, default=3)
     parser.add_argument("--service", choices=SERVICES, default=SERVICES[0])
+    parser.add_argument(
+        "--merged-partitions",
+        type=positive,
+        default=1,
+        help="the default service's map outputs merged into this many partitions (hosts)",
+    )
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     args = parser.parse_args()
     maps, reducers = args.maps, args.reducers
@@ -234,9 +276,26 @@ def main() -> None:
                 )
             if read != maps * rows:
                 sys.exit(f"the service read {read} rows of {maps * rows}")
+            if args.service == "netty_like":
+                store = Store(str(root / "service"))
+                merged: list[list[ResultPartitionID]] = []
+                figures["merged_write_s"], _ = best_of(
+                    args.repeat,
+                    lambda: merged.append(
+                        service.merge(store, descriptors, args.merged_partitions)
+                    ),
+                )
+                figures["merged_read_s"], read = best_of(
+                    args.repeat, lambda: service.read_merged(store, merged[-1], reducers)
+                )
+                if read != maps * rows:
+                    sys.exit(f"the merged partitions read {read} rows of {maps * rows}")
+    sides = (
+        ("service", "minimal", "merged") if "merged_read_s" in figures else ("service", "minimal")
+    )
     per_block = {
         f"{side}_{phase}_us": 1e6 * figures[f"{side}_{phase}_s"] / blocks
-        for side in ("service", "minimal")
+        for side in sides
         for phase in ("write", "read")
     }
     ratios = {
@@ -249,6 +308,11 @@ def main() -> None:
         print(
             f"{phase:10}{per_block[f'service_{phase}_us']:>9.1f} us"
             f"{per_block[f'minimal_{phase}_us']:>9.1f} us{ratios[f'{phase}_vs_minimal']:>17.2f}x"
+        )
+    if "merged_read_us" in per_block:
+        print(
+            f"merged into {args.merged_partitions}: the merge {per_block['merged_write_us']:.2f} us"
+            f" a block, the merged reads {per_block['merged_read_us']:.2f} us a block"
         )
     worker = figures.get("worker_read_cpu_us")
     print(
@@ -266,6 +330,7 @@ def main() -> None:
                 "rows_per_block": args.rows_per_block,
                 "repeat": args.repeat,
                 "service": args.service,
+                "merged_partitions": args.merged_partitions,
             },
             **figures,
             "per_block": per_block,

@@ -9,6 +9,7 @@ from shuffle_runtime.format.layout import (
     stored_partitions,
 )
 from shuffle_runtime.format.manifest import FORMAT_VERSION, PartitionManifest
+from shuffle_runtime.format.merge import MergedPartition, merge_partitions
 from shuffle_runtime.format.partition_writer import SortMergePartitionWriter
 from shuffle_runtime.format.reader import (
     Layouts,
@@ -27,6 +28,7 @@ __all__ = [
     "KEY_PREFIXES",
     "DataStream",
     "Layouts",
+    "MergedPartition",
     "PartitionFileReader",
     "PartitionFileWriter",
     "PartitionManifest",
@@ -38,6 +40,7 @@ __all__ = [
     "decode_run",
     "ipc_write_options",
     "is_readable",
+    "merge_partitions",
     "partition_directory",
     "result_directories",
     "stored_partitions",

@@ -70,16 +70,14 @@ class PartitionManifest:
     data_bytes: int
     index_checksum: int
     format_version: int = FORMAT_VERSION
+    merged_from: tuple[ResultPartitionID, ...] = ()
+    """For a merged partition, the partitions (map attempts) whose runs it holds, in order."""
 
     def to_json(self) -> bytes:
         document: dict[str, Any] = {
             "format": FORMAT_NAME,
             "format_version": self.format_version,
-            "partition": {
-                "result_id": self.partition.partition_id.result_id,
-                "partition_index": self.partition.partition_id.partition_index,
-                "producer_attempt_id": self.partition.producer_attempt_id,
-            },
+            "partition": _partition_json(self.partition),
             "number_of_subpartitions": self.number_of_subpartitions,
             "codec": self.codec,
             "schema": None
@@ -96,6 +94,8 @@ class PartitionManifest:
             document.update(_statistics_lists(self.statistics))
         else:
             document["statistics"] = base64.b64encode(self.statistics.encode()).decode("ascii")
+        if self.merged_from:
+            document["merged_from"] = [_partition_json(source) for source in self.merged_from]
         return json.dumps(document, indent=1).encode("utf-8")
 
     @classmethod
@@ -122,16 +122,10 @@ class PartitionManifest:
                     f"partition at {where} has format version {version};"
                     f" this pyshuffle reads 1..{FORMAT_VERSION}"
                 )
-            named = document["partition"]
             schema_text = document["schema"]
             subpartitions = int(document["number_of_subpartitions"])
             return cls(
-                partition=ResultPartitionID(
-                    IntermediateResultPartitionID(
-                        named["result_id"], int(named["partition_index"])
-                    ),
-                    named["producer_attempt_id"],
-                ),
+                partition=_partition_of(document["partition"]),
                 number_of_subpartitions=subpartitions,
                 codec=str(document["codec"]),
                 schema=None
@@ -148,6 +142,7 @@ class PartitionManifest:
                 data_bytes=int(document["data_bytes"]),
                 index_checksum=int(document["index_checksum"]),
                 format_version=version,
+                merged_from=tuple(map(_partition_of, document.get("merged_from", ()))),
             )
         except UnsupportedFormatVersionError:
             raise
@@ -155,6 +150,21 @@ class PartitionManifest:
             raise PartitionCorruptedError(
                 f"manifest at {where} does not decode: {error}", partition
             ) from error
+
+
+def _partition_json(partition: ResultPartitionID) -> dict[str, Any]:
+    return {
+        "result_id": partition.partition_id.result_id,
+        "partition_index": partition.partition_id.partition_index,
+        "producer_attempt_id": partition.producer_attempt_id,
+    }
+
+
+def _partition_of(named: dict[str, Any]) -> ResultPartitionID:
+    return ResultPartitionID(
+        IntermediateResultPartitionID(named["result_id"], int(named["partition_index"])),
+        named["producer_attempt_id"],
+    )
 
 
 def _statistics_lists(statistics: PartitionStatistics) -> dict[str, list[int]]:

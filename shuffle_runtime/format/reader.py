@@ -58,6 +58,7 @@ class Run:
     length: int
     rows: int
     checksum: int
+    batches: int = 1
 
 
 def verify_checksum(
@@ -156,6 +157,7 @@ class RunIndex:
             int(self.length[position]),
             int(self.rows[position]),
             int(self.checksum[position]),
+            int(self.batches[position]),
         )
 
 
@@ -306,6 +308,26 @@ def decode_run(
             raise PartitionCorruptedError(
                 f"partition {partition}: a batch does not decode: {error}", partition
             ) from error
+
+
+_STREAMED_BATCHES: Final = 16
+"""A run of this many batches or more (a merged run) is decoded by Arrow's stream reader, in
+one call: about 1.0 us a batch against 1.8 us message by message (1,000 batches of two rows),
+for a copy of the run behind the schema's message."""
+
+
+def decode_streamed(
+    data: pa.Buffer, schema: pa.Schema, partition: ResultPartitionID
+) -> list[pa.RecordBatch]:
+    """:func:`decode_run` of a run of many batches, in one call of Arrow's stream reader."""
+    header = schema.serialize()
+    try:
+        stream = pa.py_buffer(b"".join((memoryview(header), memoryview(data))))
+        return list(pa.ipc.open_stream(stream))
+    except pa.ArrowException as error:
+        raise PartitionCorruptedError(
+            f"partition {partition}: a run does not decode: {error}", partition
+        ) from error
 
 
 # Reads of neighbouring runs are joined up to this size: larger ones are read run by run.
@@ -514,6 +536,11 @@ class PartitionFileReader:
     def schema(self) -> pa.Schema | None:
         return self.manifest.schema
 
+    @property
+    def has_broadcast_runs(self) -> bool:
+        """Whether some runs belong to every subpartition."""
+        return bool(len(self._index.broadcast))
+
     def _check_range(self, subpartitions: SubpartitionRange) -> None:
         if subpartitions.end >= self.manifest.number_of_subpartitions:
             raise ShuffleError(
@@ -652,6 +679,8 @@ class PartitionFileReader:
                 ) from error
             if batch.num_rows == index.rows.item(position):
                 return (batch,)
+        elif index.batches.item(position) >= _STREAMED_BATCHES:
+            return decode_streamed(data, schema, self._partition)
         return list(self.decode(data))  # more than one message (or the index says so)
 
     def pieces(self, subpartitions: SubpartitionRange) -> Iterator[list[int]]:
@@ -675,6 +704,20 @@ class PartitionFileReader:
                 end = begin + max(1, int(np.searchsorted(ends, _MAX_RANGE_BYTES, side="right")))
                 yield positions[group[begin:end]].tolist()
                 begin = end
+
+    def run_columns(
+        self, positions: list[int]
+    ) -> tuple[
+        npt.NDArray[np.int32], npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int32]
+    ]:
+        """The subpartition, length, rows and batches of the runs at ``positions``."""
+        index = self._index
+        return (
+            index.subpartition[positions],
+            index.length[positions],
+            index.rows[positions],
+            index.batches[positions],
+        )
 
     def piece_bytes(self, positions: list[int]) -> int:
         """Bytes :meth:`fetch` reads for a piece."""

@@ -34,7 +34,7 @@ from shuffle_runtime.format.sink import DataStream, PartitionSink, write_all
 from shuffle_runtime.ndarrays import arrow_array
 from shuffle_runtime.store import storage_errors
 
-__all__ = ["MAX_RUN_BYTES", "PartitionFileWriter"]
+__all__ = ["MAX_RUN_BYTES", "PartitionFileWriter", "index_file"]
 
 MAX_RUN_BYTES = 8 << 20
 """A run is cut once it reaches this size: a run is what the data port sends as one frame, so
@@ -375,18 +375,8 @@ class PartitionFileWriter:
                 self._ipc.close()
                 self._stream.close()  # closes the hashing sink, which writes the rest
                 data_bytes = self._data.tell()
-        # INDEX_SCHEMA's columns but the last, then the checksums.
         runs = np.array(self._runs, dtype=np.int64).reshape(len(self._runs), len(INDEX_SCHEMA) - 1)
-        columns = [
-            pc.cast(arrow_array(runs[:, position]), field.type)
-            for position, field in enumerate(INDEX_SCHEMA)
-            if position < len(INDEX_SCHEMA) - 1
-        ]
-        columns.append(arrow_array(np.array(self._checksums, dtype=np.uint64)))
-        index = pa.BufferOutputStream()
-        with pa.ipc.new_file(index, INDEX_SCHEMA) as index_writer:
-            index_writer.write_batch(pa.record_batch(columns, schema=INDEX_SCHEMA))
-        index_bytes = index.getvalue().to_pybytes()
+        index_bytes = index_file(runs, np.array(self._checksums, dtype=np.uint64))
         names = INDEX_SCHEMA.names
         statistics = self._statistics(
             *(runs[:, names.index(name)] for name in ("subpartition", "rows", "length"))
@@ -434,6 +424,22 @@ class PartitionFileWriter:
             with contextlib.suppress(OSError, ShuffleError):
                 self._data.discard()
         self._sink.abort()
+
+
+def index_file(runs: npt.NDArray[np.int64], checksums: npt.NDArray[np.uint64]) -> bytes:
+    """index.arrow of ``runs`` (a row per run: :data:`INDEX_SCHEMA`'s columns but the last)
+    and their ``checksums``."""
+    columns = [
+        pc.cast(arrow_array(runs[:, position]), field.type)
+        for position, field in enumerate(INDEX_SCHEMA)
+        if position < len(INDEX_SCHEMA) - 1
+    ]
+    columns.append(arrow_array(checksums))
+    index = pa.BufferOutputStream()
+    with pa.ipc.new_file(index, INDEX_SCHEMA) as index_writer:
+        index_writer.write_batch(pa.record_batch(columns, schema=INDEX_SCHEMA))
+    written: bytes = index.getvalue().to_pybytes()
+    return written
 
 
 def _pieces_by_subpartition(
