@@ -53,9 +53,9 @@ from external_shuffle.local_cluster import LocalCluster
 from shuffle_api import (
     Configuration,
     InputGateDeploymentDescriptor,
-    ResultPartitionType,
     IntermediateResultPartitionID,
     ResultPartitionID,
+    ResultPartitionType,
     ShuffleDescriptor,
     ShuffleIOOwner,
     SubpartitionRange,
@@ -227,6 +227,28 @@ def service_on(directory: Path, service: str) -> Iterator[Service]:
         yield Service(scenario, daemons)
 
 
+def merged_times(
+    service: Service,
+    store: Store,
+    descriptors: list[ShuffleDescriptor],
+    args: argparse.Namespace,
+    rows: int,
+) -> dict[str, float]:
+    """The best times of merging the map outputs and of reading every reducer merged."""
+    merged: list[list[ResultPartitionID]] = []
+    times: dict[str, float] = {}
+    times["merged_write_s"], _ = best_of(
+        args.repeat,
+        lambda: merged.append(service.merge(store, descriptors, args.merged_partitions)),
+    )
+    times["merged_read_s"], read = best_of(
+        args.repeat, lambda: service.read_merged(store, merged[-1], args.reducers)
+    )
+    if read != rows:
+        sys.exit(f"the merged partitions read {read} rows of {rows}")
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--maps", type=positive, default=200)
@@ -277,19 +299,11 @@ def main() -> None:
             if read != maps * rows:
                 sys.exit(f"the service read {read} rows of {maps * rows}")
             if args.service == "netty_like":
-                store = Store(str(root / "service"))
-                merged: list[list[ResultPartitionID]] = []
-                figures["merged_write_s"], _ = best_of(
-                    args.repeat,
-                    lambda: merged.append(
-                        service.merge(store, descriptors, args.merged_partitions)
-                    ),
+                figures.update(
+                    merged_times(
+                        service, Store(str(root / "service")), descriptors, args, maps * rows
+                    )
                 )
-                figures["merged_read_s"], read = best_of(
-                    args.repeat, lambda: service.read_merged(store, merged[-1], reducers)
-                )
-                if read != maps * rows:
-                    sys.exit(f"the merged partitions read {read} rows of {maps * rows}")
     sides = (
         ("service", "minimal", "merged") if "merged_read_s" in figures else ("service", "minimal")
     )
