@@ -1,11 +1,13 @@
 """Merging committed partitions per subpartition: many map outputs' runs of each reducer become
-one run of one partition, so that a reducer reads one block where it read one per map output.
+one run (or a few of 8 MiB) of one partition, so that a reducer reads one block where it read
+one per map output.
 
 The runs' bytes are copied as they are, never decoded: a run is whole IPC record batch messages
 (each says its own compression), so the runs of one subpartition from every source, one after
 another, are a run too. The merged partition is a partition of the on-store format (see
 docs/format.md) whose data file is an Arrow IPC stream (the schema, the runs subpartition by
-subpartition, the end-of-stream marker), whose index has one run per subpartition, and whose
+subpartition, the end-of-stream marker), whose index has a run per subpartition (cut at 8 MiB,
+as the writer cuts), and whose
 manifest names the sources (``merged_from``): a reader reads it as any partition, and plain
 pyarrow with ``pa.ipc.open_stream``.
 
@@ -15,7 +17,7 @@ run's checksum never covers bytes that were corrupt at their source.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -31,7 +33,7 @@ from shuffle_api.io import PartitionStatistics
 from shuffle_runtime.format.manifest import INDEX_SCHEMA, PartitionManifest
 from shuffle_runtime.format.reader import Layouts, PartitionFileReader
 from shuffle_runtime.format.sink import DataStream, StoreSink, write_all
-from shuffle_runtime.format.writer import index_file
+from shuffle_runtime.format.writer import MAX_RUN_BYTES, index_file
 from shuffle_runtime.store import Store, storage_errors
 
 __all__ = ["MERGE_PASS_BYTES", "MergedPartition", "merge_partitions"]
@@ -45,8 +47,8 @@ _MIXED: Final = "mixed"
 
 @dataclass(frozen=True, slots=True)
 class MergedPartition:
-    """What a merge wrote: the merged partition, the sources it holds (those with rows; a
-    source of no rows is named too, it adds nothing), and its statistics."""
+    """What a merge wrote: the merged partition, the sources it was made of (in order), and
+    its statistics."""
 
     partition: ResultPartitionID
     sources: tuple[ResultPartitionID, ...]
@@ -147,6 +149,55 @@ def _passes(statistics: PartitionStatistics, pass_bytes: int) -> list[Subpartiti
     return passes
 
 
+class _Runs:
+    """The merged data file's runs as they are written: each subpartition's pieces gathered
+    into runs cut after the piece that takes one past :data:`MAX_RUN_BYTES` (a run is what a
+    data port sends as one frame and a reader fetches at once), each written, hashed and
+    indexed when it closes."""
+
+    def __init__(self, output: DataStream, offset: int) -> None:
+        self._output = output
+        self.offset = offset
+        self._batches = 0
+        self.rows: list[tuple[int, ...]] = []
+        """Index rows: INDEX_SCHEMA's columns but the checksum."""
+        self.checksums: list[int] = []
+        self._subpartition = -1
+        self._pieces: list[pa.Buffer] = []
+        self._held = self._held_batches = self._held_rows = 0
+
+    def add(self, subpartition: int, piece: pa.Buffer, batches: int, rows: int) -> None:
+        if subpartition != self._subpartition or self._held >= MAX_RUN_BYTES:
+            self.close()
+            self._subpartition = subpartition
+        self._pieces.append(piece)
+        self._held += piece.size
+        self._held_batches += batches
+        self._held_rows += rows
+
+    def close(self) -> None:
+        if not self._pieces:
+            return
+        run = b"".join(memoryview(piece) for piece in self._pieces)
+        write_all(self._output, run)
+        self.rows.append(
+            (
+                self._subpartition,
+                0,
+                self._batches,
+                self._held_batches,
+                self.offset,
+                len(run),
+                self._held_rows,
+            )
+        )
+        self.checksums.append(xxhash.xxh3_64_intdigest(run))
+        self.offset += len(run)
+        self._batches += self._held_batches
+        self._pieces = []
+        self._held = self._held_batches = self._held_rows = 0
+
+
 def _write_runs(
     output: DataStream,
     readers: list[PartitionFileReader],
@@ -157,55 +208,60 @@ def _write_runs(
     """The data file: the schema, each subpartition's runs of every source, the end marker.
     Returns the index rows (INDEX_SCHEMA's columns but the checksum), the checksums and the
     bytes written."""
-    rows: list[tuple[int, ...]] = []
-    checksums: list[int] = []
     if schema is None:  # no source has a row: an empty partition has no data file content
-        return _index_rows(rows), np.array(checksums, dtype=np.uint64), 0
+        return _index_rows([]), np.array([], dtype=np.uint64), 0
     header = schema.serialize()
     write_all(output, memoryview(header))
-    offset, batches = header.size, 0
+    runs = _Runs(output, header.size)
     for subpartitions in _passes(statistics, pass_bytes):
-        gathered: list[list[pa.Buffer]] = [[] for _ in subpartitions]
-        counted = np.zeros((len(subpartitions), 2), dtype=np.int64)  # batches, rows
-        for reader in readers:
-            _gather(reader, subpartitions, gathered, counted)
-        for place, pieces in enumerate(gathered):
-            if not pieces:
-                continue
-            run = b"".join(memoryview(piece) for piece in pieces)
-            write_all(output, run)
-            run_batches, run_rows = counted[place].tolist()
-            rows.append(
-                (subpartitions.start + place, 0, batches, run_batches, offset, len(run), run_rows)
-            )
-            checksums.append(xxhash.xxh3_64_intdigest(run))
-            offset += len(run)
-            batches += run_batches
+        for piece in _pieces_in_order(readers, subpartitions):
+            runs.add(*piece)
+    runs.close()
     write_all(output, _END_OF_STREAM)
-    return _index_rows(rows), np.array(checksums, dtype=np.uint64), offset + len(_END_OF_STREAM)
+    checksums = np.array(runs.checksums, dtype=np.uint64)
+    return _index_rows(runs.rows), checksums, runs.offset + len(_END_OF_STREAM)
 
 
-def _gather(
-    reader: PartitionFileReader,
-    subpartitions: SubpartitionRange,
-    gathered: list[list[pa.Buffer]],
-    counted: npt.NDArray[np.int64],
-) -> None:
-    """Add ``reader``'s runs of ``subpartitions`` (read a piece at a time, each verified) to
-    ``gathered``, and their batches and rows to ``counted``, by place in the range."""
+_Piece = tuple[int, pa.Buffer, int, int]
+"""A source run: its subpartition, bytes, batches and rows."""
+
+
+def _pieces_in_order(
+    readers: list[PartitionFileReader], subpartitions: SubpartitionRange
+) -> Iterator[_Piece]:
+    """The sources' runs of ``subpartitions``, subpartition by subpartition, each in the
+    sources' order. Those of one subpartition are passed on as they are read (a subpartition
+    larger than a pass is never held whole); those of several are gathered first (at most a
+    pass's bytes)."""
+    if len(subpartitions) == 1:
+        for reader in readers:
+            yield from _source_runs(reader, subpartitions)
+        return
+    gathered: list[list[_Piece]] = [[] for _ in subpartitions]
+    for reader in readers:
+        for piece in _source_runs(reader, subpartitions):
+            gathered[piece[0] - subpartitions.start].append(piece)
+    for pieces in gathered:
+        yield from pieces
+
+
+def _source_runs(reader: PartitionFileReader, subpartitions: SubpartitionRange) -> Iterator[_Piece]:
+    """``reader``'s runs of ``subpartitions``, read a piece at a time, each verified."""
     if reader.schema is None:
         return
-    for piece in reader.pieces(subpartitions):
-        data = reader.fetch(piece)
-        owners, lengths, rows, batches = reader.run_columns(piece)
-        places = owners - subpartitions.start
-        np.add.at(counted[:, 0], places, batches)
-        np.add.at(counted[:, 1], places, rows)
+    for positions in reader.pieces(subpartitions):
+        data = reader.fetch(positions)
+        owners, lengths, rows, batches = reader.run_columns(positions)
         ends = np.cumsum(lengths)
-        for place, end, length in zip(
-            places.tolist(), ends.tolist(), lengths.tolist(), strict=True
+        for owner, end, length, run_rows, run_batches in zip(
+            owners.tolist(),
+            ends.tolist(),
+            lengths.tolist(),
+            rows.tolist(),
+            batches.tolist(),
+            strict=True,
         ):
-            gathered[place].append(data.slice(end - length, length))
+            yield owner, data.slice(end - length, length), run_batches, run_rows
 
 
 def _index_rows(rows: list[tuple[int, ...]]) -> npt.NDArray[np.int64]:

@@ -18,7 +18,7 @@ from shuffle_api import (
     ShuffleError,
     SubpartitionRange,
 )
-from shuffle_runtime.format import PartitionFileReader, is_readable, merge_partitions
+from shuffle_runtime.format import PartitionFileReader, is_readable, merge, merge_partitions
 from shuffle_runtime.format.manifest import DATA_FILE, MANIFEST_FILE
 from shuffle_runtime.store import Store
 from tests.unit.shuffle_runtime.format.partitions import (
@@ -151,6 +151,21 @@ def test_passes_smaller_than_a_subpartition_give_the_same_partition(store: Store
     assert store.read_bytes(file_path(store, whole.partition, DATA_FILE)) == store.read_bytes(
         file_path(store, by_one.partition, DATA_FILE)
     )
+
+
+def test_a_merged_run_is_cut_as_the_writer_cuts_runs(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    outputs = _write_maps(store, 6)
+    monkeypatch.setattr(merge, "MAX_RUN_BYTES", 1)  # a run closes after each source run
+    merged = merge_partitions([(store, output) for output in outputs], store, _merged())
+
+    reader = PartitionFileReader(store, merged.partition)
+    for subpartition in range(SUBPARTITIONS):
+        runs = list(reader.runs(SubpartitionRange.single(subpartition)))
+        # One a source that has rows for it (map m has none for subpartition m % 5).
+        assert len(runs) == sum(1 for m in range(6) if m % SUBPARTITIONS != subpartition)
+        assert read_keys(reader, subpartition) == _unmerged_keys(store, outputs, subpartition)
 
 
 def test_sources_without_rows_add_nothing(store: Store) -> None:
