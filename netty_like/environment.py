@@ -16,7 +16,7 @@ from collections.abc import Callable, Collection, Sequence
 from netty_like.client import CreditSettings
 from netty_like.descriptor import NettyShuffleDescriptor
 from netty_like.executor_host import ExecutorHost, ExecutorHostSettings
-from netty_like.gate import NettyGateSettings, NettyInputGate
+from netty_like.gate import NettyGateSettings, NettyInputGate, on_this_store
 from netty_like.options import (
     CONNECT_RETRIES,
     CONNECT_RETRY_WAIT,
@@ -44,10 +44,12 @@ from shuffle_api import (
     InputGateDeploymentDescriptor,
     InvalidOperationError,
     PartitionInfo,
+    PartitionStatistics,
     ProducerDescriptor,
     ResultPartitionDeploymentDescriptor,
     ResultPartitionID,
     ResultPartitionWriter,
+    ShuffleDescriptor,
     ShuffleEnvironment,
     ShuffleEnvironmentContext,
     ShuffleIOOwner,
@@ -62,7 +64,7 @@ from shuffle_api.options import (
     TARGET_BATCH_SIZE,
 )
 from shuffle_runtime.connections import ConnectionPool
-from shuffle_runtime.format import SortMergePartitionWriter, StoreSink
+from shuffle_runtime.format import SortMergePartitionWriter, StoreSink, merge_partitions
 from shuffle_runtime.gate import OpenGates
 from shuffle_runtime.store import Store
 from shuffle_runtime.store_reads import StoreReads
@@ -234,12 +236,6 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
             return PipelinedPartitionWriter(
                 pipelined, target_batch_bytes=target, on_fail=self._manager.mark_failed
             )
-        on_commit: Callable[[ResultPartitionID], None] = self._manager.register_blocking
-        if self._executor_host is not None:
-            # Told first, so the host deletes the files if this process dies before the commit.
-            self._executor_host.hand_over(HostedState.WRITING, partition)
-            on_commit = functools.partial(self._executor_host.hand_over, HostedState.COMMITTED)
-
         # BLOCKING, BLOCKING_PERSISTENT and HYBRID_FULL are written in full to the store.
         return SortMergePartitionWriter(
             StoreSink(self._store, partition),
@@ -248,8 +244,58 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
             auto_bandwidth=self._config.get(COMPRESSION_AUTO_BANDWIDTH),
             memory_budget=self._config.get(SORT_BUFFER_SIZE),
             target_batch_bytes=target,
-            on_commit=on_commit,
+            on_commit=self._committer(partition),
         )
+
+    def _committer(self, partition: ResultPartitionID) -> Callable[[ResultPartitionID], None]:
+        """Whom a blocking partition's commit tells: this process's manager, or its executor
+        host (told of the partition now, so that it deletes the files if this process dies
+        before the commit)."""
+        if self._executor_host is None:
+            return self._manager.register_blocking
+        self._executor_host.hand_over(HostedState.WRITING, partition)
+        return functools.partial(self._executor_host.hand_over, HostedState.COMMITTED)
+
+    def merge_partitions(
+        self,
+        owner: ShuffleIOOwner,
+        sources: Sequence[ShuffleDescriptor],
+        merged: ResultPartitionDeploymentDescriptor,
+    ) -> PartitionStatistics | None:
+        """Merged on this process's store, as its own blocking partition, from sources this
+        process reads from a store: its own, its executor's, a shared one."""
+        self._check_open()
+        if merged.partition_type.must_be_pipelined:
+            raise InvalidOperationError(
+                f"merged partition {merged.result_partition_id} must be blocking, not"
+                f" {merged.partition_type.name}"
+            )
+        stores = [self._store_of(source) for source in sources]
+        readable = [
+            (store, source.result_partition_id)
+            for store, source in zip(stores, sources, strict=True)
+            if store is not None
+        ]
+        if not sources or len(readable) < len(sources):
+            return None
+        partition = merged.result_partition_id
+        commit = self._committer(partition)
+        written = merge_partitions(
+            readable, self._store, partition, subpartitions=merged.number_of_subpartitions
+        )
+        commit(partition)
+        _LOG.debug("%s merged %d partitions into %s", owner.name, len(sources), partition)
+        return written.statistics
+
+    def _store_of(self, source: ShuffleDescriptor) -> Store | None:
+        """The store this process reads the blocking partition ``source`` from, if any."""
+        if not isinstance(source, NettyShuffleDescriptor):
+            return None
+        if source.on_shared_store:
+            return self._store if source.store_url == self._store.url else Store(source.store_url)
+        if source.is_local_to(self._resource_id) or on_this_store(self._gate_settings, source):
+            return self._store
+        return None
 
     def create_input_gates(
         self, owner: ShuffleIOOwner, descriptors: Sequence[InputGateDeploymentDescriptor]

@@ -25,7 +25,7 @@ from shuffle_runtime.connections import ConnectionPool
 from shuffle_runtime.gate import END_OF_PARTITION, Asker, SequentialInputGate
 from shuffle_runtime.store_reads import StoreReads
 
-__all__ = ["NettyGateSettings", "NettyInputGate"]
+__all__ = ["NettyGateSettings", "NettyInputGate", "on_this_store"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +41,21 @@ class NettyGateSettings:
     executor_location: str | None = None
     """The resource id of this process's executor host, if it has one: the partitions that
     host serves were written by this executor's processes, to this process's store."""
+
+
+def on_this_store(settings: NettyGateSettings, descriptor: NettyShuffleDescriptor) -> bool:
+    """Whether the partition is written to the store a process of ``settings`` reads from (a
+    shared one, or its executor's own): then it is read there, not asked of its producer.
+
+    A descriptor names the master's store, which is the producer's only where every process
+    is given one store URL; its executor is known by its host."""
+    return settings.read_from_shared_store and (
+        descriptor.store_url == settings.store_url
+        or (
+            settings.executor_location is not None
+            and descriptor.producer_location == settings.executor_location
+        )
+    )
 
 
 class NettyInputGate(SequentialInputGate):
@@ -123,19 +138,7 @@ class NettyInputGate(SequentialInputGate):
             )
 
     def _on_this_store(self, descriptor: NettyShuffleDescriptor) -> bool:
-        """Whether the partition is written to the store this process reads from (a shared
-        one, or this executor's own): then it is read there, not asked of its producer.
-
-        A descriptor names the master's store, which is the producer's only where every
-        process is given one store URL; its executor is known by its host."""
-        settings = self._settings
-        return settings.read_from_shared_store and (
-            descriptor.store_url == settings.store_url
-            or (
-                settings.executor_location is not None
-                and descriptor.producer_location == settings.executor_location
-            )
-        )
+        return on_this_store(self._settings, descriptor)
 
     def _not_on_store(self) -> str:
         """Why the store did not serve a blocking partition, for an error message."""

@@ -16,7 +16,7 @@ from shuffle_api.descriptors import (
     ShuffleDescriptor,
 )
 from shuffle_api.ids import ResultPartitionID, validate_id
-from shuffle_api.io import InputGate, ResultPartitionWriter
+from shuffle_api.io import InputGate, PartitionStatistics, ResultPartitionWriter
 
 __all__ = ["LOCAL_ONLY_PORT", "ShuffleEnvironment", "ShuffleIOOwner"]
 
@@ -88,6 +88,20 @@ class ShuffleEnvironment(abc.ABC):
         engine reran the producer inside a running stage (Spark, after a fetch failure) and
         its consumers must read the new attempt. ``None`` where only the master can
         describe a partition (the default)."""
+        return None
+
+    def merge_partitions(
+        self,
+        owner: ShuffleIOOwner,
+        sources: Sequence[ShuffleDescriptor],
+        merged: ResultPartitionDeploymentDescriptor,
+    ) -> PartitionStatistics | None:
+        """Write the blocking partition ``merged``: each subpartition the data of every one of
+        ``sources`` (committed blocking partitions of one schema and subpartition count), in
+        their order, so that a consumer reads one partition where it read ``len(sources)``.
+        Its statistics; ``None``, and nothing written, where this environment does not merge
+        these (the default: a service that merges elsewhere, or a source it cannot read
+        from here). A source that is lost or corrupt fails the merge, nothing written."""
         return None
 
     @abc.abstractmethod

@@ -44,6 +44,9 @@ class ConformanceHarness:
     stored_files: Callable[[], list[str]] | None = None
     partition_types: tuple[ResultPartitionType, ...] = tuple(ResultPartitionType)
     lose_partition: Callable[[ShuffleScenario, ShuffleDescriptor], None] | None = None
+    merges: bool = False
+    """The producer's environment merges partitions it wrote itself (see
+    ``ShuffleEnvironment.merge_partitions``)."""
 
 
 def make_batches(

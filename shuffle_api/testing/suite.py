@@ -13,12 +13,13 @@ import pytest
 
 from shuffle_api.descriptors import (
     PartitionInfo,
+    ResultPartitionDeploymentDescriptor,
     ResultPartitionType,
     ShuffleDescriptor,
     SubpartitionRange,
     UnknownShuffleDescriptor,
 )
-from shuffle_api.environment import ShuffleEnvironment
+from shuffle_api.environment import ShuffleEnvironment, ShuffleIOOwner
 from shuffle_api.errors import (
     InvalidOperationError,
     PartitionAlreadyConsumedError,
@@ -239,6 +240,63 @@ class ShuffleServiceConformance:
         assert copies == descriptors
         table = scenario.read(scenario.consumer, copies, SubpartitionRange(0, 1))  # type: ignore[arg-type]
         assert table.num_rows == 1_000
+
+    @pytest.mark.parametrize("location", LOCATIONS)
+    def test_a_merged_partition_reads_as_its_sources_did(
+        self, scenario: ShuffleScenario, location: str
+    ) -> None:
+        """Merged into one more partition of the result: the same rows in the same order, the
+        sources' statistics added up; released, it leaves the sources' files alone. A
+        service that does not merge these writes nothing."""
+        sources, statistics = scenario.produce(
+            make_batches(12_000, batch_rows=1_000), partitions=4, subpartitions=5
+        )
+        stored = scenario.harness.stored_files
+        before = stored() if stored is not None else None
+        descriptor = scenario.partition_descriptor(4, partitions=5, subpartitions=5)
+        merged = scenario.register(descriptor)
+        written = scenario.producer.merge_partitions(
+            ShuffleIOOwner("merge", merged.result_partition_id.producer_attempt_id),
+            sources,
+            ResultPartitionDeploymentDescriptor(descriptor, merged),
+        )
+        if written is None:
+            assert not scenario.harness.merges
+            assert stored is None or stored() == before
+            return
+        consumer = self._consumer(scenario, location)
+        for subpartition in range(5):
+            one = SubpartitionRange.single(subpartition)
+            assert scenario.read(consumer, [merged], one).equals(
+                scenario.read(consumer, sources, one)
+            )
+            assert written.rows_per_subpartition[subpartition] == sum(
+                each.rows_per_subpartition[subpartition] for each in statistics
+            )
+        scenario.master.release_partition_externally(merged)
+        scenario.producer.release_partitions_locally([merged.result_partition_id])
+        assert stored is None or stored() == before
+        with pytest.raises(PartitionNotFoundError):
+            scenario.read(consumer, [merged], SubpartitionRange(0, 4))
+
+    def test_a_merge_of_a_lost_source_writes_nothing(self, scenario: ShuffleScenario) -> None:
+        sources, _ = scenario.produce(make_batches(3_000), partitions=3, subpartitions=2)
+        scenario.lose(sources[1])
+        stored = scenario.harness.stored_files
+        before = stored() if stored is not None else None
+        descriptor = scenario.partition_descriptor(3, partitions=4, subpartitions=2)
+        merged = scenario.register(descriptor)
+        try:
+            written = scenario.producer.merge_partitions(
+                ShuffleIOOwner("merge", merged.result_partition_id.producer_attempt_id),
+                sources,
+                ResultPartitionDeploymentDescriptor(descriptor, merged),
+            )
+        except PartitionNotFoundError as error:
+            assert error.partition_id == sources[1].result_partition_id
+        else:
+            assert written is None
+        assert stored is None or stored() == before
 
     @pytest.mark.parametrize("statistics", [True, False], ids=["with-statistics", "available"])
     def test_lost_partition_is_reported_to_the_job(

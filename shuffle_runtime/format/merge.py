@@ -60,17 +60,23 @@ def merge_partitions(
     target: Store,
     merged: ResultPartitionID,
     *,
+    subpartitions: int | None = None,
     pass_bytes: int = MERGE_PASS_BYTES,
 ) -> MergedPartition:
     """Write ``merged`` on ``target``: for each subpartition, the runs of every source in
     ``sources``' order. The sources must be committed partitions of one schema and one
-    number of subpartitions, without broadcast runs or dictionary columns; else
+    number of subpartitions (``subpartitions``, where given), without broadcast runs or
+    dictionary columns; else
     :class:`ShuffleError`, and nothing is written. A corrupt or missing source fails the merge
     (``ChecksumMismatchError``, ``PartitionNotFoundError``), nothing committed."""
     if not sources:
         raise ShuffleError(f"merge of {merged}: no sources")
     readers = [PartitionFileReader(store, source, Layouts.FILES) for store, source in sources]
     count, schema = _common_shape(readers, merged)
+    if subpartitions is not None and count != subpartitions:
+        raise ShuffleError(
+            f"merge of {merged}: sources of {count} subpartitions, not {subpartitions}"
+        )
     statistics = _summed([reader.manifest.statistics for reader in readers], count)
     codecs = {reader.manifest.codec for reader in readers if reader.schema is not None}
     sink = StoreSink(target, merged)

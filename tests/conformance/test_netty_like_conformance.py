@@ -30,7 +30,7 @@ class TestNettyLikeOnLocalDirectory(PipelinedPartitionConformance):
         config = Configuration.load(
             {"netty-like.storage.url": url, "netty-like.sort-buffer.size": "4m"}, environ={}
         )
-        return ConformanceHarness(config, stored_files=lambda: _files(url))
+        return ConformanceHarness(config, stored_files=lambda: _files(url), merges=True)
 
 
 class TestNettyLikeOverTls(PipelinedPartitionConformance):
@@ -48,7 +48,7 @@ class TestNettyLikeOverTls(PipelinedPartitionConformance):
             },
             environ={},
         )
-        return ConformanceHarness(config, stored_files=lambda: _files(url))
+        return ConformanceHarness(config, stored_files=lambda: _files(url), merges=True)
 
 
 class TestNettyLikeOnMemoryStore(PipelinedPartitionConformance):
@@ -63,7 +63,7 @@ class TestNettyLikeOnMemoryStore(PipelinedPartitionConformance):
             },
             environ={},
         )
-        return ConformanceHarness(config, stored_files=lambda: _files(url))
+        return ConformanceHarness(config, stored_files=lambda: _files(url), merges=True)
 
 
 class TestNettyLikeOnObjectStore(PipelinedPartitionConformance):
@@ -73,4 +73,4 @@ class TestNettyLikeOnObjectStore(PipelinedPartitionConformance):
         s3_stand_in.make_bucket(bucket)
         url = f"s3://{bucket}/shuffle"
         config = Configuration.load({"netty-like.storage.url": url}, environ={})
-        return ConformanceHarness(config, stored_files=lambda: _files(url))
+        return ConformanceHarness(config, stored_files=lambda: _files(url), merges=True)
