@@ -5,6 +5,7 @@ partitions to reducers, release them."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import operator
 import re
 import time
@@ -25,15 +26,24 @@ from pyspark_shuffle.driver.map_outputs import (
     MapOutputRegistry,
     decode_producer,
 )
+from pyspark_shuffle.driver.merged_outputs import MergedOutput, MergedOutputs
 from pyspark_shuffle.driver.progress import StageProgress, StageTallies, bar_stream
 from pyspark_shuffle.driver.registry import RegisteredExchange
 from pyspark_shuffle.kernels.partitioners import Partitioner
 from pyspark_shuffle.kernels.planning import MapOutputBytes
-from pyspark_shuffle.options import MAX_RECOVERY_ATTEMPTS, PROGRESS_BAR, PROGRESS_INTERVAL
+from pyspark_shuffle.options import (
+    MAX_RECOVERY_ATTEMPTS,
+    MERGE_MAPS_PER_TASK,
+    MERGE_MAX_BLOCK_SIZE,
+    MERGE_MIN_BLOCKS,
+    PROGRESS_BAR,
+    PROGRESS_INTERVAL,
+)
 from pyspark_shuffle.spark.internals import HeldShuffle, SparkShuffleOutputs, held_shuffle
-from pyspark_shuffle.spark.link import SparkLink, TaskAccumulator
+from pyspark_shuffle.spark.link import SparkLink, TaskAccumulator, TaskBroadcast
 from pyspark_shuffle.tasks.map_reduce import (
     MAP_OUTPUT_SCHEMA,
+    MERGED_OUTPUT_SCHEMA,
     MapOutputs,
     MapReport,
     MapReports,
@@ -41,6 +51,7 @@ from pyspark_shuffle.tasks.map_reduce import (
     merge_map_outputs,
     merge_map_reports,
     run_map_task,
+    run_merge_task,
 )
 from pyspark_shuffle.tasks.python_worker import task_starts
 from shuffle_api import (
@@ -53,12 +64,15 @@ from shuffle_api import (
     StageCancelledError,
     StageFailedError,
     new_id,
+    serialize,
 )
 from shuffle_runtime.ndarrays import bytes_array
 
 __all__ = ["Exchange", "MapOutput", "stage_failure"]
 
 T = TypeVar("T")
+
+_LOG = logging.getLogger(__name__)
 
 # The last line of a Python traceback: pyarrow's ArrowInvalid ends in neither word.
 _PYTHON_ERROR = re.compile(r"^(\w+(?:\.\w+)*(?:Error|Exception|Invalid)): (.*)$", re.MULTILINE)
@@ -157,6 +171,8 @@ class Exchange(RegisteredExchange):
         self._anchor: HeldShuffle | None = None
         self._held = spark_outputs is not None
         self._map_outputs = MapOutputRegistry(name)
+        self._merged = MergedOutputs()
+        self._merge_tried = False
         self._schema: pa.Schema | None = None
         self._map_seconds = 0.0
 
@@ -294,9 +310,11 @@ class Exchange(RegisteredExchange):
 
         return self._timed(self.spec.number_of_maps, job)
 
-    def _timed(self, tasks: int | None, job: Callable[[], list[T]]) -> list[T]:
+    def _timed(
+        self, tasks: int | None, job: Callable[[], list[T]], stage: str = "map stage"
+    ) -> list[T]:
         counted = "" if tasks is None else f" ({tasks} tasks)"
-        description = f"map stage of {self.name}{counted}"
+        description = f"{stage} of {self.name}{counted}"
         started = time.perf_counter()
         try:
             with StageProgress(
@@ -312,6 +330,98 @@ class Exchange(RegisteredExchange):
             raise stage_failure(description, error) from error
         self._map_seconds += time.perf_counter() - started
         return rows
+
+    def merge(self, reducers: int) -> None:
+        """Before a reduce stage of ``reducers`` tasks that each read every map output: merge
+        the map outputs per reducer where that many blocks, small on average, make it pay
+        (see ``MERGE_MIN_BLOCKS``), once. Merge tasks that cannot merge theirs (a source
+        their process reads from no store) leave them to be read one by one, as does a
+        merge job that fails."""
+        if self._merge_tried or self.released:
+            return
+        self._merge_tried = True
+        maps = self.number_of_maps
+        blocks = maps * reducers
+        minimum = self._configuration.get(MERGE_MIN_BLOCKS)
+        if not minimum or blocks < minimum:
+            return
+        if self.total_bytes > blocks * self._configuration.get(MERGE_MAX_BLOCK_SIZE):
+            return
+        per_task = self._configuration.get(MERGE_MAPS_PER_TASK)
+        groups = [range(start, min(start + per_task, maps)) for start in range(0, maps, per_task)]
+        outputs = self.outputs
+        attempts = {index: output.attempt for index, output in outputs.items()}
+        sources = self._link.share(
+            tuple(
+                tuple(serialize(outputs[index].descriptor) for index in group) for group in groups
+            )
+        )
+        try:
+            rows: list[Row] = self._timed(
+                len(groups),
+                lambda: self._merge_frame(sources, len(groups)).collect(),
+                stage="merge",
+            )
+        except StageCancelledError:
+            raise
+        except StageFailedError as error:
+            _LOG.warning(
+                "%s: map outputs read unmerged, as their merge failed: %s", self.name, error
+            )
+            return
+        finally:
+            sources.unpersist()
+        for row in rows:
+            group = int(row["merge_group"])
+            descriptor = self._master.register_partition_with_producer(
+                self._job.job_id,
+                self.spec.merged_partition_descriptor(group, len(groups)),
+                decode_producer(bytes(row["producer"]), "a merge task"),
+            ).result()
+            merged = MergedOutput(
+                descriptor, groups[group], tuple(attempts[index] for index in groups[group])
+            )
+            if not self._merged.add(merged, self._registered_attempts()):
+                self._master.release_partition_externally(descriptor)
+        if self.released:  # while merging: nothing reads them
+            self._release_merged(self._merged.release())
+        _LOG.info(
+            "%s: %d map outputs merged into %d partitions (%d of %d merge tasks merged)",
+            self.name,
+            sum(len(groups[int(row["merge_group"])]) for row in rows),
+            len(self._merged),
+            len(rows),
+            len(groups),
+        )
+
+    def _merge_frame(
+        self, sources: TaskBroadcast[tuple[tuple[bytes, ...], ...]], groups: int
+    ) -> DataFrame:
+        """The merge tasks: task ``g`` merges the map outputs ``sources.value[g]``."""
+        spec = self.spec
+
+        def merge_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            task_starts()
+            for batch in batches:
+                for group in batch.column(0).to_pylist():
+                    row = run_merge_task(spec, group, groups, sources.value[group])
+                    if row is not None:
+                        yield row
+
+        frame = self._link.spark.range(0, groups, 1, groups)
+        return frame.mapInArrow(merge_partition, MERGED_OUTPUT_SCHEMA)
+
+    def _registered_attempts(self) -> dict[int, str]:
+        return {index: output.attempt for index, output in self.outputs.items()}
+
+    def _release_merged(self, merged: Sequence[MergedOutput]) -> None:
+        for each in merged:
+            self._master.release_partition_externally(each.descriptor)
+
+    def read_descriptors(self) -> tuple[ShuffleDescriptor, ...]:
+        """What a reducer that reads every map output reads: each merged partition in place
+        of the map outputs it holds, and the rest."""
+        return self._merged.read_order(self.descriptors())
 
     def _run_maps(self, map_indexes: Sequence[int]) -> None:
         """Run these map tasks again, as a job of their own, and register what they wrote."""
@@ -407,12 +517,16 @@ class Exchange(RegisteredExchange):
         previous = self._map_outputs.register(output)
         if previous is not None:
             self._master.release_partition_externally(previous.descriptor)
+            if len(self._merged):  # a rerun's output is read from its own partition
+                self._release_merged(self._merged.stale(self._registered_attempts()))
 
     def lost_maps(self) -> list[int]:
         """Map tasks whose partition the service reported lost or no longer has."""
         metrics = self._master.partitions_with_metrics(self._job.job_id, statistics=False).result()
         unavailable = {m.shuffle_descriptor.result_partition_id for m in metrics if not m.available}
         unavailable.update(self._job.lost)
+        # A lost merged partition is not made again: its sources are read.
+        self._release_merged(self._merged.lost(unavailable))
         return self._map_outputs.lost(unavailable)
 
     def recover(self) -> list[int]:
@@ -469,6 +583,7 @@ class Exchange(RegisteredExchange):
             return False
         for output in self._map_outputs.release(forget=forget_in_spark):
             self._master.release_partition_externally(output.descriptor)
+        self._release_merged(self._merged.release())
         self.release_copies()
         return True
 

@@ -3,6 +3,7 @@ DataFrame whose tasks are the reducers."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Iterator, Sequence
@@ -36,12 +37,17 @@ from scheduling.deployment import (
     planned_reads,
 )
 from scheduling.graph import Stage, StageExchange, StageGraph
-from scheduling.groups import ConsumedPartitionGroup, PartitionGroups, build_groups
-from scheduling.skew import ConsumerPlan
+from scheduling.groups import (
+    ConsumedPartitionGroup,
+    ExchangeGroups,
+    PartitionGroups,
+    build_groups,
+)
+from scheduling.skew import ConsumerPlan, InputSlice, ProducerRange
 from shuffle_api import Configuration, ShuffleDescriptor, StageFailedError
 from shuffle_runtime.batches import conform
 
-__all__ = ["DriverContext", "plan_reducers", "reduce_stage"]
+__all__ = ["DriverContext", "plan_reducers", "reads_every_map_output", "reduce_stage"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -88,6 +94,14 @@ def plan_reducers(
     return plan
 
 
+def reads_every_map_output(plan: ConsumerPlan, input_index: int, maps: int) -> bool:
+    """Whether every task of ``plan`` reads input ``input_index`` from all its ``maps`` map
+    tasks (none split a skewed subpartition by map tasks): then merged partitions may stand
+    in for them."""
+    whole = ProducerRange(0, maps - 1)
+    return all(task.inputs[input_index].producers == whole for task in plan.tasks)
+
+
 def reduce_stage(
     driver: DriverContext,
     configuration: Configuration,
@@ -99,9 +113,17 @@ def reduce_stage(
 ) -> tuple[DataFrame, Result]:
     """The reducers of ``plan`` over ``exchanges`` running ``operation``: their DataFrame (of
     ``schema``), and what the driver keeps to read it."""
-    groups = _consumed_groups(exchanges, len(plan.tasks))
-    deployments = _shared_deployments(driver, groups, exchanges, plan)
-    read = driver.link.tally((0, 0), add_counts)
+    # Merged partitions in place of the map outputs they hold, where each reducer reads
+    # every map output.
+    read = [
+        exchange.read_descriptors()
+        if reads_every_map_output(plan, index, exchange.number_of_maps)
+        else exchange.descriptors()
+        for index, exchange in enumerate(exchanges)
+    ]
+    groups = _consumed_groups(exchanges, [len(each) for each in read], len(plan.tasks))
+    deployments = _shared_deployments(driver, groups, exchanges, read, plan)
+    counts = driver.link.tally((0, 0), add_counts)
     reruns_read: TaskAccumulator[MapOutputs] | None = None
     if driver.reruns_in_actions:
         reruns_read = driver.link.tally(MapOutputs(), merge_map_outputs)
@@ -114,7 +136,7 @@ def reduce_stage(
             for exchange in exchanges
         ),
         operation,
-        read,
+        counts,
         reruns_read,
     )
     reduce_partition = _reduce_partition(spec, arrow_schema(driver.spark, schema))
@@ -128,19 +150,41 @@ def reduce_stage(
         schema,
         plan,
         consumed,
-        read,
+        counts,
         reruns_read,
         (deployments,),
         tasks,
+        merged=_merged_counts(exchanges, read),
     )
     return reducers.mapInArrow(reduce_partition, schema), result
 
 
-def _consumed_groups(exchanges: Sequence[Exchange], reducers: int) -> PartitionGroups:
-    """The partition groups ``reducers`` reduce tasks consume, one map stage per exchange."""
+def _merged_counts(
+    exchanges: Sequence[Exchange], read: Sequence[Sequence[ShuffleDescriptor]]
+) -> tuple[int, int]:
+    """Merged partitions among what reducers read (numbered after the map tasks), and the
+    map outputs they stand in for."""
+    partitions = outputs = 0
+    for exchange, descriptors in zip(exchanges, read, strict=True):
+        merged = sum(
+            1
+            for descriptor in descriptors
+            if descriptor.result_partition_id.partition_id.partition_index
+            >= exchange.number_of_maps
+        )
+        partitions += merged
+        outputs += exchange.number_of_maps - (len(descriptors) - merged)
+    return partitions, outputs
+
+
+def _consumed_groups(
+    exchanges: Sequence[Exchange], partitions: Sequence[int], reducers: int
+) -> PartitionGroups:
+    """The partition groups ``reducers`` reduce tasks consume, one stage of ``partitions[i]``
+    partitions (map outputs, or merged partitions and the rest) per exchange."""
     graph = StageGraph(
         [
-            *(Stage(f"map-{i}", e.number_of_maps) for i, e in enumerate(exchanges)),
+            *(Stage(f"map-{i}", count) for i, count in enumerate(partitions)),
             Stage("reduce", reducers),
         ],
         [StageExchange(e.result_id, f"map-{i}", "reduce") for i, e in enumerate(exchanges)],
@@ -152,22 +196,29 @@ def _shared_deployments(
     driver: DriverContext,
     groups: PartitionGroups,
     exchanges: Sequence[Exchange],
+    read: Sequence[Sequence[ShuffleDescriptor]],
     plan: ConsumerPlan,
 ) -> TaskBroadcast[tuple[ConsumerDeploymentDescriptor, ...]]:
-    """What each reducer of ``plan`` reads, shared with the tasks."""
-    by_result = {exchange.result_id: exchange for exchange in exchanges}
+    """What each reducer of ``plan`` reads (of exchange ``i``, the partitions ``read[i]``),
+    shared with the tasks."""
+    by_result = {exchange.result_id: each for exchange, each in zip(exchanges, read, strict=True)}
 
     def descriptors_of(group: ConsumedPartitionGroup) -> Sequence[ShuffleDescriptor]:
-        return by_result[group.result_id].descriptors()
+        return by_result[group.result_id]
+
+    def reads(input_index: int, groups: ExchangeGroups) -> Sequence[InputSlice]:
+        slices = planned_reads(plan)(input_index, groups)
+        exchange = exchanges[input_index]
+        if len(read[input_index]) == exchange.number_of_maps:
+            return slices
+        # Every reducer reads every map output (see reads_every_map_output): all of them.
+        whole = ProducerRange(0, len(read[input_index]) - 1)
+        return [dataclasses.replace(each, producers=whole) for each in slices]
 
     # Broadcast, not part of the task closure: every reduce task would otherwise carry (and
     # unpickle) the deployments of all reducers.
     return driver.link.share(
-        tuple(
-            consumer_deployments(
-                groups, "reduce", driver.descriptors, descriptors_of, planned_reads(plan)
-            )
-        )
+        tuple(consumer_deployments(groups, "reduce", driver.descriptors, descriptors_of, reads))
     )
 
 

@@ -62,6 +62,11 @@ class ShuffleStatistics:
     """Bytes of Spark's own shuffle that this result's exchanges keep, so that Spark reruns
     map tasks lost with an executor: one small row per map task, read by every reducer (0
     where the service's partitions outlive executors; ``None`` where Spark cannot say)."""
+    merged_partitions: int = 0
+    """Partitions its reducers read each in place of many map outputs, merged per reducer
+    (see ``pyspark-shuffle.merge.min-blocks``)."""
+    map_outputs_merged: int = 0
+    """The map outputs those merged partitions hold (the rest were read one by one)."""
 
 
 def new_stage() -> str:
@@ -88,6 +93,8 @@ class Result(RegisteredResult):
     wraps: str | None = None
     tasks_run: TaskAccumulator[frozenset[int]] | None = None
     """A broadcast join whose tasks Spark could not count before they ran: those that ran."""
+    merged: tuple[int, int] = (0, 0)
+    """Merged partitions its reducers read, and the map outputs they hold."""
     kept: tuple[DataFrame, Result] | None = None
     """Its rows as kept for later readers (see ``pyspark-shuffle.keep-results``): the
     DataFrame that reads them back task by task, and its result; held here, for as long as
@@ -156,6 +163,8 @@ class Result(RegisteredResult):
             spark_shuffle_bytes=_sum_known(
                 exchange.spark_shuffle_bytes() for exchange in exchanges
             ),
+            merged_partitions=self.merged[0],
+            map_outputs_merged=self.merged[1],
         )
 
     def _upstream(self) -> list[RegisteredExchange]:

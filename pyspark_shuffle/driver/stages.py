@@ -17,7 +17,12 @@ from pyspark_shuffle.driver.fused import FusedInput, collect_arrow, sample_rows
 from pyspark_shuffle.driver.inputs import FrameInput, MapInput, RowTasks
 from pyspark_shuffle.driver.parquet import ParquetInput, ParquetSource
 from pyspark_shuffle.driver.progress import JobLabel
-from pyspark_shuffle.driver.reduce_stage import DriverContext, plan_reducers, reduce_stage
+from pyspark_shuffle.driver.reduce_stage import (
+    DriverContext,
+    plan_reducers,
+    reads_every_map_output,
+    reduce_stage,
+)
 from pyspark_shuffle.driver.registry import ResultRegistry
 from pyspark_shuffle.driver.result_frames import as_result_frame
 from pyspark_shuffle.driver.results import Result
@@ -282,6 +287,9 @@ class Stages:
         if plan is None:
             cores = self.driver.link.default_parallelism()
             plan = plan_reducers(configuration, exchanges, operation, cores)
+        for index, exchange in enumerate(exchanges):
+            if reads_every_map_output(plan, index, exchange.number_of_maps):
+                exchange.merge(len(plan.tasks))
         frame, result = reduce_stage(
             self.driver, configuration, exchanges, operation, schema, plan=plan
         )

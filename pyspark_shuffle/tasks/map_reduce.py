@@ -10,7 +10,7 @@ import dataclasses
 import hashlib
 import os
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAP_OUTPUT_SCHEMA",
+    "MERGED_OUTPUT_SCHEMA",
     "MapOutputs",
     "MapReport",
     "MapReports",
@@ -67,6 +68,7 @@ __all__ = [
     "merge_map_outputs",
     "merge_map_reports",
     "run_map_task",
+    "run_merge_task",
     "run_reduce_task",
     "task_attempt_id",
     "task_environment",
@@ -131,6 +133,19 @@ class MapStageSpec:
     partitioner: Partitioner
     secret: bytes = field(repr=False)
     """The application's: the tasks' data ports prove it to each other."""
+
+    def merged_partition_descriptor(self, group: int, groups: int) -> PartitionDescriptor:
+        """Merged partition ``group`` of ``groups``: a partition of the same result, numbered
+        after the map tasks' (their number known by then)."""
+        maps = self.number_of_maps
+        assert maps is not None, "a merge runs after the map stage"
+        return PartitionDescriptor(
+            self.result_id,
+            maps + groups,
+            IntermediateResultPartitionID(self.result_id, maps + group),
+            ResultPartitionType.BLOCKING,
+            self.partitioner.number_of_subpartitions,
+        )
 
     def partition_descriptor(self, map_index: int) -> PartitionDescriptor:
         # Where the number is not known yet, the task's own descriptor names at least its own
@@ -238,6 +253,40 @@ def run_map_task(
         }
     )
     return MapTaskResult(row, MapReport.of(statistics, schema), statistics)
+
+
+MERGED_OUTPUT_SCHEMA: Final = "merge_group long, producer binary"
+"""The row a merge task returns for the partition it merged (Spark DDL)."""
+
+
+def run_merge_task(
+    spec: MapStageSpec, group: int, groups: int, sources: Sequence[bytes]
+) -> pa.RecordBatch | None:
+    """Merge the map outputs ``sources`` (serialized descriptors, in map order) into merged
+    partition ``group`` of ``groups`` under this task attempt's id; its row, or ``None`` where
+    this task's environment does not merge them (nothing written)."""
+    environment = task_environment(spec.configuration, spec.secret)
+    attempt = task_attempt_id()
+    descriptor = spec.merged_partition_descriptor(group, groups)
+    placeholder = UnknownShuffleDescriptor(ResultPartitionID(descriptor.partition_id, attempt))
+    descriptors = []
+    for encoded in sources:
+        source = deserialize(encoded)
+        assert isinstance(source, ShuffleDescriptor)
+        descriptors.append(source)
+    statistics = environment.merge_partitions(
+        ShuffleIOOwner(f"merge {group} of {spec.result_id}", attempt),
+        descriptors,
+        ResultPartitionDeploymentDescriptor(descriptor, placeholder),
+    )
+    if statistics is None:
+        return None
+    return pa.record_batch(
+        {
+            "merge_group": longs([group]),
+            "producer": bytes_array([serialize(environment.producer_descriptor(attempt))]),
+        }
+    )
 
 
 @dataclass(frozen=True, slots=True)
