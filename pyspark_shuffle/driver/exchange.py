@@ -38,6 +38,7 @@ from pyspark_shuffle.options import (
     MERGE_MIN_BLOCKS,
     PROGRESS_BAR,
     PROGRESS_INTERVAL,
+    RERUN_IN_ACTIONS,
 )
 from pyspark_shuffle.spark.internals import HeldShuffle, SparkShuffleOutputs, held_shuffle
 from pyspark_shuffle.spark.link import SparkLink, TaskAccumulator, TaskBroadcast
@@ -109,6 +110,12 @@ _REPORTED_SCHEMA: Final = f"{MAP_OUTPUT_SCHEMA}, sizes binary, arrow_schema bina
 rows is held)."""
 
 
+def _rerun_in_actions(setting: str, spark_outputs: SparkShuffleOutputs) -> bool:
+    """Whether map outputs on executors are held in a Spark shuffle (see
+    ``RERUN_IN_ACTIONS``)."""
+    return setting == "true" or (setting == "auto" and not spark_outputs.one_executor)
+
+
 def _producer_of(row: Row) -> ProducerDescriptor:
     return decode_producer(bytes(row["producer"]), "a map task")
 
@@ -169,7 +176,9 @@ class Exchange(RegisteredExchange):
         self._map_input = map_input
         # Built by the first run of the map stage (see held_map_outputs).
         self._anchor: HeldShuffle | None = None
-        self._held = spark_outputs is not None
+        self._held = spark_outputs is not None and _rerun_in_actions(
+            configuration.get(RERUN_IN_ACTIONS), spark_outputs
+        )
         self._map_outputs = MapOutputRegistry(name)
         self._merged = MergedOutputs()
         self._merge_tried = False
@@ -298,7 +307,7 @@ class Exchange(RegisteredExchange):
         outputs it does not hold (all of them the first time)."""
 
         def job() -> list[Row]:
-            if not self._held:  # no Spark shuffle of the rows (Spark Connect)
+            if not self._held:  # no Spark shuffle of the rows (Spark Connect, or none asked for)
                 collected: list[Row] = self._mapped.collect()
                 return collected
             if self._anchor is None:

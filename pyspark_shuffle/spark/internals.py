@@ -281,6 +281,13 @@ class SparkShuffleOutputs:
         """Whether :meth:`forget` works here."""
         return self._tracker is not None
 
+    @property
+    def one_executor(self) -> bool:
+        """Whether the application's one executor is the driver's JVM (local mode, not
+        local-cluster): losing it loses the application, never just its map outputs."""
+        master = str(self._context.master)
+        return master == "local" or master.startswith("local[")
+
     def bytes_written(self, held: HeldShuffle) -> int | None:
         """The bytes of ``held``'s shuffle that Spark's map tasks wrote (its map output
         statistics), or ``None`` where Spark cannot say."""

@@ -180,23 +180,35 @@ def test_a_task_finds_the_connection_its_executor_sends_its_input_on(
     shuffle.release(result)
 
 
+def _spark_shuffle_bytes(
+    shuffle: SparkShuffle, spark: SparkSession, maps: int, reducers: int
+) -> int | None:
+    data = spark.range(0, 4_000, 1, maps).selectExpr("id % 997 as k", "id as v")
+    result = shuffle.repartition(data, "k", num_partitions=reducers)
+    # Written by the map stage (the reducers' rows are the 200 x 1,000 test's).
+    statistics = shuffle.statistics(result)
+    assert statistics.rows_written == 4_000
+    shuffle.release(result)
+    return statistics.spark_shuffle_bytes
+
+
 def test_what_spark_shuffles_for_an_exchange_grows_with_map_tasks_not_reducers(
     shuffle: SparkShuffle, spark: SparkSession, service: ShuffleService
 ) -> None:
-    """The Spark shuffle an exchange keeps (see ``Exchange.held_map_outputs``) carries a row
-    per map task, read by every reducer: were it to grow with the reducers too, a stage would
-    read O(M x R^2) bytes of it."""
+    """The Spark shuffle an exchange keeps where asked to (see ``Exchange.held_map_outputs``)
+    carries a row per map task, read by every reducer: were it to grow with the reducers too,
+    a stage would read O(M x R^2) bytes of it. By default, local mode keeps none (its one
+    executor is the application), nor does any mode for the external service's partitions,
+    which outlive executors."""
+    assert _spark_shuffle_bytes(shuffle, spark, 20, 400) == 0
+    asked = {"pyspark-shuffle.rerun-in-actions": "true"}
     held: dict[tuple[int, int], int | None] = {}
-    # The external service's partitions outlive executors: Spark keeps none, at any size.
-    sizes = ((20, 400),) if service.name == "external_shuffle" else ((20, 50), (20, 400), (80, 50))
-    for maps, reducers in sizes:
-        data = spark.range(0, 4_000, 1, maps).selectExpr("id % 997 as k", "id as v")
-        result = shuffle.repartition(data, "k", num_partitions=reducers)
-        # Written by the map stage (the reducers' rows are the 200 x 1,000 test's).
-        statistics = shuffle.statistics(result)
-        assert statistics.rows_written == 4_000
-        held[maps, reducers] = statistics.spark_shuffle_bytes
-        shuffle.release(result)
+    with SparkShuffle(spark, config=service.config(**asked)) as holding:
+        sizes = (
+            ((20, 400),) if service.name == "external_shuffle" else ((20, 50), (20, 400), (80, 50))
+        )
+        for maps, reducers in sizes:
+            held[maps, reducers] = _spark_shuffle_bytes(holding, spark, maps, reducers)
     if service.name == "external_shuffle":
         assert held == {(20, 400): 0}
         return
