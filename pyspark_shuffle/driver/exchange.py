@@ -349,6 +349,10 @@ class Exchange(RegisteredExchange):
         if self._merge_tried or self.released:
             return
         self._merge_tried = True
+        if self.on_executors:
+            # Spark reruns map tasks lost with an executor inside the action, and reducers
+            # read the reruns; a merged partition lost with it would fail them instead.
+            return
         maps = self.number_of_maps
         blocks = maps * reducers
         minimum = self._configuration.get(MERGE_MIN_BLOCKS)

@@ -131,3 +131,20 @@ def test_a_lost_merged_partition_is_read_from_its_sources(
     # Released with the exchange: its map outputs and merged partitions, nothing left over.
     assert exchange.released
     assert not [path for path in service.stored_paths() if exchange.result_id in path]
+
+
+def test_map_outputs_spark_reruns_inside_actions_are_not_merged(
+    spark: SparkSession, service: ShuffleService, data: DataFrame
+) -> None:
+    """Where Spark keeps a shuffle of the map outputs to rerun those lost with an executor
+    inside an action, a merged partition lost with it would fail the action: none is made."""
+    held = {**_MERGED, "pyspark-shuffle.rerun-in-actions": "true"}
+    with SparkShuffle(spark, config=service.config(**held)) as holding:
+        exchange = holding.hash_exchange(data, "k", num_partitions=REDUCERS)
+        assert exchange.on_executors
+        result = holding.read(exchange)
+        assert sorted(row for rows in _by_reducer(result).values() for row in rows) == sorted(
+            (row.k, row.v) for row in data.collect()
+        )
+        assert holding.statistics(result).merged_partitions == 0
+        assert _merged(exchange) == []
