@@ -12,6 +12,15 @@ O(maps) metadata reads and PUTs, no LIST on the read path) is spelt out in :func
 ``requests_vs_bound`` is the count over it (goal <= 1.0), and ``reduce_stage_lists`` must be
 0. The same stage on the local disk (the default store) is timed beside it.
 
+With ``--uncoalesced``, each partition is a map task of its own (``pyspark-shuffle.map.target-size
+= 0``), as a stage of big splits runs: many map outputs of small blocks, which the default
+service merges per reducer before the reduce stage (docs/format.md). Each cell also saves
+``gets``, ``objects_written`` (PUTs and multipart POSTs), ``merged_bound`` (reducers x executors
++ 3 x map tasks), ``gets_vs_blocks`` (GETs over map tasks x reducers; goal <= 0.01) and
+``wall_vs_local_disk`` (goal <= 1.5)::
+
+    python benchmarks/object_store.py --cells 1000x1000 --uncoalesced --bytes 8_000_000
+
 Throughput: ``--bytes`` of rows (``shuffle_api.testing.make_batches``) through the default
 service's writers and gates in this process (8 map outputs of 8 subpartitions, every
 subpartition read back), beside a plain copy of the same table to and from the store (8 Arrow
@@ -83,6 +92,8 @@ def bound(maps: int, reducers: int, executors: int) -> dict[str, int]:
 class Stage:
     rows: int = 0
     seconds: float = 0.0
+    map_tasks: int = 0
+    merged_partitions: int = 0
     map_requests: dict[str, int] = field(default_factory=dict)
     reduce_requests: dict[str, int] = field(default_factory=dict)
 
@@ -107,6 +118,9 @@ def stage(
         if stand_in is not None:
             measured.reduce_requests = stand_in.counts()
         measured.rows = sum(row.rows for row in counted)
+        statistics = shuffle.statistics(result)
+        measured.map_tasks = statistics.map_tasks
+        measured.merged_partitions = statistics.merged_partitions
         yield measured
     finally:
         shuffle.release(result)
@@ -120,25 +134,35 @@ def requests_cell(
     reducers: int,
     rows: int,
     executors: int,
+    settings: dict[str, Any],
 ) -> dict[str, Any]:
     data = session.range(0, rows, 1, maps).selectExpr("id as k", "id * 2 as v")
     with (
-        SparkShuffle(session, {"netty-like.storage.url": ""}) as shuffle,
+        SparkShuffle(session, {**settings, "netty-like.storage.url": ""}) as shuffle,
         stage(shuffle, data, reducers) as on_disk,
     ):
         pass
     with (
-        SparkShuffle(session, {"netty-like.storage.url": STORE_URL}) as shuffle,
+        SparkShuffle(session, {**settings, "netty-like.storage.url": STORE_URL}) as shuffle,
         stage(shuffle, data, reducers, stand_in) as on_store,
     ):
         pass
     counts = Counter(on_store.map_requests) + Counter(on_store.reduce_requests)
-    limit = bound(maps, reducers, executors)
+    map_tasks = on_store.map_tasks
+    limit = bound(map_tasks, reducers, executors)
     total = sum(counts.get(kind, 0) for kind in KINDS if kind != "THROTTLED")
+    merged_bound = reducers * executors + 3 * map_tasks
     return {
         "maps": maps,
+        "map_tasks": map_tasks,
         "reducers": reducers,
         "rows": rows,
+        "merged_partitions": on_store.merged_partitions,
+        "gets": counts.get("GET", 0),
+        "objects_written": counts.get("PUT", 0) + counts.get("POST", 0),
+        "merged_bound": merged_bound,
+        "gets_vs_blocks": round(counts.get("GET", 0) / (map_tasks * reducers), 5),
+        "wall_vs_local_disk": round(on_store.seconds / on_disk.seconds, 2),
         "rows_exact": on_store.rows == rows and on_disk.rows == rows,
         "seconds_object_store": round(on_store.seconds, 2),
         "seconds_local_disk": round(on_disk.seconds, 2),
@@ -225,8 +249,14 @@ def main() -> None:
     parser.add_argument("--min-rows", type=positive, default=1_000_000)
     parser.add_argument("--executors", type=positive, default=1, help="executors (local[2] is one)")
     parser.add_argument("--bytes", type=positive, default=256_000_000)
+    parser.add_argument(
+        "--uncoalesced",
+        action="store_true",
+        help="one map task a partition (pyspark-shuffle.map.target-size=0), as big splits run",
+    )
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     arguments = parser.parse_args()
+    settings = {"pyspark-shuffle.map.target-size": 0} if arguments.uncoalesced else {}
 
     with running_stand_in() as stand_in:
         stand_in.make_bucket(BUCKET)
@@ -248,6 +278,7 @@ def main() -> None:
                         reducers=reducers,
                         rows=rows,
                         executors=arguments.executors,
+                        settings=settings,
                     )
                 )
         finally:
@@ -258,14 +289,29 @@ def main() -> None:
 
     print(
         format_rows(
-            ["cell", "GET", "PUT", "HEAD", "LIST", "other", "bound", "vs bound", "s3 s", "disk s"],
+            [
+                "cell",
+                "GET",
+                "PUT",
+                "HEAD",
+                "LIST",
+                "other",
+                "bound",
+                "vs bound",
+                "GETs/blocks",
+                "merged",
+                "s3 s",
+                "disk s",
+            ],
             [
                 [
-                    f"{c['maps']}x{c['reducers']}",
+                    f"{c['map_tasks']}x{c['reducers']}",
                     *(str(c["requests"][kind]) for kind in ("GET", "PUT", "HEAD", "LIST")),
                     str(c["requests_total"] - sum(c["requests"][k] for k in KINDS[:4])),
                     str(c["bound"]["total"]),
                     f"{c['requests_vs_bound']:.2f}",
+                    f"{c['gets_vs_blocks']:.4f}",
+                    str(c["merged_partitions"]),
                     f"{c['seconds_object_store']:.1f}",
                     f"{c['seconds_local_disk']:.1f}",
                 ]
@@ -287,6 +333,8 @@ def main() -> None:
             "store": "moto S3 server on 127.0.0.1 (tests/s3_stand_in.py)",
             "cells": cells,
             "requests_vs_bound_max": max(c["requests_vs_bound"] for c in cells),
+            "gets_vs_blocks_max": max(c["gets_vs_blocks"] for c in cells),
+            "wall_vs_local_disk_max": max(c["wall_vs_local_disk"] for c in cells),
             "reduce_stage_lists": sum(c["reduce_stage_lists"] for c in cells),
             "throughput": moved,
             "throughput_vs_copy": moved["throughput_vs_copy"],

@@ -26,9 +26,9 @@ __all__ = [
     "MAP_TARGET_SIZE",
     "MAX_RECOVERY_ATTEMPTS",
     "MAX_SUBPARTITIONS",
-    "MERGE_MAPS_PER_TASK",
     "MERGE_MAX_BLOCK_SIZE",
     "MERGE_MIN_BLOCKS",
+    "MERGE_TASKS",
     "PROGRESS_BAR",
     "PROGRESS_INTERVAL",
     "PYSPARK_SHUFFLE_CATALOG",
@@ -151,7 +151,7 @@ MERGE_MIN_BLOCKS = int_option(
     "Where a reduce stage would read at least this many blocks of an exchange (map tasks x"
     " reducers, every reducer reading every map task's output), small on average (see"
     " merge.max-block-size), a merge job first merges the map outputs per reducer, so that a"
-    " reducer reads one block of each merge.maps-per-task map outputs (docs/format.md: a"
+    " reducer reads one block of each merge task's map outputs (docs/format.md: a"
     " merge costs about 1.5 us a block and a merged read 1.3 us, where an unmerged read"
     " costs 10 us); 0: never.",
     minimum=0,
@@ -165,11 +165,13 @@ MERGE_MAX_BLOCK_SIZE = memory_option(
     " store, where a block saved is a request saved, raise it.",
     minimum=0,
 )
-MERGE_MAPS_PER_TASK = int_option(
-    "pyspark-shuffle.merge.maps-per-task",
-    128,
-    "Map outputs (neighbouring map tasks) one merge task merges into one partition.",
-    minimum=1,
+MERGE_TASKS = int_option(
+    "pyspark-shuffle.merge.tasks",
+    0,
+    "Merge tasks, each merging a run of neighbouring map outputs into one partition, so"
+    " that a reducer reads this many blocks of a merged exchange (a request each on an object"
+    " store); 0: Spark's default parallelism, a merge task a core.",
+    minimum=0,
 )
 DROPIN_MIN_INPUT_SIZE = memory_option(
     "pyspark-shuffle.dropin.min-input-size",
@@ -198,7 +200,7 @@ PYSPARK_SHUFFLE_OPTIONS: Final[tuple[ConfigOption[Any], ...]] = (
     RERUN_IN_ACTIONS,
     MERGE_MIN_BLOCKS,
     MERGE_MAX_BLOCK_SIZE,
-    MERGE_MAPS_PER_TASK,
+    MERGE_TASKS,
     *SCHEDULING_OPTIONS,
     *BLOB_OPTIONS,
 )

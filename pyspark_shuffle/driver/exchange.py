@@ -33,9 +33,9 @@ from pyspark_shuffle.kernels.partitioners import Partitioner
 from pyspark_shuffle.kernels.planning import MapOutputBytes
 from pyspark_shuffle.options import (
     MAX_RECOVERY_ATTEMPTS,
-    MERGE_MAPS_PER_TASK,
     MERGE_MAX_BLOCK_SIZE,
     MERGE_MIN_BLOCKS,
+    MERGE_TASKS,
     PROGRESS_BAR,
     PROGRESS_INTERVAL,
     RERUN_IN_ACTIONS,
@@ -360,7 +360,8 @@ class Exchange(RegisteredExchange):
             return
         if self.total_bytes > blocks * self._configuration.get(MERGE_MAX_BLOCK_SIZE):
             return
-        per_task = self._configuration.get(MERGE_MAPS_PER_TASK)
+        tasks = self._configuration.get(MERGE_TASKS) or self._link.default_parallelism()
+        per_task = -(-maps // tasks)
         groups = [range(start, min(start + per_task, maps)) for start in range(0, maps, per_task)]
         outputs = self.outputs
         attempts = {index: output.attempt for index, output in outputs.items()}

@@ -27,7 +27,7 @@ ROWS = 24_000
 
 _MERGED = {
     "pyspark-shuffle.merge.min-blocks": 1,
-    "pyspark-shuffle.merge.maps-per-task": PER_MERGE,
+    "pyspark-shuffle.merge.tasks": MAPS // PER_MERGE,
     "pyspark-shuffle.map.target-size": 0,
 }
 
