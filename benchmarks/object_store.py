@@ -55,6 +55,9 @@ from pyspark_shuffle import SparkShuffle
 from pyspark_shuffle.spark.local import local_spark_session
 from shuffle_api import Configuration, SubpartitionRange
 from shuffle_api.testing import ConformanceHarness, ShuffleScenario, make_batches
+
+# The S3 stand-in is the tests' own: one definition of it.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.s3_stand_in import S3StandIn, running_stand_in
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "object_store.json"
