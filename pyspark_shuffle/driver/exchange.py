@@ -9,7 +9,7 @@ import logging
 import operator
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Final, TypeVar
@@ -114,6 +114,11 @@ def _rerun_in_actions(setting: str, spark_outputs: SparkShuffleOutputs) -> bool:
     """Whether map outputs on executors are held in a Spark shuffle (see
     ``RERUN_IN_ACTIONS``)."""
     return setting == "true" or (setting == "auto" and not spark_outputs.one_executor)
+
+
+def _attempts_of(outputs: Mapping[int, MapOutput]) -> dict[int, str]:
+    """The attempt of each map task's registered output."""
+    return {index: output.attempt for index, output in outputs.items()}
 
 
 def _producer_of(row: Row) -> ProducerDescriptor:
@@ -364,7 +369,7 @@ class Exchange(RegisteredExchange):
         per_task = -(-maps // tasks)
         groups = [range(start, min(start + per_task, maps)) for start in range(0, maps, per_task)]
         outputs = self.outputs
-        attempts = {index: output.attempt for index, output in outputs.items()}
+        attempts = _attempts_of(outputs)
         sources = self._link.share(
             tuple(
                 tuple(serialize(outputs[index].descriptor) for index in group) for group in groups
@@ -395,7 +400,7 @@ class Exchange(RegisteredExchange):
             merged = MergedOutput(
                 descriptor, groups[group], tuple(attempts[index] for index in groups[group])
             )
-            if not self._merged.add(merged, self._registered_attempts()):
+            if not self._merged.add(merged, _attempts_of(self.outputs)):
                 self._master.release_partition_externally(descriptor)
         if self.released:  # while merging: nothing reads them
             self._release_merged(self._merged.release())
@@ -424,9 +429,6 @@ class Exchange(RegisteredExchange):
 
         frame = self._link.spark.range(0, groups, 1, groups)
         return frame.mapInArrow(merge_partition, MERGED_OUTPUT_SCHEMA)
-
-    def _registered_attempts(self) -> dict[int, str]:
-        return {index: output.attempt for index, output in self.outputs.items()}
 
     def _release_merged(self, merged: Sequence[MergedOutput]) -> None:
         for each in merged:
@@ -532,7 +534,7 @@ class Exchange(RegisteredExchange):
         if previous is not None:
             self._master.release_partition_externally(previous.descriptor)
             if len(self._merged):  # a rerun's output is read from its own partition
-                self._release_merged(self._merged.stale(self._registered_attempts()))
+                self._release_merged(self._merged.stale(_attempts_of(self.outputs)))
 
     def lost_maps(self) -> list[int]:
         """Map tasks whose partition the service reported lost or no longer has."""
