@@ -46,7 +46,9 @@ _JOB = textwrap.dedent(
         got = rows(spark)
         call = switch.calls[-1]
         spark.stop()
-        return switch, {"path": call.path, "equal": got == expected, "rows": len(got)}
+        return switch, {
+            "path": call.path, "equal": got == expected, "rows": len(got), "reason": call.reason
+        }
 
     with contextlib.ExitStack() as stack:
         if sys.argv[1] == "connect":
@@ -81,4 +83,8 @@ def report(request: pytest.FixtureRequest) -> dict[str, Any]:
 def test_a_session_made_again_is_enabled_afresh(report: dict[str, Any]) -> None:
     assert not report["same_switch"]
     for session in ("first", "second"):
-        assert report[session] == {"path": "pyshuffle", "equal": True, "rows": 7}, session
+        seen = report[session]
+        assert (seen["path"], seen["equal"], seen["rows"]) == ("pyshuffle", True, 7), (
+            session,
+            seen,
+        )
