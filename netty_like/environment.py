@@ -64,7 +64,12 @@ from shuffle_api.options import (
     TARGET_BATCH_SIZE,
 )
 from shuffle_runtime.connections import ConnectionPool
-from shuffle_runtime.format import SortMergePartitionWriter, StoreSink, merge_partitions
+from shuffle_runtime.format import (
+    SortMergePartitionWriter,
+    StoreSink,
+    check_merge_target,
+    merge_partitions,
+)
 from shuffle_runtime.gate import OpenGates
 from shuffle_runtime.store import Store
 from shuffle_runtime.store_reads import StoreReads
@@ -265,11 +270,7 @@ class NettyShuffleEnvironment(ShuffleEnvironment):
         """Merged on this process's store, as its own blocking partition, from sources this
         process reads from a store: its own, its executor's, a shared one."""
         self._check_open()
-        if merged.partition_type.must_be_pipelined:
-            raise InvalidOperationError(
-                f"merged partition {merged.result_partition_id} must be blocking, not"
-                f" {merged.partition_type.name}"
-            )
+        check_merge_target(merged)
         stores = [self._store_of(source) for source in sources]
         readable = [
             (store, source.result_partition_id)

@@ -9,7 +9,7 @@ from shuffle_runtime.format.layout import (
     stored_partitions,
 )
 from shuffle_runtime.format.manifest import FORMAT_VERSION, PartitionManifest
-from shuffle_runtime.format.merge import MergedPartition, merge_partitions
+from shuffle_runtime.format.merge import MergedPartition, check_merge_target, merge_partitions
 from shuffle_runtime.format.partition_writer import SortMergePartitionWriter
 from shuffle_runtime.format.reader import (
     Layouts,
@@ -36,6 +36,7 @@ __all__ = [
     "Run",
     "SortMergePartitionWriter",
     "StoreSink",
+    "check_merge_target",
     "copy_partition",
     "decode_run",
     "ipc_write_options",

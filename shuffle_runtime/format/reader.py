@@ -741,11 +741,16 @@ class PartitionFileReader:
             if xxhash.xxh3_64_intdigest(memoryview(data)) != index.checksum.item(first):
                 verify_run(data, index.run(first), self._partition)  # names the run
             return data
+        view = memoryview(data)
         start = 0
-        for position in positions:
-            size = index.length.item(position)
-            piece = data.slice(start, size)
-            if xxhash.xxh3_64_intdigest(memoryview(piece)) != index.checksum.item(position):
+        for position, size, checksum in zip(
+            positions,
+            index.length[positions].tolist(),
+            index.checksum[positions].tolist(),
+            strict=True,
+        ):
+            if xxhash.xxh3_64_intdigest(view[start : start + size]) != checksum:
+                piece = data.slice(start, size)
                 verify_run(piece, index.run(position), self._partition)  # names the run
             start += size
         return data

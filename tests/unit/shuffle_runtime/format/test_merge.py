@@ -168,6 +168,44 @@ def test_a_merged_run_is_cut_as_the_writer_cuts_runs(
         assert read_keys(reader, subpartition) == _unmerged_keys(store, outputs, subpartition)
 
 
+@pytest.mark.parametrize("pass_bytes", [1, 64 << 20], ids=["a-subpartition-a-pass", "one-pass"])
+def test_a_merged_run_closes_after_the_source_run_that_fills_it(
+    store: Store, monkeypatch: pytest.MonkeyPatch, pass_bytes: int
+) -> None:
+    """With runs of a few source runs each: a run closes once it holds the most a run may,
+    whether a pass holds one subpartition or all of them (sources read piece by piece)."""
+    outputs = _write_maps(store, 7)
+    lengths = {
+        subpartition: [
+            run.length
+            for output in outputs
+            for run in PartitionFileReader(store, output).runs(
+                SubpartitionRange.single(subpartition)
+            )
+        ]
+        for subpartition in range(SUBPARTITIONS)
+    }
+    most = 2 * max(max(each) for each in lengths.values()) + 1
+    monkeypatch.setattr(merge, "MAX_RUN_BYTES", most)
+    merged = merge_partitions(
+        [(store, output) for output in outputs], store, _merged(), pass_bytes=pass_bytes
+    )
+
+    reader = PartitionFileReader(store, merged.partition)
+    for subpartition, sources in lengths.items():
+        expected, held = [], 0
+        for length in sources:
+            if held >= most:
+                expected.append(held)
+                held = 0
+            held += length
+        expected.append(held)
+        one = SubpartitionRange.single(subpartition)
+        assert [run.length for run in reader.runs(one)] == expected
+        assert len(expected) > 1
+        assert read_keys(reader, subpartition) == _unmerged_keys(store, outputs, subpartition)
+
+
 def test_sources_without_rows_add_nothing(store: Store) -> None:
     empty = _map_output(9)
     write_partition(store, empty, [], subpartitions=SUBPARTITIONS)
