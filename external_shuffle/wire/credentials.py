@@ -122,7 +122,14 @@ _APPLICATION_METHODS: Final = frozenset(
         ),
         (
             "Worker",
-            ("PushData", "CommitPartition", "FetchData", "ReleasePartitions", "GetPartitionStatus"),
+            (
+                "PushData",
+                "CommitPartition",
+                "MergePartitions",
+                "FetchData",
+                "ReleasePartitions",
+                "GetPartitionStatus",
+            ),
         ),
     )
     for name in names

@@ -164,6 +164,15 @@ def test_worker_unary_calls_without_the_token_are_unauthenticated_and_change_not
         )
         == grpc.StatusCode.UNAUTHENTICATED
     )
+    merge = pb.MergePartitionsRequest(
+        merged=key_of(new_partition()),
+        sources=[committed.key],
+        number_of_subpartitions=SUBPARTITIONS,
+    )
+    assert (
+        code_of(lambda: worker.MergePartitions(merge, metadata=bad_metadata, timeout=10))
+        == grpc.StatusCode.UNAUTHENTICATED
+    )
     # The release did not happen, and the worker still takes partitions.
     [entry] = worker.GetPartitionStatus(status, metadata=auth(cluster), timeout=10).partitions
     assert entry.committed

@@ -182,6 +182,34 @@ def test_an_application_reaches_its_own_partitions_and_no_other(
                     "ReleasePartitions",
                 ),
             ]
+            # Merging A's partition into one the coordinator placed for B.
+            theirs = new_partition()
+            with grpc.insecure_channel(cluster.coordinator_address) as placing:
+                placed = pb_grpc.CoordinatorStub(placing).RegisterPartition(
+                    pb.RegisterPartitionRequest(
+                        application_id=second_id,
+                        partition=key_of(theirs),
+                        number_of_subpartitions=2,
+                    ),
+                    metadata=intruder,
+                    timeout=30,
+                )
+            refusals.append(
+                _refusal(
+                    lambda: worker.MergePartitions(
+                        pb.MergePartitionsRequest(
+                            merged=key_of(theirs),
+                            sources=[key_of(mine)],
+                            number_of_subpartitions=2,
+                            application_id=second_id,
+                            placement=placed.placement,
+                        ),
+                        metadata=intruder,
+                        timeout=30,
+                    ),
+                    "MergePartitions",
+                )
+            )
         with grpc.insecure_channel(cluster.coordinator_address) as channel:
             coordinator = pb_grpc.CoordinatorStub(channel)
 
@@ -204,7 +232,14 @@ def test_an_application_reaches_its_own_partitions_and_no_other(
     # A read over the data port, its handshake keyed by A's credential.
     requests = "pyshuffle_data_port_requests_total"
     assert after[requests] > before.get(requests, 0)
-    methods = ("DataPort.Fetch", "FetchData", "PushData", "CommitPartition", "ReleasePartitions")
+    methods = (
+        "DataPort.Fetch",
+        "FetchData",
+        "PushData",
+        "CommitPartition",
+        "MergePartitions",
+        "ReleasePartitions",
+    )
     for method in methods:
         label = f'pyshuffle_auth_failures_total{{method="{method}"}}'
         assert after.get(label, 0) > before.get(label, 0), method
@@ -272,9 +307,15 @@ def test_a_partition_placed_for_one_application_is_written_by_it_alone(
             )
             return worker.CommitPartition(request, metadata=metadata, timeout=30)
 
+        def merge(metadata: list[tuple[str, str]], signed: bytes) -> object:
+            request = pb.MergePartitionsRequest(
+                merged=built.key, number_of_subpartitions=SUBPARTITIONS, placement=signed
+            )
+            return worker.MergePartitions(request, metadata=metadata, timeout=30)
+
         refusals = [
             _refusal(functools.partial(call, intruder, signed), call.__name__)
-            for call in (push, commit)
+            for call in (push, commit, merge)
             for signed in (b"", others, placement[:-1] + bytes([placement[-1] ^ 1]))
         ]
         refusals.append(
@@ -284,7 +325,7 @@ def test_a_partition_placed_for_one_application_is_written_by_it_alone(
             assert type(refusal) is PermissionDeniedError, refusal
             assert second_id in str(refusal), refusal
         placed_for_no_one = "no coordinator placed it for application"
-        assert sum(placed_for_no_one in str(refusal) for refusal in refusals) == 6
+        assert sum(placed_for_no_one in str(refusal) for refusal in refusals) == 9
 
         push(owner, placement)
         commit(owner, placement)

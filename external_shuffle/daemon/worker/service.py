@@ -192,6 +192,28 @@ class WorkerService(pb_grpc.WorkerServicer):
         self.state.commit(partition, application, request.index, request.manifest)
         return pb.CommitPartitionResponse()
 
+    @reports_errors
+    def MergePartitions(  # noqa: N802
+        self, request: pb.MergePartitionsRequest, context: grpc.ServicerContext
+    ) -> pb.MergePartitionsResponse:
+        merged = partition_of(request.merged)
+        application = self._writer_of(
+            context, request.application_id, merged, request.placement, "merge into"
+        )
+        sources = [partition_of(key) for key in request.sources]
+        caller = self._caller(context)
+        for source in sources:
+            self._check_owns(caller, source, "merge")
+        started = time.perf_counter()
+        statistics = self.state.merge(merged, application, sources, request.number_of_subpartitions)
+        logger.info(
+            "merged %d partitions into %s in %.2f s",
+            len(sources),
+            merged,
+            time.perf_counter() - started,
+        )
+        return pb.MergePartitionsResponse(statistics=statistics_to_pb(statistics))
+
     def _caller(self, context: grpc.ServicerContext) -> Credential:
         if self._credentials is None:
             return CLUSTER_CREDENTIAL

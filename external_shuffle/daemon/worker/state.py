@@ -28,7 +28,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from external_shuffle.daemon.ended_applications import EndedApplications
@@ -58,6 +58,7 @@ from shuffle_runtime.format import (
     PartitionManifest,
     StoreSink,
     copy_partition,
+    merge_partitions,
     partition_directory,
     stored_partitions,
     write_all,
@@ -66,12 +67,24 @@ from shuffle_runtime.format.manifest import DATA_FILE, INDEX_FILE, MANIFEST_FILE
 from shuffle_runtime.format.reader import check_commit
 from shuffle_runtime.store import Store, storage_errors
 
-__all__ = ["CommittedPartition", "MemoryBudget", "Upload", "WorkerState"]
+__all__ = [
+    "MAX_MERGE_SOURCES",
+    "MERGE_PASS_BYTES",
+    "CommittedPartition",
+    "MemoryBudget",
+    "Upload",
+    "WorkerState",
+]
 
 logger = logging.getLogger(__name__)
 
 _PARTITION_LOCK_STRIPES = 64
 _WATCHED_COMMITS = 10_000
+MERGE_PASS_BYTES = 16 << 20
+"""What one merge holds of its sources at once, reserved from the memory budget that bounds
+pushes: merges and pushes together stay within it."""
+MAX_MERGE_SOURCES = 10_000
+"""Sources of one merge at most (each is a reader open while it runs)."""
 """Commits a coordinator hears of in one heartbeat; beyond, the worker registers again."""
 
 WORKER_ID_FILE = ".pyshuffle-worker-id"
@@ -486,20 +499,26 @@ class WorkerState:
     def _charge(self, upload: Upload, size: int) -> None:
         """Count ``size`` more bytes against the upload's application; QuotaExceededError if
         that takes it past its quota (nothing counted)."""
-        application = upload.application_id
         with self._lock:
             if upload.forgotten:
                 return  # released meanwhile: its bytes were given back
-            held = self._held.get(application, 0) + size
-            if not 0 < self._application_quota < held:
-                upload.charged += size
-                self._count(application, size)
-                return
-        raise QuotaExceededError(
-            f"application {application or '(unnamed)'} would hold {held} bytes on this"
-            f" worker, past its quota of {self._application_quota}: the push of"
-            f" {upload.sink.partition} is refused and what arrived of it deleted"
-        )
+            self._add_within_quota(
+                upload.application_id,
+                size,
+                f"the push of {upload.sink.partition} is refused and what arrived of it deleted",
+            )
+            upload.charged += size
+
+    def _add_within_quota(self, application: str, size: int, refused: str) -> None:
+        """Count ``size`` more bytes against ``application`` (under the lock); else, where that
+        takes it past its quota, QuotaExceededError saying what is ``refused``."""
+        held = self._held.get(application, 0) + size
+        if 0 < self._application_quota < held:
+            raise QuotaExceededError(
+                f"application {application or '(unnamed)'} would hold {held} bytes on this"
+                f" worker, past its quota of {self._application_quota}: {refused}"
+            )
+        self._count(application, size)
 
     def held_bytes(self) -> dict[str, int]:
         """Bytes each application holds here, pushed and committed ("": unnamed)."""
@@ -541,11 +560,7 @@ class WorkerState:
             try:
                 if upload is not None:
                     upload.close()
-                if application_id:  # before the manifest, the commit point
-                    directory = partition_directory(self.store, partition)
-                    self.store.put_atomic(
-                        self.store.child(directory, APPLICATION_FILE), application_id.encode()
-                    )
+                self._write_application(partition, application_id)
                 sink.commit(index, manifest)
                 # Fetches take layouts from a cache that does not look at the files again: a
                 # partition deleted under this worker and pushed anew must not meet its old one.
@@ -557,18 +572,95 @@ class WorkerState:
                 self._uploads.pop(partition, None)
                 if upload is not None:
                     self._drop_charges(upload)
-                self._count(application_id, parsed.data_bytes)
-                self._committed[partition] = CommittedPartition.of(
-                    parsed.statistics, parsed.data_bytes, application_id
-                )
-                for watch in self._commit_watches:
-                    watch.add(Commit(partition, application_id))
-            logger.debug(
-                "committed %s: %d bytes for application %r",
-                partition,
-                parsed.data_bytes,
-                application_id,
+                self._record_commit(partition, application_id, parsed.statistics, parsed.data_bytes)
+
+    def _write_application(self, partition: ResultPartitionID, application_id: str) -> None:
+        """Name the application beside the partition's manifest, before it (the commit
+        point): a restarted worker reads it back."""
+        if application_id:
+            directory = partition_directory(self.store, partition)
+            self.store.put_atomic(
+                self.store.child(directory, APPLICATION_FILE), application_id.encode()
             )
+
+    def _record_commit(
+        self,
+        partition: ResultPartitionID,
+        application_id: str,
+        statistics: PartitionStatistics,
+        data_bytes: int,
+    ) -> None:
+        """``partition`` is committed on the store now (under the lock)."""
+        self._count(application_id, data_bytes)
+        self._committed[partition] = CommittedPartition.of(statistics, data_bytes, application_id)
+        for watch in self._commit_watches:
+            watch.add(Commit(partition, application_id))
+        logger.debug(
+            "committed %s: %d bytes for application %r", partition, data_bytes, application_id
+        )
+
+    def merge(
+        self,
+        merged: ResultPartitionID,
+        application_id: str,
+        sources: Sequence[ResultPartitionID],
+        subpartitions: int,
+    ) -> PartitionStatistics:
+        """Write and commit ``merged`` from ``sources``, committed partitions of
+        ``application_id`` held here (see :func:`merge_partitions`); its statistics. A retry
+        of a committed merge returns them and writes nothing. A source missing, another
+        application's, or corrupt, the quota, or a full disk fail it, nothing kept."""
+        if application_id:
+            validate_id(application_id, "application id")
+        if len(set(sources)) != len(sources) or merged in sources:
+            raise InvalidIdentifierError(f"merge of {merged}: its sources repeat, or name it")
+        if len(sources) > MAX_MERGE_SOURCES:
+            raise DataTooLargeError(
+                f"merge of {merged}: {len(sources)} sources, over {MAX_MERGE_SOURCES}"
+            )
+        with self._partition_lock(merged):
+            with self._lock:
+                done = self._committed.get(merged)
+                if done is None and (self.draining or merged in self._uploads):
+                    raise UnavailableError(f"merge of {merged}: the worker takes no new partition")
+            if done is not None:
+                if done.application_id != application_id:
+                    raise PermissionDeniedError(f"merge of {merged}: it is another application's")
+                return done.statistics()
+            held = sum(
+                self._merge_source(source, application_id).stored_bytes for source in sources
+            )
+            with self._lock:
+                self._add_within_quota(application_id, held, f"the merge into {merged} is refused")
+            try:
+                self._write_application(merged, application_id)
+                with self._budget.reserve(MERGE_PASS_BYTES):
+                    written = merge_partitions(
+                        [(self._store_of(source), source) for source in sources],
+                        self.store,
+                        merged,
+                        subpartitions=subpartitions,
+                        pass_bytes=MERGE_PASS_BYTES,
+                    )
+            except BaseException:
+                self._forget(merged)
+                raise
+            finally:
+                with self._lock:
+                    self._count(application_id, -held)
+            with self._lock:
+                self._record_commit(merged, application_id, written.statistics, written.data_bytes)
+            return written.statistics
+
+    def _merge_source(self, source: ResultPartitionID, application_id: str) -> CommittedPartition:
+        committed = self.committed(source)
+        if committed is None:
+            raise PartitionNotFoundError(f"merge source {source} is not committed here", source)
+        if committed.application_id != application_id:
+            raise PermissionDeniedError(
+                f"merge source {source} is not application {application_id!r}'s"
+            )
+        return committed
 
     def open_reader(
         self, partition: ResultPartitionID, subpartitions: SubpartitionRange

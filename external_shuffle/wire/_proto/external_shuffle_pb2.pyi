@@ -364,6 +364,26 @@ class CommitPartitionResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class MergePartitionsRequest(_message.Message):
+    __slots__ = ("merged", "sources", "number_of_subpartitions", "application_id", "placement")
+    MERGED_FIELD_NUMBER: _ClassVar[int]
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
+    NUMBER_OF_SUBPARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    APPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_FIELD_NUMBER: _ClassVar[int]
+    merged: PartitionKey
+    sources: _containers.RepeatedCompositeFieldContainer[PartitionKey]
+    number_of_subpartitions: int
+    application_id: str
+    placement: bytes
+    def __init__(self, merged: _Optional[_Union[PartitionKey, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[PartitionKey, _Mapping]]] = ..., number_of_subpartitions: _Optional[int] = ..., application_id: _Optional[str] = ..., placement: _Optional[bytes] = ...) -> None: ...
+
+class MergePartitionsResponse(_message.Message):
+    __slots__ = ("statistics",)
+    STATISTICS_FIELD_NUMBER: _ClassVar[int]
+    statistics: PartitionStatistics
+    def __init__(self, statistics: _Optional[_Union[PartitionStatistics, _Mapping]] = ...) -> None: ...
+
 class FetchDataRequest(_message.Message):
     __slots__ = ("partition", "first_subpartition", "last_subpartition", "max_chunk_bytes")
     PARTITION_FIELD_NUMBER: _ClassVar[int]

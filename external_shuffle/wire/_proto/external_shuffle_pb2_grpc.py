@@ -690,6 +690,11 @@ class WorkerStub:
                 request_serializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.CommitPartitionRequest.SerializeToString,
                 response_deserializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.CommitPartitionResponse.FromString,
                 _registered_method=True)
+        self.MergePartitions = channel.unary_unary(
+                '/pyshuffle.v1.external_shuffle.Worker/MergePartitions',
+                request_serializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.MergePartitionsRequest.SerializeToString,
+                response_deserializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.MergePartitionsResponse.FromString,
+                _registered_method=True)
         self.FetchData = channel.unary_stream(
                 '/pyshuffle.v1.external_shuffle.Worker/FetchData',
                 request_serializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.FetchDataRequest.SerializeToString,
@@ -727,6 +732,15 @@ class WorkerServicer:
 
     def CommitPartition(self, request, context):
         """Writes the index, then the manifest (the commit point), after checking both.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MergePartitions(self, request, context):
+        """Writes and commits a partition made of committed partitions this worker holds: each
+        subpartition the runs of every source, in the sources' order (their bytes copied as they
+        are, each source's checksums verified). A retry of a committed merge is a no-op.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -773,6 +787,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.CommitPartition,
                     request_deserializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.CommitPartitionRequest.FromString,
                     response_serializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.CommitPartitionResponse.SerializeToString,
+            ),
+            'MergePartitions': grpc.unary_unary_rpc_method_handler(
+                    servicer.MergePartitions,
+                    request_deserializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.MergePartitionsRequest.FromString,
+                    response_serializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.MergePartitionsResponse.SerializeToString,
             ),
             'FetchData': grpc.unary_stream_rpc_method_handler(
                     servicer.FetchData,
@@ -851,6 +870,33 @@ class Worker:
             '/pyshuffle.v1.external_shuffle.Worker/CommitPartition',
             pyshuffle_dot_v1_dot_external__shuffle__pb2.CommitPartitionRequest.SerializeToString,
             pyshuffle_dot_v1_dot_external__shuffle__pb2.CommitPartitionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MergePartitions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pyshuffle.v1.external_shuffle.Worker/MergePartitions',
+            pyshuffle_dot_v1_dot_external__shuffle__pb2.MergePartitionsRequest.SerializeToString,
+            pyshuffle_dot_v1_dot_external__shuffle__pb2.MergePartitionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -19,20 +19,29 @@ from external_shuffle.daemon.worker.state import MOVING_FILE, MemoryBudget, Work
 from external_shuffle.options import WORKER_MEMORY_BUDGET_TIMEOUT
 from external_shuffle.wire.errors import UnavailableError
 from shuffle_api import (
+    ChecksumMismatchError,
     ConfigError,
     Configuration,
     DataTooLargeError,
     InvalidIdentifierError,
     PartitionNotFoundError,
+    PermissionDeniedError,
     QuotaExceededError,
+    ResultPartitionID,
     ShuffleError,
     ShuffleServiceClosedError,
     SubpartitionRange,
     new_id,
 )
 from shuffle_runtime.format import copy_partition, is_readable, partition_directory
+from shuffle_runtime.format.manifest import DATA_FILE
 from shuffle_runtime.store import Store
-from tests.reliability.raw_worker import SUBPARTITIONS, BuiltPartition, build_partition
+from tests.reliability.raw_worker import (
+    SUBPARTITIONS,
+    BuiltPartition,
+    build_partition,
+    new_partition,
+)
 
 IDLE = 30.0
 
@@ -432,3 +441,120 @@ def test_a_budget_full_past_the_timeout_fails_naming_the_budget_and_the_wait() -
             pass
         assert 0.15 <= time.monotonic() - started < 5
     assert budget.used == 0
+
+
+# --- merges -------------------------------------------------------------------------------------
+
+
+def _committed_sources(
+    state: WorkerState, count: int, application: str = "app-1"
+) -> list[BuiltPartition]:
+    built = [build_partition(rows=1_000) for _ in range(count)]
+    for each in built:
+        _push(state, each, application=application)
+        state.commit(each.partition, application, each.index, each.manifest)
+    return built
+
+
+def _rows_of(state: WorkerState, partition: ResultPartitionID, subpartition: int) -> list[int]:
+    one = SubpartitionRange.single(subpartition)
+    return [row for batch in state.open_reader(partition, one).read(one) for row in batch["row"]]
+
+
+def test_a_merge_commits_the_sources_runs_in_order_once(store: Store, clock: Clock) -> None:
+    state = _state(store, clock)
+    sources = _committed_sources(state, 3)
+    watch = state.watch_commits()
+    merged = new_partition()
+    ids = [each.partition for each in sources]
+    statistics = state.merge(merged, "app-1", ids, SUBPARTITIONS)
+    for subpartition in range(SUBPARTITIONS):
+        assert _rows_of(state, merged, subpartition) == [
+            row for each in ids for row in _rows_of(state, each, subpartition)
+        ]
+        assert statistics.rows_per_subpartition[subpartition] == sum(
+            each.statistics.rows_per_subpartition[subpartition] for each in sources
+        )
+    committed = state.committed(merged)
+    assert committed is not None and committed.application_id == "app-1"
+    assert [commit.partition for commit in watch.take() or []] == [merged]
+    assert state.held_bytes() == {
+        "app-1": sum(len(each.data) for each in sources) + committed.stored_bytes
+    }
+    # A retried merge writes nothing and answers the same.
+    assert state.merge(merged, "app-1", ids, SUBPARTITIONS) == statistics
+    assert state.release([merged]) == 1
+    assert sorted(state.committed_partitions()) == sorted(ids)
+
+
+@pytest.mark.parametrize("fault", ["missing", "another application's"])
+def test_a_merge_of_a_source_not_held_for_it_writes_nothing(
+    store: Store, clock: Clock, fault: str
+) -> None:
+    state = _state(store, clock)
+    sources = _committed_sources(state, 2)
+    other = _committed_sources(state, 1, application="app-2")[0].partition
+    held = state.held_bytes()
+    merged = new_partition()
+    named = new_partition() if fault == "missing" else other
+    error: type[ShuffleError] = (
+        PartitionNotFoundError if fault == "missing" else PermissionDeniedError
+    )
+    with pytest.raises(error, match=str(named.partition_id)):
+        state.merge(merged, "app-1", [sources[0].partition, named], SUBPARTITIONS)
+    assert state.committed(merged) is None
+    assert not store.exists(partition_directory(store, merged))
+    assert state.held_bytes() == held
+
+
+def test_a_corrupt_source_fails_the_merge_and_leaves_nothing(store: Store, clock: Clock) -> None:
+    state = _state(store, clock)
+    sources = _committed_sources(state, 2)
+    data = Path(partition_directory(store, sources[1].partition)) / DATA_FILE
+    content = bytearray(data.read_bytes())
+    content[len(content) // 2] ^= 0xFF
+    data.write_bytes(bytes(content))
+    merged = new_partition()
+    with pytest.raises(ChecksumMismatchError):
+        state.merge(merged, "app-1", [each.partition for each in sources], SUBPARTITIONS)
+    assert state.committed(merged) is None
+    assert not store.exists(partition_directory(store, merged))
+
+
+def test_a_merge_past_the_quota_or_on_a_draining_worker_is_refused(
+    store: Store, clock: Clock
+) -> None:
+    state = _state(store, clock)
+    sources = _committed_sources(state, 2)
+    ids = [each.partition for each in sources]
+    sources_bytes = sum(len(each.data) for each in sources)
+    quota = WorkerState(
+        store,
+        memory_budget=1 << 20,
+        budget_timeout=5,
+        application_quota=sources_bytes + sources_bytes // 2,
+        clock=clock,
+    )  # the same store, restarted with a quota: the sources are held, half as much again not
+    merged = new_partition()
+    with pytest.raises(QuotaExceededError, match="the merge into"):
+        quota.merge(merged, "app-1", ids, SUBPARTITIONS)
+    assert quota.held_bytes() == {"app-1": sources_bytes}
+    state.drain()
+    with pytest.raises(UnavailableError):
+        state.merge(merged, "app-1", ids, SUBPARTITIONS)
+    assert not store.exists(partition_directory(store, merged))
+
+
+def test_a_merge_naming_its_sources_twice_or_too_many_is_refused(
+    store: Store, clock: Clock
+) -> None:
+    state = _state(store, clock)
+    ids = [each.partition for each in _committed_sources(state, 2)]
+    merged = new_partition()
+    with pytest.raises(InvalidIdentifierError):
+        state.merge(merged, "app-1", [ids[0], ids[0]], SUBPARTITIONS)
+    with pytest.raises(InvalidIdentifierError):
+        state.merge(merged, "app-1", [*ids, merged], SUBPARTITIONS)
+    with pytest.raises(DataTooLargeError):
+        state.merge(merged, "app-1", [new_partition() for _ in range(10_001)], SUBPARTITIONS)
+    assert state.committed(merged) is None
