@@ -204,6 +204,12 @@ class ShuffleDescriptor(abc.ABC):
     def stores_local_resources_on(self) -> str | None:
         """The resource id of the process whose local resources hold the data, if any."""
 
+    def merge_site(self) -> str | None:
+        """Where the service would merge this partition with others (see
+        ``ShuffleEnvironment.merge_partitions``): only partitions of one site merge together.
+        None (the default): with any."""
+        return None
+
     @abc.abstractmethod
     def details_to_bytes(self) -> bytes:
         """The implementation-specific part, as the bytes of its own protobuf message."""

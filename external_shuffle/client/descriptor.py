@@ -55,6 +55,10 @@ class ExternalShuffleDescriptor(ShuffleDescriptor):
     def stores_local_resources_on(self) -> str | None:
         return None
 
+    def merge_site(self) -> str:
+        """Its workers: they merge the partitions they all hold."""
+        return ",".join(sorted(replica.worker_id for replica in self.replicas))
+
     def details_to_bytes(self) -> bytes:
         details: bytes = pb.ExternalShuffleDescriptorDetails(
             replicas=[replica.to_pb() for replica in self.replicas], placement=self.placement

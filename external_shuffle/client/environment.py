@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection, Sequence
 
+import grpc
+
 from external_shuffle.allocator import keep_message_buffers
 from external_shuffle.client.coordinators import Coordinators
 from external_shuffle.client.descriptor import ExternalShuffleDescriptor
@@ -25,10 +27,10 @@ from external_shuffle.options import (
     message_data_limit,
 )
 from external_shuffle.wire.auth import data_port_client_tls
-from external_shuffle.wire.channels import ChannelPool, ClientSettings
+from external_shuffle.wire.channels import ChannelPool, ClientSettings, translate_rpc_error
 from external_shuffle.wire.credentials import data_port_identity
-from external_shuffle.wire.messages import WorkerAddress, key_of
-from external_shuffle.wire.stubs import pb
+from external_shuffle.wire.messages import WorkerAddress, key_of, statistics_from_pb
+from external_shuffle.wire.stubs import pb, pb_grpc
 from shuffle_api import (
     LOCAL_ONLY_PORT,
     InputGate,
@@ -36,16 +38,19 @@ from shuffle_api import (
     InvalidOperationError,
     PartitionDescriptor,
     PartitionInfo,
+    PartitionStatistics,
     ProducerDescriptor,
     ResultPartitionDeploymentDescriptor,
     ResultPartitionID,
     ResultPartitionType,
     ResultPartitionWriter,
+    ShuffleDescriptor,
     ShuffleEnvironment,
     ShuffleEnvironmentContext,
     ShuffleError,
     ShuffleIOOwner,
     ShuffleServiceClosedError,
+    TransportError,
 )
 from shuffle_api.options import (
     COMPRESSION_AUTO_BANDWIDTH,
@@ -54,7 +59,7 @@ from shuffle_api.options import (
     TARGET_BATCH_SIZE,
 )
 from shuffle_runtime.connections import ConnectionPool
-from shuffle_runtime.format import SortMergePartitionWriter
+from shuffle_runtime.format import SortMergePartitionWriter, check_merge_target
 from shuffle_runtime.gate import OpenGates
 
 __all__ = ["SUPPORTED_PARTITION_TYPES", "ExternalShuffleEnvironment"]
@@ -67,6 +72,23 @@ SUPPORTED_PARTITION_TYPES = (
     ResultPartitionType.HYBRID_FULL,
 )
 """Partitions the daemon stores whole; it does not stream partitions while they are produced."""
+
+
+_MERGED_BLOCKS_PER_TIMEOUT = 1_000_000
+"""Blocks (sources x subpartitions) a merge is given the client timeout for: a worker merges
+some 150,000 small blocks a second (docs/format.md), so a million leave it five times over."""
+
+
+def _common_replicas(sources: Sequence[ShuffleDescriptor]) -> tuple[WorkerAddress, ...]:
+    """The workers that hold every one of ``sources`` (in the first one's order), where they
+    are all this service's and placed on the same workers; else none."""
+    if not sources or not all(isinstance(s, ExternalShuffleDescriptor) for s in sources):
+        return ()
+    placed = [source for source in sources if isinstance(source, ExternalShuffleDescriptor)]
+    workers = {replica.worker_id for replica in placed[0].replicas}
+    if any({replica.worker_id for replica in each.replicas} != workers for each in placed):
+        return ()
+    return placed[0].replicas
 
 
 class ExternalShuffleEnvironment(ShuffleEnvironment):
@@ -165,18 +187,23 @@ class ExternalShuffleEnvironment(ShuffleEnvironment):
         return PushSink(shuffle_descriptor, self._channels, self._push, self.report_unreachable)
 
     def _place(
-        self, descriptor: PartitionDescriptor, partition: ResultPartitionID
+        self,
+        descriptor: PartitionDescriptor,
+        partition: ResultPartitionID,
+        on: Sequence[WorkerAddress] = (),
     ) -> ExternalShuffleDescriptor:
         """Ask the coordinator where to push a partition whose descriptor is still unknown
-        (the engine registers it with the master after the task; it gets the same place).
+        (the engine registers it with the master after the task; it gets the same place), or
+        tell it the partition is to be ``on`` these workers.
         Placed for the application the master named, if it did: kept while it lives."""
         request = pb.RegisterPartitionRequest(
             application_id=self._push.application_id,
             partition=key_of(partition),
             number_of_subpartitions=descriptor.number_of_subpartitions,
             producer_host=self._host,
-            replicas=self._config.get(REPLICATION_FACTOR),
+            replicas=len(on) or self._config.get(REPLICATION_FACTOR),
             persistent=descriptor.partition_type.is_persistent,
+            placed_on=[worker.to_pb() for worker in on],
         )
         response = self._coordinators.first(
             f"placing {partition}",
@@ -187,6 +214,66 @@ class ExternalShuffleEnvironment(ShuffleEnvironment):
         # One that misses it learns it from the driver (this partition's registration).
         self._coordinators.announce(request, response.location)
         return ExternalShuffleDescriptor.placed(response)
+
+    def merge_partitions(
+        self,
+        owner: ShuffleIOOwner,
+        sources: Sequence[ShuffleDescriptor],
+        merged: ResultPartitionDeploymentDescriptor,
+    ) -> PartitionStatistics | None:
+        """Merged by the workers that hold every source (each replica merges its copies, so
+        the merged partition has the sources' replicas); None for sources not all on the same
+        workers, or a merged partition placed already on others. A replica whose merge fails
+        is left out, as a push's is."""
+        self._check_open()
+        check_merge_target(merged)
+        holders = _common_replicas(sources)
+        if not holders:
+            return None
+        partition = merged.result_partition_id
+        placed = merged.shuffle_descriptor
+        if placed.is_unknown:
+            placed = self._place(merged.partition_descriptor, partition, holders)
+        if not isinstance(placed, ExternalShuffleDescriptor) or not {
+            replica.worker_id for replica in placed.replicas
+        } <= {holder.worker_id for holder in holders}:
+            return None  # placed already, where the sources are not
+        replicas = placed.replicas
+        request = pb.MergePartitionsRequest(
+            merged=key_of(partition),
+            sources=[key_of(source.result_partition_id) for source in sources],
+            number_of_subpartitions=merged.number_of_subpartitions,
+            application_id=self._push.application_id,
+            placement=placed.placement,
+        )
+        blocks = len(sources) * merged.number_of_subpartitions
+        timeout = self._timeout * -(-blocks // _MERGED_BLOCKS_PER_TIMEOUT)
+        calls = [
+            (
+                worker,
+                pb_grpc.WorkerStub(self._channels.get(worker.target)).MergePartitions.future(
+                    request, timeout=timeout
+                ),
+            )
+            for worker in replicas
+        ]
+        statistics: PartitionStatistics | None = None
+        failure: ShuffleError | None = None
+        for worker, call in calls:
+            try:
+                response = call.result()
+            except grpc.RpcError as error:
+                failure = translate_rpc_error(error, f"merge into {partition} on {worker.target}")
+                if isinstance(failure, TransportError):
+                    self.report_unreachable(worker, failure)
+                logger.warning("replica %s of %s not merged: %s", worker.target, partition, failure)
+                continue
+            statistics = statistics_from_pb(response.statistics)
+        if statistics is None:
+            assert failure is not None
+            raise failure
+        logger.debug("%s merged %d partitions into %s", owner.name, len(sources), partition)
+        return statistics
 
     def report_unreachable(self, worker: WorkerAddress, error: ShuffleError) -> None:
         """Tell the coordinators, which check the worker at once (best effort)."""

@@ -26,7 +26,7 @@ from pyspark_shuffle.driver.map_outputs import (
     MapOutputRegistry,
     decode_producer,
 )
-from pyspark_shuffle.driver.merged_outputs import MergedOutput, MergedOutputs
+from pyspark_shuffle.driver.merged_outputs import MergedOutput, MergedOutputs, merge_groups
 from pyspark_shuffle.driver.progress import StageProgress, StageTallies, bar_stream
 from pyspark_shuffle.driver.registry import RegisteredExchange
 from pyspark_shuffle.kernels.partitioners import Partitioner
@@ -366,9 +366,10 @@ class Exchange(RegisteredExchange):
         if self.total_bytes > blocks * self._configuration.get(MERGE_MAX_BLOCK_SIZE):
             return
         tasks = self._configuration.get(MERGE_TASKS) or self._link.default_parallelism()
-        per_task = -(-maps // tasks)
-        groups = [range(start, min(start + per_task, maps)) for start in range(0, maps, per_task)]
         outputs = self.outputs
+        groups = merge_groups(
+            [outputs[index].descriptor.merge_site() for index in range(maps)], tasks
+        )
         attempts = _attempts_of(outputs)
         sources = self._link.share(
             tuple(

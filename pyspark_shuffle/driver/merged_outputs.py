@@ -11,20 +11,37 @@ from dataclasses import dataclass
 
 from shuffle_api import InvalidOperationError, ResultPartitionID, ShuffleDescriptor
 
-__all__ = ["MergedOutput", "MergedOutputs"]
+__all__ = ["MergedOutput", "MergedOutputs", "merge_groups"]
+
+
+def merge_groups(sites: Sequence[str | None], tasks: int) -> list[tuple[int, ...]]:
+    """The map outputs (by index; ``sites[i]`` is where output ``i`` merges, see
+    ``ShuffleDescriptor.merge_site``) that ``tasks`` merge tasks merge together: of one site
+    each, in map order, neighbours where the sites allow, about ``len(sites) / tasks`` a
+    group."""
+    per_task = max(1, -(-len(sites) // max(tasks, 1)))
+    by_site: dict[str | None, list[int]] = {}
+    for index, site in enumerate(sites):
+        by_site.setdefault(site, []).append(index)
+    return [
+        tuple(indexes[start : start + per_task])
+        for indexes in by_site.values()
+        for start in range(0, len(indexes), per_task)
+    ]
 
 
 @dataclass(frozen=True, slots=True)
 class MergedOutput:
-    """A merged partition: the outputs of map tasks ``maps`` (neighbours), in order, each in
-    the attempt of the same place in ``attempts``."""
+    """A merged partition: the outputs of map tasks ``maps``, in map order, each in the
+    attempt of the same place in ``attempts``."""
 
     descriptor: ShuffleDescriptor
-    maps: range
+    maps: tuple[int, ...]
     attempts: tuple[str, ...]
 
     def __post_init__(self) -> None:
-        if len(self.maps) != len(self.attempts) or not self.maps or self.maps.step != 1:
+        ordered = all(a < b for a, b in zip(self.maps, self.maps[1:], strict=False))
+        if len(self.maps) != len(self.attempts) or not self.maps or not ordered:
             raise InvalidOperationError(
                 f"merged partition {self.descriptor.result_partition_id}: {self.maps} with"
                 f" {len(self.attempts)} attempts"
@@ -59,7 +76,7 @@ class MergedOutputs:
             )
             if overlaps or not merged.holds(registered):
                 return False
-            self._merged[merged.maps.start] = merged
+            self._merged[merged.maps[0]] = merged
             return True
 
     def stale(self, registered: Mapping[int, str]) -> list[MergedOutput]:
@@ -78,23 +95,22 @@ class MergedOutputs:
         with self._lock:
             gone = [each for each in self._merged.values() if condition(each)]
             for each in gone:
-                del self._merged[each.maps.start]
+                del self._merged[each.maps[0]]
         return gone
 
     def read_order(self, outputs: Sequence[ShuffleDescriptor]) -> tuple[ShuffleDescriptor, ...]:
         """What reducers read in place of the map outputs ``outputs`` (by map index): each
         merged partition where its first map task's output was, the outputs it holds left
-        out, so that rows come in the order they would unmerged."""
+        out, so that rows of neighbouring map tasks merged together come in the order they
+        would unmerged."""
         with self._lock:
             merged = dict(self._merged)
+        held = {index for each in merged.values() for index in each.maps}
         read: list[ShuffleDescriptor] = []
-        index = 0
-        while index < len(outputs):
+        for index, output in enumerate(outputs):
             found = merged.get(index)
-            if found is None:
-                read.append(outputs[index])
-                index += 1
-            else:
+            if found is not None:
                 read.append(found.descriptor)
-                index = found.maps.stop
+            elif index not in held:
+                read.append(output)
         return tuple(read)

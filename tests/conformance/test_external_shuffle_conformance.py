@@ -54,6 +54,7 @@ def _harness(cluster: LocalCluster, **settings: object) -> ConformanceHarness:
         stored_files=lambda: stored_files(cluster),
         partition_types=SUPPORTED_PARTITION_TYPES,
         lose_partition=delete_from_workers(cluster),
+        merges=True,
     )
 
 

@@ -1,19 +1,18 @@
-"""Many small map outputs merged per reducer before the reduce stage (the default service;
-the external one leaves its map outputs unmerged, see test_pyspark_many_partitions.py):
-reducers read the same rows in the same order as unmerged, a rerun map task is read from its
-own output, never twice, and a merged partition the service lost is read from its sources."""
+"""Many small map outputs merged per reducer before the reduce stage, on both services (the
+external one's workers merge the partitions they hold): reducers read the same rows in the
+same order as unmerged, a rerun map task is read from its own output, never twice, and a
+merged partition the service lost is read from its sources."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 from pyspark.sql import functions as F  # noqa: N812 (Spark's own spelling)
 
 from pyspark_shuffle import SparkShuffle
-from tests.integration.services import ShuffleService, netty_service
+from tests.integration.services import ShuffleService
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -30,11 +29,6 @@ _MERGED = {
     "pyspark-shuffle.merge.tasks": MAPS // PER_MERGE,
     "pyspark-shuffle.map.target-size": 0,
 }
-
-
-@pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> ShuffleService:
-    return netty_service(Path(tmp_path_factory.mktemp("store")))
 
 
 @pytest.fixture(scope="module")
@@ -137,14 +131,45 @@ def test_map_outputs_spark_reruns_inside_actions_are_not_merged(
     spark: SparkSession, service: ShuffleService, data: DataFrame
 ) -> None:
     """Where Spark keeps a shuffle of the map outputs to rerun those lost with an executor
-    inside an action, a merged partition lost with it would fail the action: none is made."""
+    inside an action, a merged partition lost with it would fail the action: none is made.
+    The external service's map outputs outlive executors: Spark keeps none, and they merge."""
     held = {**_MERGED, "pyspark-shuffle.rerun-in-actions": "true"}
     with SparkShuffle(spark, config=service.config(**held)) as holding:
         exchange = holding.hash_exchange(data, "k", num_partitions=REDUCERS)
-        assert exchange.on_executors
+        on_executors = service.cluster is None
+        assert exchange.on_executors is on_executors
         result = holding.read(exchange)
         assert sorted(row for rows in _by_reducer(result).values() for row in rows) == sorted(
             (row.k, row.v) for row in data.collect()
         )
-        assert holding.statistics(result).merged_partitions == 0
-        assert _merged(exchange) == []
+        merged = 0 if on_executors else MAPS // PER_MERGE
+        assert holding.statistics(result).merged_partitions == merged
+        assert len(_merged(exchange)) == merged
+
+
+def test_map_outputs_on_workers_apart_merge_per_worker(
+    spark: SparkSession, service: ShuffleService, data: DataFrame
+) -> None:
+    """Without replicas, the external service's map outputs are spread over its workers: each
+    merged partition is made of one worker's, and reducers read each row once. (The default
+    service's all share one store here: one site.)"""
+    alone = {**_MERGED}
+    if service.cluster is not None:
+        alone["external-shuffle.replication-factor"] = 1
+    with SparkShuffle(spark, config=service.config(**alone)) as spread:
+        exchange = spread.hash_exchange(data, "k", num_partitions=REDUCERS)
+        workers = {exchange.outputs[index].descriptor.merge_site() for index in range(MAPS)}
+        result = spread.read(exchange)
+        assert sorted(row for rows in _by_reducer(result).values() for row in rows) == sorted(
+            (row.k, row.v) for row in data.collect()
+        )
+        statistics = spread.statistics(result)
+        assert statistics.map_outputs_merged == MAPS
+        assert statistics.merged_partitions >= len(workers)
+        assert len(workers) == (1 if service.cluster is None else 2)
+        merged_on = {
+            descriptor.merge_site()
+            for descriptor in exchange.read_descriptors()
+            if descriptor.result_partition_id.partition_id.partition_index >= MAPS
+        }
+        assert merged_on == workers  # each on one worker: the one its sources are on

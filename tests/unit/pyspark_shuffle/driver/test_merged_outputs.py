@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from pyspark_shuffle.driver.merged_outputs import MergedOutput, MergedOutputs
+from pyspark_shuffle.driver.merged_outputs import MergedOutput, MergedOutputs, merge_groups
 from shuffle_api import (
     IntermediateResultPartitionID,
     InvalidOperationError,
@@ -29,8 +29,8 @@ OUTPUTS = tuple(_descriptor(index, "first") for index in range(MAPS))
 REGISTERED = dict.fromkeys(range(MAPS), "first")
 
 
-def _merged(group: int, maps: range, attempt: str = "first") -> MergedOutput:
-    return MergedOutput(_descriptor(MAPS + group, "merge"), maps, (attempt,) * len(maps))
+def _merged(group: int, maps: range | tuple[int, ...], attempt: str = "first") -> MergedOutput:
+    return MergedOutput(_descriptor(MAPS + group, "merge"), tuple(maps), (attempt,) * len(maps))
 
 
 def _indexes(read: tuple[ShuffleDescriptor, ...]) -> list[int]:
@@ -89,12 +89,38 @@ def test_a_lost_merged_partition_is_forgotten_and_its_sources_read() -> None:
     assert merged.read_order(OUTPUTS) == OUTPUTS
 
 
-@pytest.mark.parametrize("maps", [range(0), range(0, 4, 2)])
-def test_a_merged_partition_holds_neighbouring_map_tasks(maps: range) -> None:
+@pytest.mark.parametrize("maps", [(), (2, 0), (1, 1)])
+def test_a_merged_partition_holds_map_tasks_in_map_order(maps: tuple[int, ...]) -> None:
     with pytest.raises(InvalidOperationError):
         MergedOutput(_descriptor(MAPS, "merge"), maps, ("first",) * len(maps))
 
 
 def test_a_merged_partition_names_an_attempt_for_each_map_task() -> None:
     with pytest.raises(InvalidOperationError):
-        MergedOutput(_descriptor(MAPS, "merge"), range(0, 3), ("first",))
+        MergedOutput(_descriptor(MAPS, "merge"), (0, 1, 2), ("first",))
+
+
+def test_merged_partitions_of_map_tasks_apart_read_where_their_first_was() -> None:
+    """Groups of one site each (map outputs placed on workers in turn): each merged partition
+    stands where its first map output stood, and the outputs it holds are read nowhere else."""
+    merged = MergedOutputs()
+    assert merged.add(_merged(0, (0, 2, 4)), REGISTERED)
+    assert merged.add(_merged(1, (1, 5)), REGISTERED)
+    assert not merged.add(_merged(2, (3, 4)), REGISTERED)  # 4 is merged already
+    assert _indexes(merged.read_order(OUTPUTS)) == [MAPS, MAPS + 1, 3, 6]
+
+
+@pytest.mark.parametrize(
+    ("sites", "tasks", "groups"),
+    [
+        ([None] * 7, 2, [(0, 1, 2, 3), (4, 5, 6)]),
+        ([None] * 3, 8, [(0,), (1,), (2,)]),
+        (["a", "b", "a", "b", "a"], 2, [(0, 2, 4), (1, 3)]),
+        (["a", "b", "a", "b", "a", "a"], 3, [(0, 2), (4, 5), (1, 3)]),
+        ([], 2, []),
+    ],
+)
+def test_merge_groups_are_of_one_site_each_about_a_task_s_share(
+    sites: list[str | None], tasks: int, groups: list[tuple[int, ...]]
+) -> None:
+    assert merge_groups(sites, tasks) == groups
