@@ -60,6 +60,7 @@ from shuffle_api import (
     InvalidOperationError,
     ProducerDescriptor,
     RecordingJobContext,
+    ResultPartitionID,
     ShuffleDescriptor,
     ShuffleMaster,
     StageCancelledError,
@@ -439,6 +440,15 @@ class Exchange(RegisteredExchange):
         """What a reducer that reads every map output reads: each merged partition in place
         of the map outputs it holds, and the rest."""
         return self._merged.read_order(self.descriptors())
+
+    def merged_sources(
+        self, read: Sequence[ShuffleDescriptor]
+    ) -> dict[ResultPartitionID, tuple[ShuffleDescriptor, ...]]:
+        """The sources of the merged partitions among ``read`` (what
+        :meth:`read_descriptors` gave), for reducers to read where one fails."""
+        kept = {each.result_partition_id for each in read}
+        sources = self._merged.sources(self.descriptors())
+        return {merged: each for merged, each in sources.items() if merged in kept}
 
     def _run_maps(self, map_indexes: Sequence[int]) -> None:
         """Run these map tasks again, as a job of their own, and register what they wrote."""

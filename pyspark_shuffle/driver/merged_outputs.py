@@ -98,6 +98,18 @@ class MergedOutputs:
                 del self._merged[each.maps[0]]
         return gone
 
+    def sources(
+        self, outputs: Sequence[ShuffleDescriptor]
+    ) -> dict[ResultPartitionID, tuple[ShuffleDescriptor, ...]]:
+        """Each merged partition's sources among the map outputs ``outputs`` (by map index),
+        in the order their rows were merged."""
+        with self._lock:
+            merged = list(self._merged.values())
+        return {
+            each.descriptor.result_partition_id: tuple(outputs[index] for index in each.maps)
+            for each in merged
+        }
+
     def read_order(self, outputs: Sequence[ShuffleDescriptor]) -> tuple[ShuffleDescriptor, ...]:
         """What reducers read in place of the map outputs ``outputs`` (by map index): each
         merged partition where its first map task's output was, the outputs it holds left

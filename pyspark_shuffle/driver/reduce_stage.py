@@ -29,6 +29,7 @@ from pyspark_shuffle.tasks.map_reduce import (
     merge_map_outputs,
     run_reduce_task,
 )
+from pyspark_shuffle.tasks.merged_reads import MergedSources
 from pyspark_shuffle.tasks.python_worker import task_starts
 from scheduling.deployment import (
     ConsumerDeploymentDescriptor,
@@ -121,6 +122,13 @@ def reduce_stage(
         else exchange.descriptors()
         for index, exchange in enumerate(exchanges)
     ]
+    merged_sources: MergedSources = {
+        merged: sources
+        for exchange, descriptors in zip(exchanges, read, strict=True)
+        for merged, sources in exchange.merged_sources(descriptors).items()
+    }
+    # Only where reducers read merged partitions: most stages read none.
+    shared_sources = driver.link.share(merged_sources) if merged_sources else None
     groups = _consumed_groups(exchanges, [len(each) for each in read], len(plan.tasks))
     deployments = _shared_deployments(driver, groups, exchanges, read, plan)
     counts = driver.link.tally((0, 0), add_counts)
@@ -138,6 +146,7 @@ def reduce_stage(
         operation,
         counts,
         reruns_read,
+        shared_sources,
     )
     reduce_partition = _reduce_partition(spec, arrow_schema(driver.spark, schema))
     reducers = _reducer_rows(driver.spark, exchanges, len(plan.tasks))
@@ -152,7 +161,7 @@ def reduce_stage(
         consumed,
         counts,
         reruns_read,
-        (deployments,),
+        (deployments,) if shared_sources is None else (deployments, shared_sources),
         tasks,
         merged=_merged_counts(exchanges, read),
     )

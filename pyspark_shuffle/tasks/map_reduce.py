@@ -22,6 +22,7 @@ from pyspark_shuffle.kernels.operations import ReduceOperation
 from pyspark_shuffle.kernels.partitioners import Partitioner
 from pyspark_shuffle.options import PYSPARK_SHUFFLE_OPTIONS, WORKER_MEMORY_POOL
 from pyspark_shuffle.tasks.executor import this_executor
+from pyspark_shuffle.tasks.merged_reads import MergedSources, input_gates
 from pyspark_shuffle.tasks.python_worker import use_memory_pool
 from scheduling.deployment import (
     ConsumerDeploymentDescriptor,
@@ -308,6 +309,8 @@ class ReduceStageSpec:
     reruns_read: TaskAccumulator[MapOutputs] | None = None
     """Map outputs reducers read that Spark reran inside an action: the driver registers
     them afterwards (so it releases them, and counts them as reruns)."""
+    merged_sources: TaskBroadcast[MergedSources] | None = None
+    """The sources of the merged partitions reducers read, read where one fails."""
 
 
 MapOutputs = frozenset[tuple[str, int, bytes]]
@@ -376,7 +379,8 @@ def run_reduce_task(
     references = spec.deployments.value[reducer].inputs
     cache_bytes = spec.configuration.get(BLOB_CACHE_MAX_SIZE)
     reruns: set[tuple[str, int, bytes]] = set()
-    gates = environment.create_input_gates(
+    gates = input_gates(
+        environment,
         owner,
         [
             current_map_outputs(
@@ -387,6 +391,7 @@ def run_reduce_task(
             )
             for reference in references
         ],
+        {} if spec.merged_sources is None else spec.merged_sources.value,
     )
     if reruns and spec.reruns_read is not None:
         spec.reruns_read.add(frozenset(reruns))

@@ -14,6 +14,7 @@ from external_shuffle.local_cluster import LocalCluster
 from netty_like.descriptor import NettyShuffleDescriptor
 from shuffle_api import ShuffleDescriptor
 from shuffle_runtime.format import partition_directory
+from shuffle_runtime.format.manifest import DATA_FILE
 from shuffle_runtime.store import Store
 
 __all__ = [
@@ -77,6 +78,17 @@ class ShuffleService:
         """Delete the partition's files behind the service's back, from every replica."""
         for store in _stores_of(descriptor):
             store.delete_tree(partition_directory(store, descriptor.result_partition_id))
+
+    @staticmethod
+    def corrupt_partition(descriptor: ShuffleDescriptor) -> None:
+        """Flip a byte three quarters into the partition's data file, on every replica: the
+        runs before it read well, the one it is in fails its checksum."""
+        for store in _stores_of(descriptor):
+            directory = partition_directory(store, descriptor.result_partition_id)
+            data = Path(directory) / DATA_FILE
+            content = bytearray(data.read_bytes())
+            content[len(content) * 3 // 4] ^= 0xFF
+            data.write_bytes(bytes(content))
 
 
 def _stores_of(descriptor: ShuffleDescriptor) -> list[Store]:

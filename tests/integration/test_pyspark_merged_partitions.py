@@ -1,7 +1,7 @@
 """Many small map outputs merged per reducer before the reduce stage, on both services (the
 external one's workers merge the partitions they hold): reducers read the same rows in the
 same order as unmerged, a rerun map task is read from its own output, never twice, and a
-merged partition the service lost is read from its sources."""
+merged partition lost or corrupt as it is read is read from its sources."""
 
 from __future__ import annotations
 
@@ -100,27 +100,36 @@ def test_a_map_task_rerun_after_the_merge_is_read_from_its_own_output_only(
     assert statistics.rows_read == ROWS
 
 
-def test_a_lost_merged_partition_is_read_from_its_sources(
-    shuffle: SparkShuffle, service: ShuffleService, data: DataFrame
+@pytest.mark.parametrize("how", ["deleted", "corrupt"])
+def test_a_merged_partition_that_fails_as_it_is_read_is_read_from_its_sources(
+    shuffle: SparkShuffle, service: ShuffleService, data: DataFrame, how: str
 ) -> None:
+    """Within the action: the reducers read its sources instead, every row once, and no map
+    task runs again. A lost one is dropped before the next reduce stage."""
     exchange = shuffle.hash_exchange(data, "k", num_partitions=REDUCERS)
     result = shuffle.read(exchange)
     first = _by_reducer(result)
-    [lost] = [
+    [failing] = [
         descriptor
         for descriptor in exchange.read_descriptors()
         if descriptor.result_partition_id.partition_id.partition_index == MAPS + 1
     ]
-    service.delete_partition(lost)
-    with pytest.raises(Exception, match="PartitionNotFoundError"):
-        result.collect()
+    if how == "deleted":
+        service.delete_partition(failing)
+    else:
+        service.corrupt_partition(failing)
 
-    again = shuffle.recover(result)
-    assert _by_reducer(again) == first
+    again = _by_reducer(result)  # the same reduce stage, run again
+    assert {reducer: sorted(rows) for reducer, rows in again.items()} == {
+        reducer: sorted(rows) for reducer, rows in first.items()
+    }
     assert exchange.runs.per_map == dict.fromkeys(range(MAPS), 1)  # no map task rerun
-    assert _merged(exchange) == [MAPS, MAPS + 2]
-    assert shuffle.statistics(again).map_outputs_merged == MAPS - PER_MERGE
-    shuffle.release(again)
+    later = shuffle.read(exchange)
+    assert _by_reducer(later) == again
+    if how == "deleted":
+        assert _merged(exchange) == [MAPS, MAPS + 2]
+        assert shuffle.statistics(later).map_outputs_merged == MAPS - PER_MERGE
+    shuffle.release(later)
     shuffle.release(result)
     # Released with the exchange: its map outputs and merged partitions, nothing left over.
     assert exchange.released

@@ -124,3 +124,16 @@ def test_merge_groups_are_of_one_site_each_about_a_task_s_share(
     sites: list[str | None], tasks: int, groups: list[tuple[int, ...]]
 ) -> None:
     assert merge_groups(sites, tasks) == groups
+
+
+def test_a_merged_partition_names_its_sources_in_merged_order() -> None:
+    merged = MergedOutputs()
+    first, second = _merged(0, (0, 2, 4)), _merged(1, (5, 6))
+    assert merged.add(first, REGISTERED)
+    assert merged.add(second, REGISTERED)
+    assert merged.sources(OUTPUTS) == {
+        first.descriptor.result_partition_id: (OUTPUTS[0], OUTPUTS[2], OUTPUTS[4]),
+        second.descriptor.result_partition_id: (OUTPUTS[5], OUTPUTS[6]),
+    }
+    merged.release()
+    assert merged.sources(OUTPUTS) == {}
