@@ -221,10 +221,11 @@ class ExternalShuffleEnvironment(ShuffleEnvironment):
         sources: Sequence[ShuffleDescriptor],
         merged: ResultPartitionDeploymentDescriptor,
     ) -> PartitionStatistics | None:
-        """Merged by the workers that hold every source (each replica merges its copies, so
-        the merged partition has the sources' replicas); None for sources not all on the same
-        workers, or a merged partition placed already on others. A replica whose merge fails
-        is left out, as a push's is."""
+        """Merged by a worker that holds every source (one copy: the sources keep their
+        replicas, and reducers read those where the merged partition fails); None for sources
+        not all on the same workers, or a merged partition placed already on others. Placed
+        already on several of them, each merges its copy; a replica whose merge fails is
+        left out, as a push's is."""
         self._check_open()
         check_merge_target(merged)
         holders = _common_replicas(sources)
@@ -233,7 +234,10 @@ class ExternalShuffleEnvironment(ShuffleEnvironment):
         partition = merged.result_partition_id
         placed = merged.shuffle_descriptor
         if placed.is_unknown:
-            placed = self._place(merged.partition_descriptor, partition, holders)
+            # One copy, on one holder (merges of neighbours on the others): a lost one is
+            # read from its sources, which keep their replicas.
+            holder = holders[partition.partition_id.partition_index % len(holders)]
+            placed = self._place(merged.partition_descriptor, partition, (holder,))
         if not isinstance(placed, ExternalShuffleDescriptor) or not {
             replica.worker_id for replica in placed.replicas
         } <= {holder.worker_id for holder in holders}:

@@ -270,9 +270,17 @@ class PushSink(PartitionSink):
             application_id=self.settings.application_id,
             placement=self._placement,
         )
-        for worker in list(self._live):
+        # At once: a map task waits for one round trip, not one per replica.
+        calls = [
+            (
+                worker,
+                self._stub(worker).CommitPartition.future(request, timeout=self.settings.timeout),
+            )
+            for worker in list(self._live)
+        ]
+        for worker, call in calls:
             try:
-                self._stub(worker).CommitPartition(request, timeout=self.settings.timeout)
+                call.result()
             except grpc.RpcError as failure:
                 self._drop(
                     worker,
