@@ -81,14 +81,17 @@ some 150,000 small blocks a second (docs/format.md), so a million leave it five 
 
 def _common_replicas(sources: Sequence[ShuffleDescriptor]) -> tuple[WorkerAddress, ...]:
     """The workers that hold every one of ``sources`` (in the first one's order), where they
-    are all this service's and placed on the same workers; else none."""
-    if not sources or not all(isinstance(s, ExternalShuffleDescriptor) for s in sources):
+    are all this service's and of one merge site (placed on the same workers); else none."""
+    first = sources[0] if sources else None
+    if not isinstance(first, ExternalShuffleDescriptor):
         return ()
-    placed = [source for source in sources if isinstance(source, ExternalShuffleDescriptor)]
-    workers = {replica.worker_id for replica in placed[0].replicas}
-    if any({replica.worker_id for replica in each.replicas} != workers for each in placed):
+    site = first.merge_site()
+    if any(
+        not isinstance(each, ExternalShuffleDescriptor) or each.merge_site() != site
+        for each in sources
+    ):
         return ()
-    return placed[0].replicas
+    return first.replicas
 
 
 class ExternalShuffleEnvironment(ShuffleEnvironment):
