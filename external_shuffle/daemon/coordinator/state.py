@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from external_shuffle.daemon.ended_applications import EndedApplications
@@ -143,9 +143,9 @@ class CoordinatorState:
         # Partitions per worker, kept as they are placed and dropped: placement reads it.
         self._tracked_per_worker: dict[str, int] = defaultdict(int)
         self._applications: dict[str, _Application] = {}
-        # Partitions released by name: a copy a worker shows later (this coordinator restarted
-        # and not every replica's worker had registered again) is deleted. Oldest first;
-        # kept for the application timeout, at most _MAX_RELEASED.
+        # Partitions released: a copy a worker shows later (a heartbeat under way, or this
+        # coordinator restarted and not every replica's worker had registered again) is
+        # deleted. Oldest first; kept for the application timeout, at most _MAX_RELEASED.
         self._released: dict[ResultPartitionID, float] = {}
         # Their credentials are refused, here and (told with heartbeats) on the workers.
         self.ended = EndedApplications()
@@ -505,16 +505,8 @@ class CoordinatorState:
         """An application releases its own partitions and unclaimed ones only (any copy a
         worker shows later is deleted; of one not tracked here, only ``release_unknown``)."""
         with self._lock:
-            now = self._clock()
-            for partition in partitions:
-                entry = self._partitions.get(partition)
-                if (entry is None and release_unknown) or (
-                    entry is not None and entry.application_id in ("", application_id)
-                ):
-                    self._released.pop(partition, None)
-                    self._released[partition] = now
-            while len(self._released) > _MAX_RELEASED:
-                del self._released[next(iter(self._released))]
+            if release_unknown:
+                self._remember_released(p for p in partitions if p not in self._partitions)
             releases = self._release(
                 [
                     entry
@@ -701,6 +693,7 @@ class CoordinatorState:
                 continue
             count += 1
             self._untrack(entry)
+            self._remember_released([entry.partition])
             for worker_id in entry.replicas:
                 worker = self._workers[worker_id]
                 if worker.alive:
@@ -711,6 +704,16 @@ class CoordinatorState:
             if placement.tier_url and not any(map(self._is_alive, entry.replicas)):
                 on_tier[placement.tier_url].append(entry.partition)
         return Releases(count, dict(per_worker), dict(on_tier))
+
+    def _remember_released(self, partitions: Iterable[ResultPartitionID]) -> None:
+        """A copy a worker shows later (a heartbeat sent before the release, or a replica
+        that registers after it) is then deleted, not tracked again."""
+        now = self._clock()
+        for partition in partitions:
+            self._released.pop(partition, None)
+            self._released[partition] = now
+        while len(self._released) > _MAX_RELEASED:
+            del self._released[next(iter(self._released))]
 
     def _placement_of(self, entry: _Partition) -> PartitionPlacement:
         return PartitionPlacement(

@@ -220,6 +220,28 @@ def test_a_commit_of_what_is_released_or_placed_elsewhere_is_deleted(clock: Cloc
     assert state.partition_count() == 1
 
 
+def test_a_commit_heard_after_its_job_or_application_ended_is_deleted_not_tracked(
+    clock: Clock,
+) -> None:
+    """A heartbeat sent before a release and heard after it: the copy is deleted, and the
+    application's end does not count it a second time."""
+    state = new_state(clock)
+    state.register_worker(worker(0), pb.WorkerLoad(), [])
+    state.register_application("app-1")
+    state.register_job("app-1", "job-1")
+    register(state, 0)
+    assert state.unregister_job("app-1", "job-1", keep_persistent=False).count == 1
+    late = [Commit(partition(0), "app-1")]
+    assert state.worker_heartbeat("worker-0", pb.WorkerLoad(), late) == [partition(0)]
+    assert state.partition_count() == 0
+    state.register_job("app-1", "job-2")
+    register(state, 1, job="job-2")
+    assert state.unregister_application("app-1").count == 1
+    late = [Commit(partition(1), "app-1")]
+    assert state.worker_heartbeat("worker-0", pb.WorkerLoad(), late) == [partition(1)]
+    assert state.partition_count() == 0
+
+
 def test_a_driver_may_tell_a_place_on_a_worker_not_registered_yet(clock: Clock) -> None:
     state = new_state(clock)
     state.register_application("app-1")
