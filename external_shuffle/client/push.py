@@ -1,5 +1,6 @@
-"""Pushing a partition to its workers: the data file as a client stream per replica, then a
-commit with the index and manifest.
+"""Pushing a partition to its workers: the data file as a client stream per replica, ended by
+a message with the index and manifest that commits it (a worker older than that message
+commits with a call of its own).
 
 A writer's bytes are cut into chunks and queued per replica; past
 ``external-shuffle.client.max-in-flight`` queued bytes the writer waits (backpressure). With
@@ -108,8 +109,9 @@ class _ReplicaPush:
             self.sent += data_bytes
             self._condition.notify_all()
 
-    def finish(self) -> None:
-        """End the stream and check that the worker got every byte."""
+    def finish(self) -> bool:
+        """End the stream and check that the worker got every byte; whether it committed
+        them."""
         with self._condition:
             self._queue.append(None)
             self._condition.notify_all()
@@ -124,6 +126,7 @@ class _ReplicaPush:
                 f"worker {self.worker.target} received {response.received_bytes} bytes of"
                 f" {self._partition}, {self.sent} were sent"
             )
+        return response.committed
 
     def cancel(self) -> None:
         self._call.cancel()
@@ -177,12 +180,12 @@ class _DataStream:
         """Chunks go out when full; the rest on close."""
 
     def close(self) -> None:
+        """Send the rest; the commit ends the pushes."""
         if self.closed:
             return
         self.closed = True
         if self._pending:
             self._send_pending()
-        self._sink.finish_pushes()
 
 
 class PushSink(PartitionSink):
@@ -235,15 +238,18 @@ class PushSink(PartitionSink):
             raise error
         logger.warning("replica %s of %s dropped: %s", worker.target, self._partition, error)
 
-    def send(self, parts: Sequence[memoryview], size: int) -> None:
-        """Frame the chunk made of ``parts`` (``size`` bytes) and queue it for every replica;
-        each gets the same messages, so the same sequence numbers."""
+    def send(
+        self, parts: Sequence[memoryview], size: int, commit: pb.PushCommit | None = None
+    ) -> None:
+        """Frame the chunk made of ``parts`` (``size`` bytes), or the ``commit``, and queue it
+        for every replica; each gets the same messages, so the same sequence numbers."""
         message = frame_push(
             pb.PushDataRequest(
                 partition=self._key,
                 sequence=self._sequence,
                 application_id=self.settings.application_id,
                 placement=self._placement,
+                commit=commit,
             ),
             parts,
             size,
@@ -255,14 +261,25 @@ class PushSink(PartitionSink):
             except ShuffleError as error:
                 self._drop(push.worker, error)
 
-    def finish_pushes(self) -> None:
-        for push in list(self._pushes):
-            try:
-                push.finish()
-            except ShuffleError as error:
-                self._drop(push.worker, error)
-
     def commit(self, index: bytes, manifest: bytes) -> None:
+        committed: set[WorkerAddress] = set()
+        if self._pushes:
+            self.send((), 0, pb.PushCommit(index=index, manifest=manifest))
+            for push in list(self._pushes):
+                try:
+                    if push.finish():
+                        committed.add(push.worker)
+                except ShuffleError as error:
+                    self._drop(push.worker, error)
+        uncommitted = [worker for worker in self._live if worker not in committed]
+        if uncommitted:
+            self._commit_by_call(uncommitted, index, manifest)
+
+    def _commit_by_call(
+        self, workers: Sequence[WorkerAddress], index: bytes, manifest: bytes
+    ) -> None:
+        """Commit on ``workers`` with CommitPartition: no data was pushed, or the workers are
+        older than a push's commit."""
         request = pb.CommitPartitionRequest(
             partition=key_of(self._partition),
             index=index,
@@ -276,7 +293,7 @@ class PushSink(PartitionSink):
                 worker,
                 self._stub(worker).CommitPartition.future(request, timeout=self.settings.timeout),
             )
-            for worker in list(self._live)
+            for worker in workers
         ]
         for worker, call in calls:
             try:

@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
 
+from external_shuffle.daemon.streams import OpenStreamLimits
+from external_shuffle.daemon.worker.service import WorkerService
 from external_shuffle.local_cluster import LocalCluster
+from external_shuffle.ops.metrics import DaemonMetrics
+from external_shuffle.wire.framing import worker_rpc_handler
 from external_shuffle.wire.messages import key_of
 from external_shuffle.wire.stubs import pb, pb_grpc
 from shuffle_api import (
@@ -177,6 +183,12 @@ def commit(
     )
 
 
+def committed(cluster: LocalCluster, worker: pb_grpc.WorkerStub, built: BuiltPartition) -> bool:
+    status = pb.WorkerPartitionStatusRequest(partitions=[built.key])
+    [entry] = worker.GetPartitionStatus(status, metadata=auth(cluster), timeout=10).partitions
+    return bool(entry.committed)
+
+
 def stored(cluster: LocalCluster, worker: pb_grpc.WorkerStub, built: BuiltPartition) -> None:
     """``built`` pushed whole to ``worker`` and committed there."""
     push(cluster, worker, built)
@@ -239,3 +251,37 @@ def tree(directory: Path) -> set[str]:
 def partition_exists(cluster: LocalCluster, partition: ResultPartitionID) -> bool:
     store = Store(str(cluster.worker_store(0)))
     return Path(partition_directory(store, partition)).exists()
+
+
+# --- a worker service in this process -----------------------------------------------------------
+
+
+@contextmanager
+def serving(
+    store: Store, service_type: type[WorkerService] = WorkerService
+) -> Iterator[tuple[WorkerService, pb_grpc.WorkerStub, str]]:
+    """A ``service_type`` on ``store``, served in this process on a free port (no token): the
+    service, a stub of it and its target."""
+    service = service_type(
+        store,
+        host="127.0.0.1",
+        port=0,
+        data_port=0,
+        store_shared=False,
+        memory_budget=1 << 20,
+        budget_timeout=10,
+        chunk_size=64 << 10,
+        message_data_limit=1 << 20,
+        metrics=DaemonMetrics(),
+        stream_limits=OpenStreamLimits(idle_timeout=30, max_streams=8, max_streams_per_peer=8),
+    )
+    server = grpc.server(ThreadPoolExecutor(16))
+    server.add_generic_rpc_handlers((worker_rpc_handler(service),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    target = f"127.0.0.1:{port}"
+    try:
+        with grpc.insecure_channel(target, options=BIG_CHANNEL) as channel:
+            yield service, pb_grpc.WorkerStub(channel), target
+    finally:
+        server.stop(None)

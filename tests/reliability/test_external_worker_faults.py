@@ -11,8 +11,6 @@ import shutil
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 from typing import cast
 
@@ -22,14 +20,10 @@ import pytest
 import xxhash
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from external_shuffle.daemon.streams import OpenStreamLimits
-from external_shuffle.daemon.worker.service import WorkerService
 from external_shuffle.local_cluster import LocalCluster
-from external_shuffle.ops.metrics import DaemonMetrics
 from external_shuffle.options import MIN_CHUNK_SIZE
 from external_shuffle.wire.channels import translate_rpc_error
 from external_shuffle.wire.errors import TooManyStreamsError
-from external_shuffle.wire.framing import worker_rpc_handler
 from external_shuffle.wire.stubs import pb, pb_grpc
 from shuffle_api import (
     PartitionCorruptedError,
@@ -49,9 +43,11 @@ from tests.reliability.raw_worker import (
     build_partition,
     code_of,
     commit,
+    committed,
     fetch_all,
     push,
     push_requests,
+    serving,
     stored,
 )
 
@@ -79,12 +75,6 @@ def serves(cluster: LocalCluster, worker: pb_grpc.WorkerStub) -> None:
 def data_file(cluster: LocalCluster, built: BuiltPartition) -> Path:
     store = Store(str(cluster.worker_store(0)))
     return Path(partition_directory(store, built.partition)) / DATA_FILE
-
-
-def committed(cluster: LocalCluster, worker: pb_grpc.WorkerStub, built: BuiltPartition) -> bool:
-    status = pb.WorkerPartitionStatusRequest(partitions=[built.key])
-    [entry] = worker.GetPartitionStatus(status, metadata=auth(cluster), timeout=10).partitions
-    return bool(entry.committed)
 
 
 # --- a file changed under a fetch ---------------------------------------------------------------
@@ -258,39 +248,12 @@ class _HeldStore(Store):
         super().put_atomic(path, data)
 
 
-@contextmanager
-def _serving(store: Store) -> Iterator[tuple[WorkerService, pb_grpc.WorkerStub]]:
-    """A WorkerService on ``store``, served in this process on a free port (no token)."""
-    service = WorkerService(
-        store,
-        host="127.0.0.1",
-        port=0,
-        data_port=0,
-        store_shared=False,
-        memory_budget=1 << 20,
-        budget_timeout=10,
-        chunk_size=64 << 10,
-        message_data_limit=1 << 20,
-        metrics=DaemonMetrics(),
-        stream_limits=OpenStreamLimits(idle_timeout=30, max_streams=8, max_streams_per_peer=8),
-    )
-    server = grpc.server(ThreadPoolExecutor(16))
-    server.add_generic_rpc_handlers((worker_rpc_handler(service),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}", options=BIG_CHANNEL) as channel:
-            yield service, pb_grpc.WorkerStub(channel)
-    finally:
-        server.stop(None)
-
-
 def test_a_release_during_a_commit_waits_for_it_and_then_deletes_everything(
     tmp_path: Path,
 ) -> None:
     store = _HeldStore(str(tmp_path / "store"))
     built = build_partition(rows=1_000)
-    with _serving(store) as (service, stub):
+    with serving(store) as (service, stub, _):
         chunks = built.chunks()
         stub.PushData(push_requests(built.key, chunks, range(len(chunks))), timeout=30)
         request = pb.CommitPartitionRequest(
@@ -422,7 +385,7 @@ def _code(call: grpc.Future[pb.PushDataResponse], timeout: float = 0.0) -> grpc.
 def test_a_worker_shutting_down_stays_drained_when_its_decommission_is_cancelled(
     tmp_path: Path,
 ) -> None:
-    with _serving(Store(str(tmp_path / "store"))) as (service, stub):
+    with serving(Store(str(tmp_path / "store"))) as (service, stub, _):
         stub.Decommission(pb.DecommissionRequest(), timeout=10)
         stub.Decommission(pb.DecommissionRequest(cancel=True), timeout=10)
         assert not service.state.draining

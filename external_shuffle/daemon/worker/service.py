@@ -26,6 +26,7 @@ from external_shuffle.wire.stubs import pb, pb_grpc
 from shuffle_api import (
     AuthenticationError,
     InvalidIdentifierError,
+    InvalidOperationError,
     ResultPartitionID,
     SerializationError,
     SubpartitionRange,
@@ -57,6 +58,27 @@ def _until_cancelled(messages: Iterator[T]) -> Iterator[T]:
         yield from messages
     except grpc.RpcError:
         logger.info("a push stream was cancelled")
+
+
+def _next_push(
+    chunk: PushChunk | SerializationError,
+    first: pb.PartitionKey | None,
+    commit: pb.PushCommit | None,
+) -> PushChunk:
+    """A push stream's next message, checked against those before it."""
+    if isinstance(chunk, SerializationError):
+        raise chunk
+    message = chunk.header
+    if commit is not None:
+        raise InvalidOperationError("a push stream ends with its commit: a message came after it")
+    if first is not None and message.partition != first:
+        raise InvalidIdentifierError(
+            "one push stream carries one partition; got"
+            f" {partition_of(message.partition)} after {partition_of(first)}"
+        )
+    if message.HasField("commit") and chunk.data:
+        raise InvalidOperationError("a push stream's commit carries no data")
+    return chunk
 
 
 class WorkerService(pb_grpc.WorkerServicer):
@@ -144,15 +166,15 @@ class WorkerService(pb_grpc.WorkerServicer):
     ) -> pb.PushDataResponse:
         first: pb.PartitionKey | None = None
         upload: Upload | None = None
+        commit: pb.PushCommit | None = None
         dropped = 0
         stream = self._streams.open(context.peer(), context.cancel)
         started = time.perf_counter()
         try:
             for chunk in _until_cancelled(request_iterator):
                 self._streams.touch(stream)
-                if isinstance(chunk, SerializationError):
-                    raise chunk
-                message = chunk.header
+                received = _next_push(chunk, first, commit)
+                message = received.header
                 if first is None:
                     first = message.partition
                     partition = partition_of(first)
@@ -160,16 +182,13 @@ class WorkerService(pb_grpc.WorkerServicer):
                         context, message.application_id, partition, message.placement, "push into"
                     )
                     upload = self.state.begin_push(partition, application)
-                elif message.partition != first:
-                    raise InvalidIdentifierError(
-                        "one push stream carries one partition; got"
-                        f" {partition_of(message.partition)} after {partition_of(first)}"
-                    )
-                if upload is None:
+                if message.HasField("commit"):
+                    commit = message.commit
+                elif upload is None:
                     dropped += 1
                     self.metrics.duplicates_dropped.inc()
-                elif self.state.append(upload, message.sequence, chunk.data):
-                    self.metrics.bytes_in.inc(len(chunk.data))
+                elif self.state.append(upload, message.sequence, received.data):
+                    self.metrics.bytes_in.inc(len(received.data))
                 else:
                     self.metrics.duplicates_dropped.inc()
         finally:
@@ -178,8 +197,16 @@ class WorkerService(pb_grpc.WorkerServicer):
             if upload is not None:
                 self.state.end_push(upload)
         if upload is None:
-            return pb.PushDataResponse(duplicates_dropped=dropped)
-        return pb.PushDataResponse(received_bytes=upload.size, duplicates_dropped=upload.duplicates)
+            response = pb.PushDataResponse(duplicates_dropped=dropped)
+        else:
+            response = pb.PushDataResponse(
+                received_bytes=upload.size, duplicates_dropped=upload.duplicates
+            )
+        if commit is not None:
+            # One call less a map task: the stream that carried the data commits it.
+            self.state.commit(partition, application, commit.index, commit.manifest)
+            response.committed = True
+        return response
 
     @reports_errors
     def CommitPartition(  # noqa: N802

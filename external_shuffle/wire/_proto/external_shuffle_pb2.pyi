@@ -325,26 +325,38 @@ class GetPartitionStatusResponse(_message.Message):
     def __init__(self, partitions: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ...) -> None: ...
 
 class PushDataRequest(_message.Message):
-    __slots__ = ("partition", "sequence", "data", "application_id", "placement")
+    __slots__ = ("partition", "sequence", "data", "application_id", "placement", "commit")
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     APPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
     PLACEMENT_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
     partition: PartitionKey
     sequence: int
     data: bytes
     application_id: str
     placement: bytes
-    def __init__(self, partition: _Optional[_Union[PartitionKey, _Mapping]] = ..., sequence: _Optional[int] = ..., data: _Optional[bytes] = ..., application_id: _Optional[str] = ..., placement: _Optional[bytes] = ...) -> None: ...
+    commit: PushCommit
+    def __init__(self, partition: _Optional[_Union[PartitionKey, _Mapping]] = ..., sequence: _Optional[int] = ..., data: _Optional[bytes] = ..., application_id: _Optional[str] = ..., placement: _Optional[bytes] = ..., commit: _Optional[_Union[PushCommit, _Mapping]] = ...) -> None: ...
+
+class PushCommit(_message.Message):
+    __slots__ = ("index", "manifest")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    index: bytes
+    manifest: bytes
+    def __init__(self, index: _Optional[bytes] = ..., manifest: _Optional[bytes] = ...) -> None: ...
 
 class PushDataResponse(_message.Message):
-    __slots__ = ("received_bytes", "duplicates_dropped")
+    __slots__ = ("received_bytes", "duplicates_dropped", "committed")
     RECEIVED_BYTES_FIELD_NUMBER: _ClassVar[int]
     DUPLICATES_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_FIELD_NUMBER: _ClassVar[int]
     received_bytes: int
     duplicates_dropped: int
-    def __init__(self, received_bytes: _Optional[int] = ..., duplicates_dropped: _Optional[int] = ...) -> None: ...
+    committed: bool
+    def __init__(self, received_bytes: _Optional[int] = ..., duplicates_dropped: _Optional[int] = ..., committed: _Optional[bool] = ...) -> None: ...
 
 class CommitPartitionRequest(_message.Message):
     __slots__ = ("partition", "index", "manifest", "application_id", "placement")
