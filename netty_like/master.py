@@ -14,7 +14,7 @@ import contextlib
 import logging
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from operator import methodcaller
@@ -186,11 +186,16 @@ class NettyShuffleMaster(ShuffleMaster):
         return completed(descriptor)
 
     def release_partition_externally(self, shuffle_descriptor: ShuffleDescriptor) -> None:
+        self.release_partitions_externally([shuffle_descriptor])
+
+    def release_partitions_externally(
+        self, shuffle_descriptors: Sequence[ShuffleDescriptor]
+    ) -> None:
         with self._lock:
             for job in self._jobs.values():
-                job.partitions.pop(shuffle_descriptor.result_partition_id, None)
-        if isinstance(shuffle_descriptor, NettyShuffleDescriptor):
-            self._release([shuffle_descriptor])
+                for descriptor in shuffle_descriptors:
+                    job.partitions.pop(descriptor.result_partition_id, None)
+        self._release(d for d in shuffle_descriptors if isinstance(d, NettyShuffleDescriptor))
 
     def _release(self, descriptors: Iterable[NettyShuffleDescriptor]) -> None:
         """Released where the files are: by the data port that serves them (one that does not

@@ -73,8 +73,7 @@ class PartitionReleaser:
         if self._cache is not None:
             for group in releasable:
                 self._cache.invalidate(group)
-        for descriptor in released:
-            self._master.release_partition_externally(descriptor)
+        self._master.release_partitions_externally(released)
         return released
 
     def _releasable_partitions(

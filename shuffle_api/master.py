@@ -7,7 +7,7 @@ synchronous code (``.result()``) and from asyncio (``asyncio.wrap_future``).
 from __future__ import annotations
 
 import abc
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from types import TracebackType
@@ -103,6 +103,15 @@ class ShuffleMaster(abc.ABC):
     @abc.abstractmethod
     def release_partition_externally(self, shuffle_descriptor: ShuffleDescriptor) -> None:
         """Free the partition's data wherever it lives (idempotent)."""
+
+    def release_partitions_externally(
+        self, shuffle_descriptors: Sequence[ShuffleDescriptor]
+    ) -> None:
+        """Free these partitions' data (idempotent), as :meth:`release_partition_externally`
+        does one's: a service may do it in fewer calls than one a partition (an engine
+        releases a stage's thousands of map outputs at once). By default, one by one."""
+        for descriptor in shuffle_descriptors:
+            self.release_partition_externally(descriptor)
 
     @abc.abstractmethod
     def partitions_with_metrics(

@@ -414,12 +414,19 @@ class ExternalShuffleMaster(ShuffleMaster):
         return descriptor
 
     def release_partition_externally(self, shuffle_descriptor: ShuffleDescriptor) -> None:
-        partition = shuffle_descriptor.result_partition_id
+        self.release_partitions_externally([shuffle_descriptor])
+
+    def release_partitions_externally(
+        self, shuffle_descriptors: Sequence[ShuffleDescriptor]
+    ) -> None:
+        partitions = [descriptor.result_partition_id for descriptor in shuffle_descriptors]
         with self._lock:
             for registered in self._registered.values():
-                registered.pop(partition, None)
-            self._kept.pop(partition, None)
-        self._release([partition])
+                for partition in partitions:
+                    registered.pop(partition, None)
+            for partition in partitions:
+                self._kept.pop(partition, None)
+        self._release(partitions)
 
     def _release(self, partitions: list[ResultPartitionID]) -> None:
         for start in range(0, len(partitions), _RELEASE_BATCH):

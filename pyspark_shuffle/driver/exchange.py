@@ -433,8 +433,7 @@ class Exchange(RegisteredExchange):
         return frame.mapInArrow(merge_partition, MERGED_OUTPUT_SCHEMA)
 
     def _release_merged(self, merged: Sequence[MergedOutput]) -> None:
-        for each in merged:
-            self._master.release_partition_externally(each.descriptor)
+        self._master.release_partitions_externally([each.descriptor for each in merged])
 
     def read_descriptors(self) -> tuple[ShuffleDescriptor, ...]:
         """What a reducer that reads every map output reads: each merged partition in place
@@ -608,8 +607,10 @@ class Exchange(RegisteredExchange):
         when Spark could not be told."""
         if forget_in_spark and not self._forget_in_spark():
             return False
-        for output in self._map_outputs.release(forget=forget_in_spark):
-            self._master.release_partition_externally(output.descriptor)
+        # At once: with an external master, a call for thousands of map outputs, not one each.
+        self._master.release_partitions_externally(
+            [output.descriptor for output in self._map_outputs.release(forget=forget_in_spark)]
+        )
         self._release_merged(self._merged.release())
         self.release_copies()
         return True

@@ -180,6 +180,30 @@ class ShuffleServiceConformance:
         scenario.producer.release_partitions_locally([partition])
         self._assert_store_empty(scenario.harness)
 
+    def test_partitions_released_at_once_are_each_gone_and_the_others_kept(
+        self, scenario: ShuffleScenario
+    ) -> None:
+        batches = make_batches(3_000, batch_rows=500)
+        descriptors, _ = scenario.produce(batches, partitions=3, subpartitions=2)
+        *released, kept = descriptors
+        scenario.master.release_partitions_externally(released)
+        scenario.producer.release_partitions_locally(
+            [descriptor.result_partition_id for descriptor in released]
+        )
+        for descriptor in released:
+            with pytest.raises(PartitionNotFoundError) as raised:
+                scenario.read(scenario.consumer, [descriptor], SubpartitionRange(0, 1))
+            assert raised.value.partition_id == descriptor.result_partition_id
+        rows = scenario.read(scenario.consumer, [kept], SubpartitionRange(0, 1)).column("row")
+        assert sorted(rows.to_pylist()) == [
+            row for batch in batches[2::3] for row in batch.column("row").to_pylist()
+        ]
+        scenario.master.release_partitions_externally(descriptors)  # again, and the rest
+        scenario.producer.release_partitions_locally(
+            [descriptor.result_partition_id for descriptor in descriptors]
+        )
+        self._assert_store_empty(scenario.harness)
+
     @staticmethod
     def _assert_store_empty(harness: ConformanceHarness) -> None:
         if harness.stored_files is not None:
