@@ -42,7 +42,7 @@ from shuffle_api import (
 from shuffle_api.master import completed
 from shuffle_runtime.format import (
     PartitionFileReader,
-    is_readable,
+    is_committed,
     partition_directory,
     result_directories,
 )
@@ -287,7 +287,7 @@ class NettyShuffleMaster(ShuffleMaster):
         process's store), with its statistics if asked for."""
         if endpoint is None:
             if not statistics:
-                return [(is_readable(self._store, p), None) for p in partitions]
+                return [(is_committed(self._store, p), None) for p in partitions]
             return [_found(self._on_store(partition)) for partition in partitions]
         try:
             if not statistics:

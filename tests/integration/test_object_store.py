@@ -105,6 +105,25 @@ def test_a_deleted_object_is_a_lost_partition(scenario: ShuffleScenario, store_u
     assert scenario.job.lost == [lost]
 
 
+def test_a_stage_check_costs_a_head_a_partition_and_finds_a_deleted_one(
+    scenario: ShuffleScenario, s3_stand_in: S3StandIn, store_url: str
+) -> None:
+    """Availability alone (what an engine asks before each stage): the manifest looked up,
+    no GET of it or of the index; a partition whose objects were deleted is lost."""
+    descriptors, _ = scenario.produce(make_batches(4_000), partitions=4, subpartitions=2)
+    job = scenario.job.job_id
+    s3_stand_in.reset()
+    found = scenario.master.partitions_with_metrics(job, statistics=False).result()
+    assert [entry.available for entry in found] == [True] * 4
+    assert s3_stand_in.counts() == {"HEAD": 4}
+    lost = descriptors[2].result_partition_id
+    store = Store(store_url)
+    store.delete_tree(partition_directory(store, lost))
+    found = scenario.master.partitions_with_metrics(job, statistics=False).result()
+    assert [entry.available for entry in found] == [True, True, False, True]
+    assert scenario.job.lost == [lost]
+
+
 def test_an_attempt_left_half_written_goes_with_its_job(
     scenario: ShuffleScenario, store_url: str
 ) -> None:

@@ -24,6 +24,7 @@ from shuffle_runtime.format import (
     PartitionFileReader,
     PartitionFileWriter,
     StoreSink,
+    is_committed,
     partition_directory,
 )
 from shuffle_runtime.format.manifest import DATA_FILE, INDEX_FILE, MANIFEST_FILE
@@ -360,3 +361,20 @@ def test_a_manifest_claiming_too_many_subpartitions_is_corrupt_and_allocates_not
     for layouts in Layouts:
         with pytest.raises(PartitionCorruptedError, match="1000000000 subpartitions"):
             PartitionFileReader(store, partition, layouts)
+
+
+# --- whether a partition is committed --------------------------------------------------------
+
+
+def test_is_committed_reads_a_local_partition_and_looks_up_an_object_stores_manifest(
+    store: Store, partition: ResultPartitionID
+) -> None:
+    assert not is_committed(store, partition)
+    write_partition(store, partition, SPREAD_WRITES)
+    assert is_committed(store, partition)
+    # An index damaged behind the store's back: a local disk's check reads and finds it; an
+    # object store's takes the manifest for the commit (the read that meets it fails).
+    rewrite(store, file_path(store, partition, INDEX_FILE), b"not an index")
+    assert is_committed(store, partition) is (not store.is_local)
+    store.filesystem.rm(file_path(store, partition, MANIFEST_FILE))
+    assert not is_committed(store, partition)
