@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -63,6 +64,11 @@ R = TypeVar("R")
 _REGISTRATION_THREADS = 8
 # Partitions named in one release call (each key is ~100 bytes; messages stay small).
 _RELEASE_BATCH = 1000
+# How long a stage check asks again about partitions a restarted coordinator calls undecided
+# (their workers have not registered again yet; it says so for one worker timeout, 10 s by
+# default), and how often. What is still undecided after that is lost.
+_UNDECIDED_PATIENCE = 60.0
+_UNDECIDED_POLL = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,8 +231,9 @@ class ExternalShuffleMaster(ShuffleMaster):
             # What the workers no longer have (the application expired there) is lost now.
             with self._lock:
                 job_ids = list(self._jobs)
+            # Not what its workers have not told it yet: they may be registering again.
             for job_id in job_ids:
-                self.partitions_with_metrics(job_id, statistics=False)
+                self._check_partitions(job_id, statistics=False, await_undecided=False)
 
     def _announce_missed(self, address: str) -> None:
         """Tell the coordinator at ``address`` where the partitions it missed are."""
@@ -459,14 +466,36 @@ class ExternalShuffleMaster(ShuffleMaster):
     ) -> Future[list[PartitionWithMetrics]]:
         """Every partition the job registered: available (with its statistics, if asked for)
         if a live worker has it committed; the others are reported lost to the job (and their
-        leftovers deleted)."""
+        leftovers deleted). Those on workers that a coordinator which just restarted has not
+        heard from again are waited for, up to a minute."""
+        return completed(self._check_partitions(job_id, statistics=statistics))
+
+    def _check_partitions(
+        self, job_id: str, *, statistics: bool, await_undecided: bool = True
+    ) -> list[PartitionWithMetrics]:
+        """:meth:`partitions_with_metrics`. Those a restarted coordinator calls undecided are
+        asked about again for a while (``await_undecided``), or else left for the next check."""
         request = pb.GetPartitionStatusRequest(
             application_id=self.application_id, job_id=job_id, without_statistics=not statistics
         )
-        response = self._on_first(
-            f"status of job {job_id}",
-            lambda stub: stub.GetPartitionStatus(request, timeout=self._settings.timeout),
-        )
+        deadline = time.monotonic() + (_UNDECIDED_PATIENCE if await_undecided else 0.0)
+        waited = False
+        while True:
+            response = self._on_first(
+                f"status of job {job_id}",
+                lambda stub: stub.GetPartitionStatus(request, timeout=self._settings.timeout),
+            )
+            undecided = sum(status.undecided for status in response.partitions)
+            if not undecided or time.monotonic() >= deadline:
+                break
+            if not waited:
+                waited = True
+                logger.info(
+                    "job %s: %d partitions wait for their workers to register again",
+                    job_id,
+                    undecided,
+                )
+            time.sleep(_UNDECIDED_POLL)
         known = {partition_of(status.location.partition): status for status in response.partitions}
         with self._lock:
             registered = dict(self._registered.get(job_id, {}))
@@ -475,7 +504,8 @@ class ExternalShuffleMaster(ShuffleMaster):
         for partition, entry in registered.items():
             status = known.get(partition)
             if status is None or not status.available:
-                lost.append(partition)
+                if status is None or await_undecided or not status.undecided:
+                    lost.append(partition)
                 result.append(PartitionWithMetrics(entry.descriptor, False, None))
             else:
                 found = statistics_from_pb(status.statistics) if statistics else None
@@ -486,4 +516,4 @@ class ExternalShuffleMaster(ShuffleMaster):
                 self._release(lost)
             except ShuffleError as error:
                 logger.warning("releasing lost partitions failed: %s", error)
-        return completed(result)
+        return result

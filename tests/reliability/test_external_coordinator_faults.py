@@ -122,6 +122,42 @@ def test_a_partition_committed_after_its_coordinator_restarted_is_found_where_it
     nothing_stored(cluster)
 
 
+def test_a_driver_heard_before_a_worker_that_was_down_loses_none_of_its_partitions(
+    tmp_path: Path,
+) -> None:
+    """The coordinator restarts while a worker is down, and the driver tells it where its
+    partitions are before that worker is back: they are not lost but undecided; the stage
+    check waits for the worker to register again, finds every partition, and reads every row.
+    (Taken for lost, they were deleted as released when the worker came back.)"""
+    settings = {**SETTINGS, "external-shuffle.coordinator.worker-timeout": 60.0}
+    with (
+        LocalCluster(tmp_path, workers=2, settings=settings) as cluster,
+        scenario_on(cluster, **{"external-shuffle.client.heartbeat-interval": 600.0}) as scenario,
+    ):
+        written, _ = scenario.produce(batches(), partitions=PARTITIONS, subpartitions=SUBPARTITIONS)
+        assert any(placed_on(cluster, d) == {1} for d in written), "worker 1 holds some"
+        files = stored(cluster)
+        cluster.kill_worker(1)
+        cluster.kill_coordinator()
+        cluster.start_coordinator()
+        cluster.wait_for_workers({cluster.worker_target(0)})
+        external(scenario.master).heartbeat()  # tells it everything before worker 1 is back
+        assert scenario.job.lost == []
+        check = in_background(
+            lambda: scenario.master.partitions_with_metrics(scenario.job.job_id).result()
+        )
+        time.sleep(1.0)
+        assert not check.done(), "the check waits for worker 1"
+        cluster.start_worker(1)
+        metrics = check.result(timeout=60)
+        assert isinstance(metrics, list)
+        assert all(m.available for m in metrics)
+        assert scenario.job.lost == []
+        assert stored(cluster) == files
+        assert rows_of(scenario.read(scenario.consumer, written, ALL)) == list(range(ROWS))
+    nothing_stored(cluster)
+
+
 def test_writes_during_a_coordinator_outage_wait_for_it_to_come_back(
     one_coordinator: LocalCluster,
 ) -> None:

@@ -432,6 +432,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         self, request: pb.GetPartitionStatusRequest, context: grpc.ServicerContext
     ) -> pb.GetPartitionStatusResponse:
         self._check_acts_for(context, request.application_id)
+        # Before the placements: a worker that registers in between is asked, or still awaited.
+        awaited = self.state.awaited_workers()
         placements, askable = self.state.job_partitions(request.application_id, request.job_id)
         statistics = self._committed_statistics(
             placements, askable, without_statistics=request.without_statistics
@@ -442,6 +444,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                     location=_location(placement),
                     available=placement.partition in statistics,
                     statistics=statistics.get(placement.partition),
+                    undecided=placement.partition not in statistics
+                    and any(replica.worker_id in awaited for replica in placement.replicas),
                 )
                 for placement in placements
             ]

@@ -138,6 +138,7 @@ class CoordinatorState:
         self.worker_timeout = worker_timeout
         self.application_timeout = application_timeout
         self._clock = clock
+        self._started = clock()
         self._workers: dict[str, _Worker] = {}
         self._partitions: dict[ResultPartitionID, _Partition] = {}
         # Partitions per worker, kept as they are placed and dropped: placement reads it.
@@ -538,6 +539,19 @@ class CoordinatorState:
                 if worker.alive or (worker.announced and worker.dialable)
             }
         return placements, askable
+
+    def awaited_workers(self) -> set[str]:
+        """Workers a client named as holding partitions that have not registered since this
+        coordinator started, while it is younger than a worker timeout: a live worker's next
+        heartbeat registers it, so what it holds is not lost yet."""
+        with self._lock:
+            if self._clock() - self._started > self.worker_timeout:
+                return set()
+            return {
+                worker_id
+                for worker_id, worker in self._workers.items()
+                if worker.announced and not worker.alive
+            }
 
     # --- time ---------------------------------------------------------------------------------
 

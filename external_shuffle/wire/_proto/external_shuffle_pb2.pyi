@@ -309,14 +309,16 @@ class GetPartitionStatusRequest(_message.Message):
     def __init__(self, application_id: _Optional[str] = ..., job_id: _Optional[str] = ..., without_statistics: _Optional[bool] = ...) -> None: ...
 
 class PartitionStatus(_message.Message):
-    __slots__ = ("location", "available", "statistics")
+    __slots__ = ("location", "available", "statistics", "undecided")
     LOCATION_FIELD_NUMBER: _ClassVar[int]
     AVAILABLE_FIELD_NUMBER: _ClassVar[int]
     STATISTICS_FIELD_NUMBER: _ClassVar[int]
+    UNDECIDED_FIELD_NUMBER: _ClassVar[int]
     location: PartitionLocation
     available: bool
     statistics: PartitionStatistics
-    def __init__(self, location: _Optional[_Union[PartitionLocation, _Mapping]] = ..., available: _Optional[bool] = ..., statistics: _Optional[_Union[PartitionStatistics, _Mapping]] = ...) -> None: ...
+    undecided: bool
+    def __init__(self, location: _Optional[_Union[PartitionLocation, _Mapping]] = ..., available: _Optional[bool] = ..., statistics: _Optional[_Union[PartitionStatistics, _Mapping]] = ..., undecided: _Optional[bool] = ...) -> None: ...
 
 class GetPartitionStatusResponse(_message.Message):
     __slots__ = ("partitions",)

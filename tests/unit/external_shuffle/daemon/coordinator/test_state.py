@@ -257,6 +257,29 @@ def test_a_driver_may_tell_a_place_on_a_worker_not_registered_yet(clock: Clock) 
     assert state.partition_count() == 1
 
 
+def test_a_worker_a_driver_names_is_awaited_for_a_worker_timeout_after_a_restart(
+    clock: Clock,
+) -> None:
+    """After a restart, a driver may tell where its partitions are before their workers
+    register again: those workers are awaited (their partitions are not lost yet) until they
+    register, or for one worker timeout from the start."""
+    state = new_state(clock)
+    state.register_worker(worker(0), pb.WorkerLoad(), [])
+    state.register_application("app-1")
+    state.register_job("app-1", "job-1")
+    register(state, 0, placed_on=(worker(1),))
+    register(state, 1, placed_on=(worker(2),))
+    assert state.awaited_workers() == {"worker-1", "worker-2"}, "registered ones are not"
+    state.register_worker(worker(1), pb.WorkerLoad(), [partition(0)])
+    assert state.awaited_workers() == {"worker-2"}
+    state.declare_dead("worker-1", "no heartbeat")
+    assert state.awaited_workers() == {"worker-2"}, "one that registered and died is not"
+    clock.now += WORKER_TIMEOUT
+    assert state.awaited_workers() == {"worker-2"}
+    clock.now += 0.1
+    assert state.awaited_workers() == set(), "a worker timeout after the start, it is dead"
+
+
 def test_partitions_lost_with_a_dead_worker_are_deleted_when_it_comes_back(clock: Clock) -> None:
     state = new_state(clock)
     state.register_worker(worker(0), pb.WorkerLoad(), [])
