@@ -21,7 +21,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO, Final, Protocol
 
@@ -211,6 +211,16 @@ class _LocalRanges(RangeReader):
             return int(sock.sendfile(file, offset, length))
 
 
+_FileKey = tuple[str, bool]  # a file's path, and whether it is mapped
+
+
+def _directories_above(path: str) -> Iterator[str]:
+    """``/a/b/c`` -> ``/a/b``, ``/a``."""
+    while (end := path.rfind("/")) > 0:
+        path = path[:end]
+        yield path
+
+
 class _OpenFiles:
     """The local files this process read lately, kept open (and mapped): a Python worker's
     reducers, one after another, read a small block of each of the same map outputs, and
@@ -229,9 +239,10 @@ class _OpenFiles:
         self._max_files = max_files
         self._max_idle = max_idle
         self._clock = clock
-        self._files: collections.OrderedDict[tuple[str, bool], _LocalRanges] = (
-            collections.OrderedDict()
-        )
+        self._files: collections.OrderedDict[_FileKey, _LocalRanges] = collections.OrderedDict()
+        # The keys below each directory that holds a cached file (at any depth): letting go
+        # of a deleted partition's files costs its own files, not a look at every one cached.
+        self._under: dict[str, set[_FileKey]] = {}
         self._lock = threading.Lock()
         self._next_expiry = 0.0
 
@@ -251,14 +262,17 @@ class _OpenFiles:
                 return found
             with self._lock:  # deleted since: closed once its readers are gone
                 if self._files.get(key) is found:
-                    del self._files[key]
+                    self._drop(key)
         opened = _LocalRanges(path, mapped=mapped)
         opened.used = now
         with self._lock:
+            if key not in self._files:
+                for directory in _directories_above(path):
+                    self._under.setdefault(directory, set()).add(key)
             self._files[key] = opened
             self._files.move_to_end(key)
             while len(self._files) > self._max_files:
-                self._files.popitem(last=False)
+                self._drop(next(iter(self._files)))
         return opened
 
     def _expire(self, now: float) -> None:
@@ -267,14 +281,22 @@ class _OpenFiles:
             key, oldest = next(iter(self._files.items()))
             if now - oldest.used <= self._max_idle:
                 return
-            del self._files[key]
+            self._drop(key)
+
+    def _drop(self, key: _FileKey) -> None:
+        """Forget the file (under the lock)."""
+        del self._files[key]
+        for directory in _directories_above(key[0]):
+            below = self._under[directory]
+            below.discard(key)
+            if not below:
+                del self._under[directory]
 
     def forget_under(self, directory: str) -> None:
         """Let go of the files under ``directory`` (being deleted by this process)."""
-        prefix = directory.rstrip("/") + "/"
         with self._lock:
-            for key in [key for key in self._files if key[0].startswith(prefix)]:
-                del self._files[key]
+            for key in list(self._under.get(directory.rstrip("/"), ())):
+                self._drop(key)
 
     def __len__(self) -> int:
         return len(self._files)

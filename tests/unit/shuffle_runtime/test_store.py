@@ -111,6 +111,28 @@ def test_files_unused_for_the_idle_time_are_let_go(tmp_path: Path) -> None:
     assert files.open(str(tmp_path / "old"), mapped=False) is not old
 
 
+def test_letting_go_under_a_directory_drops_its_files_at_any_depth_and_no_others(
+    tmp_path: Path,
+) -> None:
+    files = _OpenFiles(max_files=3, max_idle=60.0)
+    for directory in ("a/x", "a/y/z", "ab"):
+        (tmp_path / directory).mkdir(parents=True)
+    paths = [_file(tmp_path, name, b"bytes") for name in ("a/x/data", "a/y/z/data", "ab/data")]
+    opened = [files.open(path, mapped=False) for path in paths]
+    files.forget_under(str(tmp_path / "a") + "/")
+    assert len(files) == 1
+    assert files.open(paths[2], mapped=False) is opened[2], "a name that only starts alike"
+    assert files.open(paths[0], mapped=False) is not opened[0]
+    files.forget_under(str(tmp_path / "a" / "x"))
+    files.forget_under(str(tmp_path / "ab"))
+    assert len(files) == 0
+    for number in range(5):  # evictions past the bound keep nothing of what they drop
+        files.open(_file(tmp_path, f"more-{number}", b"bytes"), mapped=False)
+    files.forget_under(str(tmp_path))
+    assert len(files) == 0
+    assert not files._under
+
+
 def test_what_this_process_deletes_is_let_go_at_once(tmp_path: Path) -> None:
     store = Store(str(tmp_path))
     kept, deleted = store.path("kept", "data"), store.path("deleted", "data")
