@@ -134,13 +134,22 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     def _delete(self, releases: Releases) -> int:
         """Tell each worker what to delete (one that does not answer is told with its next
-        heartbeat); then delete what is on a tier store with no live worker to do it."""
-        for address, partitions in releases.per_worker.items():
-            try:
-                pb_grpc.WorkerStub(self._peers.get(address.target)).ReleasePartitions(
+        heartbeat); then delete what is on a tier store with no live worker to do it. The
+        workers delete at once, each its own share."""
+        calls = [
+            (
+                address,
+                partitions,
+                pb_grpc.WorkerStub(self._peers.get(address.target)).ReleasePartitions.future(
                     pb.WorkerReleasePartitionsRequest(partitions=[key_of(p) for p in partitions]),
                     timeout=self._peers.settings.timeout,
-                )
+                ),
+            )
+            for address, partitions in releases.per_worker.items()
+        ]
+        for address, partitions, call in calls:
+            try:
+                call.result()
             except grpc.RpcError as error:
                 logger.warning("release on %s deferred: %s", address.worker_id, error)
                 self.state.defer_release(address.worker_id, partitions)

@@ -811,8 +811,10 @@ class WorkerState:
         PartitionFileReader.forget(self.store, partition)
         directory = partition_directory(self.store, partition)
         # Being copied to the tier: what the copy made there goes too.
-        moving = committed is not None and self.store.exists(
-            self.store.child(directory, MOVING_FILE)
+        moving = (
+            committed is not None
+            and self.tier is not None
+            and self.store.exists(self.store.child(directory, MOVING_FILE))
         )
         self.store.delete_tree(directory, empty_parents=2)
         if committed is not None and (committed.on_tier or moving) and self.tier is not None:
