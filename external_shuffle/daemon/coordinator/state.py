@@ -701,13 +701,12 @@ class CoordinatorState:
         with their next call)."""
         per_worker: dict[WorkerAddress, list[ResultPartitionID]] = defaultdict(list)
         on_tier: dict[str, list[ResultPartitionID]] = defaultdict(list)
-        count = 0
+        released: list[ResultPartitionID] = []
         for entry in entries:
             if self._partitions.get(entry.partition) is not entry:
                 continue
-            count += 1
+            released.append(entry.partition)
             self._untrack(entry)
-            self._remember_released([entry.partition])
             for worker_id in entry.replicas:
                 worker = self._workers[worker_id]
                 if worker.alive:
@@ -717,7 +716,8 @@ class CoordinatorState:
             placement = self._placement_of(entry)
             if placement.tier_url and not any(map(self._is_alive, entry.replicas)):
                 on_tier[placement.tier_url].append(entry.partition)
-        return Releases(count, dict(per_worker), dict(on_tier))
+        self._remember_released(released)
+        return Releases(len(released), dict(per_worker), dict(on_tier))
 
     def _remember_released(self, partitions: Iterable[ResultPartitionID]) -> None:
         """A copy a worker shows later (a heartbeat sent before the release, or a replica
