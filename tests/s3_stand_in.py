@@ -131,6 +131,13 @@ class S3StandIn:
         """Refuse every ``every``-th request from now on with 503 SlowDown (0: none)."""
         self._control(f"throttle?every={every}")
 
+    def cpu_seconds(self) -> float:
+        """The CPU time the stand-in's process has used so far (Linux's /proc): what serving
+        a stage's requests takes from the cores the stage shares with it."""
+        fields = Path(f"/proc/{self._process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        user, system = int(fields[11]), int(fields[12])  # utime and stime, in clock ticks
+        return (user + system) / os.sysconf("SC_CLK_TCK")
+
     def make_bucket(self, name: str) -> None:
         request = urllib.request.Request(f"{self.endpoint}/{name}", method="PUT")
         with urllib.request.urlopen(request, timeout=30):
