@@ -27,6 +27,7 @@ __all__ = [
     "AUTO",
     "AUTO_CANDIDATES",
     "SAMPLE_BYTES",
+    "TRIAL_SECONDS",
     "CodecTrial",
     "choose_codec",
     "ipc_write_options",
@@ -43,6 +44,11 @@ SAMPLE_BYTES: Final = 512 << 10
 """At most this much of the first batch is tried: enough to amortize a codec's fixed cost per
 buffer and for stable timings (about a millisecond each), little enough to cost next to
 nothing beside a partition's write (about 2 ms for the whole trial, on the spill thread)."""
+
+TRIAL_SECONDS: Final = 0.001
+"""About the least a trial costs (on the 2-core development machine: 0.7 ms on a batch of 5
+rows, 1.2 ms on 80 KB, 2 ms on the whole sample): a partition whose bytes, all saved and moved
+twice, are worth less than this at the bandwidth is stored plain without a trial."""
 
 _TIMINGS: Final = 3
 """Each encoding is timed this many times, interleaved, and the median kept: one pause of the
@@ -118,12 +124,16 @@ def choose_codec(
     first_batch: pa.RecordBatch,
     bandwidth: int,
     *,
+    known_bytes: int | None = None,
     candidates: Sequence[str] = AUTO_CANDIDATES,
     clock: Callable[[], float] = time.perf_counter,
 ) -> str:
-    """The codec to store with: ``setting`` itself unless it is :data:`AUTO`."""
+    """The codec to store with: ``setting`` itself unless it is :data:`AUTO`. ``known_bytes``:
+    what the partition holds at least (its first region), when the writer knows it."""
     if setting != AUTO:
         return setting
+    if known_bytes is not None and 2 * known_bytes / bandwidth < TRIAL_SECONDS:
+        return "none"  # no codec could save what the trial costs
     trials = try_codecs(first_batch, candidates, clock=clock)
     best = max(trials, key=lambda trial: trial.net_seconds(bandwidth))
     chosen = best.codec if best.net_seconds(bandwidth) > 0 else "none"

@@ -169,6 +169,7 @@ class PartitionFileWriter:
         self._run_start = 0
         self._drained = 0
         self._ipc: pa.ipc.RecordBatchFileWriter | None = None
+        self._region_bytes_written = 0  # the Arrow bytes of the region being written
         self._batches = 0
         self._regions = 0
         # Per run: its index row (INDEX_SCHEMA's columns but the checksum), and the checksums
@@ -205,7 +206,7 @@ class PartitionFileWriter:
         if subpartition == BROADCAST:
             self.spill()
             # Queued behind the region just handed over: the spill thread runs one task at a time.
-            self._hand_over(lambda: self._write_broadcast(batch), size)
+            self._hand_over(lambda: self._write_broadcast(batch, size), size)
             return
         rows = OrderedRows(batch, subpartition, np.array([batch.num_rows], dtype=np.int64))
         self._buffer(_Buffered(rows, np.array([size], dtype=np.int64)))
@@ -246,7 +247,7 @@ class PartitionFileWriter:
         region, size = self._region, self._buffered_bytes
         self._region = []
         self._buffered_bytes = 0
-        self._hand_over(lambda: self._write_region(region), size)
+        self._hand_over(lambda: self._write_region(region, size), size)
 
     def _hand_over(self, task: Callable[[], None], size: int) -> None:
         self._wait_for_spill()
@@ -273,10 +274,11 @@ class PartitionFileWriter:
 
     # --- on the spill thread -----------------------------------------------------------------
 
-    def _write_region(self, region: list[_Buffered]) -> None:
+    def _write_region(self, region: list[_Buffered], size: int) -> None:
         """Each subpartition's rows as one run (or a few, see :data:`MAX_RUN_BYTES`) of
         batches of about the target size: fewer, larger IPC messages to write and to read."""
         target = self._target_batch_bytes
+        self._region_bytes_written = size
         with storage_errors(self._sink.where):
             for subpartition, pieces in _pieces_by_subpartition(region):
                 if len(pieces) == 1 and pieces[0][1] <= target:  # most, into many subpartitions
@@ -286,7 +288,8 @@ class PartitionFileWriter:
             self._drain()
         self._regions += 1
 
-    def _write_broadcast(self, batch: pa.RecordBatch) -> None:
+    def _write_broadcast(self, batch: pa.RecordBatch, size: int) -> None:
+        self._region_bytes_written = size
         with storage_errors(self._sink.where):
             self._write_run(BROADCAST, [batch])
             self._drain()
@@ -311,7 +314,12 @@ class PartitionFileWriter:
             return self._stream, self._ipc
         schema = self._schema
         assert schema is not None
-        self._codec = choose_codec(self._codec, first_batch, self._auto_bandwidth)
+        self._codec = choose_codec(
+            self._codec,
+            first_batch,
+            self._auto_bandwidth,
+            known_bytes=self._region_bytes_written,
+        )
         self._data = _HashingSink(self._sink.open_data())
         self._stream = pa.BufferedOutputStream(
             pa.PythonFile(self._data, mode="w"), _STREAM_BUFFER_BYTES

@@ -61,3 +61,15 @@ def test_auto_follows_the_bandwidth_the_saving_is_weighed_at() -> None:
     # zstd costs more CPU than plain storage, measured: a fast enough link makes it not pay.
     assert choose_codec("auto", compressible(), 1 * MIB, candidates=("zstd",)) == "zstd"
     assert choose_codec("auto", compressible(), 1 << 40, candidates=("zstd",)) == "none"
+
+
+def test_a_partition_too_small_to_repay_a_trial_is_stored_plain_without_one() -> None:
+    def no_clock() -> float:
+        raise AssertionError("a trial that cannot pay must not run")
+
+    # 100 kB, all saved and moved twice at 256 MiB/s: 0.75 ms, less than a trial costs.
+    assert choose_codec("auto", compressible(), 256 * MIB, known_bytes=100_000, clock=no_clock) == (
+        "none"
+    )
+    # On a link 256 times slower the same bytes are worth a trial, and lz4 pays there.
+    assert choose_codec("auto", compressible(), 1 * MIB, known_bytes=100_000) in ("lz4", "zstd")
