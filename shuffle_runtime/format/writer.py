@@ -126,7 +126,8 @@ class PartitionFileWriter:
     that region is handed to a background spill thread, which coalesces, encodes, compresses
     and writes it while the next region fills (pyarrow releases the GIL for that work, so a
     producer and its spill use two cores). At most one region is in flight, so the writer holds
-    about the budget.
+    about the budget. The commit writes the last region itself (nothing is left to overlap it
+    with), so a partition that fits one region starts no thread.
 
     With ``codec="auto"`` the codec is chosen when the first run is written, from its first
     batch (see :mod:`shuffle_runtime.format.codec_choice`); the manifest records the choice.
@@ -160,7 +161,9 @@ class PartitionFileWriter:
         # The producer's side: the region filling, and the spill in flight.
         self._region: list[_Buffered] = []
         self._buffered_bytes = 0
-        self._spiller = ThreadPoolExecutor(1, thread_name_prefix="pyshuffle-spill")
+        # Started by the first spill before the commit: a partition written whole at its commit
+        # (most map outputs) starts no thread.
+        self._spiller: ThreadPoolExecutor | None = None
         self._spilling: Future[None] | None = None
         self._spilling_bytes = 0
         # The spill thread's side: the producer reads it only after waiting for the spill.
@@ -244,15 +247,25 @@ class PartitionFileWriter:
         spill is written: one region in flight at most)."""
         if not self._buffered_bytes:
             return
+        region, size = self._take_region()
+        self._hand_over(lambda: self._write_region(region, size), size)
+
+    def _take_region(self) -> tuple[list[_Buffered], int]:
         region, size = self._region, self._buffered_bytes
         self._region = []
         self._buffered_bytes = 0
-        self._hand_over(lambda: self._write_region(region, size), size)
+        return region, size
 
     def _hand_over(self, task: Callable[[], None], size: int) -> None:
         self._wait_for_spill()
+        if self._spiller is None:
+            self._spiller = ThreadPoolExecutor(1, thread_name_prefix="pyshuffle-spill")
         self._spilling = self._spiller.submit(task)
         self._spilling_bytes = size
+
+    def _stop_spiller(self) -> None:
+        if self._spiller is not None:
+            self._spiller.shutdown()
 
     def _wait_for_spill(self) -> None:
         """Block until the spill in flight is written; its error is raised here."""
@@ -272,7 +285,7 @@ class PartitionFileWriter:
                 )
         self._schema = schema
 
-    # --- on the spill thread -----------------------------------------------------------------
+    # --- on the spill thread (the last region: on the committing one) -----------------------
 
     def _write_region(self, region: list[_Buffered], size: int) -> None:
         """Each subpartition's rows as one run (or a few, see :data:`MAX_RUN_BYTES`) of
@@ -374,9 +387,11 @@ class PartitionFileWriter:
 
     def commit(self) -> PartitionStatistics:
         """Write what is buffered, the index, then the manifest (the commit point)."""
-        self.spill()
         self._wait_for_spill()
-        self._spiller.shutdown()
+        self._stop_spiller()
+        region, size = self._take_region()
+        if size:  # on this thread: the producer has nothing left to do meanwhile
+            self._write_region(region, size)
         data_bytes = 0
         if self._ipc is not None and self._stream is not None and self._data is not None:
             with storage_errors(self._sink.where):
@@ -426,7 +441,7 @@ class PartitionFileWriter:
         # Whatever the spill in flight did or failed to do is deleted next.
         with contextlib.suppress(Exception):
             self._wait_for_spill()
-        self._spiller.shutdown()
+        self._stop_spiller()
         if self._data is not None:
             # The directory is removed next; a close error changes nothing.
             with contextlib.suppress(OSError, ShuffleError):
