@@ -1,6 +1,8 @@
 """Pushing a partition to its workers: the data file as a client stream per replica, ended by
 a message with the index and manifest that commits it (a worker older than that message
-commits with a call of its own).
+commits with a call of its own). A data file under one chunk (most map outputs) goes with its
+commit in one ``PushPartition`` call per replica instead: no stream to set up on either side
+(a worker older than that call gets the stream).
 
 A writer's bytes are cut into chunks and queued per replica; past
 ``external-shuffle.client.max-in-flight`` queued bytes the writer waits (backpressure). With
@@ -22,7 +24,7 @@ import pyarrow as pa
 
 from external_shuffle.client.descriptor import ExternalShuffleDescriptor
 from external_shuffle.wire.channels import ChannelPool, translate_rpc_error
-from external_shuffle.wire.framing import frame_push, push_data_call
+from external_shuffle.wire.framing import frame_push, push_data_call, push_partition_call
 from external_shuffle.wire.messages import WorkerAddress, key_of
 from external_shuffle.wire.stubs import pb, pb_grpc
 from shuffle_api import ResultPartitionID, ShuffleError, TransportError
@@ -180,12 +182,18 @@ class _DataStream:
         """Chunks go out when full; the rest on close."""
 
     def close(self) -> None:
-        """Send the rest; the commit ends the pushes."""
+        """Send the rest, or leave it to the commit if nothing was sent (the whole file is
+        under a chunk); the commit ends the pushes."""
         if self.closed:
             return
         self.closed = True
-        if self._pending:
-            self._send_pending()
+        if self._sink.streaming:
+            if self._pending:
+                self._send_pending()
+        else:
+            self._sink.hold(list(self._pending), self._pending_bytes)
+            self._pending.clear()
+            self._pending_bytes = 0
 
 
 class PushSink(PartitionSink):
@@ -209,6 +217,10 @@ class PushSink(PartitionSink):
         self._sequence = 0
         self._pushes: list[_ReplicaPush] = []
         self._live = list(replicas)
+        self.streaming = False
+        # The whole data file, when it ended under a chunk before any was sent.
+        self._held: list[memoryview] | None = None
+        self._held_bytes = 0
 
     @property
     def partition(self) -> ResultPartitionID:
@@ -222,11 +234,19 @@ class PushSink(PartitionSink):
         return pb_grpc.WorkerStub(self._channels.get(worker.target))
 
     def open_data(self) -> _DataStream:
+        """The data file's stream; the pushes start with its first full chunk."""
+        return _DataStream(self)
+
+    def _start_streams(self, workers: Sequence[WorkerAddress]) -> None:
+        self.streaming = True
         self._pushes = [
             _ReplicaPush(worker, self._channels.get(worker.target), self._partition, self.settings)
-            for worker in self._live
+            for worker in workers
         ]
-        return _DataStream(self)
+
+    def hold(self, parts: list[memoryview], size: int) -> None:
+        """Keep the whole data file (``size`` bytes, under a chunk) for the commit."""
+        self._held, self._held_bytes = parts, size
 
     def _drop(self, worker: WorkerAddress, error: ShuffleError) -> None:
         """A replica failed: go on without it while another one takes the data."""
@@ -243,7 +263,18 @@ class PushSink(PartitionSink):
     ) -> None:
         """Frame the chunk made of ``parts`` (``size`` bytes), or the ``commit``, and queue it
         for every replica; each gets the same messages, so the same sequence numbers."""
-        message = frame_push(
+        if not self.streaming:
+            self._start_streams(self._live)
+        message = self._frame(parts, size, commit)
+        self._sequence += 1
+        for push in list(self._pushes):
+            try:
+                push.send(message, size)
+            except ShuffleError as error:
+                self._drop(push.worker, error)
+
+    def _frame(self, parts: Sequence[memoryview], size: int, commit: pb.PushCommit | None) -> bytes:
+        return frame_push(
             pb.PushDataRequest(
                 partition=self._key,
                 sequence=self._sequence,
@@ -254,15 +285,15 @@ class PushSink(PartitionSink):
             parts,
             size,
         )
-        self._sequence += 1
-        for push in list(self._pushes):
-            try:
-                push.send(message, size)
-            except ShuffleError as error:
-                self._drop(push.worker, error)
 
     def commit(self, index: bytes, manifest: bytes) -> None:
         committed: set[WorkerAddress] = set()
+        if self._held is not None:
+            committed = self._push_whole(self._held, self._held_bytes, index, manifest)
+            older = [worker for worker in self._live if worker not in committed]
+            if older:
+                self._start_streams(older)
+                self.send(self._held, self._held_bytes)
         if self._pushes:
             self.send((), 0, pb.PushCommit(index=index, manifest=manifest))
             for push in list(self._pushes):
@@ -274,6 +305,37 @@ class PushSink(PartitionSink):
         uncommitted = [worker for worker in self._live if worker not in committed]
         if uncommitted:
             self._commit_by_call(uncommitted, index, manifest)
+
+    def _push_whole(
+        self, parts: Sequence[memoryview], size: int, index: bytes, manifest: bytes
+    ) -> set[WorkerAddress]:
+        """Push and commit the data file in one call per replica, all at once; the replicas
+        that committed it (not those too old to take the call)."""
+        message = self._frame(parts, size, pb.PushCommit(index=index, manifest=manifest))
+        calls = [
+            (
+                worker,
+                push_partition_call(self._channels.get(worker.target)).future(
+                    message, timeout=self.settings.timeout
+                ),
+            )
+            for worker in self._live
+        ]
+        committed: set[WorkerAddress] = set()
+        for worker, call in calls:
+            try:
+                call.result()
+            except grpc.RpcError as failure:
+                if failure.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    self._drop(
+                        worker,
+                        translate_rpc_error(
+                            failure, f"push of {self._partition} to worker {worker.target}"
+                        ),
+                    )
+                continue
+            committed.add(worker)
+        return committed
 
     def _commit_by_call(
         self, workers: Sequence[WorkerAddress], index: bytes, manifest: bytes

@@ -119,7 +119,7 @@ class DaemonMetrics:
         )
         self.push_seconds = Histogram(
             "pyshuffle_push_seconds",
-            "Seconds a push stream lasted, first message to last",
+            "Seconds a push lasted: a stream, first message to last, or a PushPartition call",
             buckets=_STREAM_SECONDS,
             registry=worker,
         )

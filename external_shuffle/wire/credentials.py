@@ -124,6 +124,7 @@ _APPLICATION_METHODS: Final = frozenset(
             "Worker",
             (
                 "PushData",
+                "PushPartition",
                 "CommitPartition",
                 "MergePartitions",
                 "FetchData",

@@ -31,6 +31,7 @@ __all__ = [
     "fetch_prefix",
     "frame_push",
     "push_data_call",
+    "push_partition_call",
     "read_fetch",
     "read_push",
     "worker_rpc_handler",
@@ -190,6 +191,17 @@ def push_data_call(
     )
 
 
+def push_partition_call(
+    channel: grpc.Channel,
+) -> grpc.UnaryUnaryMultiCallable[bytes, pb.PushDataResponse]:
+    """``Worker.PushPartition`` taking a message framed by :func:`frame_push`."""
+    return channel.unary_unary(
+        _method_path("PushPartition"),
+        request_serializer=None,
+        response_deserializer=pb.PushDataResponse.FromString,
+    )
+
+
 def fetch_data_call(
     channel: grpc.Channel,
 ) -> grpc.UnaryStreamMultiCallable[pb.FetchDataRequest, FetchChunk]:
@@ -224,6 +236,7 @@ _HANDLER_KINDS = {
 # Worker methods served with framed messages: (request deserializer, response serializer).
 _FRAMED: dict[str, tuple[Callable[[bytes], Any], Callable[[Any], bytes] | None]] = {
     "PushData": (_never_raising(read_push), pb.PushDataResponse.SerializeToString),
+    "PushPartition": (_never_raising(read_push), pb.PushDataResponse.SerializeToString),
     # FetchData's handler yields messages it framed (fetch_prefix and the data) or serialized.
     "FetchData": (pb.FetchDataRequest.FromString, None),
 }

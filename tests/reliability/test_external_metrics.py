@@ -77,8 +77,8 @@ def test_each_daemon_exports_its_process_and_build(cluster: LocalCluster) -> Non
 
 def test_workers_export_stream_latencies_and_disk(cluster: LocalCluster) -> None:
     workers = _workers(cluster)
-    # One push stream per partition and replica (two replicas, the default), and a fetch
-    # stream per partition read.
+    # One push (a PushPartition call, these partitions being under a chunk) per partition and
+    # replica (two replicas, the default), and a fetch stream per partition read.
     assert sum(worker["pyshuffle_push_seconds_count"] for worker in workers) >= PARTITIONS
     assert sum(worker["pyshuffle_fetch_seconds_count"] for worker in workers) >= PARTITIONS
     for worker in workers:

@@ -1,11 +1,15 @@
-"""A push stream that ends with its commit (``PushDataRequest.commit``): a map task's replica
-takes one call, not a push and a commit. Real daemons on 127.0.0.1 and raw gRPC; a worker of
-the protocol before it (which takes the commit message for an empty chunk) in this process."""
+"""A push stream that ends with its commit (``PushDataRequest.commit``), and a partition
+pushed whole with its commit in one message (``PushPartition``): a map task's replica takes
+one call, not a push and a commit. Real daemons on 127.0.0.1 and raw gRPC; workers of the
+protocols before them (which take the commit message for an empty chunk, and know no
+``PushPartition``) in this process."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import grpc
 import pytest
@@ -114,11 +118,88 @@ def test_a_stream_that_breaks_the_commit_rule_is_refused_typed_and_commits_nothi
     assert not committed(cluster, worker, built)
 
 
-class _PreviousWorker(WorkerService):
-    """A worker of the protocol before a push's commit: its PushData knows no ``commit``
-    field, so the message is an empty chunk to it. Counts the commits called."""
+def _whole(built: BuiltPartition, index: bytes | None = None) -> pb.PushDataRequest:
+    return pb.PushDataRequest(
+        partition=built.key,
+        data=built.data,
+        commit=pb.PushCommit(
+            index=built.index if index is None else index, manifest=built.manifest
+        ),
+    )
 
-    commits_called = 0
+
+def test_a_partition_pushed_whole_in_one_message_is_committed_and_a_retry_changes_nothing(
+    cluster: LocalCluster, worker: pb_grpc.WorkerStub
+) -> None:
+    built = build_partition(rows=800)
+    first = worker.PushPartition(_whole(built), metadata=auth(cluster), timeout=30)
+    assert first.committed
+    assert first.received_bytes == len(built.data)
+    assert worker.PushPartition(_whole(built), metadata=auth(cluster), timeout=30).committed
+    manifest, runs = fetch_all(worker, built.key, auth(cluster))
+    assert manifest == built.manifest
+    assert all(xxhash.xxh3_64_intdigest(data) == checksum for data, checksum in runs)
+    assert sum(len(data) for data, _ in runs) < len(built.data)  # the runs, not the file twice
+
+
+def test_a_whole_partition_without_its_commit_is_refused_typed_and_commits_nothing(
+    cluster: LocalCluster, worker: pb_grpc.WorkerStub
+) -> None:
+    built = build_partition(rows=800)
+    request = _whole(built)
+    request.ClearField("commit")
+    with pytest.raises(grpc.RpcError) as failed:
+        worker.PushPartition(request, metadata=auth(cluster), timeout=30)
+    assert isinstance(failed.value, grpc.Call)
+    assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert isinstance(translate_rpc_error(failed.value, "push"), InvalidOperationError)
+    assert not committed(cluster, worker, built)
+
+
+def test_a_whole_partition_whose_commit_lies_is_refused_and_keeps_its_bytes_for_the_truth(
+    cluster: LocalCluster, worker: pb_grpc.WorkerStub
+) -> None:
+    built = build_partition(rows=800)
+    index = bytearray(built.index)
+    index[len(index) // 2] ^= 0xFF
+    with pytest.raises(grpc.RpcError) as failed:
+        worker.PushPartition(_whole(built, bytes(index)), metadata=auth(cluster), timeout=30)
+    assert isinstance(failed.value, grpc.Call)
+    assert isinstance(translate_rpc_error(failed.value, "push"), PartitionCorruptedError)
+    assert not committed(cluster, worker, built)
+    commit(cluster, worker, built)
+    assert committed(cluster, worker, built)
+
+
+class _CountingWorker(WorkerService):
+    """Counts the calls that carry or commit a partition."""
+
+    calls: ClassVar[Counter[str]] = Counter()
+
+    def PushData(  # noqa: N802
+        self,
+        request_iterator: Iterator[PushChunk | SerializationError],
+        context: grpc.ServicerContext,
+    ) -> pb.PushDataResponse:
+        type(self).calls["PushData"] += 1
+        return super().PushData(request_iterator, context)
+
+    def PushPartition(  # noqa: N802
+        self, request: PushChunk | SerializationError, context: grpc.ServicerContext
+    ) -> pb.PushDataResponse:
+        type(self).calls["PushPartition"] += 1
+        return super().PushPartition(request, context)
+
+    def CommitPartition(  # noqa: N802
+        self, request: pb.CommitPartitionRequest, context: grpc.ServicerContext
+    ) -> pb.CommitPartitionResponse:
+        type(self).calls["CommitPartition"] += 1
+        return super().CommitPartition(request, context)
+
+
+class _PreviousWorker(_CountingWorker):
+    """A worker of the protocol before a push's commit and ``PushPartition``: it does not know
+    the call, and its PushData knows no ``commit`` field, so the message is an empty chunk."""
 
     def PushData(  # noqa: N802
         self,
@@ -133,19 +214,30 @@ class _PreviousWorker(WorkerService):
 
         return super().PushData(without_commits(), context)
 
-    def CommitPartition(  # noqa: N802
-        self, request: pb.CommitPartitionRequest, context: grpc.ServicerContext
-    ) -> pb.CommitPartitionResponse:
-        type(self).commits_called += 1
-        return super().CommitPartition(request, context)
+    def PushPartition(  # noqa: N802
+        self, request: PushChunk | SerializationError, context: grpc.ServicerContext
+    ) -> pb.PushDataResponse:
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
 
 
-@pytest.mark.parametrize("worker_type", [WorkerService, _PreviousWorker])
-def test_the_client_commits_by_its_push_or_by_a_call_to_a_worker_before_it(
-    tmp_path: Path, worker_type: type[WorkerService]
+@pytest.mark.parametrize(
+    ("worker_type", "chunk_size", "calls"),
+    [
+        (_CountingWorker, 4 << 10, {"PushData": 1}),
+        (_CountingWorker, 1 << 20, {"PushPartition": 1}),
+        (_PreviousWorker, 4 << 10, {"PushData": 1, "CommitPartition": 1}),
+        (_PreviousWorker, 1 << 20, {"PushData": 1, "CommitPartition": 1}),
+    ],
+    ids=["stream", "whole", "stream-to-an-older-worker", "whole-to-an-older-worker"],
+)
+def test_the_client_pushes_whole_streams_or_commits_by_a_call_as_the_worker_takes_it(
+    tmp_path: Path, worker_type: type[_CountingWorker], chunk_size: int, calls: dict[str, int]
 ) -> None:
+    """A data file under a chunk goes whole in one call; a larger one, or one to a worker
+    that does not know that call, by a stream; to a worker before a push's commit, with a
+    commit call."""
     built = build_partition(rows=1_500)
-    _PreviousWorker.commits_called = 0
+    _CountingWorker.calls.clear()
     with serving(Store(str(tmp_path / "store")), worker_type) as (service, stub, target):
         host, port = target.rsplit(":", 1)
         address = WorkerAddress("worker-0", host, int(port), service.address.store_url, False)
@@ -154,7 +246,7 @@ def test_the_client_commits_by_its_push_or_by_a_call_to_a_worker_before_it(
         sink = PushSink(
             ExternalShuffleDescriptor(built.partition, (address,)),
             channels,
-            PushSettings(chunk_size=4 << 10, max_in_flight=64 << 10, timeout=30.0),
+            PushSettings(chunk_size=chunk_size, max_in_flight=64 << 10, timeout=30.0),
             lambda worker, _: unreachable.append(worker),
         )
         stream = sink.open_data()
@@ -168,4 +260,8 @@ def test_the_client_commits_by_its_push_or_by_a_call_to_a_worker_before_it(
             pb.WorkerPartitionStatusRequest(partitions=[built.key]), timeout=10
         ).partitions
         assert entry.committed
-    assert _PreviousWorker.commits_called == (worker_type is _PreviousWorker)
+        manifest, runs = fetch_all(stub, built.key, [])
+    assert manifest == built.manifest
+    assert all(xxhash.xxh3_64_intdigest(data) == checksum for data, checksum in runs)
+    assert 4 << 10 < len(built.data) < 1 << 20
+    assert _CountingWorker.calls == Counter(calls)

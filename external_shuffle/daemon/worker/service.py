@@ -209,6 +209,33 @@ class WorkerService(pb_grpc.WorkerServicer):
         return response
 
     @reports_errors
+    def PushPartition(  # noqa: N802
+        self, request: PushChunk | SerializationError, context: grpc.ServicerContext
+    ) -> pb.PushDataResponse:
+        if isinstance(request, SerializationError):
+            raise request
+        message = request.header
+        if not message.HasField("commit"):
+            raise InvalidOperationError("a partition pushed in one message carries its commit")
+        partition = partition_of(message.partition)
+        application = self._writer_of(
+            context, message.application_id, partition, message.placement, "push into"
+        )
+        started = time.perf_counter()
+        upload = self.state.begin_push(partition, application)
+        received = 0
+        if upload is not None:  # else committed already: this is a retry
+            try:
+                if request.data and self.state.append(upload, message.sequence, request.data):
+                    self.metrics.bytes_in.inc(len(request.data))
+                received = upload.size
+            finally:
+                self.state.end_push(upload)
+                self.metrics.push_seconds.observe(time.perf_counter() - started)
+        self.state.commit(partition, application, message.commit.index, message.commit.manifest)
+        return pb.PushDataResponse(received_bytes=received, committed=True)
+
+    @reports_errors
     def CommitPartition(  # noqa: N802
         self, request: pb.CommitPartitionRequest, context: grpc.ServicerContext
     ) -> pb.CommitPartitionResponse:

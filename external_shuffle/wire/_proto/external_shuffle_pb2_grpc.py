@@ -685,6 +685,11 @@ class WorkerStub:
                 request_serializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.PushDataRequest.SerializeToString,
                 response_deserializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.PushDataResponse.FromString,
                 _registered_method=True)
+        self.PushPartition = channel.unary_unary(
+                '/pyshuffle.v1.external_shuffle.Worker/PushPartition',
+                request_serializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.PushDataRequest.SerializeToString,
+                response_deserializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.PushDataResponse.FromString,
+                _registered_method=True)
         self.CommitPartition = channel.unary_unary(
                 '/pyshuffle.v1.external_shuffle.Worker/CommitPartition',
                 request_serializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.CommitPartitionRequest.SerializeToString,
@@ -725,6 +730,14 @@ class WorkerServicer:
     def PushData(self, request_iterator, context):
         """The bytes of a partition attempt's data file, in order. Messages whose sequence number was
         already received are dropped (a retried push resends from any point).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PushPartition(self, request, context):
+        """A whole partition attempt in one message: its data (under one chunk) and its commit. What
+        most map outputs are; a call without a stream's setup on either side.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -780,6 +793,11 @@ def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'PushData': grpc.stream_unary_rpc_method_handler(
                     servicer.PushData,
+                    request_deserializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.PushDataRequest.FromString,
+                    response_serializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.PushDataResponse.SerializeToString,
+            ),
+            'PushPartition': grpc.unary_unary_rpc_method_handler(
+                    servicer.PushPartition,
                     request_deserializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.PushDataRequest.FromString,
                     response_serializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.PushDataResponse.SerializeToString,
             ),
@@ -841,6 +859,33 @@ class Worker:
             request_iterator,
             target,
             '/pyshuffle.v1.external_shuffle.Worker/PushData',
+            pyshuffle_dot_v1_dot_external__shuffle__pb2.PushDataRequest.SerializeToString,
+            pyshuffle_dot_v1_dot_external__shuffle__pb2.PushDataResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PushPartition(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pyshuffle.v1.external_shuffle.Worker/PushPartition',
             pyshuffle_dot_v1_dot_external__shuffle__pb2.PushDataRequest.SerializeToString,
             pyshuffle_dot_v1_dot_external__shuffle__pb2.PushDataResponse.FromString,
             options,

@@ -1,5 +1,5 @@
-"""The data file a writer pushes, as the push sink cuts it into chunks (the pushes themselves:
-tests/conformance/test_external_shuffle_conformance.py)."""
+"""The data file a writer pushes, as the push sink cuts it into chunks or holds it whole for
+the commit (the pushes themselves: tests/conformance/test_external_shuffle_conformance.py)."""
 
 from __future__ import annotations
 
@@ -14,20 +14,33 @@ CHUNK = 1000
 
 
 class _RecordingSink:
-    """What a push sink is to its data stream: where chunks are sent."""
+    """What a push sink is to its data stream: where chunks are streamed, or a file under a
+    chunk is held for the commit."""
 
     def __init__(self) -> None:
         self.settings = PushSettings(chunk_size=CHUNK, max_in_flight=4 * CHUNK, timeout=5.0)
         self.chunks: list[bytes] = []
+        self.held: list[bytes] = []
+
+    @property
+    def streaming(self) -> bool:
+        return bool(self.chunks)
 
     @property
     def sent(self) -> int:
         return sum(len(chunk) for chunk in self.chunks)
 
     def send(self, parts: Sequence[memoryview], size: int) -> None:
-        chunk = b"".join(parts)
-        assert len(chunk) == size
-        self.chunks.append(chunk)
+        self.chunks.append(_joined(parts, size))
+
+    def hold(self, parts: Sequence[memoryview], size: int) -> None:
+        self.held.append(_joined(parts, size))
+
+
+def _joined(parts: Sequence[memoryview], size: int) -> bytes:
+    data = b"".join(parts)
+    assert len(data) == size
+    return data
 
 
 @pytest.mark.parametrize("sizes", [[1], [CHUNK], [999, 1, 1000, 2500, 3, 7000], [4321] * 5])
@@ -51,15 +64,21 @@ def test_chunks_are_whole_but_the_last_and_hold_what_was_written(sizes: list[int
         # What is not sent yet is less than a chunk: the stream keeps no more.
         assert 0 <= len(expected) - sink.sent < CHUNK
     stream.close()
-    assert b"".join(sink.chunks) == expected
-    assert all(len(chunk) == CHUNK for chunk in sink.chunks[:-1])
-    assert 0 < len(sink.chunks[-1]) <= CHUNK
+    if len(expected) < CHUNK:  # held whole for the commit's one call, nothing streamed
+        assert (sink.chunks, sink.held) == ([], [bytes(expected)])
+    else:
+        assert b"".join(sink.chunks) == expected
+        assert all(len(chunk) == CHUNK for chunk in sink.chunks[:-1])
+        assert 0 < len(sink.chunks[-1]) <= CHUNK
+        assert sink.held == []
 
 
-def test_closing_twice_sends_the_last_chunk_once() -> None:
+@pytest.mark.parametrize("size", [10, CHUNK + 10])
+def test_closing_twice_sends_or_holds_the_last_chunk_once(size: int) -> None:
     sink = _RecordingSink()
     stream = _DataStream(sink)  # type: ignore[arg-type]
-    stream.write(b"x" * 10)
+    stream.write(b"x" * size)
     stream.close()
     stream.close()
-    assert sink.chunks == [b"x" * 10]
+    assert b"".join(sink.chunks + sink.held) == b"x" * size
+    assert len(sink.chunks + sink.held) == 1 + size // CHUNK
