@@ -18,6 +18,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import pyarrow as pa
@@ -309,33 +310,40 @@ class PushSink(PartitionSink):
     def _push_whole(
         self, parts: Sequence[memoryview], size: int, index: bytes, manifest: bytes
     ) -> set[WorkerAddress]:
-        """Push and commit the data file in one call per replica, all at once; the replicas
-        that committed it (not those too old to take the call)."""
+        """Push and commit the data file in one call per replica; the replicas that committed
+        it (not those too old to take the call)."""
         message = self._frame(parts, size, pb.PushCommit(index=index, manifest=manifest))
-        calls = [
-            (
-                worker,
-                push_partition_call(self._channels.get(worker.target)).future(
-                    message, timeout=self.settings.timeout
-                ),
-            )
-            for worker in self._live
-        ]
-        committed: set[WorkerAddress] = set()
+        return self._call_each(
+            self._live,
+            lambda worker: push_partition_call(self._channels.get(worker.target)).future(
+                message, timeout=self.settings.timeout
+            ),
+            f"push of {self._partition} to worker",
+            unimplemented_ok=True,
+        )
+
+    def _call_each(
+        self,
+        workers: Sequence[WorkerAddress],
+        start: Callable[[WorkerAddress], grpc.Future[Any]],
+        what: str,
+        *,
+        unimplemented_ok: bool = False,
+    ) -> set[WorkerAddress]:
+        """Call every worker at once (a map task waits for one round trip, not one per
+        replica) and drop those that fail; the workers whose call succeeded. One that does not
+        know the call, with ``unimplemented_ok``, is neither."""
+        calls = [(worker, start(worker)) for worker in workers]
+        succeeded: set[WorkerAddress] = set()
         for worker, call in calls:
             try:
                 call.result()
             except grpc.RpcError as failure:
-                if failure.code() != grpc.StatusCode.UNIMPLEMENTED:
-                    self._drop(
-                        worker,
-                        translate_rpc_error(
-                            failure, f"push of {self._partition} to worker {worker.target}"
-                        ),
-                    )
+                if not (unimplemented_ok and failure.code() == grpc.StatusCode.UNIMPLEMENTED):
+                    self._drop(worker, translate_rpc_error(failure, f"{what} {worker.target}"))
                 continue
-            committed.add(worker)
-        return committed
+            succeeded.add(worker)
+        return succeeded
 
     def _commit_by_call(
         self, workers: Sequence[WorkerAddress], index: bytes, manifest: bytes
@@ -349,24 +357,13 @@ class PushSink(PartitionSink):
             application_id=self.settings.application_id,
             placement=self._placement,
         )
-        # At once: a map task waits for one round trip, not one per replica.
-        calls = [
-            (
-                worker,
-                self._stub(worker).CommitPartition.future(request, timeout=self.settings.timeout),
-            )
-            for worker in workers
-        ]
-        for worker, call in calls:
-            try:
-                call.result()
-            except grpc.RpcError as failure:
-                self._drop(
-                    worker,
-                    translate_rpc_error(
-                        failure, f"commit of {self._partition} on worker {worker.target}"
-                    ),
-                )
+        self._call_each(
+            workers,
+            lambda worker: self._stub(worker).CommitPartition.future(
+                request, timeout=self.settings.timeout
+            ),
+            f"commit of {self._partition} on worker",
+        )
 
     def abort(self) -> None:
         for push in self._pushes:
