@@ -187,10 +187,8 @@ class WorkerService(pb_grpc.WorkerServicer):
                 elif upload is None:
                     dropped += 1
                     self.metrics.duplicates_dropped.inc()
-                elif self.state.append(upload, message.sequence, received.data):
-                    self.metrics.bytes_in.inc(len(received.data))
                 else:
-                    self.metrics.duplicates_dropped.inc()
+                    self._append(upload, message.sequence, received.data)
         finally:
             self._streams.close(stream)
             self.metrics.push_seconds.observe(time.perf_counter() - started)
@@ -207,6 +205,13 @@ class WorkerService(pb_grpc.WorkerServicer):
             self.state.commit(partition, application, commit.index, commit.manifest)
             response.committed = True
         return response
+
+    def _append(self, upload: Upload, sequence: int, data: memoryview) -> None:
+        """One pushed message's data into its upload, counted as received or as a duplicate."""
+        if self.state.append(upload, sequence, data):
+            self.metrics.bytes_in.inc(len(data))
+        else:
+            self.metrics.duplicates_dropped.inc()
 
     @reports_errors
     def PushPartition(  # noqa: N802
@@ -226,8 +231,8 @@ class WorkerService(pb_grpc.WorkerServicer):
         received = 0
         if upload is not None:  # else committed already: this is a retry
             try:
-                if request.data and self.state.append(upload, message.sequence, request.data):
-                    self.metrics.bytes_in.inc(len(request.data))
+                if request.data:
+                    self._append(upload, message.sequence, request.data)
                 received = upload.size
             finally:
                 self.state.end_push(upload)
