@@ -1,8 +1,8 @@
 """Pushing a partition to its workers: the data file as a client stream per replica, ended by
 a message with the index and manifest that commits it (a worker older than that message
-commits with a call of its own). A data file under one chunk (most map outputs) goes with its
-commit in one ``PushPartition`` call per replica instead: no stream to set up on either side
-(a worker older than that call gets the stream).
+commits with a call of its own). A data file that fits one chunk with its index and manifest
+(most map outputs) goes with its commit in one ``PushPartition`` call per replica instead: no
+stream to set up on either side (a worker older than that call gets the stream).
 
 A writer's bytes are cut into chunks and queued per replica; past
 ``external-shuffle.client.max-in-flight`` queued bytes the writer waits (backpressure). With
@@ -290,10 +290,12 @@ class PushSink(PartitionSink):
     def commit(self, index: bytes, manifest: bytes) -> None:
         committed: set[WorkerAddress] = set()
         if self._held is not None:
-            committed = self._push_whole(self._held, self._held_bytes, index, manifest)
-            older = [worker for worker in self._live if worker not in committed]
-            if older:
-                self._start_streams(older)
+            # Whole only where the data, index and manifest fit one message as a chunk does.
+            if self._held_bytes + len(index) + len(manifest) <= self.settings.chunk_size:
+                committed = self._push_whole(self._held, self._held_bytes, index, manifest)
+            streamed = [worker for worker in self._live if worker not in committed]
+            if streamed:
+                self._start_streams(streamed)
                 self.send(self._held, self._held_bytes)
         if self._pushes:
             self.send((), 0, pb.PushCommit(index=index, manifest=manifest))

@@ -225,18 +225,29 @@ class _PreviousWorker(_CountingWorker):
     [
         (_CountingWorker, 4 << 10, {"PushData": 1}),
         (_CountingWorker, 1 << 20, {"PushPartition": 1}),
+        (_CountingWorker, None, {"PushData": 1}),
         (_PreviousWorker, 4 << 10, {"PushData": 1, "CommitPartition": 1}),
         (_PreviousWorker, 1 << 20, {"PushData": 1, "CommitPartition": 1}),
     ],
-    ids=["stream", "whole", "stream-to-an-older-worker", "whole-to-an-older-worker"],
+    ids=[
+        "stream",
+        "whole",
+        "stream-as-the-commit-would-take-it-past-a-chunk",
+        "stream-to-an-older-worker",
+        "whole-to-an-older-worker",
+    ],
 )
 def test_the_client_pushes_whole_streams_or_commits_by_a_call_as_the_worker_takes_it(
-    tmp_path: Path, worker_type: type[_CountingWorker], chunk_size: int, calls: dict[str, int]
+    tmp_path: Path,
+    worker_type: type[_CountingWorker],
+    chunk_size: int | None,
+    calls: dict[str, int],
 ) -> None:
-    """A data file under a chunk goes whole in one call; a larger one, or one to a worker
-    that does not know that call, by a stream; to a worker before a push's commit, with a
-    commit call."""
+    """A data file that fits a chunk with its index and manifest goes whole in one call; a
+    larger one, or one to a worker that does not know that call, by a stream; to a worker
+    before a push's commit, with a commit call. (None: a chunk just over the data file.)"""
     built = build_partition(rows=1_500)
+    chunk_size = chunk_size or len(built.data) + 1
     _CountingWorker.calls.clear()
     with serving(Store(str(tmp_path / "store")), worker_type) as (service, stub, target):
         host, port = target.rsplit(":", 1)
