@@ -80,8 +80,9 @@ some 150,000 small blocks a second (docs/format.md), so a million leave it five 
 
 
 def _common_replicas(sources: Sequence[ShuffleDescriptor]) -> tuple[WorkerAddress, ...]:
-    """The workers that hold every one of ``sources`` (in the first one's order), where they
-    are all this service's and of one merge site (placed on the same workers); else none."""
+    """The workers that hold every one of ``sources`` (by worker id: neighbouring merges of
+    sources whose primaries differ still go to different workers), where they are all this
+    service's and of one merge site (placed on the same workers); else none."""
     first = sources[0] if sources else None
     if not isinstance(first, ExternalShuffleDescriptor):
         return ()
@@ -91,7 +92,7 @@ def _common_replicas(sources: Sequence[ShuffleDescriptor]) -> tuple[WorkerAddres
         for each in sources
     ):
         return ()
-    return first.replicas
+    return tuple(sorted(first.replicas, key=lambda replica: replica.worker_id))
 
 
 class ExternalShuffleEnvironment(ShuffleEnvironment):
