@@ -289,7 +289,8 @@ def check_commit(
 def decode_run(
     data: pa.Buffer, schema: pa.Schema, partition: ResultPartitionID
 ) -> Iterator[pa.RecordBatch]:
-    """The record batches in a run's bytes (zero-copy when uncompressed)."""
+    """The record batches in a run's bytes (zero-copy when uncompressed, but for a run of
+    many small batches: see :func:`decode_streamed`)."""
     # Message after message to the run's end: half the cost of a MessageReader, which a
     # reducer of many map outputs pays for a block of a few rows each.
     stream = pa.BufferReader(data)
@@ -299,10 +300,15 @@ def decode_run(
             message = pa.ipc.read_message(stream)
             if stream.tell() <= start:
                 raise EOFError("a message of no bytes")
-        except (pa.ArrowException, EOFError) as error:
+        except (pa.ArrowException, OSError, EOFError) as error:
             raise PartitionCorruptedError(
                 f"partition {partition}: a run does not decode: {error}", partition
             ) from error
+        if not start and stream.tell() * _STREAMED_BATCHES <= size:
+            # A first message this small for its run: a run of many (a merged one, as a
+            # reducer fetches it from a worker that does not say how many it holds).
+            yield from decode_streamed(data, schema, partition)
+            return
         try:
             yield pa.ipc.read_record_batch(message, schema)
         except pa.ArrowException as error:
@@ -325,7 +331,7 @@ def decode_streamed(
     try:
         stream = pa.py_buffer(b"".join((memoryview(header), memoryview(data))))
         return list(pa.ipc.open_stream(stream))
-    except pa.ArrowException as error:
+    except (pa.ArrowException, OSError) as error:  # a run cut short is an OSError
         raise PartitionCorruptedError(
             f"partition {partition}: a run does not decode: {error}", partition
         ) from error

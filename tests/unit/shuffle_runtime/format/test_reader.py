@@ -8,6 +8,7 @@ import os
 import socket
 from collections.abc import Callable
 
+import pyarrow as pa
 import pytest
 
 from shuffle_api import (
@@ -24,6 +25,7 @@ from shuffle_runtime.format import (
     PartitionFileReader,
     PartitionFileWriter,
     StoreSink,
+    decode_run,
     is_committed,
     partition_directory,
 )
@@ -378,3 +380,38 @@ def test_is_committed_reads_a_local_partition_and_looks_up_an_object_stores_mani
     assert is_committed(store, partition) is (not store.is_local)
     store.filesystem.rm(file_path(store, partition, MANIFEST_FILE))
     assert not is_committed(store, partition)
+
+
+# --- runs decoded from their bytes (as fetched from a worker or a data port) -----------------
+
+
+def _run_bytes(batches: list[pa.RecordBatch]) -> pa.Buffer:
+    stream = pa.BufferOutputStream()
+    for batch in batches:
+        stream.write(batch.serialize())
+    return stream.getvalue()
+
+
+@pytest.mark.parametrize("sizes", [[4] * 40, [1000, 4, 4], [4] * 3, [5000]], ids=repr)
+def test_a_run_decodes_to_its_batches_whatever_their_number_and_sizes(
+    partition: ResultPartitionID, sizes: list[int]
+) -> None:
+    batches = [make_batch(0, size) for size in sizes]
+    decoded = list(decode_run(_run_bytes(batches), batches[0].schema, partition))
+    assert [batch.num_rows for batch in decoded] == sizes
+    assert all(got.equals(sent) for got, sent in zip(decoded, batches, strict=True))
+
+
+@pytest.mark.parametrize("cut", ["truncated", "flipped"])
+def test_a_run_of_many_small_batches_damaged_late_is_corrupt(
+    partition: ResultPartitionID, cut: str
+) -> None:
+    batches = [make_batch(0, 4) for _ in range(40)]
+    data = bytearray(_run_bytes(batches).to_pybytes())
+    if cut == "truncated":
+        del data[-10:]
+    else:  # the 31st message claims metadata past the run's end
+        late = sum(batch.serialize().size for batch in batches[:30])
+        data[late + 4 : late + 8] = (0x7FFFFFF0).to_bytes(4, "little")
+    with pytest.raises(PartitionCorruptedError, match="does not decode"):
+        list(decode_run(pa.py_buffer(bytes(data)), batches[0].schema, partition))
