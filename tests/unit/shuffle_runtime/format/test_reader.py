@@ -402,7 +402,7 @@ def test_a_run_decodes_to_its_batches_whatever_their_number_and_sizes(
     assert all(got.equals(sent) for got, sent in zip(decoded, batches, strict=True))
 
 
-@pytest.mark.parametrize("cut", ["truncated", "flipped"])
+@pytest.mark.parametrize("cut", ["truncated", "overlong-message"])
 def test_a_run_of_many_small_batches_damaged_late_is_corrupt(
     partition: ResultPartitionID, cut: str
 ) -> None:
