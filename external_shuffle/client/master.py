@@ -9,12 +9,13 @@ jobs and where each partition it registered was placed, so nothing stored is los
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -34,6 +35,7 @@ from external_shuffle.wire.channels import ChannelPool, ClientSettings, translat
 from external_shuffle.wire.credentials import CLIENT_CREDENTIAL_PREFIX, application_id_for
 from external_shuffle.wire.errors import NotRegisteredError
 from external_shuffle.wire.messages import (
+    MAX_REGISTRATIONS_A_CALL,
     identity_to_pb,
     key_of,
     partition_of,
@@ -60,7 +62,8 @@ logger = logging.getLogger(__name__)
 
 R = TypeVar("R")
 
-# Registrations in flight at once (each one call, or a few with several coordinators).
+# Registration calls in flight at once (each places the registrations waiting when it starts,
+# up to MAX_REGISTRATIONS_A_CALL; a few calls each with several coordinators).
 _REGISTRATION_THREADS = 8
 # Partitions named in one release call (each key is ~100 bytes; messages stay small).
 _RELEASE_BATCH = 1000
@@ -78,6 +81,16 @@ class _Registered:
 
     descriptor: ExternalShuffleDescriptor
     request: pb.RegisterPartitionRequest
+
+
+@dataclass(frozen=True, slots=True)
+class _Registration:
+    """A registration waiting for a call to send it, and what it answers."""
+
+    job_id: str
+    partition: ResultPartitionID
+    request: pb.RegisterPartitionRequest
+    answer: Future[ShuffleDescriptor]
 
 
 class ExternalShuffleMaster(ShuffleMaster):
@@ -111,6 +124,9 @@ class ExternalShuffleMaster(ShuffleMaster):
         self._registrations = ThreadPoolExecutor(
             _REGISTRATION_THREADS, thread_name_prefix="pyshuffle-register"
         )
+        self._waiting: deque[_Registration] = deque()  # under the lock
+        # Every registration's answer until it is given: closing gives the rest theirs.
+        self._unanswered: set[Future[ShuffleDescriptor]] = set()  # under the lock
         # The application's own credential, once a coordinator issued it to this driver
         # holding a client's credential: every later call, and the executors', present it.
         self._credential = ""
@@ -256,13 +272,16 @@ class ExternalShuffleMaster(ShuffleMaster):
     def _tell_places(
         self, stub: pb_grpc.CoordinatorStub, requests: list[pb.RegisterPartitionRequest]
     ) -> None:
-        """Send these registrations (each with its place) at once, and wait for them all."""
-        calls = [
-            stub.RegisterPartition.future(request, timeout=self._settings.timeout)
-            for request in requests
-        ]
-        for call in calls:
-            call.result()
+        """Send these registrations (each with its place), up to MAX_REGISTRATIONS_A_CALL a
+        call: a coordinator takes a bounded number of calls at once (past it, it refuses
+        them), and a restarted one is told thousands of partitions."""
+        for start in range(0, len(requests), MAX_REGISTRATIONS_A_CALL):
+            stub.RegisterPartitions(
+                pb.RegisterPartitionsRequest(
+                    requests=requests[start : start + MAX_REGISTRATIONS_A_CALL]
+                ),
+                timeout=self._settings.timeout,
+            )
 
     def _restore(self, address: str) -> None:
         """Tell the coordinator at ``address`` the application, its jobs and where each of
@@ -318,6 +337,15 @@ class ExternalShuffleMaster(ShuffleMaster):
         self._closed = True
         self._stop.set()
         self._registrations.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            self._waiting.clear()
+            unanswered = list(self._unanswered)
+        for registered in unanswered:
+            if not registered.cancel():  # taken for a call that will not be made now
+                with contextlib.suppress(InvalidStateError):
+                    registered.set_exception(
+                        ShuffleServiceClosedError("external shuffle master is closed")
+                    )
         if self._heartbeats is not None:
             self._heartbeats.join(timeout=self._settings.timeout)
             with self._lock:
@@ -402,23 +430,78 @@ class ExternalShuffleMaster(ShuffleMaster):
             replicas=self._replicas,
             persistent=partition_descriptor.partition_type.is_persistent,
         )
-        return self._registrations.submit(self._register_partition, job_id, partition, request)
-
-    def _register_partition(
-        self, job_id: str, partition: ResultPartitionID, request: pb.RegisterPartitionRequest
-    ) -> ShuffleDescriptor:
-        # NOT_FOUND here names an unknown application or job, never a lost partition.
-        response = self._on_first(
-            f"registering {partition}",
-            lambda stub: stub.RegisterPartition(request, timeout=self._settings.timeout),
-        )
-        descriptor = ExternalShuffleDescriptor.placed(response)
-        placed, missed = self._coordinators.announce(request, response.location)
+        registration = _Registration(job_id, partition, request, Future())
         with self._lock:
-            self._registered[job_id][partition] = _Registered(descriptor, placed)
-            for address in missed:
-                self._unannounced[address].add((job_id, partition))
-        return descriptor
+            self._waiting.append(registration)
+            self._unanswered.add(registration.answer)
+        registration.answer.add_done_callback(self._answered)
+        self._registrations.submit(self._send_registrations)
+        return registration.answer
+
+    def _answered(self, answer: Future[ShuffleDescriptor]) -> None:
+        with self._lock:
+            self._unanswered.discard(answer)
+
+    def _send_registrations(self) -> None:
+        """Send the registrations waiting now, in one call: a driver registering thousands
+        of map outputs makes a few calls, not one each. Where that call fails, each is sent
+        alone (registering is idempotent), so that each gets its own answer."""
+        with self._lock:
+            taken = [
+                self._waiting.popleft()
+                for _ in range(min(len(self._waiting), MAX_REGISTRATIONS_A_CALL))
+            ]
+        batch = [r for r in taken if r.answer.set_running_or_notify_cancel()]
+        if len(batch) == 1:
+            self._register_alone(batch[0])
+        elif batch:
+            try:
+                responses = self._on_first(
+                    f"registering {len(batch)} partitions",
+                    lambda stub: stub.RegisterPartitions(
+                        pb.RegisterPartitionsRequest(requests=[r.request for r in batch]),
+                        timeout=self._settings.timeout,
+                    ),
+                ).responses
+                if len(responses) != len(batch):
+                    raise ShuffleError(f"{len(responses)} answers to {len(batch)} registrations")
+            except Exception as error:  # an older coordinator, or one refused
+                logger.info("%s; registering them one by one", error)
+                for registration in batch:
+                    with contextlib.suppress(RuntimeError):  # closing: close answers it
+                        self._registrations.submit(self._register_alone, registration)
+            else:
+                for registration, response in zip(batch, responses, strict=True):
+                    self._settle(registration, response)
+
+    def _register_alone(self, registration: _Registration) -> None:
+        request = registration.request
+        try:
+            # NOT_FOUND here names an unknown application or job, never a lost partition.
+            response = self._on_first(
+                f"registering {registration.partition}",
+                lambda stub: stub.RegisterPartition(request, timeout=self._settings.timeout),
+            )
+        except BaseException as error:
+            registration.answer.set_exception(error)
+        else:
+            self._settle(registration, response)
+
+    def _settle(self, registration: _Registration, response: pb.RegisterPartitionResponse) -> None:
+        """Record where ``registration`` was placed, for its job, and answer it."""
+        try:
+            descriptor = ExternalShuffleDescriptor.placed(response)
+            placed, missed = self._coordinators.announce(registration.request, response.location)
+            with self._lock:
+                self._registered[registration.job_id][registration.partition] = _Registered(
+                    descriptor, placed
+                )
+                for address in missed:
+                    self._unannounced[address].add((registration.job_id, registration.partition))
+        except BaseException as error:
+            registration.answer.set_exception(error)
+        else:
+            registration.answer.set_result(descriptor)
 
     def release_partition_externally(self, shuffle_descriptor: ShuffleDescriptor) -> None:
         self.release_partitions_externally([shuffle_descriptor])

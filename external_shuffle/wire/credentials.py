@@ -115,6 +115,7 @@ _APPLICATION_METHODS: Final = frozenset(
                 "RegisterJob",
                 "UnregisterJob",
                 "RegisterPartition",
+                "RegisterPartitions",
                 "ReleasePartitions",
                 "GetPartitionStatus",
                 "ReportUnreachableWorker",

@@ -17,6 +17,7 @@ from shuffle_api.ids import validate_id
 
 __all__ = [
     "MAX_IDENTITY_FIELD",
+    "MAX_REGISTRATIONS_A_CALL",
     "Commit",
     "WorkerAddress",
     "identity_from_pb",
@@ -62,6 +63,10 @@ def statistics_from_pb(message: pb.PartitionStatistics) -> PartitionStatistics:
 
 MAX_IDENTITY_FIELD = 256
 """Characters kept of each field of an application's identity (a client's input)."""
+
+MAX_REGISTRATIONS_A_CALL = 1000
+"""Partitions one ``RegisterPartitions`` call places (~200 KB; a coordinator's thread is held
+for a few milliseconds)."""
 
 
 def identity_to_pb(identity: ApplicationIdentity) -> pb.ApplicationIdentity:

@@ -254,7 +254,8 @@ def test_a_partition_placed_for_one_application_is_written_by_it_alone(
 ) -> None:
     """B, knowing the id of a partition the coordinator placed for A and A has not pushed
     yet, can neither push nor commit it (without a placement, with its own placement of
-    another partition, or after asking the coordinator for one): A then pushes, commits and
+    another partition, or after asking the coordinator for one, alone or among partitions of
+    its own): A then pushes, commits and
     reads every row, and its driver sees the partition available."""
     with (
         _application(team_config) as first,
@@ -268,14 +269,19 @@ def test_a_partition_placed_for_one_application_is_written_by_it_alone(
         second_id = second.master.application_id  # type: ignore[attr-defined]
         owner, intruder = _credential(first), _credential(second)
 
-        def place(application_id: str, job_id: str, partition: ResultPartitionID) -> bytes:
+        def request(
+            application_id: str, partition: ResultPartitionID
+        ) -> pb.RegisterPartitionRequest:
+            return pb.RegisterPartitionRequest(
+                application_id=application_id,
+                job_id="job",
+                partition=key_of(partition),
+                number_of_subpartitions=SUBPARTITIONS,
+            )
+
+        def place(application_id: str, partition: ResultPartitionID) -> bytes:
             response = coordinator.RegisterPartition(
-                pb.RegisterPartitionRequest(
-                    application_id=application_id,
-                    job_id=job_id,
-                    partition=key_of(partition),
-                    number_of_subpartitions=SUBPARTITIONS,
-                ),
+                request(application_id, partition),
                 metadata=owner if application_id == first_id else intruder,
                 timeout=10,
             )
@@ -291,10 +297,10 @@ def test_a_partition_placed_for_one_application_is_written_by_it_alone(
         mine = ResultPartitionID(
             IntermediateResultPartitionID(first.result_id, 0), "attempt-" + new_id()
         )
-        placement = place(first_id, "job", mine)
+        placement = place(first_id, mine)
         built = build_partition(partition=mine)
         chunks = built.chunks()
-        others = place(second_id, "job", new_partition())
+        others = place(second_id, new_partition())
         assert placement and others and placement != others
 
         def push(metadata: list[tuple[str, str]], signed: bytes) -> object:
@@ -318,8 +324,20 @@ def test_a_partition_placed_for_one_application_is_written_by_it_alone(
             for call in (push, commit, merge)
             for signed in (b"", others, placement[:-1] + bytes([placement[-1] ^ 1]))
         ]
+        refusals.append(_refusal(functools.partial(place, second_id, mine), "RegisterPartition"))
+        # Nor among partitions of its own, registered at once.
+        theirs = new_partition()
         refusals.append(
-            _refusal(functools.partial(place, second_id, "job", mine), "RegisterPartition")
+            _refusal(
+                lambda: coordinator.RegisterPartitions(
+                    pb.RegisterPartitionsRequest(
+                        requests=[request(second_id, theirs), request(second_id, mine)]
+                    ),
+                    metadata=intruder,
+                    timeout=10,
+                ),
+                "RegisterPartitions",
+            )
         )
         for refusal in refusals:
             assert type(refusal) is PermissionDeniedError, refusal

@@ -26,6 +26,7 @@ from external_shuffle.wire.credentials import (
     is_clients_application,
 )
 from external_shuffle.wire.messages import (
+    MAX_REGISTRATIONS_A_CALL,
     Commit,
     WorkerAddress,
     identity_from_pb,
@@ -38,6 +39,7 @@ from external_shuffle.wire.stubs import pb, pb_grpc
 from scheduling.placement import PlacementStrategy
 from shuffle_api import (
     ApplicationIdentity,
+    DataTooLargeError,
     InvalidOperationError,
     PermissionDeniedError,
     ResultPartitionID,
@@ -399,7 +401,25 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
     def RegisterPartition(  # noqa: N802
         self, request: pb.RegisterPartitionRequest, context: grpc.ServicerContext
     ) -> pb.RegisterPartitionResponse:
+        return self._place(self._caller(context), request)
+
+    @reports_errors
+    def RegisterPartitions(  # noqa: N802
+        self, request: pb.RegisterPartitionsRequest, context: grpc.ServicerContext
+    ) -> pb.RegisterPartitionsResponse:
+        if len(request.requests) > MAX_REGISTRATIONS_A_CALL:
+            raise DataTooLargeError(
+                f"{len(request.requests)} registrations in one call, over"
+                f" {MAX_REGISTRATIONS_A_CALL}"
+            )
         caller = self._caller(context)
+        return pb.RegisterPartitionsResponse(
+            responses=[self._place(caller, registration) for registration in request.requests]
+        )
+
+    def _place(
+        self, caller: Credential, request: pb.RegisterPartitionRequest
+    ) -> pb.RegisterPartitionResponse:
         partition = partition_of(request.partition)
         if caller.role is Role.APPLICATION:
             # A producer's placement is its application's, whether its request says so or not.

@@ -284,6 +284,18 @@ class RegisterPartitionResponse(_message.Message):
     placement: bytes
     def __init__(self, location: _Optional[_Union[PartitionLocation, _Mapping]] = ..., placement: _Optional[bytes] = ...) -> None: ...
 
+class RegisterPartitionsRequest(_message.Message):
+    __slots__ = ("requests",)
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    requests: _containers.RepeatedCompositeFieldContainer[RegisterPartitionRequest]
+    def __init__(self, requests: _Optional[_Iterable[_Union[RegisterPartitionRequest, _Mapping]]] = ...) -> None: ...
+
+class RegisterPartitionsResponse(_message.Message):
+    __slots__ = ("responses",)
+    RESPONSES_FIELD_NUMBER: _ClassVar[int]
+    responses: _containers.RepeatedCompositeFieldContainer[RegisterPartitionResponse]
+    def __init__(self, responses: _Optional[_Iterable[_Union[RegisterPartitionResponse, _Mapping]]] = ...) -> None: ...
+
 class ReleasePartitionsRequest(_message.Message):
     __slots__ = ("application_id", "partitions")
     APPLICATION_ID_FIELD_NUMBER: _ClassVar[int]

@@ -86,6 +86,11 @@ class CoordinatorStub:
                 request_serializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.RegisterPartitionRequest.SerializeToString,
                 response_deserializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.RegisterPartitionResponse.FromString,
                 _registered_method=True)
+        self.RegisterPartitions = channel.unary_unary(
+                '/pyshuffle.v1.external_shuffle.Coordinator/RegisterPartitions',
+                request_serializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.RegisterPartitionsRequest.SerializeToString,
+                response_deserializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.RegisterPartitionsResponse.FromString,
+                _registered_method=True)
         self.ReleasePartitions = channel.unary_unary(
                 '/pyshuffle.v1.external_shuffle.Coordinator/ReleasePartitions',
                 request_serializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.ReleasePartitionsRequest.SerializeToString,
@@ -176,6 +181,15 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RegisterPartitions(self, request, context):
+        """RegisterPartition for each request, in order, in one call (a driver claims a stage's map
+        outputs at once); the first that fails fails the call, those before it stay placed. At
+        most 1,000 requests. A coordinator without it answers UNIMPLEMENTED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ReleasePartitions(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -256,6 +270,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.RegisterPartition,
                     request_deserializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.RegisterPartitionRequest.FromString,
                     response_serializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.RegisterPartitionResponse.SerializeToString,
+            ),
+            'RegisterPartitions': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterPartitions,
+                    request_deserializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.RegisterPartitionsRequest.FromString,
+                    response_serializer=pyshuffle_dot_v1_dot_external__shuffle__pb2.RegisterPartitionsResponse.SerializeToString,
             ),
             'ReleasePartitions': grpc.unary_unary_rpc_method_handler(
                     servicer.ReleasePartitions,
@@ -550,6 +569,33 @@ class Coordinator:
             '/pyshuffle.v1.external_shuffle.Coordinator/RegisterPartition',
             pyshuffle_dot_v1_dot_external__shuffle__pb2.RegisterPartitionRequest.SerializeToString,
             pyshuffle_dot_v1_dot_external__shuffle__pb2.RegisterPartitionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterPartitions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pyshuffle.v1.external_shuffle.Coordinator/RegisterPartitions',
+            pyshuffle_dot_v1_dot_external__shuffle__pb2.RegisterPartitionsRequest.SerializeToString,
+            pyshuffle_dot_v1_dot_external__shuffle__pb2.RegisterPartitionsResponse.FromString,
             options,
             channel_credentials,
             insecure,
