@@ -9,13 +9,12 @@ jobs and where each partition it registered was placed, so nothing stored is los
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -125,8 +124,6 @@ class ExternalShuffleMaster(ShuffleMaster):
             _REGISTRATION_THREADS, thread_name_prefix="pyshuffle-register"
         )
         self._waiting: deque[_Registration] = deque()  # under the lock
-        # Every registration's answer until it is given: closing gives the rest theirs.
-        self._unanswered: set[Future[ShuffleDescriptor]] = set()  # under the lock
         # The application's own credential, once a coordinator issued it to this driver
         # holding a client's credential: every later call, and the executors', present it.
         self._credential = ""
@@ -337,15 +334,10 @@ class ExternalShuffleMaster(ShuffleMaster):
         self._closed = True
         self._stop.set()
         self._registrations.shutdown(wait=True, cancel_futures=True)
-        with self._lock:
-            self._waiting.clear()
-            unanswered = list(self._unanswered)
-        for registered in unanswered:
-            if not registered.cancel():  # taken for a call that will not be made now
-                with contextlib.suppress(InvalidStateError):
-                    registered.set_exception(
-                        ShuffleServiceClosedError("external shuffle master is closed")
-                    )
+        with self._lock:  # left by the calls cancelled above
+            unsent, self._waiting = self._waiting, deque()
+        for registration in unsent:
+            registration.answer.cancel()
         if self._heartbeats is not None:
             self._heartbeats.join(timeout=self._settings.timeout)
             with self._lock:
@@ -433,14 +425,8 @@ class ExternalShuffleMaster(ShuffleMaster):
         registration = _Registration(job_id, partition, request, Future())
         with self._lock:
             self._waiting.append(registration)
-            self._unanswered.add(registration.answer)
-        registration.answer.add_done_callback(self._answered)
         self._registrations.submit(self._send_registrations)
         return registration.answer
-
-    def _answered(self, answer: Future[ShuffleDescriptor]) -> None:
-        with self._lock:
-            self._unanswered.discard(answer)
 
     def _send_registrations(self) -> None:
         """Send the registrations waiting now, in one call: a driver registering thousands
@@ -468,8 +454,7 @@ class ExternalShuffleMaster(ShuffleMaster):
             except Exception as error:  # an older coordinator, or one refused
                 logger.info("%s; registering them one by one", error)
                 for registration in batch:
-                    with contextlib.suppress(RuntimeError):  # closing: close answers it
-                        self._registrations.submit(self._register_alone, registration)
+                    self._register_alone(registration)
             else:
                 for registration, response in zip(batch, responses, strict=True):
                     self._settle(registration, response)
