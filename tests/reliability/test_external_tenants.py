@@ -255,8 +255,8 @@ def test_a_partition_placed_for_one_application_is_written_by_it_alone(
     """B, knowing the id of a partition the coordinator placed for A and A has not pushed
     yet, can neither push nor commit it (without a placement, with its own placement of
     another partition, or after asking the coordinator for one, alone or among partitions of
-    its own): A then pushes, commits and
-    reads every row, and its driver sees the partition available."""
+    its own): A then pushes, commits and reads every row, and its driver sees the partition
+    available."""
     with (
         _application(team_config) as first,
         _application(team_config) as second,
