@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Self, TypeAlias
 
@@ -40,6 +40,9 @@ class PartitionStatistics:
     rows_per_subpartition: tuple[int, ...]
     bytes_per_subpartition: tuple[int, ...]
     arrow_bytes_per_subpartition: tuple[int, ...] = ()
+    _encoded: bytes | None = field(default=None, init=False, repr=False, compare=False)
+    """What :meth:`decode` decoded these from: :meth:`encode` gives it back (a worker passes
+    on every partition's statistics as it received them)."""
 
     def __post_init__(self) -> None:
         if not self.arrow_bytes_per_subpartition:
@@ -57,6 +60,8 @@ class PartitionStatistics:
             ],
             dtype="<i8",
         )
+        if self._encoded is not None:
+            return self._encoded
         # A compressor per call: one may not be shared by threads, and making one is cheap.
         return zstandard.ZstdCompressor(level=3).compress(columns.tobytes())
 
@@ -78,7 +83,9 @@ class PartitionStatistics:
         if len(plain) != expected:
             raise ValueError(f"statistics decompress to {len(plain)} bytes, not {expected}")
         rows, stored, arrow = np.frombuffer(plain, dtype="<i8").reshape(3, -1).tolist()
-        return cls(tuple(rows), tuple(stored), tuple(arrow))
+        statistics = cls(tuple(rows), tuple(stored), tuple(arrow))
+        object.__setattr__(statistics, "_encoded", bytes(data))
+        return statistics
 
     @property
     def total_rows(self) -> int:

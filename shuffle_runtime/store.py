@@ -32,7 +32,15 @@ from fsspec.implementations.local import LocalFileSystem
 from shuffle_api.errors import ShuffleError, StorageError, StorageFullError
 from shuffle_api.ids import new_id, validate_id
 
-__all__ = ["RangeReader", "Sender", "Store", "default_store_url", "storage_errors"]
+__all__ = [
+    "DataStream",
+    "RangeReader",
+    "Sender",
+    "Store",
+    "default_store_url",
+    "storage_errors",
+    "write_all",
+]
 
 
 def default_store_url() -> str:
@@ -346,6 +354,36 @@ class _FsspecRanges(RangeReader):
             return int(self._fs.size(self._path))
 
 
+class DataStream(Protocol):
+    """A write-only byte stream (a file opened with "wb" is one)."""
+
+    def write(self, data: bytes | memoryview, /) -> int: ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def write_all(stream: DataStream, data: bytes | bytearray | memoryview) -> None:
+    """Write all of ``data``: an unbuffered local file may take part of a buffer per call."""
+    pending = memoryview(data).cast("B")
+    while pending:
+        written = stream.write(pending)
+        if not written:
+            raise StorageError(f"the store took no bytes of a {len(pending)}-byte write")
+        pending = pending[written:]
+
+
+def _new_local_file(path: str) -> BinaryIO:
+    """A new local file, unbuffered, its directory made first where it is missing (most go
+    into one that is there already: a try costs one syscall, a ``makedirs`` several)."""
+    try:
+        return open(path, "wb", buffering=0)
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return open(path, "wb", buffering=0)
+
+
 class Store:
     """The root of a store. Every path below it is built from validated ids."""
 
@@ -420,9 +458,9 @@ class Store:
         """A new file for writing. Local files are unbuffered: pyarrow hands over large buffers,
         and a second copy through a Python buffer would cost as much as the write itself."""
         with storage_errors(path):
-            self._fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
             if self._local:
-                return open(path, "wb", buffering=0)
+                return _new_local_file(path)
+            self._fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
             file: BinaryIO = self._fs.open(path, "wb")
             return file
 
@@ -458,15 +496,24 @@ class Store:
                 return mapped.read_buffer(mapped.size())
         return pa.py_buffer(self.read_bytes(path))
 
+    def put(self, path: str, data: bytes) -> None:
+        """Write ``data`` as the whole of ``path``, not atomically: for a file that a later
+        atomic one (a commit point) makes visible to readers."""
+        with storage_errors(path):
+            if self._local:
+                with _new_local_file(path) as handle:
+                    write_all(handle, data)
+            else:
+                self._fs.pipe_file(path, data)
+
     def put_atomic(self, path: str, data: bytes) -> None:
         """Write ``data`` so that a reader sees either nothing or all of it."""
         with storage_errors(path):
             if self._local:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
                 temporary = f"{path}.{new_id()}.tmp"
                 try:
-                    with open(temporary, "wb") as handle:
-                        handle.write(data)
+                    with _new_local_file(temporary) as handle:
+                        write_all(handle, data)
                     os.replace(temporary, path)
                 except BaseException:
                     with contextlib.suppress(FileNotFoundError):
@@ -478,6 +525,8 @@ class Store:
 
     def exists(self, path: str) -> bool:
         with storage_errors(path):
+            if self._local:  # one stat, where fsspec's info costs tens of us
+                return os.path.exists(path)
             return bool(self._fs.exists(path))
 
     def size(self, path: str) -> int:

@@ -8,35 +8,14 @@ store. Either way the manifest is written last and its presence is the commit.
 from __future__ import annotations
 
 import abc
-from typing import Protocol
 
-from shuffle_api.errors import ShuffleError, StorageError
+from shuffle_api.errors import ShuffleError
 from shuffle_api.ids import ResultPartitionID
 from shuffle_runtime.format.layout import partition_directory
 from shuffle_runtime.format.manifest import DATA_FILE, INDEX_FILE, MANIFEST_FILE
-from shuffle_runtime.store import Store
+from shuffle_runtime.store import DataStream, Store, write_all
 
 __all__ = ["DataStream", "PartitionSink", "StoreSink", "write_all"]
-
-
-class DataStream(Protocol):
-    """A write-only byte stream (a file opened with "wb" is one)."""
-
-    def write(self, data: bytes | memoryview, /) -> int: ...
-
-    def flush(self) -> None: ...
-
-    def close(self) -> None: ...
-
-
-def write_all(stream: DataStream, data: bytes | bytearray | memoryview) -> None:
-    """Write all of ``data``: an unbuffered local file may take part of a buffer per call."""
-    pending = memoryview(data).cast("B")
-    while pending:
-        written = stream.write(pending)
-        if not written:
-            raise StorageError(f"the store took no bytes of a {len(pending)}-byte write")
-        pending = pending[written:]
 
 
 class PartitionSink(abc.ABC):
@@ -87,7 +66,8 @@ class StoreSink(PartitionSink):
         return self._store.open_output(self._store.child(self._directory, DATA_FILE))
 
     def commit(self, index: bytes, manifest: bytes) -> None:
-        self._store.put_atomic(self._store.child(self._directory, INDEX_FILE), index)
+        # The manifest is the commit point: the index before it needs no atomic write.
+        self._store.put(self._store.child(self._directory, INDEX_FILE), index)
         self._store.put_atomic(self._store.child(self._directory, MANIFEST_FILE), manifest)
 
     def abort(self) -> None:

@@ -579,9 +579,8 @@ class WorkerState:
         point): a restarted worker reads it back."""
         if application_id:
             directory = partition_directory(self.store, partition)
-            self.store.put_atomic(
-                self.store.child(directory, APPLICATION_FILE), application_id.encode()
-            )
+            # Before the manifest (the commit point): no atomic write needed.
+            self.store.put(self.store.child(directory, APPLICATION_FILE), application_id.encode())
 
     def _record_commit(
         self,

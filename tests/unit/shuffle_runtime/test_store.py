@@ -208,6 +208,35 @@ def test_put_atomic_writes_the_bytes_and_leaves_no_temp_files(store: Store) -> N
     assert [path.rsplit("/", 1)[-1] for path in files_under(store, directory)] == ["manifest.json"]
 
 
+def test_put_and_open_output_write_whole_files_into_directories_they_make(store: Store) -> None:
+    """What precedes a commit point is written plainly, its directories made where missing."""
+    directory = store.path("result", "0", "attempt")
+    index = store.child(directory, "index.arrow")
+    data = store.child(directory, "data.arrow")
+
+    store.put(index, b"first index")
+    store.put(index, b"the index again")
+    with store.open_output(data) as output:
+        output.write(b"data bytes")
+
+    assert store.read_bytes(index) == b"the index again"
+    assert store.read_bytes(data) == b"data bytes"
+    assert store.exists(index) and store.exists(data)
+    assert not store.exists(store.child(directory, "manifest.json"))
+    assert sorted(path.rsplit("/", 1)[-1] for path in files_under(store, directory)) == [
+        "data.arrow",
+        "index.arrow",
+    ]
+
+
+def test_put_onto_a_directory_raises_storage_error(local_store: Store) -> None:
+    target = local_store.child(local_store.path("plain"), "index.arrow")
+    os.makedirs(target)  # a directory where the file should go
+
+    with pytest.raises(StorageError):
+        local_store.put(target, b"data")
+
+
 def test_put_atomic_that_fails_raises_storage_error_and_leaves_no_temp_files(
     local_store: Store,
 ) -> None:

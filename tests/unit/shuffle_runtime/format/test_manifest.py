@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+import numpy as np
 import pytest
 import zstandard
 
@@ -69,6 +70,19 @@ def test_a_manifest_without_arrow_bytes_takes_the_stored_bytes(
     statistics = PartitionFileReader(store, partition).manifest.statistics
 
     assert statistics.arrow_bytes_per_subpartition == statistics.bytes_per_subpartition
+
+
+def test_decoded_statistics_encode_to_the_bytes_they_came_from() -> None:
+    """A worker passes each partition's statistics on as it received them, not encoded anew."""
+    built = PartitionStatistics((4, 0, 7), (64, 0, 90), (48, 0, 80))
+    # Another level than encode's: what a producer sent need not be what this one makes.
+    columns = np.array([(4, 0, 7), (64, 0, 90), (48, 0, 80)], dtype="<i8").tobytes()
+    received = zstandard.ZstdCompressor(level=19).compress(columns)
+    decoded = PartitionStatistics.decode(received, 3)
+
+    assert decoded == built and hash(decoded) == hash(built)
+    assert decoded.encode() == received
+    assert PartitionStatistics.decode(built.encode(), 3) == built
 
 
 @pytest.mark.parametrize(
