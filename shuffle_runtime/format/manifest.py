@@ -24,6 +24,7 @@ __all__ = [
     "MAX_SUBPARTITIONS",
     "NO_STATISTICS",
     "PartitionManifest",
+    "without_sources",
 ]
 
 FORMAT_NAME: Final = "pyshuffle-partition"
@@ -183,3 +184,14 @@ def _statistics_of_lists(document: dict[str, Any]) -> PartitionStatistics:
         # Absent from the manifests of pyshuffle before 2026-11-26.
         tuple(map(int, document.get("arrow_bytes_per_subpartition", ()))),
     )
+
+
+def without_sources(manifest: bytes) -> bytes:
+    """The manifest (JSON) ``manifest`` without ``merged_from``: what a reader of a merged
+    partition's rows gets, who never looks at its sources (thousands of them take hundreds
+    of KB, which a reducer would receive and decode with every fetch)."""
+    if b'"merged_from"' not in manifest:
+        return manifest
+    document = json.loads(manifest)
+    document.pop("merged_from", None)
+    return json.dumps(document, indent=1).encode("utf-8")

@@ -31,6 +31,7 @@ from shuffle_runtime.format.manifest import (
     MANIFEST_FILE,
     MAX_SUBPARTITIONS,
     PartitionManifest,
+    without_sources,
 )
 from shuffle_runtime.ndarrays import numpy_values
 from shuffle_runtime.store import RangeReader, Sender, Store
@@ -353,6 +354,7 @@ class _Layout:
     manifest_bytes: bytes
     index_bytes: pa.Buffer | bytes
     data_path: str
+    manifest_to_send: bytes
 
 
 def _read_files(
@@ -395,7 +397,14 @@ def _decode_layout(
     if xxhash.xxh3_64_intdigest(memoryview(index_bytes)) != manifest.index_checksum:
         raise ChecksumMismatchError(f"index of partition {partition} is corrupt", partition)
     index = _decode_index(index_bytes, manifest)
-    return _Layout(manifest, index, manifest_bytes, index_bytes, store.child(directory, DATA_FILE))
+    return _Layout(
+        manifest,
+        index,
+        manifest_bytes,
+        index_bytes,
+        store.child(directory, DATA_FILE),
+        manifest_bytes if not manifest.merged_from else without_sources(manifest_bytes),
+    )
 
 
 class Layouts(enum.Enum):
@@ -448,6 +457,8 @@ class _LayoutCache:
         else:
             layout = self._layout(store, partition)
         cost = _ENTRY_BYTES + layout.index.copied_bytes + len(layout.manifest_bytes)
+        if layout.manifest_to_send is not layout.manifest_bytes:
+            cost += len(layout.manifest_to_send)
         if not (self._map_index and store.maps_files):
             cost += layout.index.file_bytes
         with self._lock:
@@ -526,6 +537,9 @@ class PartitionFileReader:
         self.manifest = layout.manifest
         self.manifest_bytes = layout.manifest_bytes
         """The manifest file as read (statistics included)."""
+        self.manifest_to_send = layout.manifest_to_send
+        """The manifest a remote reader of its rows gets: the file's, but a merged partition's
+        without its sources (see ``without_sources``)."""
         self._index = layout.index
 
     @staticmethod

@@ -218,7 +218,7 @@ class WorkerDataPort:
         with self._worker.open_fetch(request, running.peer, cancel, running.caller) as fetch:
             reader = fetch.reader
             reader.check_data_file()
-            sends.sendall(frame_bytes(MANIFEST, reader.manifest_bytes))
+            sends.sendall(frame_bytes(MANIFEST, reader.manifest_to_send))
             for run in reader.runs(fetch.subpartitions):
                 header = frame_bytes(RUN, RUN_HEADER.pack(run.length, run.checksum))
                 running.mid_run = True

@@ -359,7 +359,7 @@ class WorkerService(pb_grpc.WorkerServicer):
         with self.open_fetch(request, context.peer(), context.cancel, caller) as fetch:
             reader = fetch.reader
             chunk_size = self._fetch_chunk_size(request.max_chunk_bytes)
-            yield pb.FetchDataResponse(manifest=reader.manifest_bytes).SerializeToString()
+            yield pb.FetchDataResponse(manifest=reader.manifest_to_send).SerializeToString()
             for run in reader.runs(fetch.subpartitions):
                 for start in range(0, max(run.length, 1), chunk_size):
                     length = min(chunk_size, run.length - start)

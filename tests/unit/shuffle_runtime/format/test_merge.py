@@ -4,6 +4,7 @@ be merged (another schema, broadcast runs, a corrupt or missing source) commits 
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 
 import pyarrow as pa
@@ -19,7 +20,7 @@ from shuffle_api import (
     SubpartitionRange,
 )
 from shuffle_runtime.format import PartitionFileReader, is_readable, merge, merge_partitions
-from shuffle_runtime.format.manifest import DATA_FILE, MANIFEST_FILE
+from shuffle_runtime.format.manifest import DATA_FILE, MANIFEST_FILE, PartitionManifest
 from shuffle_runtime.store import Store
 from tests.unit.shuffle_runtime.format.partitions import (
     file_path,
@@ -86,6 +87,24 @@ def test_a_merged_partition_reads_as_every_source_in_order_one_run_each(store: S
         map(sum, zip(*unmerged_rows, strict=True))
     )
     assert reader.manifest.statistics == merged.statistics
+
+
+def test_a_merged_partition_is_sent_to_readers_without_its_sources(store: Store) -> None:
+    outputs = _write_maps(store, 7)
+    merged = merge_partitions([(store, output) for output in outputs], store, _merged())
+    plain = _write_maps(store, 1)[0]
+
+    reader = PartitionFileReader(store, merged.partition)
+    sent = PartitionManifest.from_json(reader.manifest_to_send, "sent")
+
+    assert b"merged_from" in reader.manifest_bytes
+    assert b"merged_from" not in reader.manifest_to_send
+    assert len(reader.manifest_to_send) < len(reader.manifest_bytes)
+    assert sent == dataclasses.replace(reader.manifest, merged_from=())
+    # What is not merged is sent as it is stored.
+    assert PartitionFileReader(store, plain).manifest_to_send == store.read_bytes(
+        file_path(store, plain, MANIFEST_FILE)
+    )
 
 
 def test_a_merged_run_of_many_batches_of_many_codecs_reads_in_one_call(store: Store) -> None:
