@@ -392,14 +392,25 @@ def _run_bytes(batches: list[pa.RecordBatch]) -> pa.Buffer:
     return stream.getvalue()
 
 
-@pytest.mark.parametrize("sizes", [[4] * 40, [1000, 4, 4], [4] * 3, [5000]], ids=repr)
-def test_a_run_decodes_to_its_batches_whatever_their_number_and_sizes(
+@pytest.mark.parametrize("sizes", [[1000, 4, 4], [4] * 3, [5000]], ids=repr)
+def test_a_run_decodes_to_its_batches_whatever_their_sizes(
     partition: ResultPartitionID, sizes: list[int]
 ) -> None:
-    batches = [make_batch(0, size) for size in sizes]
+    batches = [make_batch(100 * number, size) for number, size in enumerate(sizes)]
     decoded = list(decode_run(_run_bytes(batches), batches[0].schema, partition))
     assert [batch.num_rows for batch in decoded] == sizes
     assert all(got.equals(sent) for got, sent in zip(decoded, batches, strict=True))
+
+
+@pytest.mark.parametrize("count", [16, 40, 4000])
+def test_a_run_of_many_small_batches_decodes_as_one_batch_of_their_rows(
+    partition: ResultPartitionID, count: int
+) -> None:
+    """A merged run, of a block of every map output: one batch for the reducer to take."""
+    batches = [make_batch(10 * number, 4) for number in range(count)]
+    [decoded] = decode_run(_run_bytes(batches), batches[0].schema, partition)
+    assert decoded.equals(pa.Table.from_batches(batches).combine_chunks().to_batches()[0])
+    assert decoded.num_rows == 4 * count
 
 
 @pytest.mark.parametrize("cut", ["truncated", "overlong-message"])
