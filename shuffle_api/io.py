@@ -52,6 +52,8 @@ class PartitionStatistics:
         """The three columns as one zstd-compressed array of little-endian int64: a few KiB
         where the numbers of thousands of subpartitions take tens as text, and decoding costs
         microseconds where parsing text costs milliseconds (it happens once per fetch)."""
+        if self._encoded is not None:
+            return self._encoded
         columns = np.array(
             [
                 self.rows_per_subpartition,
@@ -60,8 +62,6 @@ class PartitionStatistics:
             ],
             dtype="<i8",
         )
-        if self._encoded is not None:
-            return self._encoded
         # A compressor per call: one may not be shared by threads, and making one is cheap.
         return zstandard.ZstdCompressor(level=3).compress(columns.tobytes())
 
